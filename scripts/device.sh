@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine: unpack the carried Debian packages, build everything (-j16), run every test
+# (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
+#
+# usage: scripts/device.sh [goldens] [test] [bench] [bench-full] [hf]      (default: test bench)
+# Results land in $OUT (the device tool brings that folder back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+stages=${*:-test bench}
+has() { [[ " $stages " == *" $1 "* ]]; }
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+# Carried .deb files (scripts/fetch-device-deps.sh): unpack into .deps/root.
+if ls .deps/*.deb >/dev/null 2>&1; then
+    mkdir -p .deps/root
+    for f in .deps/*.deb; do
+        if command -v dpkg >/dev/null; then dpkg -x "$f" .deps/root; else (cd .deps/root && ar p "../$(basename "$f")" data.tar.xz | tar xJ); fi
+    done
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 | sed 's/^/gpu: /'
+nvcc --version | tail -1
+gen=Ninja; command -v ninja >/dev/null || gen="Unix Makefiles"
+t0=$(date +%s)
+cmake -S . -B build-device -G "$gen" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr" \
+    -DCMAKE_CUDA_ARCHITECTURES="90a" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --build build-device -j16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+note "build: ok in $(( $(date +%s) - t0 )) s"
+Q=$PWD/build-device/qinfer
+
+if has goldens; then
+    t0=$(date +%s)
+    rm -rf "$OUT/goldens"
+    if python3 scripts/make_goldens.py "$Q" "$OUT/goldens" 2>&1 | tee "$OUT/goldens.log" | grep -vE "^\s*$" | tail -20; then
+        tar -C "$OUT" -cf "$OUT/goldens.tar" goldens && rm -rf "$OUT/goldens"
+        note "goldens: made in $(( $(date +%s) - t0 )) s"
+    else
+        note "goldens: FAILED (see goldens.log)"
+    fi
+fi
+if has test; then
+    (cd build-device && ctest --output-on-failure -j8 >"$OUT/ctest.log" 2>&1)
+    note "tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
+    grep -E "^\[ golden \]|\[ kernel \]" "$OUT/ctest.log" | head -60 || true
+    grep -E "FAILED|Failure" -A4 "$OUT/ctest.log" | head -60 || true
+fi
+if has bench; then
+    "$Q" bench --preset qwen2.5-0.5b --input-lens 1,6144 --gen 256 --json "$OUT/bench-0.5b.json" 2>&1 | tee "$OUT/bench.log" | tail -6
+fi
+if has bench-full; then
+    for p in qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b; do
+        "$Q" bench --preset "$p" --json "$OUT/bench-$p.json" --csv "$OUT/bench-$p.csv" 2>&1 | tee -a "$OUT/bench.log" | tail -8
+    done
+fi
+echo
+echo "== summary"
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The GPU machine reaches no package registry. Debian's packages that the build needs (nlohmann-json, googletest)
+# are downloaded here as .deb files into .deps/ (git-ignored) and carried there by the device tool; device.sh unpacks
+# them. Nothing is committed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .deps
+cd .deps
+for p in nlohmann-json3-dev libgtest-dev googletest; do
+    ls ${p}_*.deb >/dev/null 2>&1 || apt-get download "$p"
+done
+ls -la

@@ -1,0 +1,209 @@
+#include "model/qwen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backends/cpu/ops.h"
+#include "core/check.h"
+#include "core/parallel.h"
+
+namespace qinfer {
+
+namespace {
+KVCacheShape cache_shape(const ModelConfig & c, const EngineOptions & opt) {
+    KVCacheShape s;
+    s.n_layers = c.num_hidden_layers;
+    s.n_kv_heads = c.num_key_value_heads;
+    s.head_dim = c.head_dim;
+    s.block_size = 16;
+    int ctx = opt.max_context > 0 ? opt.max_context : std::min(c.max_position_embeddings, 4096);
+    s.n_blocks = std::max(1, opt.max_sequences) * ((ctx + s.block_size - 1) / s.block_size);
+    return s;
+}
+}  // namespace
+
+CpuQwenEngine::CpuQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt)
+    : model_(std::move(model)), kv_(cache_shape(model_->config, opt)) {
+    set_threads(opt.threads);
+    rope_ = compute_rope_freqs(model_->config, 0);
+}
+
+int CpuQwenEngine::new_sequence(int max_tokens) {
+    int seq = kv_.table().add_sequence();
+    try {
+        kv_.table().reserve(seq, max_tokens);
+    } catch (...) {
+        kv_.table().free_sequence(seq);
+        throw;
+    }
+    return seq;
+}
+
+void CpuQwenEngine::free_sequence(int seq) { kv_.table().free_sequence(seq); }
+
+// Causal GQA attention of n new query tokens (positions pos0..pos0+n-1) over the cached keys 0..pos.
+// q: fp32 [n, n_head, head_dim]; out: fp32 [n, n_head, head_dim]. Softmax in fp32, scale head_dim^-0.5.
+void CpuQwenEngine::attention(int layer, int seq, int n, int pos0, const float * q, float * out) const {
+    const ModelConfig & c = model_->config;
+    const int n_head = c.num_attention_heads, d = c.head_dim;
+    const int n_rep = n_head / c.num_key_value_heads;
+    const float scale = 1.0f / std::sqrt(float(d));
+    parallel_for(int64_t(n) * n_head, [&](int64_t job) {
+        const int t = int(job / n_head), h = int(job % n_head);
+        const int kvh = h / n_rep;  // repeat_kv: each KV head serves n_rep consecutive query heads
+        const int pos = pos0 + t;
+        const float * qv = q + (int64_t(t) * n_head + h) * d;
+        std::vector<float> scores(size_t(pos) + 1);
+        float max_score = -INFINITY;
+        for (int j = 0; j <= pos; j++) {
+            const float * kv = kv_.k(layer, seq, j) + int64_t(kvh) * d;
+            float s = 0;
+            for (int i = 0; i < d; i++) s += qv[i] * kv[i];
+            scores[size_t(j)] = s * scale;
+            max_score = std::max(max_score, scores[size_t(j)]);
+        }
+        float sum = 0;
+        for (float & s : scores) {
+            s = std::exp(s - max_score);
+            sum += s;
+        }
+        float * o = out + (int64_t(t) * n_head + h) * d;
+        std::fill(o, o + d, 0.0f);
+        for (int j = 0; j <= pos; j++) {
+            const float * vv = kv_.v(layer, seq, j) + int64_t(kvh) * d;
+            const float p = scores[size_t(j)] / sum;
+            for (int i = 0; i < d; i++) o[i] += p * vv[i];
+        }
+    });
+}
+
+// SwiGLU: down(silu(gate(x)) * up(x)). x: fp32 [n, hidden]; out: fp32 [n, hidden].
+void CpuQwenEngine::mlp(const MlpWeights & w, int n, const float * x, float * out) const {
+    const int inter = w.gate_proj.out_features;
+    std::vector<float> gate(size_t(n) * inter), up(size_t(n) * inter);  // fp32 [n, inter]
+    cpu::linear(x, n, w.gate_proj, gate.data());
+    cpu::linear(x, n, w.up_proj, up.data());
+    cpu::silu_mul(gate.data(), up.data(), int64_t(n) * inter, gate.data());
+    cpu::linear(gate.data(), n, w.down_proj, out);
+}
+
+// Sparse MoE block (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock): softmax over all experts in fp32, top-k,
+// optional renormalisation, weighted sum of the chosen experts, plus sigmoid-gated shared expert.
+void CpuQwenEngine::moe(const MoeWeights & w, int n, const float * x, float * out) const {
+    const ModelConfig & c = model_->config;
+    const int H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
+    Linear router;
+    router.in_features = H;
+    router.out_features = E;
+    router.weight = w.gate;
+    std::vector<float> logits(size_t(n) * E);  // fp32 [n, E]
+    cpu::linear(x, n, router, logits.data());
+    std::fill(out, out + int64_t(n) * H, 0.0f);
+    std::vector<float> expert_out(static_cast<size_t>(H));
+    for (int t = 0; t < n; t++) {
+        float * lt = logits.data() + int64_t(t) * E;
+        float mx = *std::max_element(lt, lt + E), sum = 0;
+        std::vector<float> p(static_cast<size_t>(E));
+        for (int e = 0; e < E; e++) sum += (p[size_t(e)] = std::exp(lt[e] - mx));
+        for (float & v : p) v /= sum;
+        std::vector<int> order(static_cast<size_t>(E));
+        std::iota(order.begin(), order.end(), 0);
+        // torch.topk order: largest first; ties by lower index.
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+        float top_sum = 0;
+        for (int i = 0; i < k; i++) top_sum += p[size_t(order[size_t(i)])];
+        const float * xt = x + int64_t(t) * H;
+        float * ot = out + int64_t(t) * H;
+        for (int i = 0; i < k; i++) {
+            int e = order[size_t(i)];
+            float weight = c.norm_topk_prob ? p[size_t(e)] / top_sum : p[size_t(e)];
+            mlp(w.experts[size_t(e)], 1, xt, expert_out.data());
+            for (int j = 0; j < H; j++) ot[j] += weight * expert_out[size_t(j)];
+        }
+        if (w.has_shared_expert) {
+            mlp(w.shared_expert, 1, xt, expert_out.data());
+            float g = cpu::dot_row(w.shared_expert_gate, 0, xt, H);
+            float s = 1.0f / (1.0f + std::exp(-g));
+            for (int j = 0; j < H; j++) ot[j] += s * expert_out[size_t(j)];
+        }
+    }
+}
+
+void CpuQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) {
+    const ModelConfig & c = model_->config;
+    const ModelWeights & W = model_->weights;
+    const int n = int(tokens.size());
+    QINFER_CHECK(n > 0) << "forward needs at least one token";
+    const int H = c.hidden_size, d = c.head_dim, n_head = c.num_attention_heads, n_kv = c.num_key_value_heads;
+    const int pos0 = kv_.table().length(seq);
+    if (pos0 + n > int(kv_.table().blocks(seq).size()) * kv_.shape().block_size) {
+        kv_.table().reserve(seq, pos0 + n);
+    }
+    const float eps = float(c.rms_norm_eps);
+
+    RopeFreqs dyn;
+    const RopeFreqs * rope = &rope_;
+    if (c.rope_scaling.type == RopeType::Dynamic) {
+        dyn = compute_rope_freqs(c, pos0 + n);
+        rope = &dyn;
+    }
+    std::vector<float> cos(size_t(n) * d), sin(size_t(n) * d);  // fp32 [n, head_dim]
+    for (int t = 0; t < n; t++) rope_cos_sin(*rope, pos0 + t, cos.data() + int64_t(t) * d, sin.data() + int64_t(t) * d);
+
+    std::vector<float> x(size_t(n) * H);                    // fp32 [n, hidden]: the residual stream
+    std::vector<float> xn(size_t(n) * H);                   // fp32 [n, hidden]: normed input of a block
+    std::vector<float> q(size_t(n) * n_head * d);           // fp32 [n, n_head, head_dim]
+    std::vector<float> k(size_t(n) * n_kv * d);             // fp32 [n, n_kv_head, head_dim]
+    std::vector<float> v(size_t(n) * n_kv * d);             // fp32 [n, n_kv_head, head_dim]
+    std::vector<float> attn(size_t(n) * n_head * d);        // fp32 [n, n_head, head_dim]
+    std::vector<float> block_out(size_t(n) * H);            // fp32 [n, hidden]
+
+    cpu::embedding(W.embed_tokens, tokens.data(), n, x.data());
+    for (int l = 0; l < c.num_hidden_layers; l++) {
+        const LayerWeights & L = W.layers[size_t(l)];
+        const AttentionWeights & A = L.self_attn;
+        cpu::rms_norm(x.data(), L.input_layernorm, eps, n, H, xn.data());
+        cpu::linear(xn.data(), n, A.q_proj, q.data());
+        cpu::linear(xn.data(), n, A.k_proj, k.data());
+        cpu::linear(xn.data(), n, A.v_proj, v.data());
+        if (c.qk_norm) {
+            cpu::rms_norm(q.data(), A.q_norm, eps, n * n_head, d, q.data());
+            cpu::rms_norm(k.data(), A.k_norm, eps, n * n_kv, d, k.data());
+        }
+        cpu::rope(q.data(), n, n_head, d, cos.data(), sin.data());
+        cpu::rope(k.data(), n, n_kv, d, cos.data(), sin.data());
+        for (int t = 0; t < n; t++) {
+            std::copy_n(k.data() + int64_t(t) * n_kv * d, n_kv * d, kv_.k(l, seq, pos0 + t));
+            std::copy_n(v.data() + int64_t(t) * n_kv * d, n_kv * d, kv_.v(l, seq, pos0 + t));
+        }
+        attention(l, seq, n, pos0, q.data(), attn.data());
+        cpu::linear(attn.data(), n, A.o_proj, block_out.data());
+        cpu::add(x.data(), block_out.data(), int64_t(n) * H);
+
+        cpu::rms_norm(x.data(), L.post_attention_layernorm, eps, n, H, xn.data());
+        if (L.is_moe) {
+            moe(L.moe, n, xn.data(), block_out.data());
+        } else {
+            mlp(L.mlp, n, xn.data(), block_out.data());
+        }
+        cpu::add(x.data(), block_out.data(), int64_t(n) * H);
+    }
+    kv_.table().set_length(seq, pos0 + n);
+
+    const int n_out = all_logits ? n : 1;
+    const float * x_out = x.data() + int64_t(n - n_out) * H;
+    cpu::rms_norm(x_out, W.norm, eps, n_out, H, xn.data());
+    Linear lm_head;
+    lm_head.in_features = H;
+    lm_head.out_features = c.vocab_size;
+    lm_head.weight = W.lm_head;
+    logits.resize(size_t(n_out) * c.vocab_size);
+    cpu::linear(xn.data(), n_out, lm_head, logits.data());
+}
+
+std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt) {
+    return std::make_unique<CpuQwenEngine>(load_model(model_dir), opt);
+}
+
+}  // namespace qinfer

@@ -1,0 +1,37 @@
+// The decoder of the Qwen family (qwen2 = Qwen1.5/2/2.5, qwen3, qwen2_moe, qwen3_moe) and Llama-3, which share
+// one architecture and differ only in flags the config carries: q/k/v biases, Qwen3's per-head q/k RMSNorm,
+// MoE MLPs with an optional shared expert, and the rope scaling. One forward pass serves them all; a copy per
+// architecture would only repeat it.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "model/rope.h"
+#include "model/weights.h"
+#include "runtime/engine.h"
+#include "runtime/kv_cache.h"
+
+namespace qinfer {
+
+class CpuQwenEngine : public Engine {
+public:
+    CpuQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt);
+    const ModelConfig & config() const override { return model_->config; }
+    std::string backend_name() const override { return "cpu"; }
+    int new_sequence(int max_tokens) override;
+    void free_sequence(int seq) override;
+    void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override;
+    const Model & model() const { return *model_; }
+
+private:
+    void attention(int layer, int seq, int n, int pos0, const float * q, float * out) const;
+    void mlp(const MlpWeights & w, int n, const float * x, float * out) const;
+    void moe(const MoeWeights & w, int n, const float * x, float * out) const;
+
+    std::unique_ptr<Model> model_;
+    CpuKVCache kv_;
+    RopeFreqs rope_;  // static scalings; dynamic NTK recomputes per call
+};
+
+}  // namespace qinfer

@@ -1,0 +1,38 @@
+// What the generation loop, the CLI and the benchmark need from a backend.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/model_config.h"
+
+namespace qinfer {
+
+class Engine {
+public:
+    virtual ~Engine() = default;
+    virtual const ModelConfig & config() const = 0;
+    virtual std::string backend_name() const = 0;
+    // A new sequence with KV cache room for `max_tokens`; throws when the cache cannot hold it.
+    virtual int new_sequence(int max_tokens) = 0;
+    virtual void free_sequence(int seq) = 0;
+    // Appends `tokens` to the sequence (positions continue from its length) and returns fp32 logits
+    // [n_out, vocab]: every position when `all_logits`, else only the last one.
+    virtual void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) = 0;
+    // Greedy decode fast path hook for backends that sample on the device; default: forward + argmax on the host.
+    virtual uint64_t peak_memory_bytes() const { return 0; }
+};
+
+struct EngineOptions {
+    std::string backend = "auto";  // auto | cpu | cuda
+    int max_context = 0;           // KV cache capacity in tokens for one sequence (0: a default)
+    int max_sequences = 1;
+    int threads = 0;               // CPU threads (0: all)
+};
+
+std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt);
+std::unique_ptr<Engine> make_engine(const std::string & model_dir, const EngineOptions & opt);
+bool cuda_available();
+
+}  // namespace qinfer

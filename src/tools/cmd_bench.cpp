@@ -1,0 +1,185 @@
+// qinfer bench: the Qwen speed table (batch 1, fixed generated length, speed incl. prefill), plus time to first
+// token, decode-only tokens/s and the share of the memory-bandwidth limit; JSON and CSV for scripts.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <vector>
+
+#include "core/check.h"
+#include "core/parallel.h"
+#include "core/progress.h"
+#include "core/rng.h"
+#include "model/weights.h"
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "tools/synth.h"
+#include "tools/sysinfo.h"
+
+namespace qinfer {
+
+using json = nlohmann::json;
+
+namespace {
+
+struct Row {
+    std::string model, quant = "BF16", kv_dtype;
+    int batch = 1, input_len = 0, gen_len = 0;
+    double tok_s = 0, decode_tok_s = 0, ttft_s = 0, peak_gb = 0, bw_frac = 0;
+    std::string note;
+};
+
+std::vector<int> bench_prompt(int n, int vocab) {
+    std::vector<int> p(static_cast<size_t>(n));
+    const int limit = std::min(vocab, 151643);  // regular tokens only
+    for (int i = 0; i < n; i++) p[size_t(i)] = int(splitmix64(uint64_t(i) * 7919 + 17) % uint64_t(limit));
+    return p;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char ** argv) {
+    for (int i = 2; i < argc; i++) {
+        if (!std::strcmp(argv[i], "--help")) {
+            std::printf(
+                "usage: qinfer bench [--model DIR | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
+                "                    [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
+                "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
+                "input lengths 1,6144,14336,30720 with 2048 generated; on the CPU shorter: 1,256 with 32 generated\n");
+            return 0;
+        }
+    }
+    Args a(argc, argv, 2, {});
+    std::string backend = a.str("backend", "auto");
+    const bool gpu = backend == "cuda" || (backend == "auto" && cuda_available());
+    std::string model_dir = a.str("model");
+    std::string preset = a.str("preset", model_dir.empty() ? "qwen2.5-0.5b" : "");
+    int layers = int(a.integer("layers", 0));
+    std::vector<int> lens = a.has("input-lens") ? a.int_list("input-lens") : (gpu ? std::vector<int>{1, 6144, 14336, 30720}
+                                                                                  : std::vector<int>{1, 256});
+    int gen = int(a.integer("gen", gpu ? 2048 : 32));
+    int repeat = int(a.integer("repeat", 1));
+    std::string json_path = a.str("json"), csv_path = a.str("csv");
+    EngineOptions eo;
+    eo.backend = backend;
+    eo.threads = int(a.integer("threads", 0));
+    a.check_unused();
+    if (lens.empty()) QINFER_FAIL() << "--input-lens is empty";
+    for (int l : lens) {
+        if (l < 1) QINFER_FAIL() << "--input-lens entries must be >= 1, got " << l;
+    }
+    if (gen < 1 || repeat < 1) QINFER_FAIL() << "--gen and --repeat must be >= 1";
+    if (!gpu && !a.has("input-lens")) {
+        std::fprintf(stderr, "bench: no GPU found; running on the CPU with short inputs (%d..%d tokens, %d generated)\n",
+                     lens.front(), lens.back(), gen);
+    }
+    if (model_dir.empty()) {
+        std::fprintf(stderr, "bench: synthetic %s%s\n", preset.c_str(), layers ? (" (" + std::to_string(layers) + " layers)").c_str() : "");
+        model_dir = ensure_synth(preset, layers, DType::BF16);
+    }
+    std::string model_name = preset.empty() ? model_dir : preset;
+
+    const int max_len = *std::max_element(lens.begin(), lens.end());
+    eo.max_context = max_len + gen;
+    auto engine = make_engine(model_dir, eo);
+    const ModelConfig & c = engine->config();
+    auto model = load_model(model_dir);  // mapped again, only to count the bytes a decode step reads
+    const double weight_bytes = double(decode_weight_bytes(*model));
+    model.reset();
+    SystemInfo sys = system_info(engine->backend_name() == "cuda");
+    const int kv_elem = engine->backend_name() == "cuda" ? 2 : 4;
+    std::fprintf(stderr, "bench: %s on %s, memory bandwidth %.1f GB/s (%s)\n", model_name.c_str(), sys.card.c_str(),
+                 sys.bandwidth / 1e9, sys.bandwidth_source.c_str());
+
+    std::vector<Row> rows;
+    Progress bar("bench", int64_t(lens.size()) * repeat);
+    int done = 0;
+    for (int len : lens) {
+        Row r;
+        r.model = model_name;
+        r.kv_dtype = kv_elem == 2 ? "bf16" : "fp32";
+        r.input_len = len;
+        r.gen_len = gen;
+        if (int64_t(len) + gen > c.max_position_embeddings) {
+            r.note = "exceeds the model's context of " + std::to_string(c.max_position_embeddings);
+            rows.push_back(r);
+            done += repeat;
+            continue;
+        }
+        std::vector<double> speeds, decodes, ttfts;
+        for (int rep = 0; rep < repeat; rep++) {
+            GenerateOptions g;
+            g.max_new_tokens = gen;
+            g.ignore_eos = true;
+            g.prefill_chunk = engine->backend_name() == "cuda" ? 0 : 512;
+            g.on_prefill_progress = [&](int d, int t) { bar.update(done, "prefill " + std::to_string(d) + "/" + std::to_string(t)); };
+            g.on_token = [&](int) { return true; };
+            GenerateResult res = generate(*engine, bench_prompt(len, c.vocab_size), g);
+            double total = res.prefill_seconds + res.decode_seconds;
+            speeds.push_back(gen / total);
+            decodes.push_back(gen > 1 ? (gen - 1) / res.decode_seconds : 0);
+            ttfts.push_back(res.prefill_seconds);
+            bar.update(++done);
+        }
+        auto mean = [](const std::vector<double> & v) { return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); };
+        r.tok_s = mean(speeds);
+        r.decode_tok_s = mean(decodes);
+        r.ttft_s = mean(ttfts);
+        r.peak_gb = double(engine->peak_memory_bytes()) / 1e9;
+        // Bytes one decode step must read: the weights once plus the KV cache at the mean context of the decode.
+        double ctx = len + gen / 2.0;
+        double step_bytes = weight_bytes + double(c.kv_bytes_per_token(kv_elem)) * ctx;
+        r.bw_frac = r.decode_tok_s * step_bytes / sys.bandwidth;
+        rows.push_back(r);
+    }
+    bar.finish();
+
+    const std::string commit = git_commit();
+    std::printf("| Model | Input Length | Quantization | GPU Num | Speed(tokens/s) | GPU Memory(GB) | TTFT(s) | Decode(tokens/s) | BW share |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (const Row & r : rows) {
+        if (!r.note.empty()) {
+            std::printf("| %s | %d | %s | %d | - | - | - | - | %s |\n", r.model.c_str(), r.input_len, r.quant.c_str(), gpu ? 1 : 0,
+                        r.note.c_str());
+            continue;
+        }
+        std::printf("| %s | %d | %s | %d | %.2f | %s | %.3f | %.2f | %.0f%% |\n", r.model.c_str(), r.input_len, r.quant.c_str(),
+                    gpu ? 1 : 0, r.tok_s, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
+                    100 * r.bw_frac);
+    }
+    std::printf("card: %s | %s | backend %s | commit %s\n", sys.card.c_str(), sys.software.c_str(),
+                engine->backend_name().c_str(), commit.c_str());
+
+    json out = json::array();
+    for (const Row & r : rows) {
+        json j = {{"model", r.model}, {"quant", r.quant}, {"kv_dtype", r.kv_dtype}, {"batch", r.batch},
+                  {"input_len", r.input_len}, {"gen_len", r.gen_len}, {"card", sys.card}, {"driver", sys.driver},
+                  {"cuda", sys.cuda}, {"commit", commit}, {"backend", engine->backend_name()},
+                  {"bandwidth_gbs", sys.bandwidth / 1e9}};
+        if (r.note.empty()) {
+            j.update(json{{"tok_s", r.tok_s}, {"decode_tok_s", r.decode_tok_s}, {"ttft_s", r.ttft_s}, {"peak_gb", r.peak_gb},
+                          {"bw_frac", r.bw_frac}});
+        } else {
+            j["skipped"] = r.note;
+        }
+        out.push_back(j);
+    }
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+    if (!csv_path.empty()) {
+        std::ofstream f(csv_path);
+        f << "model,quant,kv_dtype,batch,input_len,gen_len,tok_s,decode_tok_s,ttft_s,peak_gb,bw_frac,card,driver,cuda,commit\n";
+        for (const Row & r : rows) {
+            f << r.model << "," << r.quant << "," << r.kv_dtype << "," << r.batch << "," << r.input_len << "," << r.gen_len << ","
+              << r.tok_s << "," << r.decode_tok_s << "," << r.ttft_s << "," << r.peak_gb << "," << r.bw_frac << ",\"" << sys.card
+              << "\"," << sys.driver << "," << sys.cuda << "," << commit << "\n";
+        }
+    }
+    return 0;
+}
+
+}  // namespace qinfer

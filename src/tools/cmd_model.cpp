@@ -1,0 +1,192 @@
+// qinfer synth | run | logits | info
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "core/check.h"
+#include "io/npy.h"
+#include "model/weights.h"
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "tools/presets.h"
+#include "tools/synth.h"
+
+namespace qinfer {
+
+namespace {
+
+bool wants_help(int argc, char ** argv) {
+    for (int i = 2; i < argc; i++) {
+        if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return true;
+    }
+    return false;
+}
+
+EngineOptions engine_options(const Args & a) {
+    EngineOptions o;
+    o.backend = a.str("backend", "auto");
+    o.threads = int(a.integer("threads", 0));
+    o.max_context = int(a.integer("context", 0));
+    return o;
+}
+
+}  // namespace
+
+int cmd_synth(int argc, char ** argv) {
+    if (wants_help(argc, argv)) {
+        std::printf("usage: qinfer synth --preset NAME --out DIR [--layers N] [--seed S] [--dtype bf16|fp16|fp32]\n"
+                    "                    [--shard-size BYTES]\npresets:");
+        for (const auto & n : preset_names()) std::printf(" %s", n.c_str());
+        std::printf("\n");
+        return 0;
+    }
+    Args a(argc, argv, 2, {});
+    SynthOptions o;
+    o.preset = a.required("preset");
+    o.out_dir = a.required("out");
+    o.layers = int(a.integer("layers", 0));
+    o.seed = uint64_t(a.integer("seed", 0));
+    if (a.has("dtype")) {
+        std::string d = a.str("dtype");
+        std::map<std::string, DType> m = {{"bf16", DType::BF16}, {"fp16", DType::F16}, {"fp32", DType::F32}};
+        if (!m.count(d)) QINFER_FAIL() << "--dtype must be bf16, fp16 or fp32, got '" << d << "'";
+        o.dtype = m[d];
+        o.dtype_given = true;
+    }
+    o.shard_bytes = uint64_t(a.integer("shard-size", int64_t(o.shard_bytes)));
+    if (o.layers < 0) QINFER_FAIL() << "--layers must be positive";
+    a.check_unused();
+    uint64_t bytes = synthesize(o);
+    std::printf("wrote %s: %.3f GB of weights (%s)\n", o.out_dir.c_str(), double(bytes) / 1e9, o.preset.c_str());
+    return 0;
+}
+
+int cmd_logits(int argc, char ** argv) {
+    if (wants_help(argc, argv)) {
+        std::printf("usage: qinfer logits --model DIR --tokens 1,2,3 --out FILE.npy [--backend cpu|cuda] [--threads N]\n"
+                    "writes fp32 logits [n_tokens, vocab] of one forward pass over the tokens\n");
+        return 0;
+    }
+    Args a(argc, argv, 2, {});
+    std::string dir = a.required("model"), out = a.required("out");
+    std::vector<int> tokens = a.int_list("tokens");
+    EngineOptions eo = engine_options(a);
+    a.check_unused();
+    if (tokens.empty()) QINFER_FAIL() << "--tokens is empty";
+    eo.max_context = std::max<int>(eo.max_context, int(tokens.size()));
+    auto engine = make_engine(dir, eo);
+    const int vocab = engine->config().vocab_size;
+    for (int t : tokens) {
+        if (t < 0 || t >= vocab) QINFER_FAIL() << "token id " << t << " is outside the vocabulary [0, " << vocab << ")";
+    }
+    if (int64_t(tokens.size()) > engine->config().max_position_embeddings) {
+        QINFER_FAIL() << tokens.size() << " tokens exceed the model's context of " << engine->config().max_position_embeddings;
+    }
+    int seq = engine->new_sequence(int(tokens.size()));
+    std::vector<float> logits;
+    engine->forward(seq, tokens, true, logits);
+    write_npy_f32(out, logits.data(), {int64_t(tokens.size()), int64_t(vocab)});
+    return 0;
+}
+
+int cmd_run(int argc, char ** argv) {
+    if (wants_help(argc, argv)) {
+        std::printf("usage: qinfer run --model DIR --tokens IDS [-n N | --max-tokens N] [--greedy] [--temperature T]\n"
+                    "                  [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]\n"
+                    "                  [--frequency-penalty F] [--seed S] [--ignore-eos] [--backend cpu|cuda] [--threads N]\n"
+                    "sampling defaults come from the checkpoint's generation_config.json; --greedy overrides them\n");
+        return 0;
+    }
+    // -n is the one short option.
+    std::vector<char *> args(argv, argv + argc);
+    for (auto & s : args) {
+        if (!std::strcmp(s, "-n")) s = const_cast<char *>("--max-tokens");
+    }
+    Args a(int(args.size()), args.data(), 2, {"greedy", "ignore-eos"});
+    std::string dir = a.required("model");
+    std::vector<int> prompt = a.int_list("tokens");
+    if (!a.has("tokens")) QINFER_FAIL() << "missing option --tokens (text prompts need the tokenizer)";
+    GenerateOptions g;
+    g.max_new_tokens = int(a.integer("max-tokens", 32));
+    EngineOptions eo = engine_options(a);
+    GenerationConfig gc = load_generation_config(dir, load_model_config(dir));
+    SamplingParams & s = g.sampling;
+    if (gc.do_sample && !a.flag("greedy")) {
+        s.temperature = gc.temperature;
+        s.top_k = gc.top_k;
+        s.top_p = gc.top_p;
+        s.min_p = gc.min_p;
+        s.repetition_penalty = gc.repetition_penalty;
+    }
+    if (a.flag("greedy")) s.temperature = 0;
+    s.temperature = float(a.number("temperature", s.temperature));
+    s.top_k = int(a.integer("top-k", s.top_k));
+    s.top_p = float(a.number("top-p", s.top_p));
+    s.min_p = float(a.number("min-p", s.min_p));
+    s.repetition_penalty = float(a.number("repetition-penalty", s.repetition_penalty));
+    s.presence_penalty = float(a.number("presence-penalty", 0));
+    s.frequency_penalty = float(a.number("frequency-penalty", 0));
+    s.seed = uint64_t(a.integer("seed", 0));
+    g.ignore_eos = a.flag("ignore-eos");
+    g.eos_token_ids = gc.eos_token_ids;
+    a.check_unused();
+    eo.max_context = std::max<int>(eo.max_context, int(prompt.size()) + g.max_new_tokens);
+    auto engine = make_engine(dir, eo);
+    GenerateResult r = generate(*engine, prompt, g);
+    for (size_t i = 0; i < r.tokens.size(); i++) std::printf("%s%d", i ? " " : "", r.tokens[i]);
+    std::printf("\n");
+    std::fprintf(stderr, "%zu tokens, stop: %s, prefill %.3f s, decode %.2f tokens/s (%s)\n", r.tokens.size(), r.stop_reason,
+                 r.prefill_seconds, r.tokens.size() > 1 ? double(r.tokens.size() - 1) / r.decode_seconds : 0.0,
+                 engine->backend_name().c_str());
+    return 0;
+}
+
+int cmd_info(int argc, char ** argv) {
+    if (wants_help(argc, argv)) {
+        std::printf("usage: qinfer info --model DIR [--context N]\n");
+        return 0;
+    }
+    Args a(argc, argv, 2, {});
+    std::string dir = a.required("model");
+    int64_t context = a.integer("context", 0);
+    a.check_unused();
+    auto m = load_model(dir);
+    const ModelConfig & c = m->config;
+    if (context <= 0) context = c.max_position_embeddings;
+    std::printf("model            %s\n", dir.c_str());
+    std::printf("architecture     %s%s\n", arch_model_type(c.arch), c.num_experts ? " (mixture of experts)" : "");
+    std::printf("layers           %d\n", c.num_hidden_layers);
+    std::printf("hidden           %d (intermediate %d)\n", c.hidden_size, c.intermediate_size);
+    std::printf("heads            %d query, %d kv, head_dim %d\n", c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    if (c.num_experts) {
+        std::printf("experts          %d, top-%d, moe_intermediate %d, shared expert %d, norm_topk_prob %s\n", c.num_experts,
+                    c.num_experts_per_tok, c.moe_intermediate_size, c.shared_expert_intermediate_size,
+                    c.norm_topk_prob ? "true" : "false");
+    }
+    std::printf("vocab            %d%s\n", c.vocab_size, c.tie_word_embeddings ? " (tied embeddings)" : "");
+    std::printf("context          %d, rope_theta %g, rope scaling %s", c.max_position_embeddings, c.rope_theta,
+                rope_type_name(c.rope_scaling.type));
+    if (c.rope_scaling.type != RopeType::Default) std::printf(" (factor %g)", c.rope_scaling.factor);
+    std::printf("\n");
+    const double params = double(parameter_count(c));
+    std::printf("parameters       %.3f %s\n", params >= 1e9 ? params / 1e9 : params / 1e6, params >= 1e9 ? "B" : "M");
+    std::map<std::string, uint64_t> by_dtype;
+    for (const auto & name : m->checkpoint->names()) {
+        TensorView t = m->checkpoint->get(name);
+        by_dtype[dtype_name(t.dtype())] += t.nbytes();
+    }
+    for (const auto & [d, b] : by_dtype) std::printf("bytes %-10s %.3f GB\n", d.c_str(), double(b) / 1e9);
+    uint64_t weights = m->checkpoint->total_bytes();
+    uint64_t kv = c.kv_bytes_per_token(2) * uint64_t(context);
+    std::printf("kv cache (bf16)  %.1f KB per token, %.3f GB at %lld tokens\n", double(c.kv_bytes_per_token(2)) / 1e3,
+                double(kv) / 1e9, (long long)context);
+    std::printf("memory needed    %.3f GB (weights + bf16 KV cache at %lld tokens)\n", double(weights + kv) / 1e9,
+                (long long)context);
+    std::printf("decode reads     %.3f GB per token of weights\n", double(decode_weight_bytes(*m)) / 1e9);
+    return 0;
+}
+
+}  // namespace qinfer

@@ -1,0 +1,50 @@
+// qinfer: one binary, several subcommands.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "core/check.h"
+#include "tools/commands.h"
+
+namespace {
+
+const char * k_usage =
+    "usage: qinfer COMMAND [options]\n"
+    "\n"
+    "commands:\n"
+    "  bench    speed table (tokens/s incl. prefill, TTFT, decode tokens/s, peak memory, bandwidth share)\n"
+    "  run      generate from token ids\n"
+    "  logits   fp32 logits of one forward pass, as .npy\n"
+    "  info     architecture, parameters, bytes by dtype, memory at a context\n"
+    "  synth    write a random-weight checkpoint in the published layout\n"
+    "\n"
+    "`qinfer COMMAND --help` lists a command's options.\n";
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+        std::fputs(k_usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    std::string cmd = argv[1];
+    try {
+        if (cmd == "synth") return qinfer::cmd_synth(argc, argv);
+        if (cmd == "run") return qinfer::cmd_run(argc, argv);
+        if (cmd == "logits") return qinfer::cmd_logits(argc, argv);
+        if (cmd == "info") return qinfer::cmd_info(argc, argv);
+        if (cmd == "bench") return qinfer::cmd_bench(argc, argv);
+        std::fprintf(stderr, "qinfer: unknown command '%s'\n%s", cmd.c_str(), k_usage);
+        return 2;
+    } catch (const qinfer::Error & e) {
+        std::fprintf(stderr, "qinfer %s: error: %s\n", cmd.c_str(), e.what());
+        return 1;
+    } catch (const std::bad_alloc &) {
+        std::fprintf(stderr, "qinfer %s: error: out of memory\n", cmd.c_str());
+        return 1;
+    } catch (const std::exception & e) {
+        std::fprintf(stderr, "qinfer %s: error: %s\n", cmd.c_str(), e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Bad input through the real binary: each case must exit non-zero (not by a signal) with one error line that
+# names the problem.
+set -u
+q="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+passes=0
+
+# expect NAME PATTERN CMD...: non-zero exit below 128, exactly one stderr line, matching PATTERN.
+expect() {
+    local name="$1" pattern="$2"
+    shift 2
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    local rc=$?
+    local lines
+    lines=$(wc -l <"$tmp/err")
+    if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$pattern" "$tmp/err"; then
+        echo "FAIL $name: rc=$rc, $lines stderr lines:"
+        sed 's/^/    /' "$tmp/err" | head -5
+        fails=$((fails + 1))
+    else
+        echo "ok   $name: $(cat "$tmp/err")"
+        passes=$((passes + 1))
+    fi
+}
+
+good="$tmp/good"
+"$q" synth --preset tiny-qwen2 --out "$good" >/dev/null || { echo "synth failed"; exit 1; }
+fresh() { rm -rf "$tmp/m"; cp -r "$good" "$tmp/m"; }
+st="$tmp/m/model.safetensors"
+
+fresh; truncate -s 5000 "$st"
+expect truncated-file "truncated" "$q" logits --model "$tmp/m" --tokens 1,2 --out "$tmp/x.npy"
+fresh; printf '\xff\xff\xff\x00\x00\x00\x00\x00' | dd of="$st" conv=notrunc status=none
+expect header-past-end "runs past the end" "$q" logits --model "$tmp/m" --tokens 1 --out "$tmp/x.npy"
+fresh; python3 - "$st" <<'PY' 2>/dev/null || sed -i 's/"data_offsets":\[0,/"data_offsets":[999999999,/' "$st"
+import json, struct, sys
+p = sys.argv[1]; b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n]); k = [k for k in h if k != '__metadata__'][0]
+h[k]['data_offsets'] = [10**9, 10**9 + h[k]['data_offsets'][1] - h[k]['data_offsets'][0]]
+t = json.dumps(h).encode(); t += b' ' * ((8 - len(t) % 8) % 8)
+open(p, 'wb').write(struct.pack('<Q', len(t)) + t + b[8 + n:])
+PY
+expect offsets-out-of-range "ends at byte" "$q" logits --model "$tmp/m" --tokens 1 --out "$tmp/x.npy"
+fresh; sed -i 's/"intermediate_size": 160/"intermediate_size": 128/' "$tmp/m/config.json"
+expect wrong-shape "has shape \[160, 96\], config.json implies \[128, 96\]" "$q" logits --model "$tmp/m" --tokens 1 --out "$tmp/x.npy"
+fresh; sed -i 's/"model_type": "qwen2"/"model_type": "mamba"/' "$tmp/m/config.json"
+expect unknown-model-type "unknown model_type 'mamba'" "$q" info --model "$tmp/m"
+fresh; sed -i 's/"num_hidden_layers": 3/"num_hidden_layers": 4/' "$tmp/m/config.json"
+expect missing-tensor "missing tensors: model.layers.3" "$q" info --model "$tmp/m"
+fresh; sed -i 's/"num_hidden_layers": 3/"num_hidden_layers": 2/' "$tmp/m/config.json"
+expect unexpected-tensor "unexpected tensors: model.layers.2" "$q" info --model "$tmp/m"
+rm -rf "$tmp/s"; "$q" synth --preset tiny-qwen2 --out "$tmp/s" --shard-size 200000 >/dev/null
+rm "$tmp/s/model-00002-of-"*.safetensors
+expect missing-shard "missing shard model-00002-of-" "$q" info --model "$tmp/s"
+fresh; rm "$tmp/m/config.json"
+expect missing-config "no config.json" "$q" info --model "$tmp/m"
+fresh; echo '{"model_type": "qwen2",' >"$tmp/m/config.json"
+expect bad-json "not a JSON object" "$q" info --model "$tmp/m"
+expect no-such-dir "not a directory" "$q" info --model "$tmp/nope"
+expect token-out-of-vocab "outside the vocabulary" "$q" run --model "$good" --tokens 1,999 -n 2
+expect bad-token-list "is not an integer" "$q" run --model "$good" --tokens 1,abc -n 2
+expect prompt-too-long "exceeds the model's context" "$q" run --model "$good" --tokens "$(seq -s, 1 250)" -n 10
+expect unknown-option "unknown option --frobnicate" "$q" info --model "$good" --frobnicate 1
+expect unknown-preset "unknown preset 'qwen9'" "$q" synth --preset qwen9 --out "$tmp/z"
+expect bad-top-p "top_p must be in" "$q" run --model "$good" --tokens 1 --temperature 1 --top-p 0
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
