@@ -41,6 +41,13 @@ bool ModelConfig::is_moe_layer(int layer) const {
     return (layer + 1) % decoder_sparse_step == 0;
 }
 
+int ModelConfig::max_context() const {
+    const RopeScaling & s = rope_scaling;
+    if (s.type == RopeType::Default) return max_position_embeddings;
+    int original = s.original_max_position_embeddings > 0 ? s.original_max_position_embeddings : max_position_embeddings;
+    return std::max<int>(max_position_embeddings, int(std::min(double(1 << 30), s.factor * original)));
+}
+
 uint64_t ModelConfig::kv_bytes_per_token(int elem_bytes) const {
     return uint64_t(2) * num_hidden_layers * kv_dim() * elem_bytes;
 }

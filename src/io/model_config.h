@@ -64,6 +64,9 @@ struct ModelConfig {
     std::vector<int> eos_token_ids;
 
     bool is_moe_layer(int layer) const;
+    // The longest context the model supports: max_position_embeddings, or the scaled original context when a rope
+    // scaling extends it (Qwen2.5 adds YaRN factor 4 to a 32768 config for 131072 tokens).
+    int max_context() const;
     int q_dim() const { return num_attention_heads * head_dim; }
     int kv_dim() const { return num_key_value_heads * head_dim; }
     // KV cache bytes per token of context at `elem_bytes` per element (both K and V, all layers).

@@ -17,7 +17,7 @@ KVCacheShape cache_shape(const ModelConfig & c, const EngineOptions & opt) {
     s.n_kv_heads = c.num_key_value_heads;
     s.head_dim = c.head_dim;
     s.block_size = 16;
-    int ctx = opt.max_context > 0 ? opt.max_context : std::min(c.max_position_embeddings, 4096);
+    int ctx = opt.max_context > 0 ? opt.max_context : std::min(c.max_context(), 4096);
     s.n_blocks = std::max(1, opt.max_sequences) * ((ctx + s.block_size - 1) / s.block_size);
     return s;
 }

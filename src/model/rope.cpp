@@ -46,14 +46,10 @@ RopeFreqs compute_rope_freqs(const ModelConfig & c, int seq_len) {
         break;
     }
     case RopeType::Yarn: {
-        double factor = s.factor;
-        int original = s.original_max_position_embeddings;
-        if (original > 0) {
-            // transformers derives the factor from max_position_embeddings / original when both are given.
-            factor = double(c.max_position_embeddings) / original;
-        } else {
-            original = c.max_position_embeddings;
-        }
+        // transformers 5.17 takes the factor as written, also when max_position_embeddings was left at the
+        // original context (Qwen2.5's published advice); the golden tiny-qwen2-yarn-same-max pins this.
+        const double factor = s.factor;
+        const int original = s.original_max_position_embeddings > 0 ? s.original_max_position_embeddings : c.max_position_embeddings;
         double attention_factor = s.attention_factor;
         if (attention_factor <= 0) {
             if (s.mscale > 0 && s.mscale_all_dim > 0) {

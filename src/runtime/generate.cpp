@@ -12,9 +12,9 @@ GenerateResult generate(Engine & engine, const std::vector<int> & prompt, const 
     if (prompt.empty()) QINFER_FAIL() << "the prompt is empty: give at least one token";
     if (opt.max_new_tokens < 0) QINFER_FAIL() << "max_new_tokens must be >= 0";
     const int64_t total = int64_t(prompt.size()) + opt.max_new_tokens;
-    if (total > c.max_position_embeddings) {
+    if (total > c.max_context()) {
         QINFER_FAIL() << "prompt of " << prompt.size() << " tokens + " << opt.max_new_tokens << " new tokens exceeds the model's context of "
-                      << c.max_position_embeddings << " tokens";
+                      << c.max_context() << " tokens";
     }
     for (int id : prompt) {
         if (id < 0 || id >= c.vocab_size) QINFER_FAIL() << "token id " << id << " is outside the vocabulary [0, " << c.vocab_size << ")";

@@ -105,8 +105,8 @@ int cmd_bench(int argc, char ** argv) {
         r.kv_dtype = kv_elem == 2 ? "bf16" : "fp32";
         r.input_len = len;
         r.gen_len = gen;
-        if (int64_t(len) + gen > c.max_position_embeddings) {
-            r.note = "exceeds the model's context of " + std::to_string(c.max_position_embeddings);
+        if (int64_t(len) + gen > c.max_context()) {
+            r.note = "exceeds the model's context of " + std::to_string(c.max_context());
             rows.push_back(r);
             done += repeat;
             continue;

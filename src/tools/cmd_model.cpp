@@ -82,8 +82,8 @@ int cmd_logits(int argc, char ** argv) {
     for (int t : tokens) {
         if (t < 0 || t >= vocab) QINFER_FAIL() << "token id " << t << " is outside the vocabulary [0, " << vocab << ")";
     }
-    if (int64_t(tokens.size()) > engine->config().max_position_embeddings) {
-        QINFER_FAIL() << tokens.size() << " tokens exceed the model's context of " << engine->config().max_position_embeddings;
+    if (int64_t(tokens.size()) > engine->config().max_context()) {
+        QINFER_FAIL() << tokens.size() << " tokens exceed the model's context of " << engine->config().max_context();
     }
     int seq = engine->new_sequence(int(tokens.size()));
     std::vector<float> logits;
@@ -155,7 +155,7 @@ int cmd_info(int argc, char ** argv) {
     a.check_unused();
     auto m = load_model(dir);
     const ModelConfig & c = m->config;
-    if (context <= 0) context = c.max_position_embeddings;
+    if (context <= 0) context = c.max_context();
     std::printf("model            %s\n", dir.c_str());
     std::printf("architecture     %s%s\n", arch_model_type(c.arch), c.num_experts ? " (mixture of experts)" : "");
     std::printf("layers           %d\n", c.num_hidden_layers);
@@ -167,7 +167,7 @@ int cmd_info(int argc, char ** argv) {
                     c.norm_topk_prob ? "true" : "false");
     }
     std::printf("vocab            %d%s\n", c.vocab_size, c.tie_word_embeddings ? " (tied embeddings)" : "");
-    std::printf("context          %d, rope_theta %g, rope scaling %s", c.max_position_embeddings, c.rope_theta,
+    std::printf("context          %d, rope_theta %g, rope scaling %s", c.max_context(), c.rope_theta,
                 rope_type_name(c.rope_scaling.type));
     if (c.rope_scaling.type != RopeType::Default) std::printf(" (factor %g)", c.rope_scaling.factor);
     std::printf("\n");

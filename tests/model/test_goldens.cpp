@@ -90,7 +90,7 @@ TEST_P(Golden, CpuMatchesTransformers) {
     double err = rel_error(logits, ref);
     // fp32: transformers' fp32 math; bf16/fp16: transformers rounds every activation to the weight dtype while qinfer's
     // CPU reference keeps fp32, so the difference is a few bf16/fp16 rounding steps.
-    double tol = exact ? 1e-4 : dtype == "bf16" ? 4e-2 : 1e-2;
+    double tol = exact ? 1e-4 : dtype == "bf16" ? 2e-2 : 2e-3;
     EXPECT_LT(err, tol) << GetParam() << ": relative logit error " << err;
     std::printf("[ golden ] %-28s relative logit error %.2e (tolerance %.0e)\n", GetParam().c_str(), err, tol);
 
