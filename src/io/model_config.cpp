@@ -185,6 +185,12 @@ ModelConfig parse_model_config(const std::string & text, const std::string & wha
         c.num_key_value_heads <= 0) {
         QINFER_FAIL() << what << ": vocab_size, hidden_size, num_hidden_layers and head counts must be positive";
     }
+    // Limits far above any published model, so a hostile config cannot ask for absurd allocations.
+    if (c.vocab_size > (1 << 24) || c.hidden_size > (1 << 17) || c.intermediate_size > (1 << 20) || c.num_hidden_layers > 1024 ||
+        c.num_attention_heads > 1024) {
+        QINFER_FAIL() << what << ": sizes out of range (vocab " << c.vocab_size << ", hidden " << c.hidden_size << ", layers "
+                      << c.num_hidden_layers << ", heads " << c.num_attention_heads << ")";
+    }
     if (c.num_attention_heads % c.num_key_value_heads != 0) {
         QINFER_FAIL() << what << ": num_attention_heads " << c.num_attention_heads << " is not a multiple of num_key_value_heads "
                       << c.num_key_value_heads;
@@ -197,7 +203,9 @@ ModelConfig parse_model_config(const std::string & text, const std::string & wha
         }
         c.head_dim = c.hidden_size / c.num_attention_heads;
     }
-    if (c.head_dim <= 0 || c.head_dim % 2 != 0) QINFER_FAIL() << what << ": head_dim must be positive and even, got " << c.head_dim;
+    if (c.head_dim <= 0 || c.head_dim % 2 != 0 || c.head_dim > 1024) {
+        QINFER_FAIL() << what << ": head_dim must be even and in 2..1024, got " << c.head_dim;
+    }
     c.max_position_embeddings = rd.get_int_or("max_position_embeddings", 32768);
     c.rms_norm_eps = rd.get_num_or("rms_norm_eps", 1e-6);
     std::string act = rd.get_str_or("hidden_act", "silu");
@@ -271,6 +279,7 @@ ModelConfig parse_model_config(const std::string & text, const std::string & wha
                 c.mlp_only_layers.push_back(v.get<int>());
             }
         }
+        if (c.num_experts > 4096 || c.moe_intermediate_size > (1 << 20)) QINFER_FAIL() << what << ": MoE sizes out of range";
         if (c.num_experts > 0 && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)) {
             QINFER_FAIL() << what << ": num_experts_per_tok " << c.num_experts_per_tok << " must be in 1.." << c.num_experts;
         }

@@ -15,7 +15,7 @@ struct SystemInfo {
 };
 
 SystemInfo system_info(bool gpu);
-// Measured read bandwidth of host memory with all threads, in bytes/s (best of several passes over 512 MiB).
+// Measured read bandwidth of host memory with all threads, in bytes/s (best of five passes over 1 GiB).
 double measure_host_bandwidth();
 std::string git_commit();
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds qinfer and runs every test: unit and golden tests (ctest), bad-input checks through the binary, and the
+# fuzz targets for a bounded time (FUZZ_SECONDS each, default 60). CUDA kernel tests run when a GPU is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh
+(cd build && ctest --output-on-failure -j"$(nproc)")
+
+# Fuzzing: a separate clang build with sanitizers; the committed corpus is copied, never modified.
+fuzz_seconds=${FUZZ_SECONDS:-60}
+cmake -S . -B build-fuzz -G Ninja -DQINFER_FUZZ=ON -DQINFER_TESTS=OFF -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQINFER_CUDA=OFF >/dev/null
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_safetensors fuzz_config
+for target in safetensors config; do
+    corpus=$(mktemp -d)
+    cp fuzz/corpus/$target/* "$corpus"/
+    echo "fuzz_$target: ${fuzz_seconds}s"
+    if ! build-fuzz/fuzz/fuzz_$target "$corpus" -max_total_time="$fuzz_seconds" -max_len=65536 -timeout=10 \
+        -print_final_stats=1 >"$corpus.log" 2>&1; then
+        grep -E "ERROR|SUMMARY|Test unit written" -A3 "$corpus.log" | head -30
+        echo "fuzz_$target: FAILED"
+        exit 1
+    fi
+    grep -E "^stat::number_of_executed_units" "$corpus.log"
+    build-fuzz/fuzz/fuzz_$target "$corpus" -runs=0 >/dev/null 2>&1 || { echo "fuzz_$target: a corpus input fails"; exit 1; }
+    rm -rf "$corpus" "$corpus.log"
+done
+echo "fuzz: 2 passed, 0 failed"
