@@ -47,7 +47,9 @@ if has test; then
     grep -E "FAILED|Failure" -A4 "$OUT/ctest.log" | head -60 || true
 fi
 if has bench; then
-    "$Q" bench --preset qwen2.5-0.5b --input-lens 1,6144 --gen 256 --json "$OUT/bench-0.5b.json" 2>&1 | tee "$OUT/bench.log" | tail -6
+    for p in qwen2.5-0.5b qwen2.5-7b; do
+        "$Q" bench --preset "$p" --input-lens 1,6144 --gen 256 --json "$OUT/quick-$p.json" 2>&1 | tee -a "$OUT/bench.log" | tail -5
+    done
 fi
 if has bench-full; then
     for p in qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b; do

@@ -42,40 +42,11 @@ int CpuQwenEngine::new_sequence(int max_tokens) {
 
 void CpuQwenEngine::free_sequence(int seq) { kv_.table().free_sequence(seq); }
 
-// Causal GQA attention of n new query tokens (positions pos0..pos0+n-1) over the cached keys 0..pos.
-// q: fp32 [n, n_head, head_dim]; out: fp32 [n, n_head, head_dim]. Softmax in fp32, scale head_dim^-0.5.
 void CpuQwenEngine::attention(int layer, int seq, int n, int pos0, const float * q, float * out) const {
     const ModelConfig & c = model_->config;
-    const int n_head = c.num_attention_heads, d = c.head_dim;
-    const int n_rep = n_head / c.num_key_value_heads;
-    const float scale = 1.0f / std::sqrt(float(d));
-    parallel_for(int64_t(n) * n_head, [&](int64_t job) {
-        const int t = int(job / n_head), h = int(job % n_head);
-        const int kvh = h / n_rep;  // repeat_kv: each KV head serves n_rep consecutive query heads
-        const int pos = pos0 + t;
-        const float * qv = q + (int64_t(t) * n_head + h) * d;
-        std::vector<float> scores(size_t(pos) + 1);
-        float max_score = -INFINITY;
-        for (int j = 0; j <= pos; j++) {
-            const float * kv = kv_.k(layer, seq, j) + int64_t(kvh) * d;
-            float s = 0;
-            for (int i = 0; i < d; i++) s += qv[i] * kv[i];
-            scores[size_t(j)] = s * scale;
-            max_score = std::max(max_score, scores[size_t(j)]);
-        }
-        float sum = 0;
-        for (float & s : scores) {
-            s = std::exp(s - max_score);
-            sum += s;
-        }
-        float * o = out + (int64_t(t) * n_head + h) * d;
-        std::fill(o, o + d, 0.0f);
-        for (int j = 0; j <= pos; j++) {
-            const float * vv = kv_.v(layer, seq, j) + int64_t(kvh) * d;
-            const float p = scores[size_t(j)] / sum;
-            for (int i = 0; i < d; i++) o[i] += p * vv[i];
-        }
-    });
+    cpu::attention(
+        q, n, pos0, c.num_attention_heads, c.num_key_value_heads, c.head_dim, [&](int j) { return kv_.k(layer, seq, j); },
+        [&](int j) { return kv_.v(layer, seq, j); }, out);
 }
 
 // SwiGLU: down(silu(gate(x)) * up(x)). x: fp32 [n, hidden]; out: fp32 [n, hidden].

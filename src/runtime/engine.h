@@ -20,7 +20,10 @@ public:
     // Appends `tokens` to the sequence (positions continue from its length) and returns fp32 logits
     // [n_out, vocab]: every position when `all_logits`, else only the last one.
     virtual void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) = 0;
-    // Greedy decode fast path hook for backends that sample on the device; default: forward + argmax on the host.
+    // Greedy decoding on the device: feeds `token` (sampled, not yet in the cache) and runs `n_steps` steps, each
+    // taking the argmax over ids below `n_valid`; returns the n_steps new tokens. Backends without it return false.
+    virtual bool decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) { return false; }
+    // Peak device memory since the current sequence was created (0 on the CPU).
     virtual uint64_t peak_memory_bytes() const { return 0; }
 };
 

@@ -2,7 +2,11 @@
 // Activations are fp32 row-major; weights stay in the checkpoint dtype (bf16/fp16/fp32).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
+
+#include "core/parallel.h"
 
 #include "model/weights.h"
 
@@ -34,5 +38,36 @@ void add(float * x, const float * y, int64_t n);
 
 // Dot product of a weight row with an fp32 vector (the decode hot loop).
 float dot_row(const Weight & w, int64_t row, const float * x, int k);
+
+// Causal GQA attention (transformers' eager attention): n queries at positions pos0..pos0+n-1 over keys 0..pos.
+// q, out: fp32 [n, n_head, d]; k_row(j), v_row(j): fp32 [n_kv, d] of token j. Query head h reads KV head
+// h / (n_head / n_kv) (repeat_kv); scores scaled by d^-0.5; softmax in fp32.
+template <class KRow, class VRow>
+void attention(const float * q, int n, int pos0, int n_head, int n_kv, int d, KRow k_row, VRow v_row, float * out) {
+    const int n_rep = n_head / n_kv;
+    const float scale = 1.0f / std::sqrt(float(d));
+    parallel_for(int64_t(n) * n_head, [&](int64_t job) {
+        const int t = int(job / n_head), h = int(job % n_head), kvh = h / n_rep, pos = pos0 + t;
+        const float * qv = q + (int64_t(t) * n_head + h) * d;
+        std::vector<float> scores(static_cast<size_t>(pos) + 1);
+        float max_score = -INFINITY;
+        for (int j = 0; j <= pos; j++) {
+            const float * kv = k_row(j) + int64_t(kvh) * d;
+            float s = 0;
+            for (int i = 0; i < d; i++) s += qv[i] * kv[i];
+            scores[size_t(j)] = s * scale;
+            max_score = std::max(max_score, scores[size_t(j)]);
+        }
+        float sum = 0;
+        for (float & s : scores) sum += (s = std::exp(s - max_score));
+        float * o = out + (int64_t(t) * n_head + h) * d;
+        std::fill(o, o + d, 0.0f);
+        for (int j = 0; j <= pos; j++) {
+            const float * vv = v_row(j) + int64_t(kvh) * d;
+            const float p = scores[size_t(j)] / sum;
+            for (int i = 0; i < d; i++) o[i] += p * vv[i];
+        }
+    });
+}
 
 }  // namespace qinfer::cpu

@@ -1,0 +1,58 @@
+#include "backends/cuda/allocator.h"
+#include "backends/cuda/common.cuh"
+
+namespace qinfer::cuda {
+
+DeviceAllocator & DeviceAllocator::instance() {
+    static DeviceAllocator a;
+    return a;
+}
+
+void * DeviceAllocator::alloc(size_t bytes, const char * what) {
+    if (bytes == 0) return nullptr;
+    void * p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        QINFER_FAIL() << "out of GPU memory allocating " << double(bytes) / 1e9 << " GB for " << what << " (" << double(free_b) / 1e9
+                      << " GB free of " << double(total_b) / 1e9 << ")";
+    }
+    in_use_ += bytes;
+    if (in_use_ > peak_) peak_ = in_use_;
+    return p;
+}
+
+void DeviceAllocator::free(void * p, size_t bytes) {
+    if (!p) return;
+    cudaFree(p);
+    in_use_ -= bytes;
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes, const char * what) : ptr_(DeviceAllocator::instance().alloc(bytes, what)), bytes_(bytes) {}
+
+DeviceBuffer::~DeviceBuffer() { DeviceAllocator::instance().free(ptr_, bytes_); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer && o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+}
+
+DeviceBuffer & DeviceBuffer::operator=(DeviceBuffer && o) noexcept {
+    if (this != &o) {
+        DeviceAllocator::instance().free(ptr_, bytes_);
+        ptr_ = o.ptr_;
+        bytes_ = o.bytes_;
+        o.ptr_ = nullptr;
+        o.bytes_ = 0;
+    }
+    return *this;
+}
+
+void DeviceBuffer::ensure(size_t bytes, const char * what) {
+    if (bytes <= bytes_) return;
+    *this = DeviceBuffer(bytes, what);
+}
+
+}  // namespace qinfer::cuda

@@ -1,0 +1,46 @@
+// Device memory from one allocator that records its peak (weights, KV cache and workspaces alike), so the
+// benchmark reports what a request really used.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace qinfer::cuda {
+
+class DeviceAllocator {
+public:
+    static DeviceAllocator & instance();
+    void * alloc(size_t bytes, const char * what);
+    void free(void * p, size_t bytes);
+    uint64_t in_use() const { return in_use_; }
+    uint64_t peak() const { return peak_; }
+    void reset_peak() { peak_ = in_use_; }
+
+private:
+    uint64_t in_use_ = 0;
+    uint64_t peak_ = 0;
+};
+
+// An owning device allocation.
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    DeviceBuffer(size_t bytes, const char * what);
+    ~DeviceBuffer();
+    DeviceBuffer(DeviceBuffer && o) noexcept;
+    DeviceBuffer & operator=(DeviceBuffer && o) noexcept;
+    DeviceBuffer(const DeviceBuffer &) = delete;
+    DeviceBuffer & operator=(const DeviceBuffer &) = delete;
+    void * get() const { return ptr_; }
+    template <typename T> T * as() const { return static_cast<T *>(ptr_); }
+    size_t bytes() const { return bytes_; }
+    // Grows (never shrinks) to at least `bytes`; contents are not kept.
+    void ensure(size_t bytes, const char * what);
+
+private:
+    void * ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+}  // namespace qinfer::cuda

@@ -1,0 +1,327 @@
+// Attention over the paged KV cache.
+//   prefill: FlashAttention-2 on tensor cores (mma.sync m16n8k16 bf16): a block of 4 warps owns 64 queries of one
+//            head; K/V tiles of 64 keys go through shared memory; online softmax in fp32 registers; no n^2 memory.
+//   decode:  flash-decoding: the keys of one KV head are split into chunks of k_decode_split, each block scores its
+//            chunk for all query heads sharing that KV head (GQA), and a second kernel combines the partial results.
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda {
+
+namespace {
+
+// ---------------------------------------------------------------- prefill
+constexpr int k_br = 64;  // queries per block (16 per warp)
+constexpr int k_bc = 64;  // keys per tile
+
+__device__ __forceinline__ void mma_16816(float * c, const uint32_t * a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ uint32_t load_pair(const bf16 * p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+struct PrefillArgs {
+    const bf16 * q;
+    KVLayer cache;
+    bf16 * out;
+    int n, pos0, n_head, n_kv, d;
+    float scale_log2;  // head_dim^-0.5 * log2(e)
+};
+
+// D: head_dim padded to a multiple of 16 (32, 64, 128); the real head_dim a.d is a multiple of 8.
+template <int D> __global__ void __launch_bounds__(128) attention_prefill_kernel(PrefillArgs a) {
+    constexpr int ld_k = D + 8;     // padded rows: conflict-free fragment loads
+    constexpr int ld_v = k_bc + 8;
+    __shared__ __align__(16) bf16 ks[k_bc * ld_k];  // K tile [key][dim]
+    __shared__ __align__(16) bf16 vt[D * ld_v];     // V tile transposed [dim][key]
+
+    const int head = blockIdx.y, kvh = head / (a.n_head / a.n_kv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    const int q_tile = blockIdx.x * k_br;
+    const int row0 = q_tile + warp * 16 + g, row1 = row0 + 8;  // query rows of this thread (relative to the chunk)
+
+    // Q fragments (A operand), zero past n or past d.
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+        const int c0 = kc * 16 + 2 * tq, c1 = c0 + 8;
+        auto ld = [&](int row, int col) -> uint32_t {
+            if (row >= a.n || col >= a.d) return 0u;
+            return load_pair(a.q + (int64_t(row) * a.n_head + head) * a.d + col);
+        };
+        qf[kc][0] = ld(row0, c0);
+        qf[kc][1] = ld(row1, c0);
+        qf[kc][2] = ld(row0, c1);
+        qf[kc][3] = ld(row1, c1);
+    }
+
+    float o[D / 8][4] = {};
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
+    const int last_row = min(q_tile + k_br, a.n) - 1;
+    const int n_keys = a.pos0 + last_row + 1;  // causal: keys this block needs
+    const int bs = a.cache.block_size;
+
+    for (int k0 = 0; k0 < n_keys; k0 += k_bc) {
+        __syncthreads();
+        // K tile and transposed V tile, 8 elements (16 bytes) at a time.
+        for (int c = threadIdx.x; c < k_bc * (D / 8); c += blockDim.x) {
+            const int key = c / (D / 8), col = (c % (D / 8)) * 8, j = k0 + key;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (j < n_keys && col < a.d) {
+                const int blk = a.cache.block_table[j / bs];
+                const int64_t off = ((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * a.d + col;
+                kv = *reinterpret_cast<const uint4 *>(a.cache.k + off);
+                vv = *reinterpret_cast<const uint4 *>(a.cache.v + off);
+            }
+            *reinterpret_cast<uint4 *>(&ks[key * ld_k + col]) = kv;
+            const bf16 * vp = reinterpret_cast<const bf16 *>(&vv);
+#pragma unroll
+            for (int e = 0; e < 8; e++) vt[(col + e) * ld_v + key] = vp[e];
+        }
+        __syncthreads();
+
+        // S = Q K^T: 16 rows x 64 keys per warp, as 8 n-tiles of 8 keys.
+        float s[k_bc / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < k_bc / 8; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0;
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++) {
+                const bf16 * kr = &ks[(nt * 8 + g) * ld_k + kc * 16 + 2 * tq];
+                mma_16816(s[nt], qf[kc], load_pair(kr), load_pair(kr + 8));
+            }
+        }
+        // Scale into the log2 domain and mask (causal, and keys/rows past the end).
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < k_bc / 8; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + nt * 8 + 2 * tq + (e & 1);
+                const int row = e < 2 ? row0 : row1;
+                const bool ok = row < a.n && key <= a.pos0 + row;
+                s[nt][e] = ok ? s[nt][e] * a.scale_log2 : -INFINITY;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        // The four threads of a quad share a row.
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float new_m0 = fmaxf(m0, mx0), new_m1 = fmaxf(m1, mx1);
+        // A fully masked row keeps reference 0 so exp2 never sees (-inf) - (-inf).
+        const float ref0 = new_m0 == -INFINITY ? 0.f : new_m0, ref1 = new_m1 == -INFINITY ? 0.f : new_m1;
+        const float alpha0 = exp2f(m0 - ref0), alpha1 = exp2f(m1 - ref1);
+        m0 = new_m0;
+        m1 = new_m1;
+        l0 *= alpha0;
+        l1 *= alpha1;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            o[dt][0] *= alpha0;
+            o[dt][1] *= alpha0;
+            o[dt][2] *= alpha1;
+            o[dt][3] *= alpha1;
+        }
+        // P = exp2(S - m), accumulated into l, and packed as bf16 A fragments (16 keys per fragment).
+        uint32_t pf[k_bc / 16][4];
+#pragma unroll
+        for (int nt = 0; nt < k_bc / 8; nt++) {
+            const float p0 = exp2f(s[nt][0] - ref0), p1 = exp2f(s[nt][1] - ref0);
+            const float p2 = exp2f(s[nt][2] - ref1), p3 = exp2f(s[nt][3] - ref1);
+            l0 += p0 + p1;
+            l1 += p2 + p3;
+            pf[nt / 2][(nt % 2) * 2 + 0] = pack_bf16(p0, p1);
+            pf[nt / 2][(nt % 2) * 2 + 1] = pack_bf16(p2, p3);
+        }
+        // O += P V
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+#pragma unroll
+            for (int kc = 0; kc < k_bc / 16; kc++) {
+                const bf16 * vr = &vt[(dt * 8 + g) * ld_v + kc * 16 + 2 * tq];
+                mma_16816(o[dt], pf[kc], load_pair(vr), load_pair(vr + 8));
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0 ? 1.0f / l0 : 0.f, inv1 = l1 > 0 ? 1.0f / l1 : 0.f;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+        const int col = dt * 8 + 2 * tq;
+        if (col >= a.d) continue;
+        if (row0 < a.n) {
+            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row0) * a.n_head + head) * a.d + col) =
+                __floats2bfloat162_rn(o[dt][0] * inv0, o[dt][1] * inv0);
+        }
+        if (row1 < a.n) {
+            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row1) * a.n_head + head) * a.d + col) =
+                __floats2bfloat162_rn(o[dt][2] * inv1, o[dt][3] * inv1);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- decode
+constexpr int k_decode_threads = 128;
+constexpr int k_max_rep = 16;  // query heads per KV head
+
+struct DecodeArgs {
+    const bf16 * q;
+    KVLayer cache;
+    const int * len_dev;
+    int n_head, n_kv;
+    float scale;
+    DecodeScratch scratch;
+};
+
+// grid (max_splits, n_kv); one lane scores one key for all n_rep heads of the KV head.
+template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_decode_kernel(DecodeArgs a) {
+    const int split = blockIdx.x, kvh = blockIdx.y;
+    const int len = *a.len_dev;
+    const int begin = split * k_decode_split;
+    if (begin >= len) return;
+    const int end = min(len, begin + k_decode_split);
+    const int n_rep = a.n_head / a.n_kv;
+    __shared__ float qs[k_max_rep][D];
+    __shared__ float scores[k_max_rep][k_decode_split];
+    __shared__ float red[k_decode_threads / 32];
+    for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
+        const int r = i / D, c = i % D;
+        qs[r][c] = __bfloat162float(a.q[(int64_t(kvh) * n_rep + r) * D + c]) * a.scale;
+    }
+    __syncthreads();
+    const int bs = a.cache.block_size;
+    for (int j = begin + threadIdx.x; j < end; j += k_decode_threads) {
+        const int blk = a.cache.block_table[j / bs];
+        const uint4 * kp = reinterpret_cast<const uint4 *>(a.cache.k + ((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D);
+        float acc[k_max_rep] = {};
+#pragma unroll
+        for (int c = 0; c < D / 8; c++) {
+            uint4 w = kp[c];
+            const __nv_bfloat162 * wp = reinterpret_cast<const __nv_bfloat162 *>(&w);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 kf = __bfloat1622float2(wp[e]);
+#pragma unroll
+                for (int r = 0; r < k_max_rep; r++) {
+                    if (r < n_rep) acc[r] += kf.x * qs[r][c * 8 + 2 * e] + kf.y * qs[r][c * 8 + 2 * e + 1];
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < k_max_rep; r++) {
+            if (r < n_rep) scores[r][j - begin] = acc[r];
+        }
+    }
+    __syncthreads();
+    const int cnt = end - begin;
+    // Per head: max and sum of exp over this chunk.
+    for (int r = 0; r < n_rep; r++) {
+        float mx = -INFINITY;
+        for (int j = threadIdx.x; j < cnt; j += k_decode_threads) mx = fmaxf(mx, scores[r][j]);
+        mx = warp_max(mx);
+        if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+        __syncthreads();
+        mx = red[0];
+        for (int w = 1; w < k_decode_threads / 32; w++) mx = fmaxf(mx, red[w]);
+        __syncthreads();
+        float sum = 0;
+        for (int j = threadIdx.x; j < cnt; j += k_decode_threads) {
+            const float p = __expf(scores[r][j] - mx);
+            scores[r][j] = p;
+            sum += p;
+        }
+        sum = block_sum<k_decode_threads / 32>(sum, red);
+        if (threadIdx.x == 0) {
+            float * ml = a.scratch.partial_ml + ((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split) * 2;
+            ml[0] = mx;
+            ml[1] = sum;
+        }
+    }
+    __syncthreads();
+    // Unnormalised P V for this chunk: thread owns dims.
+    for (int c = threadIdx.x; c < D; c += k_decode_threads) {
+        float acc[k_max_rep] = {};
+        for (int j = begin; j < end; j++) {
+            const int blk = a.cache.block_table[j / bs];
+            const float v = __bfloat162float(a.cache.v[((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D + c]);
+#pragma unroll
+            for (int r = 0; r < k_max_rep; r++) {
+                if (r < n_rep) acc[r] += scores[r][j - begin] * v;
+            }
+        }
+        for (int r = 0; r < n_rep; r++) a.scratch.partial_out[((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split) * D + c] = acc[r];
+    }
+}
+
+// grid n_head: out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
+__global__ void attention_combine_kernel(DecodeScratch s, const int * len_dev, int d, bf16 * out) {
+    const int h = blockIdx.x;
+    const int splits = (*len_dev + k_decode_split - 1) / k_decode_split;
+    const float * ml = s.partial_ml + int64_t(h) * s.max_splits * 2;
+    float mx = -INFINITY;
+    for (int i = 0; i < splits; i++) mx = fmaxf(mx, ml[2 * i]);
+    float denom = 0;
+    for (int i = 0; i < splits; i++) denom += __expf(ml[2 * i] - mx) * ml[2 * i + 1];
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float acc = 0;
+        for (int i = 0; i < splits; i++) acc += __expf(ml[2 * i] - mx) * s.partial_out[(int64_t(h) * s.max_splits + i) * d + c];
+        out[int64_t(h) * d + c] = __float2bfloat16(acc / denom);
+    }
+}
+
+}  // namespace
+
+void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
+                       cudaStream_t stream) {
+    if (n == 0) return;
+    if (head_dim % 8 != 0) QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " must be a multiple of 8";
+    PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
+    dim3 grid((n + k_br - 1) / k_br, n_head);
+    if (head_dim <= 32) {
+        attention_prefill_kernel<32><<<grid, 128, 0, stream>>>(a);
+    } else if (head_dim <= 64) {
+        attention_prefill_kernel<64><<<grid, 128, 0, stream>>>(a);
+    } else if (head_dim <= 128) {
+        attention_prefill_kernel<128><<<grid, 128, 0, stream>>>(a);
+    } else {
+        QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " > 128 is not supported";
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
+                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream) {
+    if (n_head / n_kv > k_max_rep) QINFER_FAIL() << "attention_decode: " << n_head / n_kv << " query heads per KV head (max " << k_max_rep << ")";
+    DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch};
+    dim3 grid(scratch.max_splits, n_kv);
+    switch (head_dim) {
+    case 16: attention_decode_kernel<16><<<grid, k_decode_threads, 0, stream>>>(a); break;
+    case 24: attention_decode_kernel<24><<<grid, k_decode_threads, 0, stream>>>(a); break;
+    case 32: attention_decode_kernel<32><<<grid, k_decode_threads, 0, stream>>>(a); break;
+    case 64: attention_decode_kernel<64><<<grid, k_decode_threads, 0, stream>>>(a); break;
+    case 128: attention_decode_kernel<128><<<grid, k_decode_threads, 0, stream>>>(a); break;
+    default: QINFER_FAIL() << "attention_decode: head_dim " << head_dim << " is not supported (16, 24, 32, 64, 128)";
+    }
+    CUDA_CHECK(cudaGetLastError());
+    attention_combine_kernel<<<n_head, 128, 0, stream>>>(scratch, len_dev, head_dim, out);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace qinfer::cuda

@@ -1,0 +1,252 @@
+// Small kernels: embedding gather, RMSNorm (with the residual add fused), SwiGLU, row gather/scatter for MoE,
+// dtype conversions, q/k/v bias + q/k norm + RoPE + KV-cache write, and the greedy sampling step.
+#include <algorithm>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda {
+
+namespace {
+
+constexpr int k_norm_threads = 256;
+
+__global__ void embedding_kernel(const bf16 * table, const int * ids, int hidden, float * x) {
+    const int t = blockIdx.x;
+    const bf16 * row = table + int64_t(ids[t]) * hidden;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) x[int64_t(t) * hidden + i] = __bfloat162float(row[i]);
+}
+
+// One block per row. Optional residual add first (x += delta), then y = w * (x * rsqrt(mean(x^2) + eps)).
+__global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, const bf16 * delta, const bf16 * w, float eps,
+                                                                 int hidden, bf16 * y) {
+    __shared__ float red[k_norm_threads / 32];
+    float * xr = x + int64_t(blockIdx.x) * hidden;
+    float ss = 0;
+    for (int i = threadIdx.x; i < hidden; i += k_norm_threads) {
+        float v = xr[i];
+        if (delta) {
+            v += __bfloat162float(delta[int64_t(blockIdx.x) * hidden + i]);
+            xr[i] = v;
+        }
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum<k_norm_threads / 32>(ss, red) / hidden + eps);
+    for (int i = threadIdx.x; i < hidden; i += k_norm_threads) {
+        y[int64_t(blockIdx.x) * hidden + i] = __float2bfloat16(__bfloat162float(w[i]) * (xr[i] * inv));
+    }
+}
+
+__global__ void add_residual_kernel(float * x, const bf16 * delta, int64_t count) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+        x[i] += __bfloat162float(delta[i]);
+    }
+}
+
+__global__ void silu_mul_kernel(const bf16 * gate_up, int inter, bf16 * out) {
+    const int t = blockIdx.y;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < inter; i += gridDim.x * blockDim.x) {
+        float g = __bfloat162float(gate_up[int64_t(t) * 2 * inter + i]);
+        float u = __bfloat162float(gate_up[int64_t(t) * 2 * inter + inter + i]);
+        out[int64_t(t) * inter + i] = __float2bfloat16(silu(g) * u);
+    }
+}
+
+__global__ void add_scaled_rows_kernel(float * x, const bf16 * y, const int * rows, const float * scale, bool sigmoid_scale,
+                                       int hidden) {
+    const int i = blockIdx.x;
+    float s = scale[i];
+    if (sigmoid_scale) s = 1.0f / (1.0f + __expf(-s));
+    float * xr = x + int64_t(rows ? rows[i] : i) * hidden;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) xr[j] += s * __bfloat162float(y[int64_t(i) * hidden + j]);
+}
+
+__global__ void gather_rows_kernel(const bf16 * in, const int * rows, int hidden, bf16 * out) {
+    const int i = blockIdx.x;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) out[int64_t(i) * hidden + j] = in[int64_t(rows[i]) * hidden + j];
+}
+
+__global__ void f32_to_bf16_kernel(const float * in, int64_t n, bf16 * out) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        out[i] = __float2bfloat16(in[i]);
+    }
+}
+
+__global__ void bf16_to_f32_kernel(const bf16 * in, int64_t n, float * out) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        out[i] = __bfloat162float(in[i]);
+    }
+}
+
+// One block per (token, head) of q, k and v together: blockIdx.y < n_head is a q head, then k heads, then v heads.
+// Thread j < head_dim / 2 owns the RoPE pair (j, j + d/2); the block is rounded up to whole warps.
+__global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
+    __shared__ float ss_red[32];
+    const int t = blockIdx.x, head = blockIdx.y, j = threadIdx.x, half = a.head_dim / 2;
+    const bool valid = j < half;
+    const int d = a.head_dim;
+    const int row = (a.n_head + 2 * a.n_kv) * d;
+    const int col = head * d;
+    const bool is_q = head < a.n_head, is_v = head >= a.n_head + a.n_kv;
+    float x0 = 0, x1 = 0;
+    if (valid) {
+        x0 = __bfloat162float(a.qkv[int64_t(t) * row + col + j]);
+        x1 = __bfloat162float(a.qkv[int64_t(t) * row + col + j + half]);
+        if (a.bias) {
+            // transformers adds the bias in the linear layer's output dtype.
+            x0 = __bfloat162float(__float2bfloat16(x0 + __bfloat162float(a.bias[col + j])));
+            x1 = __bfloat162float(__float2bfloat16(x1 + __bfloat162float(a.bias[col + j + half])));
+        }
+    }
+    const int pos = (a.pos0_dev ? *a.pos0_dev : a.pos0) + t;
+    if (!is_v) {
+        const bf16 * norm = is_q ? a.q_norm : a.k_norm;
+        if (norm) {
+            // Per-head RMSNorm over head_dim (Qwen3), before RoPE.
+            float ss = warp_sum(x0 * x0 + x1 * x1);
+            if (threadIdx.x % 32 == 0) ss_red[threadIdx.x / 32] = ss;
+            __syncthreads();
+            float total = 0;
+            for (int w = 0; w < int(blockDim.x / 32); w++) total += ss_red[w];
+            const float inv = rsqrtf(total / d + a.eps);
+            if (valid) {
+                x0 = __bfloat162float(__float2bfloat16(__bfloat162float(norm[j]) * (x0 * inv)));
+                x1 = __bfloat162float(__float2bfloat16(__bfloat162float(norm[j + half]) * (x1 * inv)));
+            }
+        }
+        if (valid) {
+            const float angle = float(pos) * a.inv_freq[j];
+            float s, c;
+            sincosf(angle, &s, &c);
+            c *= a.attention_scaling;
+            s *= a.attention_scaling;
+            const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+            x0 = y0;
+            x1 = y1;
+        }
+    }
+    if (!valid) return;
+    if (is_q) {
+        bf16 * q = a.q_out + (int64_t(t) * a.n_head + head) * d;
+        q[j] = __float2bfloat16(x0);
+        q[j + half] = __float2bfloat16(x1);
+        return;
+    }
+    const int kvh = is_v ? head - a.n_head - a.n_kv : head - a.n_head;
+    const int block = a.cache.block_table[pos / a.cache.block_size], slot = pos % a.cache.block_size;
+    bf16 * dst = (is_v ? a.cache.v : a.cache.k) + ((int64_t(block) * a.n_kv + kvh) * a.cache.block_size + slot) * d;
+    dst[j] = __float2bfloat16(x0);
+    dst[j + half] = __float2bfloat16(x1);
+}
+
+constexpr int k_argmax_threads = 1024;
+
+__global__ void __launch_bounds__(k_argmax_threads) argmax_advance_kernel(const float * logits, int n, int * state, int * out_tokens) {
+    __shared__ float best_v[k_argmax_threads / 32];
+    __shared__ int best_i[k_argmax_threads / 32];
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += k_argmax_threads) {
+        float v = logits[i];
+        if (v > bv) {  // ids ascend within a thread, so strict > keeps the lowest id on ties
+            bv = v;
+            bi = i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        best_v[warp] = bv;
+        best_i[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < k_argmax_threads / 32; w++) {
+            if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) {
+                bv = best_v[w];
+                bi = best_i[w];
+            }
+        }
+        if (bi == 0x7fffffff) bi = 0;  // all NaN: a defined token rather than garbage
+        state[0] = bi;
+        out_tokens[state[2]] = bi;
+        state[1] += 1;
+        state[2] += 1;
+    }
+}
+
+int grid_for(int64_t n, int threads) { return int(std::min<int64_t>((n + threads - 1) / threads, int64_t(sm_count()) * 8)); }
+
+}  // namespace
+
+void embedding(const bf16 * table, const int * ids, int n, int hidden, float * x, cudaStream_t stream) {
+    embedding_kernel<<<n, 256, 0, stream>>>(table, ids, hidden, x);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void rms_norm(const float * x, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
+    rms_norm_kernel<<<n, k_norm_threads, 0, stream>>>(const_cast<float *>(x), nullptr, w, eps, hidden, y);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void add_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
+    rms_norm_kernel<<<n, k_norm_threads, 0, stream>>>(x, delta, w, eps, hidden, y);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void add_residual(float * x, const bf16 * delta, int64_t count, cudaStream_t stream) {
+    add_residual_kernel<<<grid_for(count, 256), 256, 0, stream>>>(x, delta, count);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void silu_mul(const bf16 * gate_up, int n, int inter, bf16 * out, cudaStream_t stream) {
+    dim3 grid((inter + 255) / 256, n);
+    silu_mul_kernel<<<grid, 256, 0, stream>>>(gate_up, inter, out);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void add_scaled_rows(float * x, const bf16 * y, const int * rows, const float * scale, bool sigmoid_scale, int m, int hidden,
+                     cudaStream_t stream) {
+    if (m == 0) return;
+    add_scaled_rows_kernel<<<m, 256, 0, stream>>>(x, y, rows, scale, sigmoid_scale, hidden);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * out, cudaStream_t stream) {
+    if (m == 0) return;
+    gather_rows_kernel<<<m, 256, 0, stream>>>(in, rows, hidden, out);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void f32_to_bf16(const float * in, int64_t n, bf16 * out, cudaStream_t stream) {
+    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, n, out);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void bf16_to_f32(const bf16 * in, int64_t n, float * out, cudaStream_t stream) {
+    bf16_to_f32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, n, out);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream) {
+    if (a.head_dim % 2 != 0 || a.head_dim > 2048) QINFER_FAIL() << "qkv_rope_cache: head_dim " << a.head_dim;
+    if (a.n == 0) return;
+    dim3 grid(a.n, a.n_head + 2 * a.n_kv);
+    const int threads = (a.head_dim / 2 + 31) / 32 * 32;
+    qkv_rope_cache_kernel<<<grid, threads, 0, stream>>>(a);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void argmax_advance(const float * logits, int n_valid, int * state, int * out_tokens, cudaStream_t stream) {
+    argmax_advance_kernel<<<1, k_argmax_threads, 0, stream>>>(logits, n_valid, state, out_tokens);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace qinfer::cuda

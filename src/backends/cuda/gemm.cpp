@@ -1,0 +1,81 @@
+// Prefill GEMM through cuBLASLt: y[m, n] = x[m, k] W[n, k]^T, bf16 inputs, fp32 accumulation, bf16 or fp32 out.
+// Row-major x and W are column-major x^T [k, m] and W^T [k, n], so cuBLAS computes y^T = (W^T)^T x^T.
+#include <cublasLt.h>
+
+#include <map>
+#include <tuple>
+
+#include "backends/cuda/allocator.h"
+#include "backends/cuda/ops.h"
+#include "core/check.h"
+
+namespace qinfer::cuda {
+
+namespace {
+
+#define CUBLAS_CHECK(expr)                                                                          \
+    do {                                                                                            \
+        cublasStatus_t st_ = (expr);                                                                \
+        if (st_ != CUBLAS_STATUS_SUCCESS) QINFER_FAIL() << "cuBLASLt error " << int(st_) << " at " #expr; \
+    } while (0)
+
+constexpr size_t k_workspace = 16u << 20;
+
+struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+};
+
+struct Context {
+    cublasLtHandle_t handle = nullptr;
+    DeviceBuffer workspace;
+    std::map<std::tuple<int, int, int, bool>, Plan> plans;
+
+    Plan & plan(int m, int n, int k, bool y_f32) {
+        auto key = std::make_tuple(m, n, k, y_f32);
+        auto it = plans.find(key);
+        if (it != plans.end()) return it->second;
+        Plan p;
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t trans_a = CUBLAS_OP_T;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, n, k));  // W^T, transposed by the op
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, m, k));  // x^T
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, y_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, n));
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        size_t ws = k_workspace;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+        cublasLtMatmulHeuristicResult_t result{};
+        int found = 0;
+        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (found == 0) QINFER_FAIL() << "cuBLASLt has no algorithm for a " << m << "x" << n << "x" << k << " bf16 GEMM";
+        p.algo = result.algo;
+        return plans.emplace(key, p).first->second;
+    }
+};
+
+Context & context() {
+    static Context ctx = [] {
+        Context c;
+        CUBLAS_CHECK(cublasLtCreate(&c.handle));
+        return c;
+    }();
+    return ctx;
+}
+
+}  // namespace
+
+void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_f32, cudaStream_t stream) {
+    if (m == 0) return;
+    Context & ctx = context();
+    ctx.workspace.ensure(k_workspace, "cuBLASLt workspace");
+    Plan & p = ctx.plan(m, n, k, y_f32);
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                                ctx.workspace.get(), k_workspace, stream));
+}
+
+}  // namespace qinfer::cuda

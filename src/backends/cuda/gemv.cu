@@ -1,0 +1,189 @@
+// Decode GEMV: y = epilogue(W x), W bf16 [n, k] read once with 16-byte loads. The input row(s) are staged in shared
+// memory as bf16 (RMS-normalised there when the input is the fp32 residual stream, which fuses RMSNorm into the
+// projection). Each output row is computed by `wpr` warps that split k, then reduced through shared memory;
+// blocks stride over rows so the staging cost is paid once per block.
+#include <algorithm>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda {
+
+namespace {
+
+constexpr int k_warps = 8;
+constexpr int k_threads = k_warps * 32;
+
+__device__ __forceinline__ float dot8(const uint4 & w, const uint4 & x) {
+    const __nv_bfloat162 * wp = reinterpret_cast<const __nv_bfloat162 *>(&w);
+    const __nv_bfloat162 * xp = reinterpret_cast<const __nv_bfloat162 *>(&x);
+    float s = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 a = __bfloat1622float2(wp[i]), b = __bfloat1622float2(xp[i]);
+        s = fmaf(a.x, b.x, s);
+        s = fmaf(a.y, b.y, s);
+    }
+    return s;
+}
+
+template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
+    extern __shared__ uint4 smem_raw[];
+    bf16 * xs = reinterpret_cast<bf16 *>(smem_raw);  // bf16 [M, k]
+    __shared__ float red[k_warps][M][2];
+    __shared__ float norm_red[k_warps];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int k = a.k;
+
+    // Prologue: stage the input rows.
+    for (int m = 0; m < M; m++) {
+        if constexpr (IN == GemvIn::NormF32) {
+            const float * x = static_cast<const float *>(a.x) + int64_t(m) * k;
+            float ss = 0;
+            for (int i = threadIdx.x; i < k; i += k_threads) ss += x[i] * x[i];
+            const float inv = rsqrtf(block_sum<k_warps>(ss, norm_red) / k + a.eps);
+            for (int i = threadIdx.x; i < k; i += k_threads) {
+                xs[int64_t(m) * k + i] = __float2bfloat16(__bfloat162float(a.norm_w[i]) * (x[i] * inv));
+            }
+        } else {
+            const uint4 * x = reinterpret_cast<const uint4 *>(static_cast<const bf16 *>(a.x) + int64_t(m) * k);
+            uint4 * dst = reinterpret_cast<uint4 *>(xs + int64_t(m) * k);
+            for (int i = threadIdx.x; i < k / 8; i += k_threads) dst[i] = x[i];
+        }
+    }
+    __syncthreads();
+
+    constexpr int rows_per_block = k_warps / WPR;
+    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
+    const int part = warp % WPR;
+    const int chunks = k / 8;
+    for (int row0 = blockIdx.x * rows_per_block; row0 < a.n; row0 += gridDim.x * rows_per_block) {
+        const int row = row0 + warp / WPR;
+        float acc[M][2] = {};
+        if (row < a.n) {
+#pragma unroll
+            for (int mat = 0; mat < n_mats; mat++) {
+                const uint4 * w = reinterpret_cast<const uint4 *>(a.w + (int64_t(row) + int64_t(mat) * a.n) * k);
+                int c = part * 32 + lane;
+                constexpr int stride = WPR * 32;
+                // Four loads in flight per lane before any arithmetic.
+                for (; c + 3 * stride < chunks; c += 4 * stride) {
+                    uint4 w0 = w[c], w1 = w[c + stride], w2 = w[c + 2 * stride], w3 = w[c + 3 * stride];
+#pragma unroll
+                    for (int m = 0; m < M; m++) {
+                        const uint4 * x = reinterpret_cast<const uint4 *>(xs + int64_t(m) * k);
+                        acc[m][mat] += dot8(w0, x[c]) + dot8(w1, x[c + stride]) + dot8(w2, x[c + 2 * stride]) +
+                                       dot8(w3, x[c + 3 * stride]);
+                    }
+                }
+                for (; c < chunks; c += stride) {
+                    uint4 w0 = w[c];
+#pragma unroll
+                    for (int m = 0; m < M; m++) acc[m][mat] += dot8(w0, reinterpret_cast<const uint4 *>(xs + int64_t(m) * k)[c]);
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+#pragma unroll
+            for (int mat = 0; mat < n_mats; mat++) {
+                float v = warp_sum(acc[m][mat]);
+                if (lane == 0) red[warp][m][mat] = v;
+            }
+        }
+        __syncthreads();
+        if (part == 0 && row < a.n && lane < M) {
+            const int m = lane;
+            float s[2] = {0, 0};
+            for (int p = 0; p < WPR; p++) {
+                s[0] += red[warp + p][m][0];
+                if (n_mats == 2) s[1] += red[warp + p][m][1];
+            }
+            const int64_t o = int64_t(m) * a.n + row;
+            if constexpr (OUT == GemvOut::Bf16) {
+                static_cast<bf16 *>(a.y)[o] = __float2bfloat16(s[0]);
+            } else if constexpr (OUT == GemvOut::F32) {
+                static_cast<float *>(a.y)[o] = s[0];
+            } else if constexpr (OUT == GemvOut::AddF32) {
+                static_cast<float *>(a.y)[o] += s[0];
+            } else {
+                // transformers rounds gate and up to bf16 before silu(gate) * up.
+                float g = __bfloat162float(__float2bfloat16(s[0])), u = __bfloat162float(__float2bfloat16(s[1]));
+                static_cast<bf16 *>(a.y)[o] = __float2bfloat16(silu(g) * u);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a, cudaStream_t stream) {
+    const size_t smem = size_t(M) * a.k * sizeof(bf16);
+    auto kernel = gemv_kernel<M, WPR, IN, OUT>;
+    static size_t configured = 48 * 1024;
+    if (smem > configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = smem;
+    }
+    constexpr int rows_per_block = k_warps / WPR;
+    const int needed = (a.n + rows_per_block - 1) / rows_per_block;
+    const int blocks = std::min(needed, sm_count() * 4);
+    kernel<<<blocks, k_threads, smem, stream>>>(a);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Warps per row: enough blocks to fill every SM even when n is small (o_proj/down of small models).
+template <int M, GemvIn IN, GemvOut OUT> void launch_wpr(const GemvArgs & a, cudaStream_t stream) {
+    const int rows_wanted_per_block = std::max(1, a.n / (sm_count() * 4));
+    if (rows_wanted_per_block >= 8) return launch<M, 1, IN, OUT>(a, stream);
+    if (rows_wanted_per_block >= 4) return launch<M, 2, IN, OUT>(a, stream);
+    if (rows_wanted_per_block >= 2) return launch<M, 4, IN, OUT>(a, stream);
+    return launch<M, 8, IN, OUT>(a, stream);
+}
+
+template <int M> void dispatch_io(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t s) {
+    switch (in) {
+    case GemvIn::Bf16:
+        switch (out) {
+        case GemvOut::Bf16: return launch_wpr<M, GemvIn::Bf16, GemvOut::Bf16>(a, s);
+        case GemvOut::F32: return launch_wpr<M, GemvIn::Bf16, GemvOut::F32>(a, s);
+        case GemvOut::AddF32: return launch_wpr<M, GemvIn::Bf16, GemvOut::AddF32>(a, s);
+        case GemvOut::SiluMulBf16: return launch_wpr<M, GemvIn::Bf16, GemvOut::SiluMulBf16>(a, s);
+        }
+        break;
+    case GemvIn::NormF32:
+        switch (out) {
+        case GemvOut::Bf16: return launch_wpr<M, GemvIn::NormF32, GemvOut::Bf16>(a, s);
+        case GemvOut::F32: return launch_wpr<M, GemvIn::NormF32, GemvOut::F32>(a, s);
+        case GemvOut::AddF32: return launch_wpr<M, GemvIn::NormF32, GemvOut::AddF32>(a, s);
+        case GemvOut::SiluMulBf16: return launch_wpr<M, GemvIn::NormF32, GemvOut::SiluMulBf16>(a, s);
+        }
+        break;
+    }
+    QINFER_FAIL() << "gemv: unsupported input/output combination";
+}
+
+}  // namespace
+
+int sm_count() {
+    static int n = [] {
+        int dev = 0, count = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+        return count;
+    }();
+    return n;
+}
+
+void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream) {
+    if (a.k % 8 != 0) QINFER_FAIL() << "gemv: k = " << a.k << " must be a multiple of 8";
+    if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "gemv: NormF32 input needs norm weights";
+    switch (a.m) {
+    case 1: return dispatch_io<1>(a, in, out, stream);
+    case 2: return dispatch_io<2>(a, in, out, stream);
+    case 3: return dispatch_io<3>(a, in, out, stream);
+    case 4: return dispatch_io<4>(a, in, out, stream);
+    default: QINFER_FAIL() << "gemv: m = " << a.m << " (1..4 supported; use gemm)";
+    }
+}
+
+}  // namespace qinfer::cuda

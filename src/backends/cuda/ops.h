@@ -1,0 +1,110 @@
+// CUDA kernel launchers. Tensors are device pointers, row-major, with shapes in the comments; bf16 activations
+// and weights, fp32 residual stream and logits, fp32 accumulation everywhere.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace qinfer::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- decode GEMV: y[m, n] = epilogue(sum_k W[n, k] * x[m, k]), m <= 4 ----
+enum class GemvIn {
+    Bf16,     // x: bf16 [m, k]
+    NormF32,  // x: fp32 [m, k], RMS-normalised with norm_w in the prologue (RMSNorm fused into the GEMV)
+};
+enum class GemvOut {
+    Bf16,         // y: bf16 [m, n]
+    F32,          // y: fp32 [m, n] (logits)
+    AddF32,       // y: fp32 [m, n] += result (residual stream)
+    SiluMulBf16,  // W holds gate rows [0, n) then up rows [n, 2n); y: bf16 [m, n] = silu(gate) * up
+};
+struct GemvArgs {
+    const bf16 * w = nullptr;       // [n, k] (SiluMulBf16: [2n, k])
+    int n = 0, k = 0;
+    const void * x = nullptr;       // see GemvIn
+    int m = 1;
+    const bf16 * norm_w = nullptr;  // [k] with NormF32
+    float eps = 1e-6f;
+    void * y = nullptr;             // see GemvOut
+};
+void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
+
+// ---- elementwise ----
+// x[t] = float(table[ids[t]]): table bf16 [vocab, hidden]; ids int [n] on the device; x fp32 [n, hidden]
+void embedding(const bf16 * table, const int * ids, int n, int hidden, float * x, cudaStream_t stream);
+// y = RMSNorm(x) * w: x fp32 [n, hidden]; w bf16 [hidden]; y bf16 [n, hidden]
+void rms_norm(const float * x, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream);
+// x += delta; y = RMSNorm(x) * w: x fp32 [n, hidden]; delta bf16 [n, hidden]; y bf16 [n, hidden]
+void add_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream);
+// x += delta: x fp32 [n, hidden]; delta bf16 [n, hidden]
+void add_residual(float * x, const bf16 * delta, int64_t count, cudaStream_t stream);
+// out = silu(gate_up[:, :inter]) * gate_up[:, inter:]: gate_up bf16 [n, 2 inter]; out bf16 [n, inter]
+void silu_mul(const bf16 * gate_up, int n, int inter, bf16 * out, cudaStream_t stream);
+// x[rows[i]] += scale_i * y[i], scale_i = scale[i] or sigmoid(scale[i]); rows null: i itself.
+// x fp32 [*, hidden]; y bf16 [m, hidden]; scale fp32 [m]
+void add_scaled_rows(float * x, const bf16 * y, const int * rows, const float * scale, bool sigmoid_scale, int m, int hidden,
+                     cudaStream_t stream);
+// out[i] = in[rows[i]]: in bf16 [*, hidden]; out bf16 [m, hidden]; rows int [m]
+void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * out, cudaStream_t stream);
+void f32_to_bf16(const float * in, int64_t n, bf16 * out, cudaStream_t stream);
+void bf16_to_f32(const bf16 * in, int64_t n, float * out, cudaStream_t stream);
+
+// ---- paged KV cache ----
+// Cache of one layer: bf16 [n_blocks, n_kv_head, block_size, head_dim]; a sequence's token t lives in block
+// block_table[t / block_size], slot t % block_size.
+struct KVLayer {
+    bf16 * k = nullptr;
+    bf16 * v = nullptr;
+    const int * block_table = nullptr;
+    int block_size = 16;
+};
+
+// The new tokens' q/k/v after the QKV projection: add biases, per-head RMSNorm of q and k (Qwen3), rotate-half RoPE,
+// write K and V into the cache, q to `q_out`. Position of token t: pos0 + t, pos0 = *pos0_dev when given.
+struct QkvRopeArgs {
+    const bf16 * qkv = nullptr;   // [n, (n_head + 2 n_kv) * d]
+    const bf16 * bias = nullptr;  // [(n_head + 2 n_kv) * d] or null
+    const bf16 * q_norm = nullptr, * k_norm = nullptr;  // [d] or null
+    float eps = 1e-6f;
+    const float * inv_freq = nullptr;  // [d / 2] on the device
+    float attention_scaling = 1.0f;
+    int n = 0, n_head = 0, n_kv = 0, head_dim = 0;
+    int pos0 = 0;
+    const int * pos0_dev = nullptr;
+    KVLayer cache;
+    bf16 * q_out = nullptr;  // [n, n_head, d]
+};
+void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
+
+// Causal prefill attention (FlashAttention-2 style on tensor cores): n queries at positions pos0..pos0+n-1 over
+// cached keys 0..pos0+n-1. q bf16 [n, n_head, d]; out bf16 [n, n_head, d]. d in {16, 24, 32, 64, 128}.
+void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
+                       cudaStream_t stream);
+
+// Decode attention for one token (flash-decoding): keys split in chunks of k_decode_split across blocks, then
+// combined. Context length = *len_dev (fixed grid for graph capture: max_len bounds the splits).
+constexpr int k_decode_split = 256;
+struct DecodeScratch {
+    float * partial_out = nullptr;  // [n_head, max_splits, d]
+    float * partial_ml = nullptr;   // [n_head, max_splits, 2]
+    int max_splits = 0;
+};
+void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
+                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream);
+
+// ---- sampling on the device ----
+// Greedy step: token = argmax(logits[0:n_valid]) (lowest id on ties); state[0] = token, out_tokens[state[2]] = token,
+// state[1] += 1 (position), state[2] += 1 (step).
+void argmax_advance(const float * logits, int n_valid, int * state, int * out_tokens, cudaStream_t stream);
+
+// ---- prefill GEMM (cuBLASLt) ----
+// y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.
+void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_f32, cudaStream_t stream);
+
+int sm_count();
+
+}  // namespace qinfer::cuda

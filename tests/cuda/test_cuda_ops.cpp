@@ -1,0 +1,403 @@
+// Every CUDA kernel against the CPU reference on fresh random inputs of odd shapes, with tolerances that fit bf16
+// and outputs poisoned (NaN) beforehand so unwritten elements fail.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "backends/cpu/ops.h"
+#include "backends/cuda/allocator.h"
+#include "backends/cuda/ops.h"
+#include "core/dtype.h"
+#include "model/rope.h"
+
+using namespace qinfer;
+using cuda::bf16;
+using cuda::DeviceBuffer;
+
+namespace {
+
+bool have_gpu() {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU()                                   \
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"; \
+    else (void)0
+
+std::mt19937 & rng() {
+    static std::mt19937 r(std::random_device{}());
+    return r;
+}
+
+// Random values already rounded to bf16, so the CPU and GPU see identical inputs.
+std::vector<float> randn(size_t n, float std = 1.0f) {
+    std::normal_distribution<float> d(0.0f, std);
+    std::vector<float> v(n);
+    for (float & x : v) x = round_bf16(d(rng()));
+    return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float> & v) {
+    std::vector<uint16_t> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = f32_to_bf16(v[i]);
+    return o;
+}
+
+template <typename T> DeviceBuffer upload(const std::vector<T> & v) {
+    DeviceBuffer b(std::max<size_t>(1, v.size()) * sizeof(T), "test");
+    cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return b;
+}
+DeviceBuffer upload_bf16(const std::vector<float> & v) { return upload(to_bf16(v)); }
+
+DeviceBuffer poisoned(size_t bytes) {
+    DeviceBuffer b(bytes, "test");
+    cudaMemset(b.get(), 0xff, bytes);  // NaN in bf16 and fp32
+    return b;
+}
+
+std::vector<float> download_f32(const DeviceBuffer & b, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(v.data(), b.get(), n * sizeof(float), cudaMemcpyDeviceToHost);
+    return v;
+}
+
+std::vector<float> download_bf16(const DeviceBuffer & b, size_t n) {
+    std::vector<uint16_t> h(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(h.data(), b.get(), n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = bf16_to_f32(h[i]);
+    return v;
+}
+
+// max |got - want| / max |want|; NaN anywhere is an infinite error.
+double rel_err(const std::vector<float> & got, const std::vector<float> & want) {
+    double num = 0, den = 1e-30;
+    for (size_t i = 0; i < want.size(); i++) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num = std::max(num, double(std::fabs(got[i] - want[i])));
+        den = std::max(den, double(std::fabs(want[i])));
+    }
+    return num / den;
+}
+
+Weight host_weight(const std::vector<float> & v, std::vector<int64_t> shape) {
+    Weight w;
+    w.data = v.data();
+    w.dtype = DType::F32;
+    w.shape = std::move(shape);
+    return w;
+}
+
+// CPU reference of the fused norm: bf16(w * x * rsqrt(mean(x^2) + eps)), as the kernels stage it.
+std::vector<float> norm_rows(const std::vector<float> & x, const std::vector<float> & w, int m, int k, float eps) {
+    std::vector<float> y(x.size());
+    cpu::rms_norm(x.data(), host_weight(w, {k}), eps, m, k, y.data());
+    for (float & v : y) v = round_bf16(v);
+    return y;
+}
+
+}  // namespace
+
+class Gemv : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(Gemv, MatchesCpu) {
+    REQUIRE_GPU();
+    const auto [n, k, m] = GetParam();
+    for (int in = 0; in < 2; in++) {
+        for (int out = 0; out < 4; out++) {
+            const bool silu = out == 3;
+            const int rows = silu ? 2 * n : n;
+            std::vector<float> w = randn(size_t(rows) * k, 1.0f / std::sqrt(float(k)));
+            std::vector<float> x = randn(size_t(m) * k);
+            std::vector<float> norm_w = randn(size_t(k), 0.2f);
+            for (float & v : norm_w) v = round_bf16(v + 1.0f);
+            std::vector<float> y0 = randn(size_t(m) * n);  // AddF32 accumulates into this
+            DeviceBuffer dw = upload_bf16(w), dnorm = upload_bf16(norm_w);
+            DeviceBuffer dx = in == 1 ? upload(x) : upload_bf16(x);
+            DeviceBuffer dy = out == 2 ? upload(y0) : poisoned(size_t(m) * n * 4);
+            cuda::GemvArgs a;
+            a.w = dw.as<bf16>();
+            a.n = n;
+            a.k = k;
+            a.x = dx.get();
+            a.m = m;
+            a.norm_w = dnorm.as<bf16>();
+            a.y = dy.get();
+            cuda::gemv(a, in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut(out), nullptr);
+            // CPU reference.
+            std::vector<float> xin = in ? norm_rows(x, norm_w, m, k, 1e-6f) : x;
+            Linear l;
+            l.in_features = k;
+            l.out_features = rows;
+            l.weight = host_weight(w, {rows, k});
+            std::vector<float> ref(size_t(m) * rows);
+            cpu::linear(xin.data(), m, l, ref.data());
+            std::vector<float> want(size_t(m) * n), got;
+            for (int r = 0; r < m; r++) {
+                for (int j = 0; j < n; j++) {
+                    float v = ref[size_t(r) * rows + j];
+                    if (out == 2) v += y0[size_t(r) * n + j];
+                    if (silu) {
+                        float g = round_bf16(v), u = round_bf16(ref[size_t(r) * rows + n + j]);
+                        v = g / (1 + std::exp(-g)) * u;
+                    }
+                    want[size_t(r) * n + j] = v;
+                }
+            }
+            got = (out == 1 || out == 2) ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
+            const double tol = (out == 1 || out == 2) ? 1e-4 : 1e-2;
+            EXPECT_LT(rel_err(got, want), tol) << "n " << n << " k " << k << " m " << m << " in " << in << " out " << out;
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddShapes, Gemv,
+                         ::testing::Combine(::testing::Values(1, 7, 257, 4864), ::testing::Values(8, 96, 896, 4104),
+                                            ::testing::Values(1, 3, 4)));
+
+TEST(CudaOps, Gemm) {
+    REQUIRE_GPU();
+    for (auto [m, n, k] : {std::tuple{5, 7, 96}, std::tuple{257, 136, 904}, std::tuple{1031, 4864, 896}}) {
+        std::vector<float> x = randn(size_t(m) * k), w = randn(size_t(n) * k, 1.0f / std::sqrt(float(k)));
+        DeviceBuffer dx = upload_bf16(x), dw = upload_bf16(w);
+        for (bool f32 : {false, true}) {
+            DeviceBuffer dy = poisoned(size_t(m) * n * 4);
+            cuda::gemm(dx.as<bf16>(), dw.as<bf16>(), m, n, k, dy.get(), f32, nullptr);
+            Linear l;
+            l.in_features = k;
+            l.out_features = n;
+            l.weight = host_weight(w, {n, k});
+            std::vector<float> want(size_t(m) * n);
+            cpu::linear(x.data(), m, l, want.data());
+            auto got = f32 ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
+            EXPECT_LT(rel_err(got, want), f32 ? 1e-4 : 1e-2) << m << "x" << n << "x" << k;
+        }
+    }
+}
+
+TEST(CudaOps, NormsEmbeddingSilu) {
+    REQUIRE_GPU();
+    for (int n : {1, 7, 257}) {
+        for (int h : {96, 896, 3584}) {
+            std::vector<float> x = randn(size_t(n) * h), delta = randn(size_t(n) * h), w = randn(size_t(h), 0.2f);
+            for (float & v : w) v = round_bf16(v + 1);
+            DeviceBuffer dx = upload(x), dd = upload_bf16(delta), dw = upload_bf16(w), dy = poisoned(size_t(n) * h * 2);
+            cuda::rms_norm(dx.as<float>(), dw.as<bf16>(), 1e-6f, n, h, dy.as<bf16>(), nullptr);
+            EXPECT_LT(rel_err(download_bf16(dy, x.size()), norm_rows(x, w, n, h, 1e-6f)), 1e-2);
+            cuda::add_rms_norm(dx.as<float>(), dd.as<bf16>(), dw.as<bf16>(), 1e-6f, n, h, dy.as<bf16>(), nullptr);
+            std::vector<float> xs = x;
+            for (size_t i = 0; i < xs.size(); i++) xs[i] += delta[i];
+            EXPECT_LT(rel_err(download_f32(dx, x.size()), xs), 1e-6);
+            EXPECT_LT(rel_err(download_bf16(dy, x.size()), norm_rows(xs, w, n, h, 1e-6f)), 1e-2);
+        }
+    }
+    // Embedding gather with ids on the device.
+    std::vector<float> table = randn(size_t(37) * 96);
+    std::vector<int> ids = {36, 0, 5, 5, 17};
+    DeviceBuffer dt = upload_bf16(table), di = upload(ids), dx = poisoned(ids.size() * 96 * 4);
+    cuda::embedding(dt.as<bf16>(), di.as<int>(), int(ids.size()), 96, dx.as<float>(), nullptr);
+    std::vector<float> want;
+    for (int id : ids) want.insert(want.end(), table.begin() + id * 96, table.begin() + (id + 1) * 96);
+    EXPECT_EQ(rel_err(download_f32(dx, want.size()), want), 0.0);
+    // SwiGLU on [n, 2 inter].
+    const int n = 7, inter = 333;
+    std::vector<float> gu = randn(size_t(n) * 2 * inter);
+    DeviceBuffer dgu = upload_bf16(gu), dout = poisoned(size_t(n) * inter * 2);
+    cuda::silu_mul(dgu.as<bf16>(), n, inter, dout.as<bf16>(), nullptr);
+    std::vector<float> ref(size_t(n) * inter);
+    for (int t = 0; t < n; t++) {
+        cpu::silu_mul(gu.data() + size_t(t) * 2 * inter, gu.data() + size_t(t) * 2 * inter + inter, inter, ref.data() + size_t(t) * inter);
+    }
+    EXPECT_LT(rel_err(download_bf16(dout, ref.size()), ref), 1e-2);
+}
+
+// A paged cache with a shuffled block table, filled from fp32 K/V [len, n_kv, d] (bf16-rounded).
+struct PagedCache {
+    int block_size = 16, n_kv, d, len;
+    std::vector<int> table;
+    DeviceBuffer k, v, bt;
+    PagedCache(const std::vector<float> & kh, const std::vector<float> & vh, int len_, int n_kv_, int d_) : n_kv(n_kv_), d(d_), len(len_) {
+        const int blocks = (len + block_size - 1) / block_size + 3;
+        table.resize(size_t(blocks));
+        std::iota(table.begin(), table.end(), 0);
+        std::shuffle(table.begin(), table.end(), rng());
+        std::vector<uint16_t> kc(size_t(blocks) * n_kv * block_size * d, 0xffff), vc = kc;  // poison unused slots
+        for (int t = 0; t < len; t++) {
+            for (int h = 0; h < n_kv; h++) {
+                for (int i = 0; i < d; i++) {
+                    size_t dst = ((size_t(table[size_t(t / block_size)]) * n_kv + h) * block_size + t % block_size) * d + i;
+                    kc[dst] = f32_to_bf16(kh[(size_t(t) * n_kv + h) * d + i]);
+                    vc[dst] = f32_to_bf16(vh[(size_t(t) * n_kv + h) * d + i]);
+                }
+            }
+        }
+        k = upload(kc);
+        v = upload(vc);
+        bt = upload(table);
+    }
+    cuda::KVLayer layer() const { return {k.as<bf16>(), v.as<bf16>(), bt.as<int>(), block_size}; }
+};
+
+class Attention : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(Attention, PrefillAndDecodeMatchCpu) {
+    REQUIRE_GPU();
+    const auto [len, d, n_rep] = GetParam();
+    const int n_kv = 2, n_head = n_kv * n_rep;
+    std::vector<float> k = randn(size_t(len) * n_kv * d), v = randn(size_t(len) * n_kv * d);
+    PagedCache cache(k, v, len, n_kv, d);
+    auto k_row = [&](int j) { return k.data() + size_t(j) * n_kv * d; };
+    auto v_row = [&](int j) { return v.data() + size_t(j) * n_kv * d; };
+
+    // Prefill of the last n queries (the rest already cached, as in chunked prefill), n = len or a tail.
+    for (int n : {len, std::min(len, 37)}) {
+        const int pos0 = len - n;
+        std::vector<float> q = randn(size_t(n) * n_head * d, 2.0f);
+        DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(n) * n_head * d * 2);
+        cuda::attention_prefill(dq.as<bf16>(), cache.layer(), n, pos0, n_head, n_kv, d, dout.as<bf16>(), nullptr);
+        std::vector<float> got = download_bf16(dout, q.size());
+        // Check a sample of query rows at long lengths (the CPU reference is O(n^2)).
+        std::vector<int> rows;
+        for (int t = 0; t < n; t += std::max(1, n / 64)) rows.push_back(t);
+        rows.push_back(n - 1);
+        std::vector<float> want_rows, got_rows;
+        for (int t : rows) {
+            std::vector<float> o(size_t(n_head) * d);
+            cpu::attention(q.data() + size_t(t) * n_head * d, 1, pos0 + t, n_head, n_kv, d, k_row, v_row, o.data());
+            want_rows.insert(want_rows.end(), o.begin(), o.end());
+            got_rows.insert(got_rows.end(), got.begin() + size_t(t) * n_head * d, got.begin() + size_t(t + 1) * n_head * d);
+        }
+        EXPECT_LT(rel_err(got_rows, want_rows), 2e-2) << "prefill len " << len << " n " << n << " d " << d << " rep " << n_rep;
+    }
+    // Decode: one query at position len - 1 over the whole cache.
+    std::vector<float> q = randn(size_t(n_head) * d, 2.0f);
+    DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(n_head) * d * 2), dlen = upload(std::vector<int>{len});
+    const int splits = (len + cuda::k_decode_split - 1) / cuda::k_decode_split + 2;
+    DeviceBuffer po(size_t(n_head) * splits * d * 4, "test"), pml(size_t(n_head) * splits * 2 * 4, "test");
+    cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
+    cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr);
+    std::vector<float> want(size_t(n_head) * d);
+    cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
+    EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2) << "decode len " << len << " d " << d << " rep " << n_rep;
+}
+
+INSTANTIATE_TEST_SUITE_P(Lengths, Attention,
+                         ::testing::Combine(::testing::Values(1, 7, 257, 4097), ::testing::Values(64, 128), ::testing::Values(1, 7)));
+INSTANTIATE_TEST_SUITE_P(TinyHeads, Attention,
+                         ::testing::Combine(::testing::Values(1, 70), ::testing::Values(16, 24), ::testing::Values(3)));
+
+TEST(CudaOps, QkvRopeCache) {
+    REQUIRE_GPU();
+    for (bool qk_norm : {false, true}) {
+        const int n = 7, n_head = 6, n_kv = 2, d = 24, pos0 = 5, width = (n_head + 2 * n_kv) * d;
+        std::vector<float> qkv = randn(size_t(n) * width), bias = randn(size_t(width), 0.3f);
+        std::vector<float> qn = randn(size_t(d), 0.2f), kn = randn(size_t(d), 0.2f);
+        for (float & x : qn) x = round_bf16(x + 1);
+        for (float & x : kn) x = round_bf16(x + 1);
+        std::vector<float> kh(size_t(pos0 + n) * n_kv * d, 0.0f), vh = kh;
+        PagedCache cache(kh, vh, pos0 + n, n_kv, d);
+        ModelConfig c;
+        c.head_dim = d;
+        c.rope_theta = 10000;
+        c.rope_scaling.type = RopeType::Yarn;
+        c.rope_scaling.factor = 4;
+        c.rope_scaling.original_max_position_embeddings = 8;
+        c.max_position_embeddings = 32;
+        RopeFreqs f = compute_rope_freqs(c, 0);
+        DeviceBuffer dqkv = upload_bf16(qkv), db = upload_bf16(bias), dqn = upload_bf16(qn), dkn = upload_bf16(kn);
+        DeviceBuffer dinv = upload(f.inv_freq), dq = poisoned(size_t(n) * n_head * d * 2);
+        cuda::QkvRopeArgs a;
+        a.qkv = dqkv.as<bf16>();
+        a.bias = db.as<bf16>();
+        a.q_norm = qk_norm ? dqn.as<bf16>() : nullptr;
+        a.k_norm = qk_norm ? dkn.as<bf16>() : nullptr;
+        a.inv_freq = dinv.as<float>();
+        a.attention_scaling = f.attention_scaling;
+        a.n = n;
+        a.n_head = n_head;
+        a.n_kv = n_kv;
+        a.head_dim = d;
+        a.pos0 = pos0;
+        a.cache = cache.layer();
+        a.q_out = dq.as<bf16>();
+        cuda::qkv_rope_cache(a, nullptr);
+        // CPU: bias, (norm), rope.
+        std::vector<float> x = qkv;
+        for (int t = 0; t < n; t++) {
+            for (int i = 0; i < width; i++) x[size_t(t) * width + i] = round_bf16(x[size_t(t) * width + i] + bias[size_t(i)]);
+        }
+        std::vector<float> q(size_t(n) * n_head * d), k(size_t(n) * n_kv * d), v(size_t(n) * n_kv * d);
+        for (int t = 0; t < n; t++) {
+            std::copy_n(x.begin() + t * width, n_head * d, q.begin() + t * n_head * d);
+            std::copy_n(x.begin() + t * width + n_head * d, n_kv * d, k.begin() + t * n_kv * d);
+            std::copy_n(x.begin() + t * width + (n_head + n_kv) * d, n_kv * d, v.begin() + t * n_kv * d);
+        }
+        if (qk_norm) {
+            cpu::rms_norm(q.data(), host_weight(qn, {d}), 1e-6f, n * n_head, d, q.data());
+            cpu::rms_norm(k.data(), host_weight(kn, {d}), 1e-6f, n * n_kv, d, k.data());
+        }
+        std::vector<float> cs(size_t(n) * d), sn(size_t(n) * d);
+        for (int t = 0; t < n; t++) rope_cos_sin(f, pos0 + t, cs.data() + t * d, sn.data() + t * d);
+        cpu::rope(q.data(), n, n_head, d, cs.data(), sn.data());
+        cpu::rope(k.data(), n, n_kv, d, cs.data(), sn.data());
+        EXPECT_LT(rel_err(download_bf16(dq, q.size()), q), 1e-2);
+        // K and V landed in the right cache slots.
+        std::vector<float> kc = download_bf16(cache.k, cache.k.bytes() / 2), vc = download_bf16(cache.v, cache.v.bytes() / 2);
+        std::vector<float> got_k, got_v;
+        for (int t = 0; t < n; t++) {
+            const int p = pos0 + t;
+            for (int h = 0; h < n_kv; h++) {
+                size_t base = ((size_t(cache.table[size_t(p / 16)]) * n_kv + h) * 16 + p % 16) * d;
+                got_k.insert(got_k.end(), kc.begin() + long(base), kc.begin() + long(base + d));
+                got_v.insert(got_v.end(), vc.begin() + long(base), vc.begin() + long(base + d));
+            }
+        }
+        EXPECT_LT(rel_err(got_k, k), 1e-2);
+        EXPECT_LT(rel_err(got_v, v), 1e-2);
+    }
+}
+
+TEST(CudaOps, ArgmaxAdvanceAndMoeRows) {
+    REQUIRE_GPU();
+    for (int n : {1, 1000, 151936}) {
+        std::vector<float> logits = randn(size_t(n) + 5);
+        const int best = int(std::max_element(logits.begin(), logits.begin() + n) - logits.begin());
+        logits[size_t(n)] = 1e9f;  // past n_valid: never chosen
+        DeviceBuffer dl = upload(logits), ds = upload(std::vector<int>{0, 10, 2, 11}), dout = upload(std::vector<int>(4, -1));
+        cuda::argmax_advance(dl.as<float>(), n, ds.as<int>(), dout.as<int>(), nullptr);
+        std::vector<int> s(4), out(4);
+        cudaDeviceSynchronize();
+        cudaMemcpy(s.data(), ds.get(), 16, cudaMemcpyDeviceToHost);
+        cudaMemcpy(out.data(), dout.get(), 16, cudaMemcpyDeviceToHost);
+        EXPECT_EQ(s[0], best);
+        EXPECT_EQ(s[1], 11);
+        EXPECT_EQ(s[2], 3);
+        EXPECT_EQ(out[2], best);
+    }
+    // gather_rows then add_scaled_rows (sigmoid and plain) against the CPU.
+    const int rows = 9, h = 40, m = 4;
+    std::vector<float> in = randn(size_t(rows) * h), x = randn(size_t(rows) * h), y = randn(size_t(m) * h), scale = randn(size_t(m));
+    std::vector<int> idx = {8, 0, 3, 3};
+    DeviceBuffer din = upload_bf16(in), dx = upload(x), dy = upload_bf16(y), ds = upload(scale), di = upload(idx);
+    DeviceBuffer dg = poisoned(size_t(m) * h * 2);
+    cuda::gather_rows(din.as<bf16>(), di.as<int>(), m, h, dg.as<bf16>(), nullptr);
+    std::vector<float> want_g;
+    for (int r : idx) want_g.insert(want_g.end(), in.begin() + r * h, in.begin() + (r + 1) * h);
+    EXPECT_EQ(rel_err(download_bf16(dg, want_g.size()), want_g), 0.0);
+    cuda::add_scaled_rows(dx.as<float>(), dy.as<bf16>(), di.as<int>(), ds.as<float>(), true, m, h, nullptr);
+    std::vector<float> want = x;
+    for (int i = 0; i < m; i++) {
+        const float s = 1 / (1 + std::exp(-scale[size_t(i)]));
+        for (int j = 0; j < h; j++) want[size_t(idx[size_t(i)]) * h + j] += s * y[size_t(i) * h + j];
+    }
+    EXPECT_LT(rel_err(download_f32(dx, want.size()), want), 1e-5);
+}
