@@ -43,12 +43,12 @@ fi
 if has test; then
     (cd build-device && ctest --output-on-failure -j8 >"$OUT/ctest.log" 2>&1)
     note "tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
-    grep -E "^\[ golden \]|\[ kernel \]" "$OUT/ctest.log" | head -60 || true
+    build-device/tests/qinfer_tests --gtest_filter='*GoldenCuda*' 2>&1 | grep -E "^\[ golden \]" | head -40 || true
     grep -E "FAILED|Failure" -A4 "$OUT/ctest.log" | head -60 || true
 fi
 if has bench; then
     for p in qwen2.5-0.5b qwen2.5-7b; do
-        "$Q" bench --preset "$p" --input-lens 1,6144 --gen 256 --json "$OUT/quick-$p.json" 2>&1 | tee -a "$OUT/bench.log" | tail -5
+        QINFER_PROFILE=1 "$Q" bench --preset "$p" --input-lens 1,6144 --gen 256 --json "$OUT/quick-$p.json" 2>&1 | tee -a "$OUT/bench.log" | grep -v "^bench:" | tail -24
     done
 fi
 if has bench-full; then

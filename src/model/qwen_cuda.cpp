@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -53,6 +55,51 @@ std::vector<uint16_t> to_bf16_host(const Weight & w) {
     }
     return out;
 }
+
+// Per-op GPU time of one eager decode step (QINFER_PROFILE=1): events between ops, summed by op name.
+class StepProfiler {
+public:
+    void begin(cudaStream_t s) {
+        stream_ = s;
+        on_ = true;
+        marks_.clear();
+        add("start");
+    }
+    void mark(const char * what) {
+        if (on_) add(what);
+    }
+    void report() {
+        if (!on_) return;
+        on_ = false;
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        std::map<std::string, std::pair<float, int>> by_name;
+        float total = 0;
+        for (size_t i = 1; i < marks_.size(); i++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second);
+            by_name[marks_[i].first].first += ms;
+            by_name[marks_[i].first].second++;
+            total += ms;
+        }
+        std::fprintf(stderr, "decode step profile (one eager step, %.3f ms):\n", total);
+        for (const auto & [name, v] : by_name) {
+            std::fprintf(stderr, "  %-22s %8.1f us %5.1f%%  (%d launches)\n", name.c_str(), v.first * 1e3, 100 * v.first / total, v.second);
+        }
+        for (auto & m : marks_) cudaEventDestroy(m.second);
+        marks_.clear();
+    }
+
+private:
+    void add(const char * what) {
+        cudaEvent_t e;
+        CUDA_CHECK(cudaEventCreate(&e));
+        CUDA_CHECK(cudaEventRecord(e, stream_));
+        marks_.emplace_back(what, e);
+    }
+    cudaStream_t stream_ = nullptr;
+    bool on_ = false;
+    std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+};
 
 struct DevLinear {
     DeviceBuffer w;  // bf16 [n, k]
@@ -123,11 +170,13 @@ private:
     DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
     // Decode state on the device: {token, position, step, context length}; tokens produced by the graph.
-    DeviceBuffer state_, tokens_out_, split_out_, split_ml_;
+    DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;
     int max_splits_ = 0;
     cudaGraphExec_t graph_ = nullptr;
     int graph_seq_ = -1;
     int graph_valid_ = 0;
+    StepProfiler prof_;
+    bool profiled_ = false;
 };
 
 CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt) : model_(std::move(model)), opt_(opt) {
@@ -141,6 +190,7 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     upload_weights();
     table_ = std::make_unique<BlockTable>(0, block_size_);
     state_ = DeviceBuffer(4 * sizeof(int), "decode state");
+    argmax_scratch_ = DeviceBuffer(cuda::k_argmax_scratch * sizeof(float), "argmax scratch");
 }
 
 CudaQwenEngine::~CudaQwenEngine() {
@@ -486,6 +536,7 @@ void CudaQwenEngine::decode_step(int seq) {
     int * state = state_.as<int>();
     float * x = x_.as<float>();
     cuda::embedding(embed_.as<bf16>(), state, 1, H, x, stream_);
+    prof_.mark("embedding");
     cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_};
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         const DevLayer & L = layers_[size_t(l)];
@@ -498,6 +549,7 @@ void CudaQwenEngine::decode_step(int seq) {
         a.eps = eps;
         a.y = qkv_.get();
         cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16, stream_);
+        prof_.mark("qkv gemv");
         cuda::QkvRopeArgs r;
         r.qkv = qkv_.as<bf16>();
         r.bias = L.qkv_bias.as<bf16>();
@@ -514,8 +566,10 @@ void CudaQwenEngine::decode_step(int seq) {
         r.cache = kv_layer(l, seq);
         r.q_out = q_.as<bf16>();
         cuda::qkv_rope_cache(r, stream_);
+        prof_.mark("bias/norm/rope/cache");
         cuda::attention_decode(q_.as<bf16>(), r.cache, state + 3, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                scratch, attn_.as<bf16>(), stream_);
+        prof_.mark("attention");
         a = cuda::GemvArgs{};
         a.w = L.o.ptr();
         a.n = L.o.n;
@@ -523,6 +577,7 @@ void CudaQwenEngine::decode_step(int seq) {
         a.x = attn_.get();
         a.y = x;
         cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32, stream_);
+        prof_.mark("o_proj gemv");
         a = cuda::GemvArgs{};
         a.w = L.mlp.gate_up.ptr();
         a.n = L.mlp.down.k;
@@ -532,6 +587,7 @@ void CudaQwenEngine::decode_step(int seq) {
         a.eps = eps;
         a.y = act_.get();
         cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16, stream_);
+        prof_.mark("gate_up gemv");
         a = cuda::GemvArgs{};
         a.w = L.mlp.down.ptr();
         a.n = H;
@@ -539,6 +595,7 @@ void CudaQwenEngine::decode_step(int seq) {
         a.x = act_.get();
         a.y = x;
         cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32, stream_);
+        prof_.mark("down gemv");
     }
     cuda::GemvArgs a;
     a.w = lm_head_;
@@ -549,7 +606,9 @@ void CudaQwenEngine::decode_step(int seq) {
     a.eps = eps;
     a.y = logits_.get();
     cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::F32, stream_);
-    cuda::argmax_advance(logits_.as<float>(), graph_valid_, state, tokens_out_.as<int>(), stream_);
+    prof_.mark("lm_head gemv");
+    cuda::argmax_advance(logits_.as<float>(), graph_valid_, argmax_scratch_.as<float>(), state, tokens_out_.as<int>(), stream_);
+    prof_.mark("argmax");
 }
 
 bool CudaQwenEngine::decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) {
@@ -576,7 +635,15 @@ bool CudaQwenEngine::decode_greedy(int seq, int token, int n_steps, int n_valid,
     }
     const int state[4] = {token, pos, 0, pos + 1};
     CUDA_CHECK(cudaMemcpyAsync(state_.get(), state, sizeof(state), cudaMemcpyHostToDevice, stream_));
-    for (int i = 0; i < n_steps; i++) CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+    int first = 0;
+    if (!profiled_ && std::getenv("QINFER_PROFILE")) {
+        profiled_ = true;
+        prof_.begin(stream_);
+        decode_step(seq);
+        prof_.report();
+        first = 1;
+    }
+    for (int i = first; i < n_steps; i++) CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
     out.resize(size_t(n_steps));
     CUDA_CHECK(cudaMemcpyAsync(out.data(), tokens_out_.get(), size_t(n_steps) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));

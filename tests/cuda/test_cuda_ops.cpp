@@ -154,7 +154,8 @@ TEST_P(Gemv, MatchesCpu) {
                 }
             }
             got = (out == 1 || out == 2) ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
-            const double tol = (out == 1 || out == 2) ? 1e-4 : 1e-2;
+            // fp32 outputs: 1e-4, or 1e-3 when the fused norm may round one staged element to the other bf16 neighbour.
+            const double tol = (out == 1 || out == 2) ? (in ? 1e-3 : 1e-4) : 1e-2;
             EXPECT_LT(rel_err(got, want), tol) << "n " << n << " k " << k << " m " << m << " in " << in << " out " << out;
         }
     }
@@ -373,7 +374,8 @@ TEST(CudaOps, ArgmaxAdvanceAndMoeRows) {
         const int best = int(std::max_element(logits.begin(), logits.begin() + n) - logits.begin());
         logits[size_t(n)] = 1e9f;  // past n_valid: never chosen
         DeviceBuffer dl = upload(logits), ds = upload(std::vector<int>{0, 10, 2, 11}), dout = upload(std::vector<int>(4, -1));
-        cuda::argmax_advance(dl.as<float>(), n, ds.as<int>(), dout.as<int>(), nullptr);
+        DeviceBuffer scratch(cuda::k_argmax_scratch * sizeof(float), "test");
+        cuda::argmax_advance(dl.as<float>(), n, scratch.as<float>(), ds.as<int>(), dout.as<int>(), nullptr);
         std::vector<int> s(4), out(4);
         cudaDeviceSynchronize();
         cudaMemcpy(s.data(), ds.get(), 16, cudaMemcpyDeviceToHost);
@@ -381,12 +383,13 @@ TEST(CudaOps, ArgmaxAdvanceAndMoeRows) {
         EXPECT_EQ(s[0], best);
         EXPECT_EQ(s[1], 11);
         EXPECT_EQ(s[2], 3);
+        EXPECT_EQ(s[3], 12);
         EXPECT_EQ(out[2], best);
     }
     // gather_rows then add_scaled_rows (sigmoid and plain) against the CPU.
     const int rows = 9, h = 40, m = 4;
     std::vector<float> in = randn(size_t(rows) * h), x = randn(size_t(rows) * h), y = randn(size_t(m) * h), scale = randn(size_t(m));
-    std::vector<int> idx = {8, 0, 3, 3};
+    std::vector<int> idx = {8, 0, 3, 5};  // distinct, as the MoE routing guarantees
     DeviceBuffer din = upload_bf16(in), dx = upload(x), dy = upload_bf16(y), ds = upload(scale), di = upload(idx);
     DeviceBuffer dg = poisoned(size_t(m) * h * 2);
     cuda::gather_rows(din.as<bf16>(), di.as<int>(), m, h, dg.as<bf16>(), nullptr);

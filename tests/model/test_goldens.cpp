@@ -122,6 +122,26 @@ static void check_golden(const std::string & name, const std::string & backend) 
                     greedy.size());
         EXPECT_GE(same, 1u);
     }
+    if (gpu) {
+        // The device's greedy decode (CUDA graph, decode attention over the growing cache) must pick, at every step,
+        // a token that the prefill path also ranks first, up to bf16 near-ties.
+        std::vector<int> seq_tokens = prompt;
+        seq_tokens.insert(seq_tokens.end(), r.tokens.begin(), r.tokens.end() - 1);
+        int s2 = engine->new_sequence(int(seq_tokens.size()));
+        std::vector<float> all_logits;
+        engine->forward(s2, seq_tokens, true, all_logits);
+        engine->free_sequence(s2);
+        const int V = engine->config().vocab_size;
+        for (size_t i = 0; i < r.tokens.size(); i++) {
+            const float * row = all_logits.data() + (prompt.size() - 1 + i) * size_t(V);
+            float mx = -INFINITY, amax = 0;
+            for (int v = 0; v < V; v++) {
+                mx = std::max(mx, row[v]);
+                amax = std::max(amax, std::fabs(row[v]));
+            }
+            EXPECT_GE(row[r.tokens[i]], mx - 2e-2f * amax) << name << ": decode step " << i << " chose token " << r.tokens[i];
+        }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, Golden, ::testing::ValuesIn(golden_names()),

@@ -179,7 +179,7 @@ template <int D> __global__ void __launch_bounds__(128) attention_prefill_kernel
 
 // ---------------------------------------------------------------- decode
 constexpr int k_decode_threads = 128;
-constexpr int k_max_rep = 16;  // query heads per KV head
+constexpr int k_max_rep = 8;  // query heads per KV head (7 for Qwen2.5-7B, 8 for 3B/72B and Qwen3-30B-A3B)
 
 struct DecodeArgs {
     const bf16 * q;
@@ -255,18 +255,57 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
         }
     }
     __syncthreads();
-    // Unnormalised P V for this chunk: thread owns dims.
-    for (int c = threadIdx.x; c < D; c += k_decode_threads) {
-        float acc[k_max_rep] = {};
-        for (int j = begin; j < end; j++) {
+    // Unnormalised P V for this chunk: warp w takes keys w, w + 4, ...; lane owns D/32 consecutive dims (one
+    // coalesced row read per key); the four warps' sums meet in shared memory.
+    constexpr int per_lane = D % 32 == 0 ? D / 32 : 0;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __shared__ float pv[k_decode_threads / 32][k_max_rep][D];
+    if constexpr (per_lane > 0) {
+        float acc[k_max_rep][per_lane] = {};
+#pragma unroll 4
+        for (int j = begin + warp; j < end; j += k_decode_threads / 32) {
             const int blk = a.cache.block_table[j / bs];
-            const float v = __bfloat162float(a.cache.v[((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D + c]);
+            const bf16 * vp = a.cache.v + ((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D + lane * per_lane;
+            float v[per_lane];
+#pragma unroll
+            for (int e = 0; e < per_lane; e++) v[e] = __bfloat162float(vp[e]);
 #pragma unroll
             for (int r = 0; r < k_max_rep; r++) {
-                if (r < n_rep) acc[r] += scores[r][j - begin] * v;
+                if (r < n_rep) {
+                    const float p = scores[r][j - begin];
+#pragma unroll
+                    for (int e = 0; e < per_lane; e++) acc[r][e] += p * v[e];
+                }
             }
         }
-        for (int r = 0; r < n_rep; r++) a.scratch.partial_out[((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split) * D + c] = acc[r];
+#pragma unroll
+        for (int r = 0; r < k_max_rep; r++) {
+#pragma unroll
+            for (int e = 0; e < per_lane; e++) pv[warp][r][lane * per_lane + e] = acc[r][e];
+        }
+    } else {
+        // Head dims that are not a multiple of 32 (tiny test models): one dim per thread, keys split by warp.
+        for (int c = lane; c < D; c += 32) {
+            float acc[k_max_rep] = {};
+            for (int j = begin + warp; j < end; j += k_decode_threads / 32) {
+                const int blk = a.cache.block_table[j / bs];
+                const float v = __bfloat162float(a.cache.v[((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D + c]);
+#pragma unroll
+                for (int r = 0; r < k_max_rep; r++) {
+                    if (r < n_rep) acc[r] += scores[r][j - begin] * v;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < k_max_rep; r++) pv[warp][r][c] = acc[r];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
+        const int r = i / D, c = i % D;
+        float sum = 0;
+#pragma unroll
+        for (int w = 0; w < k_decode_threads / 32; w++) sum += pv[w][r][c];
+        a.scratch.partial_out[((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split) * D + c] = sum;
     }
 }
 

@@ -139,46 +139,58 @@ __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
     dst[j + half] = __float2bfloat16(x1);
 }
 
-constexpr int k_argmax_threads = 1024;
+constexpr int k_argmax_threads = 256;
+constexpr int k_argmax_blocks = 128;
 
-__global__ void __launch_bounds__(k_argmax_threads) argmax_advance_kernel(const float * logits, int n, int * state, int * out_tokens) {
-    __shared__ float best_v[k_argmax_threads / 32];
-    __shared__ int best_i[k_argmax_threads / 32];
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += k_argmax_threads) {
-        float v = logits[i];
-        if (v > bv) {  // ids ascend within a thread, so strict > keeps the lowest id on ties
-            bv = v;
-            bi = i;
-        }
+// (value, id) pairs: the larger value wins, the lower id on ties.
+__device__ __forceinline__ void argmax_merge(float & bv, int & bi, float ov, int oi) {
+    if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+}
+
+__device__ __forceinline__ void block_argmax(float & bv, int & bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    for (int o = 16; o > 0; o >>= 1) argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) {
-        best_v[warp] = bv;
-        best_i[warp] = bi;
+        sv[warp] = bv;
+        si[warp] = bi;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < k_argmax_threads / 32; w++) {
-            if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) {
-                bv = best_v[w];
-                bi = best_i[w];
-            }
-        }
+        for (int w = 1; w < int(blockDim.x / 32); w++) argmax_merge(bv, bi, sv[w], si[w]);
+    }
+}
+
+// Pass 1: each block reduces a strided slice of the logits to one (value, id) pair.
+__global__ void __launch_bounds__(k_argmax_threads) argmax_partial_kernel(const float * logits, int n, float * partial) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = blockIdx.x * k_argmax_threads + threadIdx.x; i < n; i += k_argmax_blocks * k_argmax_threads) {
+        argmax_merge(bv, bi, logits[i], i);
+    }
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        partial[2 * blockIdx.x] = bv;
+        reinterpret_cast<int *>(partial)[2 * blockIdx.x + 1] = bi;
+    }
+}
+
+// Pass 2: one block of k_argmax_blocks threads merges the pairs and advances the decode state.
+__global__ void argmax_final_kernel(const float * partial, int * state, int * out_tokens) {
+    float bv = partial[2 * threadIdx.x];
+    int bi = reinterpret_cast<const int *>(partial)[2 * threadIdx.x + 1];
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
         if (bi == 0x7fffffff) bi = 0;  // all NaN: a defined token rather than garbage
         state[0] = bi;
         out_tokens[state[2]] = bi;
         state[1] += 1;
         state[2] += 1;
+        state[3] += 1;
     }
 }
 
@@ -244,8 +256,10 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream) {
     CUDA_CHECK(cudaGetLastError());
 }
 
-void argmax_advance(const float * logits, int n_valid, int * state, int * out_tokens, cudaStream_t stream) {
-    argmax_advance_kernel<<<1, k_argmax_threads, 0, stream>>>(logits, n_valid, state, out_tokens);
+void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream) {
+    argmax_partial_kernel<<<k_argmax_blocks, k_argmax_threads, 0, stream>>>(logits, n_valid, scratch);
+    CUDA_CHECK(cudaGetLastError());
+    argmax_final_kernel<<<1, k_argmax_blocks, 0, stream>>>(scratch, state, out_tokens);
     CUDA_CHECK(cudaGetLastError());
 }
 

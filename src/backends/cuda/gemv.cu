@@ -83,36 +83,51 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
                 }
             }
         }
+        float s[M][2];
 #pragma unroll
         for (int m = 0; m < M; m++) {
 #pragma unroll
-            for (int mat = 0; mat < n_mats; mat++) {
-                float v = warp_sum(acc[m][mat]);
-                if (lane == 0) red[warp][m][mat] = v;
+            for (int mat = 0; mat < n_mats; mat++) s[m][mat] = warp_sum(acc[m][mat]);
+        }
+        if constexpr (WPR > 1) {
+            // The row's warps meet in shared memory; the first of them finishes.
+            if (lane == 0) {
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    for (int mat = 0; mat < n_mats; mat++) red[warp][m][mat] = s[m][mat];
+                }
+            }
+            __syncthreads();
+            if (part == 0) {
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    for (int mat = 0; mat < n_mats; mat++) {
+                        float t = 0;
+                        for (int p = 0; p < WPR; p++) t += red[warp + p][m][mat];
+                        s[m][mat] = t;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        if (part == 0 && row < a.n) {
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                if (lane != m) continue;
+                const int64_t o = int64_t(m) * a.n + row;
+                if constexpr (OUT == GemvOut::Bf16) {
+                    static_cast<bf16 *>(a.y)[o] = __float2bfloat16(s[m][0]);
+                } else if constexpr (OUT == GemvOut::F32) {
+                    static_cast<float *>(a.y)[o] = s[m][0];
+                } else if constexpr (OUT == GemvOut::AddF32) {
+                    static_cast<float *>(a.y)[o] += s[m][0];
+                } else {
+                    // transformers rounds gate and up to bf16 before silu(gate) * up.
+                    float g = __bfloat162float(__float2bfloat16(s[m][0])), u = __bfloat162float(__float2bfloat16(s[m][1]));
+                    static_cast<bf16 *>(a.y)[o] = __float2bfloat16(silu(g) * u);
+                }
             }
         }
-        __syncthreads();
-        if (part == 0 && row < a.n && lane < M) {
-            const int m = lane;
-            float s[2] = {0, 0};
-            for (int p = 0; p < WPR; p++) {
-                s[0] += red[warp + p][m][0];
-                if (n_mats == 2) s[1] += red[warp + p][m][1];
-            }
-            const int64_t o = int64_t(m) * a.n + row;
-            if constexpr (OUT == GemvOut::Bf16) {
-                static_cast<bf16 *>(a.y)[o] = __float2bfloat16(s[0]);
-            } else if constexpr (OUT == GemvOut::F32) {
-                static_cast<float *>(a.y)[o] = s[0];
-            } else if constexpr (OUT == GemvOut::AddF32) {
-                static_cast<float *>(a.y)[o] += s[0];
-            } else {
-                // transformers rounds gate and up to bf16 before silu(gate) * up.
-                float g = __bfloat162float(__float2bfloat16(s[0])), u = __bfloat162float(__float2bfloat16(s[1]));
-                static_cast<bf16 *>(a.y)[o] = __float2bfloat16(silu(g) * u);
-            }
-        }
-        __syncthreads();
     }
 }
 

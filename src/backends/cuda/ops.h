@@ -44,7 +44,7 @@ void add_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, int 
 void add_residual(float * x, const bf16 * delta, int64_t count, cudaStream_t stream);
 // out = silu(gate_up[:, :inter]) * gate_up[:, inter:]: gate_up bf16 [n, 2 inter]; out bf16 [n, inter]
 void silu_mul(const bf16 * gate_up, int n, int inter, bf16 * out, cudaStream_t stream);
-// x[rows[i]] += scale_i * y[i], scale_i = scale[i] or sigmoid(scale[i]); rows null: i itself.
+// x[rows[i]] += scale_i * y[i], scale_i = scale[i] or sigmoid(scale[i]); rows null: i itself. Rows must be distinct.
 // x fp32 [*, hidden]; y bf16 [m, hidden]; scale fp32 [m]
 void add_scaled_rows(float * x, const bf16 * y, const int * rows, const float * scale, bool sigmoid_scale, int m, int hidden,
                      cudaStream_t stream);
@@ -98,8 +98,10 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
 
 // ---- sampling on the device ----
 // Greedy step: token = argmax(logits[0:n_valid]) (lowest id on ties); state[0] = token, out_tokens[state[2]] = token,
-// state[1] += 1 (position), state[2] += 1 (step).
-void argmax_advance(const float * logits, int n_valid, int * state, int * out_tokens, cudaStream_t stream);
+// then state[1] (position), state[2] (step) and state[3] (context length) advance by one.
+// scratch: fp32 [k_argmax_scratch] on the device.
+constexpr int k_argmax_scratch = 256;
+void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream);
 
 // ---- prefill GEMM (cuBLASLt) ----
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.
