@@ -286,7 +286,7 @@ void CudaQwenEngine::ensure_kv(int tokens) {
     v_cache_ = DeviceBuffer(bytes, "KV cache");
     table_ = std::make_unique<BlockTable>(blocks, block_size_);
     // Decode scratch and the graph's token buffer follow the context.
-    max_splits_ = (tokens + cuda::k_decode_split - 1) / cuda::k_decode_split;
+    max_splits_ = cuda::decode_splits(tokens, c.num_key_value_heads);
     split_out_ = DeviceBuffer(size_t(c.num_attention_heads) * max_splits_ * c.head_dim * sizeof(float), "attention splits");
     split_ml_ = DeviceBuffer(size_t(c.num_attention_heads) * max_splits_ * 2 * sizeof(float), "attention splits");
     tokens_out_ = DeviceBuffer(size_t(tokens + 1) * sizeof(int), "decode tokens");

@@ -47,8 +47,9 @@ int cmd_bench(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
             std::printf(
-                "usage: qinfer bench [--model DIR | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
+                "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
+                "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
                 "input lengths 1,6144,14336,30720 with 2048 generated; on the CPU shorter: 1,256 with 32 generated\n");
             return 0;
@@ -59,12 +60,19 @@ int cmd_bench(int argc, char ** argv) {
     const bool gpu = backend == "cuda" || (backend == "auto" && cuda_available());
     std::string model_dir = a.str("model");
     std::string preset = a.str("preset", model_dir.empty() ? "qwen2.5-0.5b" : "");
+    const std::string name_opt = a.str("name");
     int layers = int(a.integer("layers", 0));
     std::vector<int> lens = a.has("input-lens") ? a.int_list("input-lens") : (gpu ? std::vector<int>{1, 6144, 14336, 30720}
                                                                                   : std::vector<int>{1, 256});
     int gen = int(a.integer("gen", gpu ? 2048 : 32));
     int repeat = int(a.integer("repeat", 1));
     std::string json_path = a.str("json"), csv_path = a.str("csv");
+    std::vector<std::string> baselines;
+    for (std::string b = a.str("baseline"); !b.empty();) {
+        const size_t comma = b.find(',');
+        baselines.push_back(b.substr(0, comma));
+        b = comma == std::string::npos ? "" : b.substr(comma + 1);
+    }
     EngineOptions eo;
     eo.backend = backend;
     eo.threads = int(a.integer("threads", 0));
@@ -82,7 +90,7 @@ int cmd_bench(int argc, char ** argv) {
         std::fprintf(stderr, "bench: synthetic %s%s\n", preset.c_str(), layers ? (" (" + std::to_string(layers) + " layers)").c_str() : "");
         model_dir = ensure_synth(preset, layers, DType::BF16);
     }
-    std::string model_name = preset.empty() ? model_dir : preset;
+    std::string model_name = !name_opt.empty() ? name_opt : preset.empty() ? model_dir : preset;
 
     const int max_len = *std::max_element(lens.begin(), lens.end());
     eo.max_context = max_len + gen;
@@ -139,6 +147,24 @@ int cmd_bench(int argc, char ** argv) {
     }
     bar.finish();
 
+    // Baselines (scripts/hf_bench.py rows): same model and input length, tokens/s incl. prefill.
+    struct Base {
+        std::string engine;
+        int input_len, gen_len;
+        double tok_s, peak_gb;
+    };
+    std::vector<Base> bases;
+    for (const auto & path : baselines) {
+        std::ifstream in(path);
+        if (!in) QINFER_FAIL() << "--baseline " << path << ": cannot open";
+        json j = json::parse(in, nullptr, false);
+        if (j.is_discarded() || !j.is_array()) QINFER_FAIL() << "--baseline " << path << ": not a JSON array";
+        for (const auto & r : j) {
+            if (r.value("model", "") != model_name) continue;
+            bases.push_back({r.value("engine", "?"), r.value("input_len", 0), r.value("gen_len", 0), r.value("tok_s", 0.0),
+                             r.value("peak_gb", 0.0)});
+        }
+    }
     const std::string commit = git_commit();
     std::printf("| Model | Input Length | Quantization | GPU Num | Speed(tokens/s) | GPU Memory(GB) | TTFT(s) | Decode(tokens/s) | BW share |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|\n");
@@ -152,8 +178,19 @@ int cmd_bench(int argc, char ** argv) {
                     gpu ? 1 : 0, r.tok_s, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
                     100 * r.bw_frac);
     }
-    std::printf("card: %s | %s | backend %s | commit %s\n", sys.card.c_str(), sys.software.c_str(),
-                engine->backend_name().c_str(), commit.c_str());
+    std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.2f TB/s (%s)\n", sys.card.c_str(), sys.software.c_str(),
+                engine->backend_name().c_str(), commit.c_str(), sys.bandwidth / 1e12, sys.bandwidth_source.c_str());
+    if (!bases.empty()) {
+        std::printf("\n| Model | Input Length | engine | its tokens generated | its Speed(tokens/s) | its GPU Memory(GB) | qinfer / it |\n");
+        std::printf("|---|---|---|---|---|---|---|\n");
+        for (const Base & b : bases) {
+            for (const Row & r : rows) {
+                if (r.input_len != b.input_len || !r.note.empty()) continue;
+                std::printf("| %s | %d | %s | %d | %.2f | %.2f | %.2fx |\n", model_name.c_str(), b.input_len, b.engine.c_str(), b.gen_len,
+                            b.tok_s, b.peak_gb, r.tok_s / b.tok_s);
+            }
+        }
+    }
 
     json out = json::array();
     for (const Row & r : rows) {

@@ -282,7 +282,7 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
     // Decode: one query at position len - 1 over the whole cache.
     std::vector<float> q = randn(size_t(n_head) * d, 2.0f);
     DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(n_head) * d * 2), dlen = upload(std::vector<int>{len});
-    const int splits = (len + cuda::k_decode_split - 1) / cuda::k_decode_split + 2;
+    const int splits = cuda::decode_splits(len, n_kv);
     DeviceBuffer po(size_t(n_head) * splits * d * 4, "test"), pml(size_t(n_head) * splits * 2 * 4, "test");
     cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
     cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr);

@@ -179,6 +179,7 @@ template <int D> __global__ void __launch_bounds__(128) attention_prefill_kernel
 
 // ---------------------------------------------------------------- decode
 constexpr int k_decode_threads = 128;
+constexpr int k_decode_warps = k_decode_threads / 32;
 constexpr int k_max_rep = 8;  // query heads per KV head (7 for Qwen2.5-7B, 8 for 3B/72B and Qwen3-30B-A3B)
 
 struct DecodeArgs {
@@ -190,17 +191,28 @@ struct DecodeArgs {
     DecodeScratch scratch;
 };
 
-// grid (max_splits, n_kv); one lane scores one key for all n_rep heads of the KV head.
+// Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of
+// its blocks, in multiples of 16, at most k_decode_max_split.
+__device__ __forceinline__ int decode_split_size(int len, int max_splits) {
+    const int per = (len + max_splits - 1) / max_splits;
+    return max(16, (per + 15) / 16 * 16);
+}
+
+// grid (max_splits, n_kv): block (s, h) scores keys [s * split, (s + 1) * split) for the n_rep query heads of KV
+// head h (one lane per key), takes the chunk's softmax statistics (one warp per head), then P V (one warp per
+// key, lanes over dims) and leaves unnormalised partial results for the combine kernel.
 template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_decode_kernel(DecodeArgs a) {
-    const int split = blockIdx.x, kvh = blockIdx.y;
+    const int split_id = blockIdx.x, kvh = blockIdx.y;
     const int len = *a.len_dev;
-    const int begin = split * k_decode_split;
+    const int split = decode_split_size(len, a.scratch.max_splits);
+    const int begin = split_id * split;
     if (begin >= len) return;
-    const int end = min(len, begin + k_decode_split);
+    const int end = min(len, begin + split);
+    const int cnt = end - begin;
     const int n_rep = a.n_head / a.n_kv;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     __shared__ float qs[k_max_rep][D];
-    __shared__ float scores[k_max_rep][k_decode_split];
-    __shared__ float red[k_decode_threads / 32];
+    __shared__ __align__(16) float scores[k_max_rep * k_decode_max_split];  // [rep][key], later the P V partials
     for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
         const int r = i / D, c = i % D;
         qs[r][c] = __bfloat162float(a.q[(int64_t(kvh) * n_rep + r) * D + c]) * a.scale;
@@ -226,44 +238,36 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
         }
 #pragma unroll
         for (int r = 0; r < k_max_rep; r++) {
-            if (r < n_rep) scores[r][j - begin] = acc[r];
+            if (r < n_rep) scores[r * k_decode_max_split + j - begin] = acc[r];
         }
     }
     __syncthreads();
-    const int cnt = end - begin;
-    // Per head: max and sum of exp over this chunk.
-    for (int r = 0; r < n_rep; r++) {
+    // Softmax statistics of the chunk: warp w handles heads w, w + 4.
+    for (int r = warp; r < n_rep; r += k_decode_warps) {
+        float * sr = scores + r * k_decode_max_split;
         float mx = -INFINITY;
-        for (int j = threadIdx.x; j < cnt; j += k_decode_threads) mx = fmaxf(mx, scores[r][j]);
+        for (int j = lane; j < cnt; j += 32) mx = fmaxf(mx, sr[j]);
         mx = warp_max(mx);
-        if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
-        __syncthreads();
-        mx = red[0];
-        for (int w = 1; w < k_decode_threads / 32; w++) mx = fmaxf(mx, red[w]);
-        __syncthreads();
         float sum = 0;
-        for (int j = threadIdx.x; j < cnt; j += k_decode_threads) {
-            const float p = __expf(scores[r][j] - mx);
-            scores[r][j] = p;
+        for (int j = lane; j < cnt; j += 32) {
+            const float p = __expf(sr[j] - mx);
+            sr[j] = p;
             sum += p;
         }
-        sum = block_sum<k_decode_threads / 32>(sum, red);
-        if (threadIdx.x == 0) {
-            float * ml = a.scratch.partial_ml + ((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split) * 2;
+        sum = warp_sum(sum);
+        if (lane == 0) {
+            float * ml = a.scratch.partial_ml + ((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split_id) * 2;
             ml[0] = mx;
             ml[1] = sum;
         }
     }
     __syncthreads();
-    // Unnormalised P V for this chunk: warp w takes keys w, w + 4, ...; lane owns D/32 consecutive dims (one
-    // coalesced row read per key); the four warps' sums meet in shared memory.
+    // Unnormalised P V: warp w takes keys w, w + 4, ...; a lane owns D/32 consecutive dims (a coalesced row read).
     constexpr int per_lane = D % 32 == 0 ? D / 32 : 0;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __shared__ float pv[k_decode_threads / 32][k_max_rep][D];
+    float acc[k_max_rep][per_lane > 0 ? per_lane : 1] = {};
     if constexpr (per_lane > 0) {
-        float acc[k_max_rep][per_lane] = {};
 #pragma unroll 4
-        for (int j = begin + warp; j < end; j += k_decode_threads / 32) {
+        for (int j = begin + warp; j < end; j += k_decode_warps) {
             const int blk = a.cache.block_table[j / bs];
             const bf16 * vp = a.cache.v + ((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D + lane * per_lane;
             float v[per_lane];
@@ -272,55 +276,77 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
 #pragma unroll
             for (int r = 0; r < k_max_rep; r++) {
                 if (r < n_rep) {
-                    const float p = scores[r][j - begin];
+                    const float p = scores[r * k_decode_max_split + j - begin];
 #pragma unroll
                     for (int e = 0; e < per_lane; e++) acc[r][e] += p * v[e];
                 }
             }
         }
+    }
+    // Head dims that are not a multiple of 32 (tiny test models, D <= 32): one dim per lane, read before the
+    // scores' memory is reused below.
+    static_assert(per_lane > 0 || D <= 32, "decode attention: head_dim must be a multiple of 32 or at most 32");
+    float acc_small[k_max_rep] = {};
+    if constexpr (per_lane == 0) {
+        if (lane < D) {
+            for (int j = begin + warp; j < end; j += k_decode_warps) {
+                const int blk = a.cache.block_table[j / bs];
+                const float v = __bfloat162float(a.cache.v[((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D + lane]);
+#pragma unroll
+                for (int r = 0; r < k_max_rep; r++) {
+                    if (r < n_rep) acc_small[r] += scores[r * k_decode_max_split + j - begin] * v;
+                }
+            }
+        }
+    }
+    __syncthreads();  // scores are consumed: reuse them for the per-warp partials [warp][rep][D]
+    float * pv = scores;
+    if constexpr (per_lane > 0) {
 #pragma unroll
         for (int r = 0; r < k_max_rep; r++) {
 #pragma unroll
-            for (int e = 0; e < per_lane; e++) pv[warp][r][lane * per_lane + e] = acc[r][e];
+            for (int e = 0; e < per_lane; e++) pv[(warp * k_max_rep + r) * D + lane * per_lane + e] = acc[r][e];
         }
-    } else {
-        // Head dims that are not a multiple of 32 (tiny test models): one dim per thread, keys split by warp.
-        for (int c = lane; c < D; c += 32) {
-            float acc[k_max_rep] = {};
-            for (int j = begin + warp; j < end; j += k_decode_threads / 32) {
-                const int blk = a.cache.block_table[j / bs];
-                const float v = __bfloat162float(a.cache.v[((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D + c]);
+    } else if (lane < D) {
 #pragma unroll
-                for (int r = 0; r < k_max_rep; r++) {
-                    if (r < n_rep) acc[r] += scores[r][j - begin] * v;
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < k_max_rep; r++) pv[warp][r][c] = acc[r];
-        }
+        for (int r = 0; r < k_max_rep; r++) pv[(warp * k_max_rep + r) * D + lane] = acc_small[r];
     }
     __syncthreads();
     for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
         const int r = i / D, c = i % D;
         float sum = 0;
 #pragma unroll
-        for (int w = 0; w < k_decode_threads / 32; w++) sum += pv[w][r][c];
-        a.scratch.partial_out[((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split) * D + c] = sum;
+        for (int w = 0; w < k_decode_warps; w++) sum += pv[(w * k_max_rep + r) * D + c];
+        a.scratch.partial_out[((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split_id) * D + c] = sum;
     }
 }
 
-// grid n_head: out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
-__global__ void attention_combine_kernel(DecodeScratch s, const int * len_dev, int d, bf16 * out) {
+// grid n_head: out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits.
+__global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, int d, bf16 * out) {
+    __shared__ float weight[1024];
+    __shared__ float red[k_decode_warps];
     const int h = blockIdx.x;
-    const int splits = (*len_dev + k_decode_split - 1) / k_decode_split;
+    const int len = *len_dev;
+    const int splits = (len + decode_split_size(len, s.max_splits) - 1) / decode_split_size(len, s.max_splits);
     const float * ml = s.partial_ml + int64_t(h) * s.max_splits * 2;
     float mx = -INFINITY;
-    for (int i = 0; i < splits; i++) mx = fmaxf(mx, ml[2 * i]);
+    for (int i = threadIdx.x; i < splits; i += k_decode_threads) mx = fmaxf(mx, ml[2 * i]);
+    mx = warp_max(mx);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int w = 1; w < k_decode_warps; w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
     float denom = 0;
-    for (int i = 0; i < splits; i++) denom += __expf(ml[2 * i] - mx) * ml[2 * i + 1];
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    for (int i = threadIdx.x; i < splits; i += k_decode_threads) {
+        const float w = __expf(ml[2 * i] - mx);
+        weight[i] = w;
+        denom += w * ml[2 * i + 1];
+    }
+    denom = block_sum<k_decode_warps>(denom, red);
+    for (int c = threadIdx.x; c < d; c += k_decode_threads) {
         float acc = 0;
-        for (int i = 0; i < splits; i++) acc += __expf(ml[2 * i] - mx) * s.partial_out[(int64_t(h) * s.max_splits + i) * d + c];
+        for (int i = 0; i < splits; i++) acc += weight[i] * s.partial_out[(int64_t(h) * s.max_splits + i) * d + c];
         out[int64_t(h) * d + c] = __float2bfloat16(acc / denom);
     }
 }
@@ -345,9 +371,16 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     CUDA_CHECK(cudaGetLastError());
 }
 
+int decode_splits(int max_len, int n_kv) {
+    const int for_occupancy = (2 * sm_count() + n_kv - 1) / n_kv;
+    const int for_length = (max_len + k_decode_max_split - 1) / k_decode_max_split;
+    return std::min(1024, std::max({1, for_occupancy, for_length}));
+}
+
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream) {
     if (n_head / n_kv > k_max_rep) QINFER_FAIL() << "attention_decode: " << n_head / n_kv << " query heads per KV head (max " << k_max_rep << ")";
+    if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch};
     dim3 grid(scratch.max_splits, n_kv);
     switch (head_dim) {
@@ -359,7 +392,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     default: QINFER_FAIL() << "attention_decode: head_dim " << head_dim << " is not supported (16, 24, 32, 64, 128)";
     }
     CUDA_CHECK(cudaGetLastError());
-    attention_combine_kernel<<<n_head, 128, 0, stream>>>(scratch, len_dev, head_dim, out);
+    attention_combine_kernel<<<n_head, k_decode_threads, 0, stream>>>(scratch, len_dev, head_dim, out);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,7 +1,7 @@
-// Decode GEMV: y = epilogue(W x), W bf16 [n, k] read once with 16-byte loads. The input row(s) are staged in shared
-// memory as bf16 (RMS-normalised there when the input is the fp32 residual stream, which fuses RMSNorm into the
-// projection). Each output row is computed by `wpr` warps that split k, then reduced through shared memory;
-// blocks stride over rows so the staging cost is paid once per block.
+// Decode GEMV: y = epilogue(W x), W bf16 [n, k] read once with 16-byte loads, four in flight per lane. A bf16 input
+// is read from global memory (shared by all blocks, so L1/L2 hits); an fp32 residual input is RMS-normalised into
+// shared memory by every block (RMSNorm fused into the projection). Each output row is computed by `wpr` warps
+// that split k (reduced through shared memory), enough to fill the GPU when n is small.
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
@@ -45,13 +45,11 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
             for (int i = threadIdx.x; i < k; i += k_threads) {
                 xs[int64_t(m) * k + i] = __float2bfloat16(__bfloat162float(a.norm_w[i]) * (x[i] * inv));
             }
-        } else {
-            const uint4 * x = reinterpret_cast<const uint4 *>(static_cast<const bf16 *>(a.x) + int64_t(m) * k);
-            uint4 * dst = reinterpret_cast<uint4 *>(xs + int64_t(m) * k);
-            for (int i = threadIdx.x; i < k / 8; i += k_threads) dst[i] = x[i];
         }
     }
-    __syncthreads();
+    if constexpr (IN == GemvIn::NormF32) __syncthreads();
+    // bf16 input is read straight from global memory: every block reads the same rows, so they stay in L1/L2.
+    const bf16 * xsrc = IN == GemvIn::NormF32 ? xs : static_cast<const bf16 *>(a.x);
 
     constexpr int rows_per_block = k_warps / WPR;
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
@@ -71,7 +69,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
                     uint4 w0 = w[c], w1 = w[c + stride], w2 = w[c + 2 * stride], w3 = w[c + 3 * stride];
 #pragma unroll
                     for (int m = 0; m < M; m++) {
-                        const uint4 * x = reinterpret_cast<const uint4 *>(xs + int64_t(m) * k);
+                        const uint4 * x = reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k);
                         acc[m][mat] += dot8(w0, x[c]) + dot8(w1, x[c + stride]) + dot8(w2, x[c + 2 * stride]) +
                                        dot8(w3, x[c + 3 * stride]);
                     }
@@ -79,7 +77,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
                 for (; c < chunks; c += stride) {
                     uint4 w0 = w[c];
 #pragma unroll
-                    for (int m = 0; m < M; m++) acc[m][mat] += dot8(w0, reinterpret_cast<const uint4 *>(xs + int64_t(m) * k)[c]);
+                    for (int m = 0; m < M; m++) acc[m][mat] += dot8(w0, reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[c]);
                 }
             }
         }
@@ -132,16 +130,17 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
 }
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a, cudaStream_t stream) {
-    const size_t smem = size_t(M) * a.k * sizeof(bf16);
+    const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     auto kernel = gemv_kernel<M, WPR, IN, OUT>;
     static size_t configured = 48 * 1024;
-    if (smem > configured) {
+    if (IN == GemvIn::NormF32 && smem > configured) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         configured = smem;
     }
     constexpr int rows_per_block = k_warps / WPR;
+    // One block per row group (the scheduler balances the waves); only very tall matrices (lm_head) stride.
     const int needed = (a.n + rows_per_block - 1) / rows_per_block;
-    const int blocks = std::min(needed, sm_count() * 4);
+    const int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
     kernel<<<blocks, k_threads, smem, stream>>>(a);
     CUDA_CHECK(cudaGetLastError());
 }
