@@ -5,6 +5,7 @@
 //            chunk for all query heads sharing that KV head (GQA), and a second kernel combines the partial results.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -321,18 +322,21 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
     }
 }
 
-// grid n_head: out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits.
-__global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, int d, bf16 * out) {
+// grid n_head: out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. Warps take splits
+// round-robin (lanes over dims) so the partial rows stream in parallel rather than one dependent load at a time.
+template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, bf16 * out) {
     __shared__ float weight[1024];
     __shared__ float red[k_decode_warps];
-    const int h = blockIdx.x;
+    __shared__ float part[k_decode_warps][D];
+    const int h = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int len = *len_dev;
-    const int splits = (len + decode_split_size(len, s.max_splits) - 1) / decode_split_size(len, s.max_splits);
+    const int split = decode_split_size(len, s.max_splits);
+    const int splits = (len + split - 1) / split;
     const float * ml = s.partial_ml + int64_t(h) * s.max_splits * 2;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < splits; i += k_decode_threads) mx = fmaxf(mx, ml[2 * i]);
     mx = warp_max(mx);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+    if (lane == 0) red[warp] = mx;
     __syncthreads();
     mx = red[0];
     for (int w = 1; w < k_decode_warps; w++) mx = fmaxf(mx, red[w]);
@@ -343,11 +347,29 @@ __global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(Dec
         weight[i] = w;
         denom += w * ml[2 * i + 1];
     }
-    denom = block_sum<k_decode_warps>(denom, red);
-    for (int c = threadIdx.x; c < d; c += k_decode_threads) {
-        float acc = 0;
-        for (int i = 0; i < splits; i++) acc += weight[i] * s.partial_out[(int64_t(h) * s.max_splits + i) * d + c];
-        out[int64_t(h) * d + c] = __float2bfloat16(acc / denom);
+    denom = block_sum<k_decode_warps>(denom, red);  // its internal __syncthreads also publishes weight[]
+    constexpr int per_lane = (D + 31) / 32;
+    float acc[per_lane] = {};
+#pragma unroll 4
+    for (int i = warp; i < splits; i += k_decode_warps) {
+        const float * po = s.partial_out + (int64_t(h) * s.max_splits + i) * D;
+#pragma unroll
+        for (int e = 0; e < per_lane; e++) {
+            const int c = lane + 32 * e;
+            if (c < D) acc[e] += weight[i] * po[c];
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < per_lane; e++) {
+        const int c = lane + 32 * e;
+        if (c < D) part[warp][c] = acc[e];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < D; c += k_decode_threads) {
+        float t = 0;
+#pragma unroll
+        for (int w = 0; w < k_decode_warps; w++) t += part[w][c];
+        out[int64_t(h) * D + c] = __float2bfloat16(t / denom);
     }
 }
 
@@ -383,17 +405,21 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch};
     dim3 grid(scratch.max_splits, n_kv);
+    auto run = [&](auto d_const) {
+        constexpr int D = decltype(d_const)::value;
+        attention_decode_kernel<D><<<grid, k_decode_threads, 0, stream>>>(a);
+        CUDA_CHECK(cudaGetLastError());
+        attention_combine_kernel<D><<<n_head, k_decode_threads, 0, stream>>>(scratch, len_dev, out);
+        CUDA_CHECK(cudaGetLastError());
+    };
     switch (head_dim) {
-    case 16: attention_decode_kernel<16><<<grid, k_decode_threads, 0, stream>>>(a); break;
-    case 24: attention_decode_kernel<24><<<grid, k_decode_threads, 0, stream>>>(a); break;
-    case 32: attention_decode_kernel<32><<<grid, k_decode_threads, 0, stream>>>(a); break;
-    case 64: attention_decode_kernel<64><<<grid, k_decode_threads, 0, stream>>>(a); break;
-    case 128: attention_decode_kernel<128><<<grid, k_decode_threads, 0, stream>>>(a); break;
+    case 16: return run(std::integral_constant<int, 16>{});
+    case 24: return run(std::integral_constant<int, 24>{});
+    case 32: return run(std::integral_constant<int, 32>{});
+    case 64: return run(std::integral_constant<int, 64>{});
+    case 128: return run(std::integral_constant<int, 128>{});
     default: QINFER_FAIL() << "attention_decode: head_dim " << head_dim << " is not supported (16, 24, 32, 64, 128)";
     }
-    CUDA_CHECK(cudaGetLastError());
-    attention_combine_kernel<<<n_head, k_decode_threads, 0, stream>>>(scratch, len_dev, head_dim, out);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace qinfer::cuda

@@ -194,6 +194,15 @@ __global__ void argmax_final_kernel(const float * partial, int * state, int * ou
     }
 }
 
+__global__ void sleep_kernel(int64_t ns) {
+    const int64_t start = clock64();
+    // clock64 counts SM cycles; __nanosleep yields while waiting.
+    while (true) {
+        __nanosleep(1000);
+        if ((clock64() - start) > ns) break;
+    }
+}
+
 int grid_for(int64_t n, int threads) { return int(std::min<int64_t>((n + threads - 1) / threads, int64_t(sm_count()) * 8)); }
 
 }  // namespace
@@ -253,6 +262,13 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream) {
     dim3 grid(a.n, a.n_head + 2 * a.n_kv);
     const int threads = (a.head_dim / 2 + 31) / 32 * 32;
     qkv_rope_cache_kernel<<<grid, threads, 0, stream>>>(a);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void gpu_sleep(int microseconds, cudaStream_t stream) {
+    int clock_khz = 1500000;
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+    sleep_kernel<<<1, 1, 0, stream>>>(int64_t(microseconds) * clock_khz / 1000);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -14,6 +14,13 @@ namespace {
 constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
 
+// Weights are read exactly once: bypass L1 so the shared input rows stay there.
+__device__ __forceinline__ uint4 load_stream(const uint4 * p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 __device__ __forceinline__ float dot8(const uint4 & w, const uint4 & x) {
     const __nv_bfloat162 * wp = reinterpret_cast<const __nv_bfloat162 *>(&w);
     const __nv_bfloat162 * xp = reinterpret_cast<const __nv_bfloat162 *>(&x);
@@ -62,22 +69,24 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
 #pragma unroll
             for (int mat = 0; mat < n_mats; mat++) {
                 const uint4 * w = reinterpret_cast<const uint4 *>(a.w + (int64_t(row) + int64_t(mat) * a.n) * k);
-                int c = part * 32 + lane;
                 constexpr int stride = WPR * 32;
-                // Four loads in flight per lane before any arithmetic.
-                for (; c + 3 * stride < chunks; c += 4 * stride) {
-                    uint4 w0 = w[c], w1 = w[c + stride], w2 = w[c + 2 * stride], w3 = w[c + 3 * stride];
+                constexpr int batch = 8;
+                // Batches of eight predicated loads, all issued before any arithmetic.
+                for (int base = part * 32 + lane; base < chunks; base += batch * stride) {
+                    uint4 wv[batch];
 #pragma unroll
-                    for (int m = 0; m < M; m++) {
-                        const uint4 * x = reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k);
-                        acc[m][mat] += dot8(w0, x[c]) + dot8(w1, x[c + stride]) + dot8(w2, x[c + 2 * stride]) +
-                                       dot8(w3, x[c + 3 * stride]);
+                    for (int u = 0; u < batch; u++) {
+                        const int c = base + u * stride;
+                        wv[u] = c < chunks ? load_stream(w + c) : make_uint4(0, 0, 0, 0);
                     }
-                }
-                for (; c < chunks; c += stride) {
-                    uint4 w0 = w[c];
 #pragma unroll
-                    for (int m = 0; m < M; m++) acc[m][mat] += dot8(w0, reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[c]);
+                    for (int u = 0; u < batch; u++) {
+                        const int c = base + u * stride;
+                        if (c < chunks) {
+#pragma unroll
+                            for (int m = 0; m < M; m++) acc[m][mat] += dot8(wv[u], reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[c]);
+                        }
+                    }
                 }
             }
         }

@@ -111,5 +111,8 @@ void argmax_advance(const float * logits, int n_valid, float * scratch, int * st
 void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_f32, cudaStream_t stream);
 
 int sm_count();
+// Keeps the stream busy for about `microseconds` (profiling: the host queues a whole step behind it, so event
+// timings measure the GPU, not the launch rate).
+void gpu_sleep(int microseconds, cudaStream_t stream);
 
 }  // namespace qinfer::cuda
