@@ -46,6 +46,9 @@ if has test; then
     build-device/tests/qinfer_tests --gtest_filter='*GoldenCuda*' 2>&1 | grep -E "^\[ golden \]" | head -40 || true
     grep -E "FAILED|Failure" -A4 "$OUT/ctest.log" | head -60 || true
 fi
+if has kernels; then
+    build-device/tests/qinfer_tests --gtest_filter='*Attention*' 2>&1 | grep -E "^\[ kernel \]|FAILED|Failure" | head -20
+fi
 if has bench; then
     for p in qwen2.5-0.5b qwen2.5-7b; do
         QINFER_PROFILE=1 "$Q" bench --preset "$p" --input-lens 1,6144 --gen 256 --json "$OUT/quick-$p.json" 2>&1 | tee -a "$OUT/bench.log" | grep -v "^bench:" | tail -24

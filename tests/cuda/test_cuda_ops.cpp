@@ -289,6 +289,35 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
     std::vector<float> want(size_t(n_head) * d);
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
     EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2) << "decode len " << len << " d " << d << " rep " << n_rep;
+    if (len == 4097 && n_rep == 7) {
+        // Timings for the perf log (not assertions): decode and prefill over this cache.
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        cudaEventRecord(e0);
+        for (int i = 0; i < 50; i++) {
+            cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr);
+        }
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double kv_bytes = 2.0 * len * n_kv * d * 2;
+        std::printf("[ kernel ] attention_decode len %d d %d heads %d/%d: %.1f us, %.0f GB/s of KV\n", len, d, n_head, n_kv, ms * 1e3 / 50,
+                    kv_bytes / (ms / 50 * 1e-3) / 1e9);
+        std::vector<float> qp = randn(size_t(len) * n_head * d);
+        DeviceBuffer dqp = upload_bf16(qp), dop(size_t(len) * n_head * d * 2, "test");
+        cudaEventRecord(e0);
+        for (int i = 0; i < 5; i++) {
+            cuda::attention_prefill(dqp.as<bf16>(), cache.layer(), len, 0, n_head, n_kv, d, dop.as<bf16>(), nullptr);
+        }
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double flops = 4.0 * len * (len + 1) / 2 * d * n_head;
+        std::printf("[ kernel ] attention_prefill len %d d %d heads %d/%d: %.3f ms, %.1f TFLOP/s\n", len, d, n_head, n_kv, ms / 5,
+                    flops / (ms / 5 * 1e-3) / 1e12);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Lengths, Attention,

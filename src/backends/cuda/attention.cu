@@ -214,6 +214,7 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     __shared__ float qs[k_max_rep][D];
     __shared__ __align__(16) float scores[k_max_rep * k_decode_max_split];  // [rep][key], later the P V partials
+    __shared__ int row_off[k_decode_max_split];  // element offset of each key's row in the layer's cache
     for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
         const int r = i / D, c = i % D;
         qs[r][c] = __bfloat162float(a.q[(int64_t(kvh) * n_rep + r) * D + c]) * a.scale;
@@ -222,7 +223,9 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
     const int bs = a.cache.block_size;
     for (int j = begin + threadIdx.x; j < end; j += k_decode_threads) {
         const int blk = a.cache.block_table[j / bs];
-        const uint4 * kp = reinterpret_cast<const uint4 *>(a.cache.k + ((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D);
+        const int off = ((blk * a.n_kv + kvh) * bs + j % bs) * D;
+        row_off[j - begin] = off;
+        const uint4 * kp = reinterpret_cast<const uint4 *>(a.cache.k + off);
         float acc[k_max_rep] = {};
 #pragma unroll
         for (int c = 0; c < D / 8; c++) {
@@ -269,8 +272,7 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
     if constexpr (per_lane > 0) {
 #pragma unroll 4
         for (int j = begin + warp; j < end; j += k_decode_warps) {
-            const int blk = a.cache.block_table[j / bs];
-            const bf16 * vp = a.cache.v + ((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D + lane * per_lane;
+            const bf16 * vp = a.cache.v + row_off[j - begin] + lane * per_lane;
             float v[per_lane];
 #pragma unroll
             for (int e = 0; e < per_lane; e++) v[e] = __bfloat162float(vp[e]);
@@ -291,8 +293,7 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
     if constexpr (per_lane == 0) {
         if (lane < D) {
             for (int j = begin + warp; j < end; j += k_decode_warps) {
-                const int blk = a.cache.block_table[j / bs];
-                const float v = __bfloat162float(a.cache.v[((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * D + lane]);
+                const float v = __bfloat162float(a.cache.v[row_off[j - begin] + lane]);
 #pragma unroll
                 for (int r = 0; r < k_max_rep; r++) {
                     if (r < n_rep) acc_small[r] += scores[r * k_decode_max_split + j - begin] * v;

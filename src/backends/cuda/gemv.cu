@@ -154,12 +154,13 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
     CUDA_CHECK(cudaGetLastError());
 }
 
-// Warps per row: enough blocks to fill every SM even when n is small (o_proj/down of small models).
+// Warps per row: one warp per row for tall matrices; short ones (o_proj/down of small models) split k over more
+// warps so that every SM still gets a couple of blocks.
 template <int M, GemvIn IN, GemvOut OUT> void launch_wpr(const GemvArgs & a, cudaStream_t stream) {
-    const int rows_wanted_per_block = std::max(1, a.n / (sm_count() * 4));
-    if (rows_wanted_per_block >= 8) return launch<M, 1, IN, OUT>(a, stream);
-    if (rows_wanted_per_block >= 4) return launch<M, 2, IN, OUT>(a, stream);
-    if (rows_wanted_per_block >= 2) return launch<M, 4, IN, OUT>(a, stream);
+    const int rows_per_block = a.n / (2 * sm_count());
+    if (rows_per_block >= 8) return launch<M, 1, IN, OUT>(a, stream);
+    if (rows_per_block >= 4) return launch<M, 2, IN, OUT>(a, stream);
+    if (rows_per_block >= 2) return launch<M, 4, IN, OUT>(a, stream);
     return launch<M, 8, IN, OUT>(a, stream);
 }
 
