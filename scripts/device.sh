@@ -47,7 +47,7 @@ if has test; then
     grep -E "FAILED|Failure" -A4 "$OUT/ctest.log" | head -60 || true
 fi
 if has kernels; then
-    build-device/tests/qinfer_tests --gtest_filter='*Attention*' 2>&1 | grep -E "^\[ kernel \]|FAILED|Failure" | head -20
+    build-device/tests/qinfer_tests --gtest_filter='*Attention*' 2>&1 | grep -E "^\[ kernel \]|FAILED|Failure" | tee "$OUT/kernels.log" | head -20
 fi
 if has bench; then
     for p in qwen2.5-0.5b qwen2.5-7b; do
@@ -73,6 +73,8 @@ if has bench-full; then
         rm -rf "$d"
     done
 fi
+# Everything in one archive: the device tool brings back at most eight files.
+(cd "$OUT" && tar -cf results.tar --exclude=results.tar --exclude=goldens.tar . && find . -type f ! -name results.tar ! -name goldens.tar -delete)
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}"

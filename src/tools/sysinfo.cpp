@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <vector>
@@ -68,6 +69,8 @@ SystemInfo system_info(bool gpu) {
 }
 
 std::string git_commit() {
+    // Set by scripts/device.sh callers where the working tree travels without .git.
+    if (const char * env = std::getenv("QINFER_COMMIT"); env && *env) return env;
     std::string cmd = std::string("git -C '") + QINFER_SOURCE_DIR + "' rev-parse --short=12 HEAD 2>/dev/null";
     FILE * p = popen(cmd.c_str(), "r");
     if (!p) return "unknown";

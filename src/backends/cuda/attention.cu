@@ -42,14 +42,15 @@ struct PrefillArgs {
 
 // D: head_dim padded to a multiple of 16 (32, 64, 128); the real head_dim a.d is a multiple of 8.
 template <int D> __global__ void __launch_bounds__(128) attention_prefill_kernel(PrefillArgs a) {
-    constexpr int ld_k = D + 8;     // padded rows: conflict-free fragment loads
-    constexpr int ld_v = k_bc + 8;
+    constexpr int ld_k = D + 8;  // padded rows (16 bytes): conflict-free fragment loads and ldmatrix
     __shared__ __align__(16) bf16 ks[k_bc * ld_k];  // K tile [key][dim]
-    __shared__ __align__(16) bf16 vt[D * ld_v];     // V tile transposed [dim][key]
+    __shared__ __align__(16) bf16 vs[k_bc * ld_k];  // V tile [key][dim]
 
-    const int head = blockIdx.y, kvh = head / (a.n_head / a.n_kv);
+    // Heads vary fastest across the grid so the query heads sharing a KV head read its tiles from L2 together;
+    // query tiles run last-first, the causal ones with the most keys before the light ones.
+    const int head = blockIdx.x, kvh = head / (a.n_head / a.n_kv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-    const int q_tile = blockIdx.x * k_br;
+    const int q_tile = (gridDim.y - 1 - blockIdx.y) * k_br;
     const int row0 = q_tile + warp * 16 + g, row1 = row0 + 8;  // query rows of this thread (relative to the chunk)
 
     // Q fragments (A operand), zero past n or past d.
@@ -86,9 +87,7 @@ template <int D> __global__ void __launch_bounds__(128) attention_prefill_kernel
                 vv = *reinterpret_cast<const uint4 *>(a.cache.v + off);
             }
             *reinterpret_cast<uint4 *>(&ks[key * ld_k + col]) = kv;
-            const bf16 * vp = reinterpret_cast<const bf16 *>(&vv);
-#pragma unroll
-            for (int e = 0; e < 8; e++) vt[(col + e) * ld_v + key] = vp[e];
+            *reinterpret_cast<uint4 *>(&vs[key * ld_k + col]) = vv;
         }
         __syncthreads();
 
@@ -148,13 +147,17 @@ template <int D> __global__ void __launch_bounds__(128) attention_prefill_kernel
             pf[nt / 2][(nt % 2) * 2 + 0] = pack_bf16(p0, p1);
             pf[nt / 2][(nt % 2) * 2 + 1] = pack_bf16(p2, p3);
         }
-        // O += P V
+        // O += P V; the B fragments (V[key][dim] read down a column) come from ldmatrix.trans: lanes 0-15 give the
+        // addresses of the 16 key rows of the chunk.
 #pragma unroll
         for (int dt = 0; dt < D / 8; dt++) {
 #pragma unroll
             for (int kc = 0; kc < k_bc / 16; kc++) {
-                const bf16 * vr = &vt[(dt * 8 + g) * ld_v + kc * 16 + 2 * tq];
-                mma_16816(o[dt], pf[kc], load_pair(vr), load_pair(vr + 8));
+                const bf16 * row = &vs[(kc * 16 + (lane % 16)) * ld_k + dt * 8];
+                uint32_t b0, b1;
+                const uint32_t addr = uint32_t(__cvta_generic_to_shared(row));
+                asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
+                mma_16816(o[dt], pf[kc], b0, b1);
             }
         }
     }
@@ -199,127 +202,154 @@ __device__ __forceinline__ int decode_split_size(int len, int max_splits) {
     return max(16, (per + 15) / 16 * 16);
 }
 
-// grid (max_splits, n_kv): block (s, h) scores keys [s * split, (s + 1) * split) for the n_rep query heads of KV
-// head h (one lane per key), takes the chunk's softmax statistics (one warp per head), then P V (one warp per
-// key, lanes over dims) and leaves unnormalised partial results for the combine kernel.
+// grid (max_splits, n_kv): block (s, h) reads each key and value of its split once for all n_rep query heads of
+// KV head h (GQA packing). A key is handled by LPK lanes that hold EPL consecutive dims each, so a warp takes
+// 32 / LPK keys per step with coalesced row reads; every lane group keeps an online softmax (m, l, o) per head,
+// merged across lane groups by shuffles and across warps through shared memory into the split's partial result.
 template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_decode_kernel(DecodeArgs a) {
+    constexpr int LPK = D >= 128 ? 16 : D >= 64 ? 8 : 4;  // lanes per key
+    constexpr int EPL = (D + LPK - 1) / LPK;              // dims per lane
+    constexpr int KPW = 32 / LPK;                         // keys per warp step
+    static_assert(EPL % 2 == 0, "dims per lane must be even");
     const int split_id = blockIdx.x, kvh = blockIdx.y;
     const int len = *a.len_dev;
     const int split = decode_split_size(len, a.scratch.max_splits);
     const int begin = split_id * split;
     if (begin >= len) return;
     const int end = min(len, begin + split);
-    const int cnt = end - begin;
     const int n_rep = a.n_head / a.n_kv;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __shared__ float qs[k_max_rep][D];
-    __shared__ __align__(16) float scores[k_max_rep * k_decode_max_split];  // [rep][key], later the P V partials
-    __shared__ int row_off[k_decode_max_split];  // element offset of each key's row in the layer's cache
-    for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
-        const int r = i / D, c = i % D;
-        qs[r][c] = __bfloat162float(a.q[(int64_t(kvh) * n_rep + r) * D + c]) * a.scale;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane / LPK, sl = lane % LPK;
+    const int d0 = sl * EPL;  // first dim of this lane
+    const bool lane_dims = d0 < D;
+
+    float q[k_max_rep][EPL];
+#pragma unroll
+    for (int r = 0; r < k_max_rep; r++) {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            const int c = d0 + e;
+            q[r][e] = (r < n_rep && c < D) ? __bfloat162float(a.q[(int64_t(kvh) * n_rep + r) * D + c]) * a.scale : 0.f;
+        }
     }
-    __syncthreads();
+    float m[k_max_rep], l[k_max_rep], o[k_max_rep][EPL];
+#pragma unroll
+    for (int r = 0; r < k_max_rep; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) o[r][e] = 0;
+    }
+    // The split's block-table entries, fetched once (a split spans at most k_decode_max_split / 16 + 1 blocks).
     const int bs = a.cache.block_size;
-    for (int j = begin + threadIdx.x; j < end; j += k_decode_threads) {
-        const int blk = a.cache.block_table[j / bs];
-        const int off = ((blk * a.n_kv + kvh) * bs + j % bs) * D;
-        row_off[j - begin] = off;
-        const uint4 * kp = reinterpret_cast<const uint4 *>(a.cache.k + off);
-        float acc[k_max_rep] = {};
+    __shared__ int blocks[k_decode_max_split / 16 + 2];
+    const int first_block = begin / bs;
+    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = a.cache.block_table[first_block + i];
+    __syncthreads();
+    // K/V of the lane's key as raw bf16 pairs; the next step's are loaded before this step's arithmetic.
+    auto load = [&](int j, uint32_t * kr, uint32_t * vr) {
+        if (j < end && lane_dims) {
+            const int64_t off = ((int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs) * D + d0;
 #pragma unroll
-        for (int c = 0; c < D / 8; c++) {
-            uint4 w = kp[c];
-            const __nv_bfloat162 * wp = reinterpret_cast<const __nv_bfloat162 *>(&w);
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float2 kf = __bfloat1622float2(wp[e]);
-#pragma unroll
-                for (int r = 0; r < k_max_rep; r++) {
-                    if (r < n_rep) acc[r] += kf.x * qs[r][c * 8 + 2 * e] + kf.y * qs[r][c * 8 + 2 * e + 1];
-                }
+            for (int e = 0; e < EPL / 2; e++) {
+                kr[e] = __ldg(reinterpret_cast<const unsigned int *>(a.cache.k + off) + e);
+                vr[e] = __ldg(reinterpret_cast<const unsigned int *>(a.cache.v + off) + e);
             }
+        } else {
+#pragma unroll
+            for (int e = 0; e < EPL / 2; e++) kr[e] = vr[e] = 0;
+        }
+    };
+    constexpr int step = k_decode_warps * KPW;
+    uint32_t k_cur[EPL / 2], v_cur[EPL / 2], k_next[EPL / 2], v_next[EPL / 2];
+    int j = begin + warp * KPW + sub;
+    load(j, k_cur, v_cur);
+    for (int j0 = begin + warp * KPW; j0 < end; j0 += step, j += step) {
+        load(j + step, k_next, v_next);
+        const bool valid = j < end;
+        float kf[EPL], vf[EPL];
+#pragma unroll
+        for (int e = 0; e < EPL / 2; e++) {
+            const float2 kk = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&k_cur[e]));
+            const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v_cur[e]));
+            kf[2 * e] = kk.x;
+            kf[2 * e + 1] = kk.y;
+            vf[2 * e] = vv.x;
+            vf[2 * e + 1] = vv.y;
         }
 #pragma unroll
         for (int r = 0; r < k_max_rep; r++) {
-            if (r < n_rep) scores[r * k_decode_max_split + j - begin] = acc[r];
+            if (r >= n_rep) continue;
+            float sc = 0;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) sc += q[r][e] * kf[e];
+#pragma unroll
+            for (int off = 1; off < LPK; off <<= 1) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+            if (!valid) continue;
+            const float m_new = fmaxf(m[r], sc);
+            const float corr = __expf(m[r] - m_new), p = __expf(sc - m_new);
+            l[r] = l[r] * corr + p;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) o[r][e] = o[r][e] * corr + p * vf[e];
+            m[r] = m_new;
+        }
+#pragma unroll
+        for (int e = 0; e < EPL / 2; e++) {
+            k_cur[e] = k_next[e];
+            v_cur[e] = v_next[e];
         }
     }
-    __syncthreads();
-    // Softmax statistics of the chunk: warp w handles heads w, w + 4.
-    for (int r = warp; r < n_rep; r += k_decode_warps) {
-        float * sr = scores + r * k_decode_max_split;
-        float mx = -INFINITY;
-        for (int j = lane; j < cnt; j += 32) mx = fmaxf(mx, sr[j]);
-        mx = warp_max(mx);
-        float sum = 0;
-        for (int j = lane; j < cnt; j += 32) {
-            const float p = __expf(sr[j] - mx);
-            sr[j] = p;
-            sum += p;
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) {
-            float * ml = a.scratch.partial_ml + ((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split_id) * 2;
-            ml[0] = mx;
-            ml[1] = sum;
+    // Merge the lane groups of the warp (different keys, same dims).
+#pragma unroll
+    for (int off = LPK; off < 32; off <<= 1) {
+#pragma unroll
+        for (int r = 0; r < k_max_rep; r++) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m[r], off), lo = __shfl_xor_sync(0xffffffffu, l[r], off);
+            const float mn = fmaxf(m[r], mo);
+            const float c0 = mn == -INFINITY ? 0.f : __expf(m[r] - mn), c1 = mn == -INFINITY ? 0.f : __expf(mo - mn);
+            l[r] = l[r] * c0 + lo * c1;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) o[r][e] = o[r][e] * c0 + __shfl_xor_sync(0xffffffffu, o[r][e], off) * c1;
+            m[r] = mn;
         }
     }
-    __syncthreads();
-    // Unnormalised P V: warp w takes keys w, w + 4, ...; a lane owns D/32 consecutive dims (a coalesced row read).
-    constexpr int per_lane = D % 32 == 0 ? D / 32 : 0;
-    float acc[k_max_rep][per_lane > 0 ? per_lane : 1] = {};
-    if constexpr (per_lane > 0) {
-#pragma unroll 4
-        for (int j = begin + warp; j < end; j += k_decode_warps) {
-            const bf16 * vp = a.cache.v + row_off[j - begin] + lane * per_lane;
-            float v[per_lane];
+    // Merge the warps.
+    __shared__ float wm[k_decode_warps][k_max_rep], wl[k_decode_warps][k_max_rep];
+    __shared__ float wo[k_decode_warps][k_max_rep][D];
+    if (lane == 0) {
 #pragma unroll
-            for (int e = 0; e < per_lane; e++) v[e] = __bfloat162float(vp[e]);
-#pragma unroll
-            for (int r = 0; r < k_max_rep; r++) {
-                if (r < n_rep) {
-                    const float p = scores[r * k_decode_max_split + j - begin];
-#pragma unroll
-                    for (int e = 0; e < per_lane; e++) acc[r][e] += p * v[e];
-                }
-            }
+        for (int r = 0; r < k_max_rep; r++) {
+            wm[warp][r] = m[r];
+            wl[warp][r] = l[r];
         }
     }
-    // Head dims that are not a multiple of 32 (tiny test models, D <= 32): one dim per lane, read before the
-    // scores' memory is reused below.
-    static_assert(per_lane > 0 || D <= 32, "decode attention: head_dim must be a multiple of 32 or at most 32");
-    float acc_small[k_max_rep] = {};
-    if constexpr (per_lane == 0) {
-        if (lane < D) {
-            for (int j = begin + warp; j < end; j += k_decode_warps) {
-                const float v = __bfloat162float(a.cache.v[row_off[j - begin] + lane]);
-#pragma unroll
-                for (int r = 0; r < k_max_rep; r++) {
-                    if (r < n_rep) acc_small[r] += scores[r * k_decode_max_split + j - begin] * v;
-                }
-            }
-        }
-    }
-    __syncthreads();  // scores are consumed: reuse them for the per-warp partials [warp][rep][D]
-    float * pv = scores;
-    if constexpr (per_lane > 0) {
+    if (sub == 0 && lane_dims) {
 #pragma unroll
         for (int r = 0; r < k_max_rep; r++) {
 #pragma unroll
-            for (int e = 0; e < per_lane; e++) pv[(warp * k_max_rep + r) * D + lane * per_lane + e] = acc[r][e];
+            for (int e = 0; e < EPL; e++) {
+                if (d0 + e < D) wo[warp][r][d0 + e] = o[r][e];
+            }
         }
-    } else if (lane < D) {
-#pragma unroll
-        for (int r = 0; r < k_max_rep; r++) pv[(warp * k_max_rep + r) * D + lane] = acc_small[r];
     }
     __syncthreads();
     for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
         const int r = i / D, c = i % D;
-        float sum = 0;
+        float mx = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < k_decode_warps; w++) sum += pv[(w * k_max_rep + r) * D + c];
-        a.scratch.partial_out[((int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split_id) * D + c] = sum;
+        for (int w = 0; w < k_decode_warps; w++) mx = fmaxf(mx, wm[w][r]);
+        float lsum = 0, osum = 0;
+#pragma unroll
+        for (int w = 0; w < k_decode_warps; w++) {
+            const float cw = wm[w][r] == -INFINITY ? 0.f : __expf(wm[w][r] - mx);
+            lsum += wl[w][r] * cw;
+            osum += wo[w][r][c] * cw;
+        }
+        const int64_t row = (int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split_id;
+        a.scratch.partial_out[row * D + c] = osum;
+        if (c == 0) {
+            a.scratch.partial_ml[row * 2] = mx;
+            a.scratch.partial_ml[row * 2 + 1] = lsum;
+        }
     }
 }
 
@@ -381,7 +411,7 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     if (n == 0) return;
     if (head_dim % 8 != 0) QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " must be a multiple of 8";
     PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
-    dim3 grid((n + k_br - 1) / k_br, n_head);
+    dim3 grid(n_head, (n + k_br - 1) / k_br);
     if (head_dim <= 32) {
         attention_prefill_kernel<32><<<grid, 128, 0, stream>>>(a);
     } else if (head_dim <= 64) {
@@ -395,7 +425,7 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
 }
 
 int decode_splits(int max_len, int n_kv) {
-    const int for_occupancy = (2 * sm_count() + n_kv - 1) / n_kv;
+    const int for_occupancy = (8 * sm_count() + n_kv - 1) / n_kv;
     const int for_length = (max_len + k_decode_max_split - 1) / k_decode_max_split;
     return std::min(1024, std::max({1, for_occupancy, for_length}));
 }
