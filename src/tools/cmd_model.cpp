@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "io/npy.h"
+#include "io/tokenizer.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -34,6 +35,27 @@ EngineOptions engine_options(const Args & a) {
 }
 
 }  // namespace
+
+SamplingParams sampling_from_args(const Args & a, const GenerationConfig & gc) {
+    SamplingParams s;
+    if (gc.do_sample && !a.flag("greedy")) {
+        s.temperature = gc.temperature;
+        s.top_k = gc.top_k;
+        s.top_p = gc.top_p;
+        s.min_p = gc.min_p;
+        s.repetition_penalty = gc.repetition_penalty;
+    }
+    if (a.flag("greedy")) s.temperature = 0;
+    s.temperature = float(a.number("temperature", s.temperature));
+    s.top_k = int(a.integer("top-k", s.top_k));
+    s.top_p = float(a.number("top-p", s.top_p));
+    s.min_p = float(a.number("min-p", s.min_p));
+    s.repetition_penalty = float(a.number("repetition-penalty", s.repetition_penalty));
+    s.presence_penalty = float(a.number("presence-penalty", 0));
+    s.frequency_penalty = float(a.number("frequency-penalty", 0));
+    s.seed = uint64_t(a.integer("seed", 0));
+    return s;
+}
 
 int cmd_synth(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
@@ -94,7 +116,7 @@ int cmd_logits(int argc, char ** argv) {
 
 int cmd_run(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
-        std::printf("usage: qinfer run --model DIR --tokens IDS [-n N | --max-tokens N] [--greedy] [--temperature T]\n"
+        std::printf("usage: qinfer run --model DIR (--prompt TEXT | --tokens IDS) [-n N | --max-tokens N] [--greedy] [--temperature T]\n"
                     "                  [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]\n"
                     "                  [--frequency-penalty F] [--seed S] [--ignore-eos] [--backend cpu|cuda] [--threads N]\n"
                     "sampling defaults come from the checkpoint's generation_config.json; --greedy overrides them\n");
@@ -108,35 +130,42 @@ int cmd_run(int argc, char ** argv) {
     Args a(int(args.size()), args.data(), 2, {"greedy", "ignore-eos"});
     std::string dir = a.required("model");
     std::vector<int> prompt = a.int_list("tokens");
-    if (!a.has("tokens")) QINFER_FAIL() << "missing option --tokens (text prompts need the tokenizer)";
+    std::unique_ptr<Tokenizer> tok;
+    if (a.has("prompt")) {
+        if (a.has("tokens")) QINFER_FAIL() << "give --prompt or --tokens, not both";
+        tok = Tokenizer::load_dir(dir);
+        prompt = tok->encode(a.str("prompt"));
+    } else if (!a.has("tokens")) {
+        QINFER_FAIL() << "missing option --prompt TEXT or --tokens IDS";
+    }
     GenerateOptions g;
     g.max_new_tokens = int(a.integer("max-tokens", 32));
     EngineOptions eo = engine_options(a);
     GenerationConfig gc = load_generation_config(dir, load_model_config(dir));
-    SamplingParams & s = g.sampling;
-    if (gc.do_sample && !a.flag("greedy")) {
-        s.temperature = gc.temperature;
-        s.top_k = gc.top_k;
-        s.top_p = gc.top_p;
-        s.min_p = gc.min_p;
-        s.repetition_penalty = gc.repetition_penalty;
-    }
-    if (a.flag("greedy")) s.temperature = 0;
-    s.temperature = float(a.number("temperature", s.temperature));
-    s.top_k = int(a.integer("top-k", s.top_k));
-    s.top_p = float(a.number("top-p", s.top_p));
-    s.min_p = float(a.number("min-p", s.min_p));
-    s.repetition_penalty = float(a.number("repetition-penalty", s.repetition_penalty));
-    s.presence_penalty = float(a.number("presence-penalty", 0));
-    s.frequency_penalty = float(a.number("frequency-penalty", 0));
-    s.seed = uint64_t(a.integer("seed", 0));
+    g.sampling = sampling_from_args(a, gc);
     g.ignore_eos = a.flag("ignore-eos");
     g.eos_token_ids = gc.eos_token_ids;
     a.check_unused();
     eo.max_context = std::max<int>(eo.max_context, int(prompt.size()) + g.max_new_tokens);
     auto engine = make_engine(dir, eo);
+    std::unique_ptr<Tokenizer::Stream> stream;
+    if (tok) {
+        g.n_valid_tokens = tok->size();
+        stream = std::make_unique<Tokenizer::Stream>(*tok);
+        g.on_token = [&](int t) {
+            const std::string text = stream->push(t);
+            std::fwrite(text.data(), 1, text.size(), stdout);
+            std::fflush(stdout);
+            return true;
+        };
+    }
     GenerateResult r = generate(*engine, prompt, g);
-    for (size_t i = 0; i < r.tokens.size(); i++) std::printf("%s%d", i ? " " : "", r.tokens[i]);
+    if (tok) {
+        const std::string rest = stream->flush();
+        std::fwrite(rest.data(), 1, rest.size(), stdout);
+    } else {
+        for (size_t i = 0; i < r.tokens.size(); i++) std::printf("%s%d", i ? " " : "", r.tokens[i]);
+    }
     std::printf("\n");
     std::fprintf(stderr, "%zu tokens, stop: %s, prefill %.3f s, decode %.2f tokens/s (%s)\n", r.tokens.size(), r.stop_reason,
                  r.prefill_seconds, r.tokens.size() > 1 ? double(r.tokens.size() - 1) / r.decode_seconds : 0.0,

@@ -1,6 +1,10 @@
 // The subcommands of the `qinfer` binary.
 #pragma once
 
+#include "io/model_config.h"
+#include "runtime/sampler.h"
+#include "tools/args.h"
+
 namespace qinfer {
 
 int cmd_synth(int argc, char ** argv);
@@ -8,5 +12,12 @@ int cmd_run(int argc, char ** argv);
 int cmd_logits(int argc, char ** argv);
 int cmd_info(int argc, char ** argv);
 int cmd_bench(int argc, char ** argv);
+int cmd_tokenize(int argc, char ** argv);
+int cmd_detokenize(int argc, char ** argv);
+int cmd_chat(int argc, char ** argv);
+
+// Sampling flags (--greedy, --temperature, --top-k, --top-p, --min-p, --repetition-penalty, --presence-penalty,
+// --frequency-penalty, --seed) over the checkpoint's generation_config.json defaults.
+SamplingParams sampling_from_args(const Args & a, const GenerationConfig & gc);
 
 }  // namespace qinfer

@@ -14,7 +14,9 @@ const char * k_usage =
     "\n"
     "commands:\n"
     "  bench    speed table (tokens/s incl. prefill, TTFT, decode tokens/s, peak memory, bandwidth share)\n"
-    "  run      generate from token ids\n"
+    "  run      generate from a text prompt or token ids\n"
+    "  chat     interactive chat with the checkpoint's chat template\n"
+    "  tokenize / detokenize   text to ids and back (standard input to standard output)\n"
     "  logits   fp32 logits of one forward pass, as .npy\n"
     "  info     architecture, parameters, bytes by dtype, memory at a context\n"
     "  synth    write a random-weight checkpoint in the published layout\n"
@@ -35,6 +37,9 @@ int main(int argc, char ** argv) {
         if (cmd == "logits") return qinfer::cmd_logits(argc, argv);
         if (cmd == "info") return qinfer::cmd_info(argc, argv);
         if (cmd == "bench") return qinfer::cmd_bench(argc, argv);
+        if (cmd == "tokenize") return qinfer::cmd_tokenize(argc, argv);
+        if (cmd == "detokenize") return qinfer::cmd_detokenize(argc, argv);
+        if (cmd == "chat") return qinfer::cmd_chat(argc, argv);
         std::fprintf(stderr, "qinfer: unknown command '%s'\n%s", cmd.c_str(), k_usage);
         return 2;
     } catch (const qinfer::Error & e) {
