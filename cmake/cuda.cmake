@@ -1,9 +1,9 @@
 # The CUDA backend: kernels for sm_90a first (H100/H200), sm_80 kept compiling.
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+  set(CMAKE_CUDA_ARCHITECTURES "90a;80")  # H100/H200 first; A100 kept compiling
+endif()
 enable_language(CUDA)
 find_package(CUDAToolkit REQUIRED)
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
-  set(CMAKE_CUDA_ARCHITECTURES "90a;80")
-endif()
 set(CMAKE_CUDA_STANDARD 17)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 
@@ -17,4 +17,4 @@ target_sources(qinfer_lib PRIVATE
 target_compile_definitions(qinfer_lib PUBLIC QINFER_CUDA)
 target_compile_options(qinfer_lib PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
 target_link_libraries(qinfer_lib PUBLIC CUDA::cudart CUDA::cublasLt)
-set_target_properties(qinfer_lib PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)
+set_target_properties(qinfer_lib PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}" CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)

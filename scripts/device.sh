@@ -40,6 +40,9 @@ if has goldens; then
         note "goldens: FAILED (see goldens.log)"
     fi
 fi
+if has chat; then
+    python3 scripts/make_chat_goldens.py "$OUT/chat_goldens.json" 2>&1 | tail -2
+fi
 if has test; then
     (cd build-device && ctest --output-on-failure -j8 >"$OUT/ctest.log" 2>&1)
     note "tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"

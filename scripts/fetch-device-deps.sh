@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .deps
 cd .deps
-for p in nlohmann-json3-dev libgtest-dev googletest; do
+for p in nlohmann-json3-dev libgtest-dev googletest libpcre2-dev libpcre2-8-0 libutf8proc-dev libutf8proc2; do
     ls ${p}_*.deb >/dev/null 2>&1 || apt-get download "$p"
 done
 ls -la

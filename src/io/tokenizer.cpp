@@ -313,9 +313,12 @@ void Tokenizer::bpe(const std::string & piece, std::vector<int> & out) const {
 // NFC, then the split regex ("Isolated": matches and the text between them are pieces), then BPE per piece.
 void Tokenizer::encode_ordinary(std::string_view text, std::vector<int> & out) const {
     if (text.empty()) return;
-    utf8proc_uint8_t * nfc = utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t *>(std::string(text).c_str()));
-    if (!nfc) QINFER_FAIL() << "tokenizer: NFC normalisation failed";
-    const std::string norm(reinterpret_cast<char *>(nfc));
+    // NFC with an explicit length (utf8proc_NFC would stop at a NUL character).
+    utf8proc_uint8_t * nfc = nullptr;
+    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t *>(text.data()), utf8proc_ssize_t(text.size()), &nfc,
+                                            utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (n < 0) QINFER_FAIL() << "tokenizer: NFC normalisation failed (" << utf8proc_errmsg(n) << ")";
+    const std::string norm(reinterpret_cast<char *>(nfc), size_t(n));
     std::free(nfc);
     pcre2_match_data * md = pcre2_match_data_create_from_pattern(regex_->code, nullptr);
     size_t pos = 0;
