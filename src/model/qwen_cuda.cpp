@@ -171,7 +171,7 @@ private:
     DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
     // Decode state on the device: {token, position, step, context length}; tokens produced by the graph.
-    DeviceBuffer state_, tokens_out_, split_out_, split_ml_, split_counters_, argmax_scratch_;
+    DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;
     int max_splits_ = 0;
     cudaGraphExec_t graph_ = nullptr;
     int graph_seq_ = -1;
@@ -290,8 +290,6 @@ void CudaQwenEngine::ensure_kv(int tokens) {
     max_splits_ = cuda::decode_splits(tokens, c.num_key_value_heads);
     split_out_ = DeviceBuffer(size_t(c.num_attention_heads) * max_splits_ * c.head_dim * sizeof(float), "attention splits");
     split_ml_ = DeviceBuffer(size_t(c.num_attention_heads) * max_splits_ * 2 * sizeof(float), "attention splits");
-    split_counters_ = DeviceBuffer(size_t(c.num_key_value_heads) * sizeof(int), "attention splits");
-    CUDA_CHECK(cudaMemset(split_counters_.get(), 0, split_counters_.bytes()));
     tokens_out_ = DeviceBuffer(size_t(tokens + 1) * sizeof(int), "decode tokens");
     if (graph_) {
         cudaGraphExecDestroy(graph_);
@@ -540,7 +538,7 @@ void CudaQwenEngine::decode_step(int seq) {
     float * x = x_.as<float>();
     cuda::embedding(embed_.as<bf16>(), state, 1, H, x, stream_);
     prof_.mark("embedding");
-    cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_, split_counters_.as<int>()};
+    cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_};
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         const DevLayer & L = layers_[size_t(l)];
         cuda::GemvArgs a;

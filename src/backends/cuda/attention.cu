@@ -193,14 +193,13 @@ struct DecodeArgs {
     int n_head, n_kv;
     float scale;
     DecodeScratch scratch;
-    bf16 * out;
 };
 
 // Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of
-// its blocks, in multiples of 64 keys.
+// its blocks, in multiples of 16, at most k_decode_max_split.
 __device__ __forceinline__ int decode_split_size(int len, int max_splits) {
     const int per = (len + max_splits - 1) / max_splits;
-    return max(64, (per + 63) / 64 * 64);
+    return max(16, (per + 15) / 16 * 16);
 }
 
 // grid (max_splits, n_kv): block (s, h) reads each key and value of its split once for all n_rep query heads of
@@ -352,33 +351,56 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
             a.scratch.partial_ml[row * 2 + 1] = lsum;
         }
     }
-    // The last split of this KV head to finish combines all of them (no second kernel launch).
-    __shared__ bool last;
-    __threadfence();
+}
+
+// grid n_head: out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. Warps take splits
+// round-robin (lanes over dims) so the partial rows stream in parallel rather than one dependent load at a time.
+template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, bf16 * out) {
+    __shared__ float weight[1024];
+    __shared__ float red[k_decode_warps];
+    __shared__ float part[k_decode_warps][D];
+    const int h = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int len = *len_dev;
+    const int split = decode_split_size(len, s.max_splits);
+    const int splits = (len + split - 1) / split;
+    const float * ml = s.partial_ml + int64_t(h) * s.max_splits * 2;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < splits; i += k_decode_threads) mx = fmaxf(mx, ml[2 * i]);
+    mx = warp_max(mx);
+    if (lane == 0) red[warp] = mx;
     __syncthreads();
-    const int n_splits = (len + split - 1) / split;
-    if (threadIdx.x == 0) {
-        last = atomicAdd(&a.scratch.counters[kvh], 1) == n_splits - 1;
-        if (last) a.scratch.counters[kvh] = 0;  // ready for the next step
+    mx = red[0];
+    for (int w = 1; w < k_decode_warps; w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float denom = 0;
+    for (int i = threadIdx.x; i < splits; i += k_decode_threads) {
+        const float w = __expf(ml[2 * i] - mx);
+        weight[i] = w;
+        denom += w * ml[2 * i + 1];
+    }
+    denom = block_sum<k_decode_warps>(denom, red);  // its internal __syncthreads also publishes weight[]
+    constexpr int per_lane = (D + 31) / 32;
+    float acc[per_lane] = {};
+#pragma unroll 4
+    for (int i = warp; i < splits; i += k_decode_warps) {
+        const float * po = s.partial_out + (int64_t(h) * s.max_splits + i) * D;
+#pragma unroll
+        for (int e = 0; e < per_lane; e++) {
+            const int c = lane + 32 * e;
+            if (c < D) acc[e] += weight[i] * po[c];
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < per_lane; e++) {
+        const int c = lane + 32 * e;
+        if (c < D) part[warp][c] = acc[e];
     }
     __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int r = 0; r < n_rep; r++) {
-        const int h = kvh * n_rep + r;
-        const float * ml = a.scratch.partial_ml + int64_t(h) * a.scratch.max_splits * 2;
-        float gmx = -INFINITY;
-        for (int i = 0; i < n_splits; i++) gmx = fmaxf(gmx, __ldcg(ml + 2 * i));
-        float denom = 0;
-        for (int i = 0; i < n_splits; i++) denom += __expf(__ldcg(ml + 2 * i) - gmx) * __ldcg(ml + 2 * i + 1);
-        for (int c = threadIdx.x; c < D; c += k_decode_threads) {
-            float acc = 0;
-#pragma unroll 8
-            for (int i = 0; i < n_splits; i++) {
-                acc += __expf(__ldcg(ml + 2 * i) - gmx) * __ldcg(a.scratch.partial_out + (int64_t(h) * a.scratch.max_splits + i) * D + c);
-            }
-            a.out[int64_t(h) * D + c] = __float2bfloat16(acc / denom);
-        }
+    for (int c = threadIdx.x; c < D; c += k_decode_threads) {
+        float t = 0;
+#pragma unroll
+        for (int w = 0; w < k_decode_warps; w++) t += part[w][c];
+        out[int64_t(h) * D + c] = __float2bfloat16(t / denom);
     }
 }
 
@@ -403,7 +425,7 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
 }
 
 int decode_splits(int max_len, int n_kv) {
-    const int for_occupancy = (2 * sm_count() + n_kv - 1) / n_kv;
+    const int for_occupancy = (8 * sm_count() + n_kv - 1) / n_kv;
     const int for_length = (max_len + k_decode_max_split - 1) / k_decode_max_split;
     return std::min(1024, std::max({1, for_occupancy, for_length}));
 }
@@ -412,12 +434,13 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream) {
     if (n_head / n_kv > k_max_rep) QINFER_FAIL() << "attention_decode: " << n_head / n_kv << " query heads per KV head (max " << k_max_rep << ")";
     if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
-    if (!scratch.counters) QINFER_FAIL() << "attention_decode: scratch needs zeroed counters";
-    DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, out};
+    DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch};
     dim3 grid(scratch.max_splits, n_kv);
     auto run = [&](auto d_const) {
         constexpr int D = decltype(d_const)::value;
         attention_decode_kernel<D><<<grid, k_decode_threads, 0, stream>>>(a);
+        CUDA_CHECK(cudaGetLastError());
+        attention_combine_kernel<D><<<n_head, k_decode_threads, 0, stream>>>(scratch, len_dev, out);
         CUDA_CHECK(cudaGetLastError());
     };
     switch (head_dim) {

@@ -85,15 +85,14 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
                        cudaStream_t stream);
 
-// Decode attention for one token (flash-decoding): the keys of each KV head are spread over max_splits blocks,
-// and the last block of a KV head to finish combines the splits. The grid is fixed (graph capture) and the context
-// length is read from *len_dev, so one captured graph serves every step.
+// Decode attention for one token (flash-decoding): the keys of each KV head are spread over max_splits blocks
+// (at most k_decode_max_split keys each), then combined. The grid is fixed (graph capture) and the context length
+// is read from *len_dev, so one captured graph serves every step.
 constexpr int k_decode_max_split = 1024;
 struct DecodeScratch {
     float * partial_out = nullptr;  // [n_head, max_splits, d]
     float * partial_ml = nullptr;   // [n_head, max_splits, 2]
     int max_splits = 0;
-    int * counters = nullptr;       // [n_kv], zero before the first call; the kernel leaves them zero
 };
 // Splits for contexts up to max_len: enough blocks to fill the GPU, and enough that no split exceeds the maximum.
 int decode_splits(int max_len, int n_kv);
