@@ -50,7 +50,7 @@ if has test; then
     grep -E "FAILED|Failure" -A4 "$OUT/ctest.log" | head -60 || true
 fi
 if has kernels; then
-    build-device/tests/qinfer_tests --gtest_filter='*Attention*' 2>&1 | grep -E "^\[ kernel \]|FAILED|Failure" | tee "$OUT/kernels.log" | head -20
+    build-device/tests/qinfer_tests --gtest_filter='*Attention*:*Gemv*' 2>&1 | grep -E "^\[ kernel \]|FAILED|Failure|PASSED" | tee "$OUT/kernels.log" | head -20
 fi
 if has bench; then
     for p in qwen2.5-0.5b qwen2.5-7b; do
