@@ -36,7 +36,7 @@ for name in kjv fortunes-en fortunes-zh fortunes-ru source; do
         cmp -s "$tmp/$name.ref" "$tmp/$name.q25" || { r25=DIFFERENT; fails=$((fails + 1)); }
     fi
     cmp -s "$tmp/$name.nfc" "$tmp/$name.back" || { rt=DIFFERENT; fails=$((fails + 1)); }
-    printf '| %s | %.2f | %d | %s | %s | %s |\n' "$name" "$(echo "$(stat -c %s "$t") / 1000000" | bc -l)" "$(wc -w <"$tmp/$name.q3")" $r3 $r25 $rt
+    printf '| %s | %.2f | %d | %s | %s | %s |\n' "$name" "$(echo "$(stat -c %s "$t") / 1000000" | bc -l)" "$(wc -w <"$tmp/$name.q3")" "$r3" "$r25" "$rt"
 done
 q_time=$("$q" tokenize --model assets/tokenizers/qwen3-tokenizer --time <"$tmp/kjv.txt" 2>&1 >/dev/null)
 n_time=$(node scripts/oracle/encode.js --time "$tmp/kjv.txt")
