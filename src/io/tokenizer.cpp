@@ -9,7 +9,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
+#include <unistd.h>
 
 #include "core/check.h"
 #include "io/model_config.h"
@@ -85,8 +89,153 @@ struct Tokenizer::Regex {
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
+namespace {
+
+constexpr char k_cache_magic[8] = {'Q', 'T', 'O', 'K', 'C', 'A', 'C', '1'};
+
+// Cache file for these inputs, or "" when they cannot be stat'ed.
+std::string cache_path_for(const std::string & json_path, const std::string & config_path) {
+    std::error_code ec;
+    const fs::path canon = fs::canonical(json_path, ec);
+    if (ec) return "";
+    std::string key = canon.string();
+    for (const std::string & f : {json_path, config_path}) {
+        if (!fs::exists(f, ec)) continue;
+        key += "|" + std::to_string(fs::file_size(f, ec)) + "|" +
+               std::to_string(fs::last_write_time(f, ec).time_since_epoch().count());
+    }
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    const char * env = std::getenv("QINFER_CACHE");
+    const char * home = std::getenv("HOME");
+    const fs::path base = env ? fs::path(env) : fs::path(home ? home : "/tmp") / ".cache" / "qinfer";
+    char name[32];
+    std::snprintf(name, sizeof name, "%016llx.bin", static_cast<unsigned long long>(h));
+    return (base / "tokenizers" / name).string();
+}
+
+void put_u32(std::string & out, uint32_t v) { out.append(reinterpret_cast<const char *>(&v), 4); }
+void put_str(std::string & out, const std::string & s) {
+    put_u32(out, uint32_t(s.size()));
+    out += s;
+}
+
+struct CacheReader {
+    const std::string & data;
+    size_t pos = 0;
+    bool ok = true;
+    uint32_t u32() {
+        if (pos + 4 > data.size()) {
+            ok = false;
+            return 0;
+        }
+        uint32_t v;
+        std::memcpy(&v, data.data() + pos, 4);
+        pos += 4;
+        return v;
+    }
+    std::string str() {
+        const uint32_t n = u32();
+        if (!ok || pos + n > data.size()) {
+            ok = false;
+            return {};
+        }
+        std::string s = data.substr(pos, n);
+        pos += n;
+        return s;
+    }
+};
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> Tokenizer::load_file(const std::string & path) {
-    return from_json_text(read_text_file(path), path, (fs::path(path).parent_path() / "tokenizer_config.json").string());
+    const std::string config_path = (fs::path(path).parent_path() / "tokenizer_config.json").string();
+    const std::string cache = cache_path_for(path, config_path);
+    if (!cache.empty()) {
+        if (auto t = load_cache(cache)) return t;
+    }
+    auto t = from_json_text(read_text_file(path), path, config_path);
+    if (!cache.empty()) t->save_cache(cache);
+    return t;
+}
+
+void Tokenizer::save_cache(const std::string & path) const {
+    std::string out(k_cache_magic, sizeof k_cache_magic);
+    put_u32(out, uint32_t(vocab_.size()));
+    for (const auto & [bytes, id] : vocab_) {
+        put_str(out, bytes);
+        put_u32(out, uint32_t(id));
+    }
+    put_u32(out, uint32_t(merges_.size()));
+    for (const auto & [key, v] : merges_) {
+        put_u32(out, uint32_t(key >> 32));
+        put_u32(out, uint32_t(key));
+        put_u32(out, uint32_t(v.first));
+        put_u32(out, uint32_t(v.second));
+    }
+    put_u32(out, uint32_t(added_.size()));
+    for (const auto & a : added_) {
+        put_u32(out, uint32_t(a.id));
+        put_u32(out, a.special ? 1u : 0u);
+        put_str(out, a.content);
+    }
+    put_str(out, pattern_);
+    put_str(out, chat_template_);
+    put_str(out, eos_token_);
+    // Best effort: a read-only home only costs the next load its speed.
+    std::error_code ec;
+    fs::create_directories(fs::path(path).parent_path(), ec);
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    {
+        std::ofstream f(tmp, std::ios::binary);
+        if (!f) return;
+        f.write(out.data(), std::streamsize(out.size()));
+        if (!f) return;
+    }
+    fs::rename(tmp, path, ec);
+    if (ec) fs::remove(tmp, ec);
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::load_cache(const std::string & path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return nullptr;
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string data = ss.str();
+    if (data.size() < sizeof k_cache_magic || data.compare(0, sizeof k_cache_magic, k_cache_magic, sizeof k_cache_magic) != 0) return nullptr;
+    CacheReader r{data, sizeof k_cache_magic};
+    std::unique_ptr<Tokenizer> t(new Tokenizer());
+    const uint32_t n_vocab = r.u32();
+    t->vocab_.reserve(n_vocab);
+    for (uint32_t i = 0; i < n_vocab && r.ok; i++) {
+        std::string bytes = r.str();
+        t->vocab_[std::move(bytes)] = int(r.u32());
+    }
+    const uint32_t n_merges = r.u32();
+    t->merges_.reserve(n_merges);
+    for (uint32_t i = 0; i < n_merges && r.ok; i++) {
+        const uint64_t hi = r.u32(), lo = r.u32();
+        const int rank = int(r.u32()), merged = int(r.u32());
+        t->merges_.emplace((hi << 32) | lo, std::make_pair(rank, merged));
+    }
+    const uint32_t n_added = r.u32();
+    for (uint32_t i = 0; i < n_added && r.ok; i++) {
+        AddedToken a;
+        a.id = int(r.u32());
+        a.special = r.u32() != 0;
+        a.content = r.str();
+        t->added_.push_back(std::move(a));
+    }
+    t->pattern_ = r.str();
+    t->chat_template_ = r.str();
+    t->eos_token_ = r.str();
+    if (!r.ok || r.pos != data.size()) return nullptr;  // truncated or foreign: parse the JSON instead
+    try {
+        t->finish_load();
+    } catch (const Error &) {
+        return nullptr;
+    }
+    return t;
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_json_text(const std::string & text, const std::string & path, const std::string & config_path) {

@@ -58,6 +58,10 @@ public:
 private:
     Tokenizer();
     static std::unique_ptr<Tokenizer> from_json_text(const std::string & text, const std::string & what, const std::string & config_path);
+    // A binary copy of the parsed tokenizer under ~/.cache/qinfer/tokenizers (or $QINFER_CACHE), keyed by the files'
+    // paths, sizes and times: parsing 7-11 MB of JSON is most of a cold load.
+    static std::unique_ptr<Tokenizer> load_cache(const std::string & path);
+    void save_cache(const std::string & path) const;
     void finish_load();
     void encode_ordinary(std::string_view text, std::vector<int> & out) const;  // no added tokens inside
     void bpe(const std::string & piece, std::vector<int> & out) const;

@@ -160,3 +160,22 @@ TEST(Chat, MatchesTransformersRendering) {
         EXPECT_EQ(apply_chat_template(style, msgs, o), c["expected"].get<std::string>()) << c["name"];
     }
 }
+
+TEST(Tokenizer, BinaryCacheRoundTripsAndSurvivesCorruption) {
+    const std::string cache = test::temp_dir("tok-cache");
+    setenv("QINFER_CACHE", cache.c_str(), 1);
+    const std::string dir = (k_assets / "qwen3-tokenizer").string();
+    auto cold = Tokenizer::load_dir(dir);  // parses the JSON, writes the cache
+    auto warm = Tokenizer::load_dir(dir);  // reads the cache
+    const std::string text = slurp(k_data / "hard_cases.txt");
+    EXPECT_EQ(warm->encode(text), cold->encode(text));
+    EXPECT_EQ(warm->chat_template(), cold->chat_template());
+    EXPECT_EQ(warm->size(), cold->size());
+    // A truncated or foreign cache file is ignored.
+    for (const auto & e : fs::recursive_directory_iterator(cache)) {
+        if (e.is_regular_file()) fs::resize_file(e.path(), fs::file_size(e.path()) / 2);
+    }
+    auto again = Tokenizer::load_dir(dir);
+    EXPECT_EQ(again->encode(text), cold->encode(text));
+    unsetenv("QINFER_CACHE");
+}
