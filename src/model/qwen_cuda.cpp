@@ -147,6 +147,7 @@ private:
     void ensure_kv(int tokens);
     void ensure_workspace(int c);
     cuda::KVLayer kv_layer(int layer, int seq) const;
+    cuda::QkvRopeArgs rope_args(int layer, int seq, int n) const;
     void linear(const bf16 * x, int m, const DevLinear & l, bf16 * y);
     void moe(const DevLayer & L, int c, const bf16 * xn, float * x);
     void decode_step(int seq);
@@ -356,6 +357,27 @@ cuda::KVLayer CudaQwenEngine::kv_layer(int layer, int seq) const {
     return kv;
 }
 
+// The QKV bias/norm/RoPE/cache-write step of layer `layer` for n tokens (positions set by the caller).
+cuda::QkvRopeArgs CudaQwenEngine::rope_args(int layer, int seq, int n) const {
+    const ModelConfig & cfg = model_->config;
+    const DevLayer & L = layers_[size_t(layer)];
+    cuda::QkvRopeArgs r;
+    r.qkv = qkv_.as<bf16>();
+    r.bias = L.qkv_bias.as<bf16>();
+    r.q_norm = L.q_norm.as<bf16>();
+    r.k_norm = L.k_norm.as<bf16>();
+    r.eps = float(cfg.rms_norm_eps);
+    r.inv_freq = inv_freq_.as<float>();
+    r.attention_scaling = rope_.attention_scaling;
+    r.n = n;
+    r.n_head = cfg.num_attention_heads;
+    r.n_kv = cfg.num_key_value_heads;
+    r.head_dim = cfg.head_dim;
+    r.cache = kv_layer(layer, seq);
+    r.q_out = q_.as<bf16>();
+    return r;
+}
+
 // y[m, n] = x[m, k] W^T: the GEMV kernels for a few rows, cuBLASLt beyond.
 void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y) {
     if (m <= k_gemv_max_m) {
@@ -473,21 +495,8 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
                 cuda::rms_norm(x, L.input_norm.as<bf16>(), eps, c, H, xn, stream_);
             }
             linear(xn, c, L.qkv, qkv_.as<bf16>());
-            cuda::QkvRopeArgs r;
-            r.qkv = qkv_.as<bf16>();
-            r.bias = L.qkv_bias.as<bf16>();
-            r.q_norm = L.q_norm.as<bf16>();
-            r.k_norm = L.k_norm.as<bf16>();
-            r.eps = eps;
-            r.inv_freq = inv_freq_.as<float>();
-            r.attention_scaling = rope_.attention_scaling;
-            r.n = c;
-            r.n_head = cfg.num_attention_heads;
-            r.n_kv = cfg.num_key_value_heads;
-            r.head_dim = cfg.head_dim;
+            cuda::QkvRopeArgs r = rope_args(l, seq, c);
             r.pos0 = pos0;
-            r.cache = kv_layer(l, seq);
-            r.q_out = q_.as<bf16>();
             cuda::qkv_rope_cache(r, stream_);
             cuda::attention_prefill(q_.as<bf16>(), r.cache, c, pos0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                     attn_.as<bf16>(), stream_);
@@ -551,21 +560,8 @@ void CudaQwenEngine::decode_step(int seq) {
         a.y = qkv_.get();
         cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16, stream_);
         prof_.mark("qkv gemv");
-        cuda::QkvRopeArgs r;
-        r.qkv = qkv_.as<bf16>();
-        r.bias = L.qkv_bias.as<bf16>();
-        r.q_norm = L.q_norm.as<bf16>();
-        r.k_norm = L.k_norm.as<bf16>();
-        r.eps = eps;
-        r.inv_freq = inv_freq_.as<float>();
-        r.attention_scaling = rope_.attention_scaling;
-        r.n = 1;
-        r.n_head = cfg.num_attention_heads;
-        r.n_kv = cfg.num_key_value_heads;
-        r.head_dim = cfg.head_dim;
+        cuda::QkvRopeArgs r = rope_args(l, seq, 1);
         r.pos0_dev = state + 1;
-        r.cache = kv_layer(l, seq);
-        r.q_out = q_.as<bf16>();
         cuda::qkv_rope_cache(r, stream_);
         prof_.mark("bias/norm/rope/cache");
         cuda::attention_decode(q_.as<bf16>(), r.cache, state + 3, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,

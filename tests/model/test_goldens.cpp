@@ -144,21 +144,14 @@ static void check_golden(const std::string & name, const std::string & backend) 
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers, Golden, ::testing::ValuesIn(golden_names()),
-                         [](const auto & info) {
-                             std::string n = info.param;
-                             for (char & ch : n) {
-                                 if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                             }
-                             return n;
-                         });
-INSTANTIATE_TEST_SUITE_P(Transformers, GoldenCuda, ::testing::ValuesIn(golden_names()),
-                         [](const auto & info) {
-                             std::string n = info.param;
-                             for (char & ch : n) {
-                                 if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                             }
-                             return n;
-                         });
+static std::string test_name(const ::testing::TestParamInfo<std::string> & info) {
+    std::string n = info.param;
+    for (char & ch : n) {
+        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    }
+    return n;
+}
+INSTANTIATE_TEST_SUITE_P(Transformers, Golden, ::testing::ValuesIn(golden_names()), test_name);
+INSTANTIATE_TEST_SUITE_P(Transformers, GoldenCuda, ::testing::ValuesIn(golden_names()), test_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Golden);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GoldenCuda);
