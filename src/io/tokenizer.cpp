@@ -240,47 +240,94 @@ std::unique_ptr<Tokenizer> Tokenizer::load_cache(const std::string & path) {
 
 std::unique_ptr<Tokenizer> Tokenizer::from_json_text(const std::string & text, const std::string & path, const std::string & config_path) {
     std::unique_ptr<Tokenizer> t(new Tokenizer());
-    // model.vocab and model.merges (150k entries each) are taken out while parsing instead of being built into
-    // the DOM: half the load time.
-    std::vector<std::pair<std::string, int>> vocab_entries;
-    std::vector<std::pair<std::string, std::string>> merges;
-    std::string top_key, model_key, entry_key;
-    bool bad_entry = false;
-    json::parser_callback_t capture = [&](int depth, json::parse_event_t event, json & parsed) {
-        using E = json::parse_event_t;
-        if (event == E::key) {
-            if (depth == 1) top_key = parsed.get<std::string>();
-            if (depth == 2) model_key = parsed.get<std::string>();
-            if (depth == 3) entry_key = parsed.get<std::string>();
+    // A SAX pass picks out what the tokenizer needs (model.vocab and model.merges hold 150k entries each) without
+    // building the JSON document: building it is most of the load time.
+    struct Handler : json::json_sax_t {
+        std::vector<std::string> path;  // object keys, "[]" inside arrays
+        std::vector<std::pair<std::string, int>> vocab;
+        std::vector<std::pair<std::string, std::string>> merges;
+        std::vector<std::string> pair;
+        std::vector<AddedToken> added;
+        std::string model_type, pattern;
+        bool bad = false;
+        bool at(std::initializer_list<const char *> p) const {
+            if (path.size() != p.size()) return false;
+            size_t i = 0;
+            for (const char * k : p) {
+                if (*k && path[i] != k) return false;
+                i++;
+            }
             return true;
         }
-        if (top_key != "model" || depth != 3) return true;
-        if (model_key == "vocab" && event == E::value) {
-            if (!parsed.is_number_integer()) bad_entry = true;
-            else vocab_entries.emplace_back(entry_key, parsed.get<int>());
-            return false;
+        bool number(int64_t v) {
+            if (at({"model", "vocab", ""})) vocab.emplace_back(path.back(), int(v));
+            else if (at({"added_tokens", "[]", "id"})) added.back().id = int(v);
+            return true;
         }
-        if (model_key == "merges" && (event == E::value || event == E::array_end)) {
-            if (parsed.is_string()) {
-                const std::string m = parsed.get<std::string>();
-                const size_t sp = m.find(' ');
-                if (sp == std::string::npos) bad_entry = true;
-                else merges.emplace_back(m.substr(0, sp), m.substr(sp + 1));
-            } else if (parsed.is_array() && parsed.size() == 2 && parsed[0].is_string() && parsed[1].is_string()) {
-                merges.emplace_back(parsed[0].get<std::string>(), parsed[1].get<std::string>());
-            } else {
-                bad_entry = true;
+        bool null() override { return true; }
+        bool boolean(bool v) override {
+            if (at({"added_tokens", "[]", "special"})) added.back().special = v;
+            return true;
+        }
+        bool number_integer(number_integer_t v) override { return number(v); }
+        bool number_unsigned(number_unsigned_t v) override { return number(int64_t(v)); }
+        bool number_float(number_float_t, const string_t &) override {
+            if (at({"model", "vocab", ""})) bad = true;
+            return true;
+        }
+        bool string(string_t & v) override {
+            if (at({"model", "merges", "[]"})) {
+                const size_t sp = v.find(' ');
+                if (sp == std::string::npos) bad = true;
+                else merges.emplace_back(v.substr(0, sp), v.substr(sp + 1));
+            } else if (at({"model", "merges", "[]", "[]"})) {
+                pair.push_back(std::move(v));
+            } else if (at({"model", "type"})) {
+                model_type = v;
+            } else if (at({"added_tokens", "[]", "content"})) {
+                added.back().content = v;
+            } else if (!path.empty() && path[0] == "pre_tokenizer" && path.back() == "Regex") {
+                pattern = v;
             }
-            return false;
+            return true;
         }
-        return true;
-    };
-    json j = json::parse(text, capture, false);
-    if (j.is_discarded() || !j.is_object()) QINFER_FAIL() << path << ": not a JSON object";
-    if (bad_entry) QINFER_FAIL() << path << ": model.vocab needs integer ids and model.merges 'a b' strings or [a, b] pairs";
-    if (!j.contains("model") || !j["model"].is_object()) QINFER_FAIL() << path << ": no 'model' object";
-    const json & model = j["model"];
-    if (model.value("type", "") != "BPE") QINFER_FAIL() << path << ": only BPE tokenizers are supported (model.type '" << model.value("type", "") << "')";
+        bool binary(binary_t &) override { return true; }
+        bool start_object(std::size_t) override {
+            if (at({"added_tokens", "[]"})) {
+                added.emplace_back();
+                added.back().id = -1;  // required: a missing id fails in finish_load
+            }
+            path.emplace_back();
+            return true;
+        }
+        bool key(string_t & k) override {
+            path.back() = std::move(k);
+            return true;
+        }
+        bool end_object() override {
+            path.pop_back();
+            return true;
+        }
+        bool start_array(std::size_t) override {
+            path.emplace_back("[]");
+            return true;
+        }
+        bool end_array() override {
+            path.pop_back();
+            if (at({"model", "merges", "[]"})) {
+                if (pair.size() != 2) bad = true;
+                else merges.emplace_back(std::move(pair[0]), std::move(pair[1]));
+                pair.clear();
+            }
+            return true;
+        }
+        bool parse_error(std::size_t, const std::string &, const nlohmann::detail::exception &) override { return false; }
+    } h;
+    if (!json::sax_parse(text, &h) || h.path.size() != 0) QINFER_FAIL() << path << ": not valid JSON";
+    if (h.bad) QINFER_FAIL() << path << ": model.vocab needs integer ids and model.merges 'a b' strings or [a, b] pairs";
+    if (h.model_type != "BPE") QINFER_FAIL() << path << ": only BPE tokenizers are supported (model.type '" << h.model_type << "')";
+    std::vector<std::pair<std::string, int>> & vocab_entries = h.vocab;
+    std::vector<std::pair<std::string, std::string>> & merges = h.merges;
     if (vocab_entries.empty()) QINFER_FAIL() << path << ": model.vocab is missing or empty";
     t->vocab_.reserve(vocab_entries.size());
     for (const auto & [spelling, id] : vocab_entries) {
@@ -300,26 +347,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json_text(const std::string & text, c
         }
         t->merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(int(r), iab->second));
     }
-    static const json no_merges = json::array();
-    if (j.contains("added_tokens") && !j["added_tokens"].is_array()) QINFER_FAIL() << path << ": added_tokens is not a list";
-    for (const auto & a : j.contains("added_tokens") ? j["added_tokens"] : no_merges) {
-        t->added_.push_back({a.value("id", -1), a.value("content", ""), a.value("special", false)});
-    }
-    t->pattern_ = k_qwen_pattern;
-    // The Split pre-tokenizer's own pattern when the file has one.
-    static const json no_pre = json::object();
-    const json & pre = j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object() ? j["pre_tokenizer"] : no_pre;
-    std::vector<json> stages;
-    if (pre.value("type", "") == "Sequence") {
-        for (const auto & p : pre.value("pretokenizers", json::array())) stages.push_back(p);
-    } else if (!pre.is_null()) {
-        stages.push_back(pre);
-    }
-    for (const auto & p : stages) {
-        if (p.value("type", "") == "Split" && p.contains("pattern") && p["pattern"].contains("Regex")) {
-            t->pattern_ = p["pattern"]["Regex"].get<std::string>();
-        }
-    }
+    t->added_ = std::move(h.added);
+    t->pattern_ = h.pattern.empty() ? k_qwen_pattern : h.pattern;
     if (fs::exists(config_path)) {
         json c = json::parse(read_text_file(config_path), nullptr, false);
         if (c.is_object()) {
