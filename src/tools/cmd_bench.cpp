@@ -178,8 +178,8 @@ int cmd_bench(int argc, char ** argv) {
                     gpu ? 1 : 0, r.tok_s, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
                     100 * r.bw_frac);
     }
-    std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.2f TB/s (%s)\n", sys.card.c_str(), sys.software.c_str(),
-                engine->backend_name().c_str(), commit.c_str(), sys.bandwidth / 1e12, sys.bandwidth_source.c_str());
+    std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.1f GB/s (%s)\n", sys.card.c_str(), sys.software.c_str(),
+                engine->backend_name().c_str(), commit.c_str(), sys.bandwidth / 1e9, sys.bandwidth_source.c_str());
     if (!bases.empty()) {
         std::printf("\n| Model | Input Length | engine | its tokens generated | its Speed(tokens/s) | its GPU Memory(GB) | qinfer / it |\n");
         std::printf("|---|---|---|---|---|---|---|\n");
