@@ -159,6 +159,10 @@ std::unique_ptr<Tokenizer> Tokenizer::load_file(const std::string & path) {
     return t;
 }
 
+std::unique_ptr<Tokenizer> Tokenizer::parse(const std::string & json_text, const std::string & what) {
+    return from_json_text(json_text, what, "");
+}
+
 void Tokenizer::save_cache(const std::string & path) const {
     std::string out(k_cache_magic, sizeof k_cache_magic);
     put_u32(out, uint32_t(vocab_.size()));
@@ -349,7 +353,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_json_text(const std::string & text, c
     }
     t->added_ = std::move(h.added);
     t->pattern_ = h.pattern.empty() ? k_qwen_pattern : h.pattern;
-    if (fs::exists(config_path)) {
+    if (!config_path.empty() && fs::exists(config_path)) {
         json c = json::parse(read_text_file(config_path), nullptr, false);
         if (c.is_object()) {
             if (c.contains("chat_template") && c["chat_template"].is_string()) t->chat_template_ = c["chat_template"];
@@ -390,8 +394,14 @@ std::unique_ptr<Tokenizer> Tokenizer::load_dir(const std::string & dir) {
 
 void Tokenizer::finish_load() {
     int max_id = -1;
-    for (const auto & [bytes, id] : vocab_) max_id = std::max(max_id, id);
-    for (const auto & a : added_) max_id = std::max(max_id, a.id);
+    for (const auto & [bytes, id] : vocab_) {
+        if (id < 0 || id >= (1 << 22)) QINFER_FAIL() << "tokenizer: vocab id " << id << " is out of range";
+        max_id = std::max(max_id, id);
+    }
+    for (const auto & a : added_) {
+        if (a.id < 0 || a.id >= (1 << 22)) QINFER_FAIL() << "tokenizer: added token id " << a.id << " is out of range";
+        max_id = std::max(max_id, a.id);
+    }
     n_tokens_ = max_id + 1;
     id_bytes_.assign(size_t(n_tokens_), std::string());
     special_.assign(size_t(n_tokens_), 0);
@@ -446,10 +456,13 @@ void Tokenizer::bpe(const std::string & piece, std::vector<int> & out) const {
         out.push_back(byte_id_[static_cast<unsigned char>(piece[0])]);
         return;
     }
-    auto cached = cache_.find(piece);
-    if (cached != cache_.end()) {
-        out.insert(out.end(), cached->second.begin(), cached->second.end());
-        return;
+    {
+        std::lock_guard<std::mutex> lock(cache_mutex_);
+        auto cached = cache_.find(piece);
+        if (cached != cache_.end()) {
+            out.insert(out.end(), cached->second.begin(), cached->second.end());
+            return;
+        }
     }
     std::vector<int> id(static_cast<size_t>(n)), prev(static_cast<size_t>(n)), next(static_cast<size_t>(n));
     for (int i = 0; i < n; i++) {
@@ -485,6 +498,7 @@ void Tokenizer::bpe(const std::string & piece, std::vector<int> & out) const {
     std::vector<int> result;
     for (int i = 0; i >= 0; i = next[size_t(i)]) result.push_back(id[size_t(i)]);
     out.insert(out.end(), result.begin(), result.end());
+    std::lock_guard<std::mutex> lock(cache_mutex_);
     if (cache_.size() < 200000) cache_.emplace(piece, std::move(result));
 }
 

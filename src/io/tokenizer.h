@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -24,6 +25,8 @@ public:
     static std::unique_ptr<Tokenizer> load_dir(const std::string & dir);
     // One tokenizer.json file (with tokenizer_config.json beside it when present).
     static std::unique_ptr<Tokenizer> load_file(const std::string & tokenizer_json);
+    // tokenizer.json text already in memory (`what` names it in errors); no tokenizer_config.json, no cache.
+    static std::unique_ptr<Tokenizer> parse(const std::string & json_text, const std::string & what);
     ~Tokenizer();
 
     enum class Invalid { Error, Replace };  // invalid UTF-8 input: throw, or read it as U+FFFD
@@ -79,6 +82,7 @@ private:
     std::string eos_token_;
     struct Regex;
     std::unique_ptr<Regex> regex_;
+    mutable std::mutex cache_mutex_;  // encode may run on several threads
     mutable std::unordered_map<std::string, std::vector<int>> cache_;
 };
 
