@@ -259,46 +259,43 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
             for (int e = 0; e < EPL / 2; e++) kr[e] = vr[e] = 0;
         }
     };
-    // A ring of k_stages keys per lane in flight: each stage is refilled right after it is consumed, so a warp
-    // keeps k_stages row reads outstanding instead of one (the kernel is latency-bound otherwise).
     constexpr int step = k_decode_warps * KPW;
-    constexpr int k_stages = 4;
-    uint32_t kr[k_stages][EPL / 2], vr[k_stages][EPL / 2];
-    const int j_first = begin + warp * KPW + sub;
+    uint32_t k_cur[EPL / 2], v_cur[EPL / 2], k_next[EPL / 2], v_next[EPL / 2];
+    int j = begin + warp * KPW + sub;
+    load(j, k_cur, v_cur);
+    for (int j0 = begin + warp * KPW; j0 < end; j0 += step, j += step) {
+        load(j + step, k_next, v_next);
+        const bool valid = j < end;
+        float kf[EPL], vf[EPL];
 #pragma unroll
-    for (int st = 0; st < k_stages; st++) load(j_first + st * step, kr[st], vr[st]);
-    for (int j0 = begin + warp * KPW; j0 < end; j0 += k_stages * step) {  // j0 is the same for the whole warp
+        for (int e = 0; e < EPL / 2; e++) {
+            const float2 kk = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&k_cur[e]));
+            const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v_cur[e]));
+            kf[2 * e] = kk.x;
+            kf[2 * e + 1] = kk.y;
+            vf[2 * e] = vv.x;
+            vf[2 * e + 1] = vv.y;
+        }
 #pragma unroll
-        for (int st = 0; st < k_stages; st++) {
-            const int j = j0 + sub + st * step;
-            const bool valid = j < end;
-            float kf[EPL], vf[EPL];
+        for (int r = 0; r < k_max_rep; r++) {
+            if (r >= n_rep) continue;
+            float sc = 0;
 #pragma unroll
-            for (int e = 0; e < EPL / 2; e++) {
-                const float2 kk = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&kr[st][e]));
-                const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&vr[st][e]));
-                kf[2 * e] = kk.x;
-                kf[2 * e + 1] = kk.y;
-                vf[2 * e] = vv.x;
-                vf[2 * e + 1] = vv.y;
-            }
-            load(j + k_stages * step, kr[st], vr[st]);
+            for (int e = 0; e < EPL; e++) sc += q[r][e] * kf[e];
 #pragma unroll
-            for (int r = 0; r < k_max_rep; r++) {
-                if (r >= n_rep) continue;
-                float sc = 0;
+            for (int off = 1; off < LPK; off <<= 1) sc += __shfl_xor_sync(0xffffffffu, sc, off);
+            if (!valid) continue;
+            const float m_new = fmaxf(m[r], sc);
+            const float corr = __expf(m[r] - m_new), p = __expf(sc - m_new);
+            l[r] = l[r] * corr + p;
 #pragma unroll
-                for (int e = 0; e < EPL; e++) sc += q[r][e] * kf[e];
+            for (int e = 0; e < EPL; e++) o[r][e] = o[r][e] * corr + p * vf[e];
+            m[r] = m_new;
+        }
 #pragma unroll
-                for (int off = 1; off < LPK; off <<= 1) sc += __shfl_xor_sync(0xffffffffu, sc, off);
-                if (!valid) continue;
-                const float m_new = fmaxf(m[r], sc);
-                const float corr = __expf(m[r] - m_new), p = __expf(sc - m_new);
-                l[r] = l[r] * corr + p;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) o[r][e] = o[r][e] * corr + p * vf[e];
-                m[r] = m_new;
-            }
+        for (int e = 0; e < EPL / 2; e++) {
+            k_cur[e] = k_next[e];
+            v_cur[e] = v_next[e];
         }
     }
     // Merge the lane groups of the warp (different keys, same dims).
