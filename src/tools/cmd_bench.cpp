@@ -2,6 +2,7 @@
 // token, decode-only tokens/s and the share of the memory-bandwidth limit; JSON and CSV for scripts.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -31,6 +32,7 @@ struct Row {
     std::string model, quant = "BF16", kv_dtype;
     int batch = 1, input_len = 0, gen_len = 0;
     double tok_s = 0, decode_tok_s = 0, ttft_s = 0, peak_gb = 0, bw_frac = 0;
+    double tok_s_std = 0;  // over --repeat runs
     std::string note;
 };
 
@@ -110,6 +112,7 @@ int cmd_bench(int argc, char ** argv) {
     for (int len : lens) {
         Row r;
         r.model = model_name;
+        r.quant = c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
         r.kv_dtype = kv_elem == 2 ? "bf16" : "fp32";
         r.input_len = len;
         r.gen_len = gen;
@@ -136,6 +139,8 @@ int cmd_bench(int argc, char ** argv) {
         }
         auto mean = [](const std::vector<double> & v) { return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); };
         r.tok_s = mean(speeds);
+        for (double v : speeds) r.tok_s_std += (v - r.tok_s) * (v - r.tok_s);
+        r.tok_s_std = speeds.size() > 1 ? std::sqrt(r.tok_s_std / double(speeds.size() - 1)) : 0.0;
         r.decode_tok_s = mean(decodes);
         r.ttft_s = mean(ttfts);
         r.peak_gb = double(engine->peak_memory_bytes()) / 1e9;
@@ -174,8 +179,14 @@ int cmd_bench(int argc, char ** argv) {
                         r.note.c_str());
             continue;
         }
-        std::printf("| %s | %d | %s | %d | %.2f | %s | %.3f | %.2f | %.0f%% |\n", r.model.c_str(), r.input_len, r.quant.c_str(),
-                    gpu ? 1 : 0, r.tok_s, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
+        char speed[64];
+        if (repeat > 1) {
+            std::snprintf(speed, sizeof speed, "%.2f ± %.2f", r.tok_s, r.tok_s_std);
+        } else {
+            std::snprintf(speed, sizeof speed, "%.2f", r.tok_s);
+        }
+        std::printf("| %s | %d | %s | %d | %s | %s | %.3f | %.2f | %.0f%% |\n", r.model.c_str(), r.input_len, r.quant.c_str(),
+                    gpu ? 1 : 0, speed, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
                     100 * r.bw_frac);
     }
     std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.1f GB/s (%s)\n", sys.card.c_str(), sys.software.c_str(),
@@ -199,7 +210,7 @@ int cmd_bench(int argc, char ** argv) {
                   {"cuda", sys.cuda}, {"commit", commit}, {"backend", engine->backend_name()},
                   {"bandwidth_gbs", sys.bandwidth / 1e9}};
         if (r.note.empty()) {
-            j.update(json{{"tok_s", r.tok_s}, {"decode_tok_s", r.decode_tok_s}, {"ttft_s", r.ttft_s}, {"peak_gb", r.peak_gb},
+            j.update(json{{"tok_s", r.tok_s}, {"tok_s_std", r.tok_s_std}, {"repeat", repeat}, {"decode_tok_s", r.decode_tok_s}, {"ttft_s", r.ttft_s}, {"peak_gb", r.peak_gb},
                           {"bw_frac", r.bw_frac}});
         } else {
             j["skipped"] = r.note;
