@@ -2,7 +2,7 @@
 # The one script for the GPU machine: unpack the carried Debian packages, build everything (-j16), run every test
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
-# usage: scripts/device.sh [goldens] [test] [bench] [bench-full] [hf]      (default: test bench)
+# usage: scripts/device.sh [goldens] [chat] [test] [kernels] [bench] [hf-quick] [bench-full]   (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -98,8 +98,7 @@ int cmd_chat(int argc, char ** argv) {
              "reads one user message per line from standard input; the reply streams to standard output\n")) {
         return 0;
     }
-    std::vector<char *> args(argv, argv + argc);
-    Args a(int(args.size()), args.data(), 2, {"greedy", "no-think"});
+    Args a(argc, argv, 2, {"greedy", "no-think"});
     const std::string dir = a.required("model");
     auto tok = Tokenizer::load_dir(dir);
     GenerationConfig gc = load_generation_config(dir, load_model_config(dir));

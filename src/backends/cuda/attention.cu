@@ -1,8 +1,8 @@
 // Attention over the paged KV cache.
 //   prefill: FlashAttention-2 on tensor cores (mma.sync m16n8k16 bf16): a block of 4 warps owns 64 queries of one
 //            head; K/V tiles of 64 keys go through shared memory; online softmax in fp32 registers; no n^2 memory.
-//   decode:  flash-decoding: the keys of one KV head are split into chunks of k_decode_split, each block scores its
-//            chunk for all query heads sharing that KV head (GQA), and a second kernel combines the partial results.
+//   decode:  flash-decoding: the keys of one KV head are spread over a fixed grid of splits, each block reads its
+//            keys once for all query heads sharing that KV head (GQA), and a second kernel combines the partial results.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>

@@ -1,5 +1,5 @@
 // Small kernels: embedding gather, RMSNorm (with the residual add fused), SwiGLU, row gather/scatter for MoE,
-// dtype conversions, q/k/v bias + q/k norm + RoPE + KV-cache write, and the greedy sampling step.
+// q/k/v bias + q/k norm + RoPE + KV-cache write, and the greedy sampling step.
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
@@ -64,18 +64,6 @@ __global__ void add_scaled_rows_kernel(float * x, const bf16 * y, const int * ro
 __global__ void gather_rows_kernel(const bf16 * in, const int * rows, int hidden, bf16 * out) {
     const int i = blockIdx.x;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) out[int64_t(i) * hidden + j] = in[int64_t(rows[i]) * hidden + j];
-}
-
-__global__ void f32_to_bf16_kernel(const float * in, int64_t n, bf16 * out) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        out[i] = __float2bfloat16(in[i]);
-    }
-}
-
-__global__ void bf16_to_f32_kernel(const bf16 * in, int64_t n, float * out) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        out[i] = __bfloat162float(in[i]);
-    }
 }
 
 // One block per (token, head) of q, k and v together: blockIdx.y < n_head is a q head, then k heads, then v heads.
@@ -243,16 +231,6 @@ void add_scaled_rows(float * x, const bf16 * y, const int * rows, const float * 
 void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * out, cudaStream_t stream) {
     if (m == 0) return;
     gather_rows_kernel<<<m, 256, 0, stream>>>(in, rows, hidden, out);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-void f32_to_bf16(const float * in, int64_t n, bf16 * out, cudaStream_t stream) {
-    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, n, out);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-void bf16_to_f32(const bf16 * in, int64_t n, float * out, cudaStream_t stream) {
-    bf16_to_f32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(in, n, out);
     CUDA_CHECK(cudaGetLastError());
 }
 

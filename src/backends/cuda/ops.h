@@ -50,8 +50,6 @@ void add_scaled_rows(float * x, const bf16 * y, const int * rows, const float * 
                      cudaStream_t stream);
 // out[i] = in[rows[i]]: in bf16 [*, hidden]; out bf16 [m, hidden]; rows int [m]
 void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * out, cudaStream_t stream);
-void f32_to_bf16(const float * in, int64_t n, bf16 * out, cudaStream_t stream);
-void bf16_to_f32(const bf16 * in, int64_t n, float * out, cudaStream_t stream);
 
 // ---- paged KV cache ----
 // Cache of one layer: bf16 [n_blocks, n_kv_head, block_size, head_dim]; a sequence's token t lives in block
