@@ -299,7 +299,10 @@ ModelConfig load_model_config(const std::string & dir) {
     if (!fs::is_directory(dir)) QINFER_FAIL() << dir << ": not a directory";
     fs::path p = fs::path(dir) / "config.json";
     if (!fs::exists(p)) QINFER_FAIL() << dir << ": no config.json (is this a Hugging Face checkpoint folder?)";
-    return parse_model_config(read_text_file(p.string()), p.string());
+    const std::string text = read_text_file(p.string());
+    ModelConfig c = parse_model_config(text, p.string());
+    c.quant = load_quant_config(dir, text);
+    return c;
 }
 
 GenerationConfig parse_generation_config(const std::string & text, const std::string & what) {

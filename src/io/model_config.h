@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "io/quant_config.h"
 
 namespace qinfer {
 
@@ -62,6 +63,8 @@ struct ModelConfig {
 
     int bos_token_id = -1;
     std::vector<int> eos_token_ids;
+
+    QuantConfig quant;  // unquantized unless the folder says otherwise
 
     bool is_moe_layer(int layer) const;
     // The longest context the model supports: max_position_embeddings, or the scaled original context when a rope

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/check.h"
@@ -14,17 +15,57 @@ int64_t Weight::numel() const {
 
 namespace {
 
-void visit_linear(const WeightVisitor & visit, const std::string & prefix, int in, int out, bool bias, Linear & l) {
+void visit_linear(const ModelConfig & c, const WeightVisitor & visit, const std::string & prefix, int in, int out, bool bias,
+                  Linear & l) {
     l.in_features = in;
     l.out_features = out;
-    visit(prefix + ".weight", {out, in}, WeightRole::Linear, l.weight);
-    if (bias) visit(prefix + ".bias", {out}, WeightRole::Bias, l.bias);
+    l.scheme = c.quant.scheme_for(prefix);
+    const QuantScheme & s = l.scheme;
+    const int64_t K = in, N = out;
+    switch (s.method) {
+    case QuantMethod::None: visit(prefix + ".weight", {N, K}, WeightRole::Linear, l.weight); break;
+    case QuantMethod::Gptq:
+    case QuantMethod::Awq: {
+        const int64_t G = (K + s.group(in) - 1) / s.group(in);
+        if (s.method == QuantMethod::Gptq) {
+            if ((K * s.bits) % 32 != 0 || (N * s.bits) % 32 != 0) {
+                QINFER_FAIL() << prefix << ": " << s.bits << "-bit GPTQ packing needs in and out features (" << K << ", " << N
+                              << ") times the bits to be multiples of 32";
+            }
+            visit(prefix + ".qweight", {K * s.bits / 32, N}, WeightRole::QWeight, l.qweight);
+            visit(prefix + ".qzeros", {G, N * s.bits / 32}, WeightRole::QZeros, l.qzeros);
+            visit(prefix + ".scales", {G, N}, WeightRole::QScales, l.scales);
+            visit(prefix + ".g_idx", {K}, WeightRole::QGIdx, l.g_idx);
+        } else {
+            if (N % 8 != 0) QINFER_FAIL() << prefix << ": AWQ packing needs out features (" << N << ") to be a multiple of 8";
+            visit(prefix + ".qweight", {K, N / 8}, WeightRole::QWeight, l.qweight);
+            visit(prefix + ".qzeros", {G, N / 8}, WeightRole::QZeros, l.qzeros);
+            visit(prefix + ".scales", {G, N}, WeightRole::QScales, l.scales);
+        }
+        break;
+    }
+    case QuantMethod::Bnb4: {
+        const int64_t blocks = (N * K + s.block_size - 1) / s.block_size;
+        const std::string w = prefix + ".weight";
+        visit(w, {(N * K + 1) / 2, 1}, WeightRole::BnbCodes, l.weight);
+        visit(w + ".absmax", {blocks}, WeightRole::BnbAbsmax, l.absmax);
+        visit(w + ".quant_map", {16}, WeightRole::BnbQuantMap, l.quant_map);
+        if (s.double_quant) {
+            visit(w + ".nested_absmax", {(blocks + 255) / 256}, WeightRole::BnbNestedAbsmax, l.nested_absmax);
+            visit(w + ".nested_quant_map", {256}, WeightRole::BnbNestedQuantMap, l.nested_quant_map);
+        }
+        visit(w + ".quant_state.bitsandbytes__" + quant_packing_name(s.packing), {-1}, WeightRole::BnbQuantState, l.quant_state);
+        break;
+    }
+    }
+    if (bias) visit(prefix + ".bias", {N}, WeightRole::Bias, l.bias);
 }
 
-void visit_mlp(const WeightVisitor & visit, const std::string & prefix, int hidden, int inter, bool bias, MlpWeights & m) {
-    visit_linear(visit, prefix + ".gate_proj", hidden, inter, bias, m.gate_proj);
-    visit_linear(visit, prefix + ".up_proj", hidden, inter, bias, m.up_proj);
-    visit_linear(visit, prefix + ".down_proj", inter, hidden, bias, m.down_proj);
+void visit_mlp(const ModelConfig & c, const WeightVisitor & visit, const std::string & prefix, int hidden, int inter, bool bias,
+               MlpWeights & m) {
+    visit_linear(c, visit, prefix + ".gate_proj", hidden, inter, bias, m.gate_proj);
+    visit_linear(c, visit, prefix + ".up_proj", hidden, inter, bias, m.up_proj);
+    visit_linear(c, visit, prefix + ".down_proj", inter, hidden, bias, m.down_proj);
 }
 
 }  // namespace
@@ -38,10 +79,10 @@ void visit_weights(const ModelConfig & c, ModelWeights & w, const WeightVisitor 
         LayerWeights & L = w.layers[i];
         visit(p + ".input_layernorm.weight", {H}, WeightRole::Norm, L.input_layernorm);
         AttentionWeights & A = L.self_attn;
-        visit_linear(visit, p + ".self_attn.q_proj", H, c.q_dim(), c.qkv_bias, A.q_proj);
-        visit_linear(visit, p + ".self_attn.k_proj", H, c.kv_dim(), c.qkv_bias, A.k_proj);
-        visit_linear(visit, p + ".self_attn.v_proj", H, c.kv_dim(), c.qkv_bias, A.v_proj);
-        visit_linear(visit, p + ".self_attn.o_proj", c.q_dim(), H, c.o_bias, A.o_proj);
+        visit_linear(c, visit, p + ".self_attn.q_proj", H, c.q_dim(), c.qkv_bias, A.q_proj);
+        visit_linear(c, visit, p + ".self_attn.k_proj", H, c.kv_dim(), c.qkv_bias, A.k_proj);
+        visit_linear(c, visit, p + ".self_attn.v_proj", H, c.kv_dim(), c.qkv_bias, A.v_proj);
+        visit_linear(c, visit, p + ".self_attn.o_proj", c.q_dim(), H, c.o_bias, A.o_proj);
         if (c.qk_norm) {
             visit(p + ".self_attn.q_norm.weight", {c.head_dim}, WeightRole::Norm, A.q_norm);
             visit(p + ".self_attn.k_norm.weight", {c.head_dim}, WeightRole::Norm, A.k_norm);
@@ -49,24 +90,87 @@ void visit_weights(const ModelConfig & c, ModelWeights & w, const WeightVisitor 
         visit(p + ".post_attention_layernorm.weight", {H}, WeightRole::Norm, L.post_attention_layernorm);
         L.is_moe = c.is_moe_layer(i);
         if (!L.is_moe) {
-            visit_mlp(visit, p + ".mlp", H, c.intermediate_size, c.mlp_bias, L.mlp);
+            visit_mlp(c, visit, p + ".mlp", H, c.intermediate_size, c.mlp_bias, L.mlp);
             continue;
         }
         MoeWeights & M = L.moe;
         visit(p + ".mlp.gate.weight", {c.num_experts, H}, WeightRole::Router, M.gate);
         M.experts.resize(c.num_experts);
         for (int e = 0; e < c.num_experts; e++) {
-            visit_mlp(visit, p + ".mlp.experts." + std::to_string(e), H, c.moe_intermediate_size, false, M.experts[e]);
+            visit_mlp(c, visit, p + ".mlp.experts." + std::to_string(e), H, c.moe_intermediate_size, false, M.experts[e]);
         }
         M.has_shared_expert = c.shared_expert_intermediate_size > 0;
         if (M.has_shared_expert) {
-            visit_mlp(visit, p + ".mlp.shared_expert", H, c.shared_expert_intermediate_size, false, M.shared_expert);
+            visit_mlp(c, visit, p + ".mlp.shared_expert", H, c.shared_expert_intermediate_size, false, M.shared_expert);
             visit(p + ".mlp.shared_expert_gate.weight", {1, H}, WeightRole::Router, M.shared_expert_gate);
         }
     }
     visit("model.norm.weight", {H}, WeightRole::Norm, w.norm);
     if (!c.tie_word_embeddings) visit("lm_head.weight", {c.vocab_size, H}, WeightRole::Linear, w.lm_head);
 }
+
+namespace {
+
+bool dtype_fits(WeightRole role, DType t, const QuantScheme & s) {
+    const bool fp = t == DType::BF16 || t == DType::F16 || t == DType::F32;
+    switch (role) {
+    case WeightRole::QWeight:
+    case WeightRole::QZeros:
+    case WeightRole::QGIdx: return t == DType::I32;
+    case WeightRole::BnbCodes:
+    case WeightRole::BnbQuantState: return t == DType::U8;
+    case WeightRole::BnbAbsmax: return s.double_quant ? t == DType::U8 : t == DType::F32;
+    case WeightRole::BnbQuantMap:
+    case WeightRole::BnbNestedAbsmax:
+    case WeightRole::BnbNestedQuantMap: return t == DType::F32;
+    default: return fp;
+    }
+}
+
+const char * expected_dtype(WeightRole role, const QuantScheme & s) {
+    switch (role) {
+    case WeightRole::QWeight:
+    case WeightRole::QZeros:
+    case WeightRole::QGIdx: return "I32";
+    case WeightRole::BnbCodes:
+    case WeightRole::BnbQuantState: return "U8";
+    case WeightRole::BnbAbsmax: return s.double_quant ? "U8 (double quantization)" : "F32";
+    case WeightRole::BnbQuantMap:
+    case WeightRole::BnbNestedAbsmax:
+    case WeightRole::BnbNestedQuantMap: return "F32";
+    default: return "BF16, F16 or F32";
+    }
+}
+
+// The JSON bitsandbytes stores next to each 4-bit weight must describe the tensor the config implies.
+void check_bnb_state(const std::string & dir, Linear & l) {
+    const Weight & w = l.quant_state;
+    std::string text(static_cast<const char *>(w.data), size_t(w.numel()));
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) QINFER_FAIL() << dir << ": '" << w.name << "' is not a JSON object";
+    const std::string type = j.value("quant_type", std::string());
+    if (type != quant_packing_name(l.scheme.packing)) {
+        QINFER_FAIL() << dir << ": '" << w.name << "' has quant_type '" << type << "', the config says " << quant_packing_name(l.scheme.packing);
+    }
+    if (!j.contains("blocksize") || !j["blocksize"].is_number_integer() || j["blocksize"].get<int>() != l.scheme.block_size) {
+        QINFER_FAIL() << dir << ": '" << w.name << "' needs blocksize " << l.scheme.block_size << " (other block sizes are not supported)";
+    }
+    if (j.contains("shape")) {
+        std::vector<int64_t> shape;
+        for (const auto & d : j["shape"]) shape.push_back(d.is_number_integer() ? d.get<int64_t>() : -1);
+        if (shape != std::vector<int64_t>{l.out_features, l.in_features}) {
+            QINFER_FAIL() << dir << ": '" << w.name << "' describes shape " << shape_str(shape) << ", config.json implies "
+                          << shape_str({l.out_features, l.in_features});
+        }
+    }
+    if (l.scheme.double_quant) {
+        if (!j.contains("nested_offset") || !j["nested_offset"].is_number()) QINFER_FAIL() << dir << ": '" << w.name << "' has no nested_offset";
+        if (j.value("nested_blocksize", 0) != 256) QINFER_FAIL() << dir << ": '" << w.name << "' needs nested_blocksize 256";
+        l.nested_offset = j["nested_offset"].get<float>();
+    }
+}
+
+}  // namespace
 
 std::unique_ptr<Model> load_model(const std::string & dir) {
     auto m = std::make_unique<Model>();
@@ -76,25 +180,31 @@ std::unique_ptr<Model> load_model(const std::string & dir) {
     const Checkpoint & ck = *m->checkpoint;
     std::vector<std::string> missing;
     std::set<std::string> used;
-    visit_weights(m->config, m->weights, [&](const std::string & name, const std::vector<int64_t> & shape, WeightRole,
+    QuantScheme scheme;  // of the linear being visited (its tensors come together)
+    visit_weights(m->config, m->weights, [&](const std::string & name, const std::vector<int64_t> & shape, WeightRole role,
                                              Weight & slot) {
+        if (role == WeightRole::QWeight || role == WeightRole::BnbCodes) {
+            scheme = m->config.quant.scheme_for(name.substr(0, name.rfind(role == WeightRole::QWeight ? ".qweight" : ".weight")));
+        }
         if (!ck.has(name)) {
-            missing.push_back(name);
+            if (role != WeightRole::QGIdx) missing.push_back(name);  // g_idx is optional: k / group size
             return;
         }
         used.insert(name);
         TensorView t = ck.get(name);
-        if (t.shape() != shape) {
-            QINFER_FAIL() << dir << ": tensor '" << name << "' has shape " << shape_str(t.shape()) << ", config.json implies "
-                          << shape_str(shape);
+        const bool any_length = shape.size() == 1 && shape[0] == -1;
+        if (!any_length && t.shape() != shape) {
+            QINFER_FAIL() << dir << ": tensor '" << name << "' has shape " << shape_str(t.shape()) << ", config.json"
+                          << (m->config.quant.quantized() ? " and its quantization config imply " : " implies ") << shape_str(shape);
         }
-        if (t.dtype() != DType::BF16 && t.dtype() != DType::F16 && t.dtype() != DType::F32) {
-            QINFER_FAIL() << dir << ": tensor '" << name << "' has dtype " << dtype_name(t.dtype())
-                          << "; expected BF16, F16 or F32 (a quantized checkpoint needs its quantization_config)";
+        if (!dtype_fits(role, t.dtype(), scheme)) {
+            QINFER_FAIL() << dir << ": tensor '" << name << "' has dtype " << dtype_name(t.dtype()) << "; expected "
+                          << expected_dtype(role, scheme)
+                          << (role == WeightRole::Linear ? " (a quantized checkpoint needs its quantization_config)" : "");
         }
         slot.data = t.data;
         slot.dtype = t.dtype();
-        slot.shape = shape;
+        slot.shape = t.shape();
         slot.name = name;
     });
     auto list = [](const std::vector<std::string> & names) {
@@ -103,6 +213,13 @@ std::unique_ptr<Model> load_model(const std::string & dir) {
         if (names.size() > 4) s += " (+" + std::to_string(names.size() - 4) + " more)";
         return s;
     };
+    for (const std::string & name : missing) {
+        const size_t dot = name.rfind(".weight");
+        if (dot != std::string::npos && ck.has(name.substr(0, dot) + ".qweight")) {
+            QINFER_FAIL() << dir << ": '" << name.substr(0, dot) << "' has .qweight but no quantization config (config.json quantization_config "
+                          << "or quantize_config.json)";
+        }
+    }
     if (!missing.empty()) QINFER_FAIL() << dir << ": missing tensors: " << list(missing);
     std::vector<std::string> unexpected;
     for (const auto & name : ck.names()) {
@@ -112,8 +229,37 @@ std::unique_ptr<Model> load_model(const std::string & dir) {
         if (!used.count(name) && !harmless) unexpected.push_back(name);
     }
     if (!unexpected.empty()) QINFER_FAIL() << dir << ": unexpected tensors: " << list(unexpected);
+    for_each_linear(m->weights, [&](Linear & l) {
+        if (l.scheme.method == QuantMethod::Bnb4) check_bnb_state(dir, l);
+        if (l.g_idx.present()) {
+            const int32_t * g = static_cast<const int32_t *>(l.g_idx.data);
+            const int groups = (l.in_features + l.scheme.group(l.in_features) - 1) / l.scheme.group(l.in_features);
+            for (int k = 0; k < l.in_features; k++) {
+                if (g[k] < 0 || g[k] >= groups) {
+                    QINFER_FAIL() << dir << ": '" << l.g_idx.name << "'[" << k << "] = " << g[k] << " is outside the " << groups << " groups";
+                }
+            }
+        }
+    });
     if (m->config.tie_word_embeddings) m->weights.lm_head = m->weights.embed_tokens;
     return m;
+}
+
+void for_each_linear(ModelWeights & w, const std::function<void(Linear &)> & f) {
+    auto mlp = [&](MlpWeights & m) {
+        f(m.gate_proj);
+        f(m.up_proj);
+        f(m.down_proj);
+    };
+    for (LayerWeights & L : w.layers) {
+        f(L.self_attn.q_proj);
+        f(L.self_attn.k_proj);
+        f(L.self_attn.v_proj);
+        f(L.self_attn.o_proj);
+        if (!L.is_moe) mlp(L.mlp);
+        for (MlpWeights & e : L.moe.experts) mlp(e);
+        if (L.moe.has_shared_expert) mlp(L.moe.shared_expert);
+    }
 }
 
 uint64_t decode_weight_bytes(const Model & m) {
@@ -130,9 +276,11 @@ uint64_t decode_weight_bytes(const Model & m) {
     return uint64_t(total);
 }
 
-uint64_t parameter_count(const ModelConfig & c) {
+uint64_t parameter_count(const ModelConfig & config) {
     uint64_t n = 0;
     ModelWeights w;
+    ModelConfig c = config;
+    c.quant = QuantConfig{};  // the logical parameters, not the packed words
     visit_weights(c, w, [&](const std::string &, const std::vector<int64_t> & shape, WeightRole, Weight &) {
         uint64_t k = 1;
         for (auto d : shape) k *= uint64_t(d);

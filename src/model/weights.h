@@ -23,16 +23,28 @@ struct Weight {
     size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
 };
 
-// The one linear-layer interface: y = x W^T + b. Quantized formats add their tensors here and are repacked at
-// load time into the layout of their kernels; model code only ever calls linear().
-enum class LinearFormat { Dense };
-
+// The one linear-layer interface: y = x W^T + b. A quantized linear carries its format's tensors as stored
+// (FORMATS.md sections 3-6); each backend repacks them at load time into the layout of its kernels, and model code
+// only ever calls linear(). K = in_features, N = out_features, G = groups = ceil(K / group size).
 struct Linear {
-    LinearFormat format = LinearFormat::Dense;
     int in_features = 0;
     int out_features = 0;
-    Weight weight;  // bf16/fp16/fp32 [out_features, in_features]
-    Weight bias;    // [out_features] or absent
+    QuantScheme scheme;  // method None: dense
+    Weight weight;       // dense: bf16/fp16/fp32 [N, K]; bitsandbytes: uint8 codes [ceil(N K / 2), 1]
+    Weight bias;         // [N] or absent
+    // GPTQ (v1/v2) and AWQ
+    Weight qweight;  // int32: GPTQ [K bits / 32, N] packed along K; AWQ [K, N / 8] packed along N
+    Weight qzeros;   // int32: GPTQ [G, N bits / 32]; AWQ [G, N / 8]
+    Weight scales;   // fp16 [G, N]
+    Weight g_idx;    // int32 [K] group of each input channel (GPTQ; absent: k / group size)
+    // bitsandbytes 4-bit
+    Weight absmax;            // fp32 [blocks] (uint8 with double quantization)
+    Weight quant_map;         // fp32 [16]: the code table
+    Weight nested_absmax;     // fp32 [ceil(blocks / 256)] (double quantization)
+    Weight nested_quant_map;  // fp32 [256] (double quantization)
+    Weight quant_state;       // uint8 JSON: blocksize, shape, nested_offset, ...
+    float nested_offset = 0;  // from quant_state
+    bool quantized() const { return scheme.quantized(); }
 };
 
 struct AttentionWeights {
@@ -76,10 +88,19 @@ struct ModelWeights {
 
 // Every tensor a checkpoint of this config holds, in checkpoint order, with its slot in `w`. The loader and
 // `qinfer synth` both walk this one list, so they cannot disagree about names or shapes.
-enum class WeightRole { Norm, Linear, Bias, Embedding, Router };
+enum class WeightRole {
+    Norm, Linear, Bias, Embedding, Router,
+    QWeight, QZeros, QScales, QGIdx,                                                        // GPTQ / AWQ
+    BnbCodes, BnbAbsmax, BnbQuantMap, BnbNestedAbsmax, BnbNestedQuantMap, BnbQuantState,  // bitsandbytes
+};
 using WeightVisitor = std::function<void(const std::string & name, const std::vector<int64_t> & shape, WeightRole role,
                                          Weight & slot)>;
 void visit_weights(const ModelConfig & c, ModelWeights & w, const WeightVisitor & visit);
+
+// Every projection of the model (q/k/v/o, and gate/up/down of dense, expert and shared-expert MLPs).
+void for_each_linear(ModelWeights & w, const std::function<void(Linear &)> & f);
+
+// Shapes: -1 in a visited shape means any length (bitsandbytes' JSON quant_state).
 
 // A loaded model: config, mapped checkpoint and typed weights. Checks every name, shape and dtype; reports
 // missing and unexpected tensors by name.

@@ -52,12 +52,15 @@ int cmd_bench(int argc, char ** argv) {
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
+                "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
-                "input lengths 1,6144,14336,30720 with 2048 generated; on the CPU shorter: 1,256 with 32 generated\n");
+                "input lengths 1,6144,14336,30720 with 2048 generated; on the CPU shorter: 1,256 with 32 generated\n"
+                "quant kinds: %s\n",
+                k_synth_quant_usage, synth_quant_kinds());
             return 0;
         }
     }
-    Args a(argc, argv, 2, {});
+    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant"});
     std::string backend = a.str("backend", "auto");
     const bool gpu = backend == "cuda" || (backend == "auto" && cuda_available());
     std::string model_dir = a.str("model");
@@ -78,7 +81,9 @@ int cmd_bench(int argc, char ** argv) {
     EngineOptions eo;
     eo.backend = backend;
     eo.threads = int(a.integer("threads", 0));
+    const SynthQuant quant = synth_quant_from_args(a);
     a.check_unused();
+    if (!quant.kind.empty() && !model_dir.empty()) QINFER_FAIL() << "--quant synthesizes a preset; with --model the checkpoint's own format is used";
     if (lens.empty()) QINFER_FAIL() << "--input-lens is empty";
     for (int l : lens) {
         if (l < 1) QINFER_FAIL() << "--input-lens entries must be >= 1, got " << l;
@@ -89,8 +94,9 @@ int cmd_bench(int argc, char ** argv) {
                      lens.front(), lens.back(), gen);
     }
     if (model_dir.empty()) {
-        std::fprintf(stderr, "bench: synthetic %s%s\n", preset.c_str(), layers ? (" (" + std::to_string(layers) + " layers)").c_str() : "");
-        model_dir = ensure_synth(preset, layers, DType::BF16);
+        std::fprintf(stderr, "bench: synthetic %s%s%s\n", preset.c_str(), layers ? (" (" + std::to_string(layers) + " layers)").c_str() : "",
+                     quant.kind.empty() ? "" : (", " + quant.kind).c_str());
+        model_dir = ensure_synth(preset, layers, DType::BF16, quant);
     }
     std::string model_name = !name_opt.empty() ? name_opt : preset.empty() ? model_dir : preset;
 
@@ -112,7 +118,7 @@ int cmd_bench(int argc, char ** argv) {
     for (int len : lens) {
         Row r;
         r.model = model_name;
-        r.quant = c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
+        r.quant = c.quant.quantized() ? c.quant.label : c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
         r.kv_dtype = kv_elem == 2 ? "bf16" : "fp32";
         r.input_len = len;
         r.gen_len = gen;

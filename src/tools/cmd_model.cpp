@@ -1,12 +1,17 @@
-// qinfer synth | run | logits | info
+// qinfer synth | run | logits | dequant | info
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "backends/cpu/ops.h"
 #include "io/npy.h"
+#include "io/safetensors.h"
 #include "io/tokenizer.h"
+#include "model/quant.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -60,14 +65,16 @@ SamplingParams sampling_from_args(const Args & a, const GenerationConfig & gc) {
 int cmd_synth(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
         std::printf("usage: qinfer synth --preset NAME --out DIR [--layers N] [--seed S] [--dtype bf16|fp16|fp32]\n"
-                    "                    [--shard-size BYTES]\npresets:");
+                    "                    [--shard-size BYTES] %s\nquant kinds: %s\npresets:",
+                    k_synth_quant_usage, synth_quant_kinds());
         for (const auto & n : preset_names()) std::printf(" %s", n.c_str());
         std::printf("\n");
         return 0;
     }
-    Args a(argc, argv, 2, {});
+    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant"});
     SynthOptions o;
     o.preset = a.required("preset");
+    o.quant = synth_quant_from_args(a);
     o.out_dir = a.required("out");
     o.layers = int(a.integer("layers", 0));
     o.seed = uint64_t(a.integer("seed", 0));
@@ -173,6 +180,56 @@ int cmd_run(int argc, char ** argv) {
     return 0;
 }
 
+int cmd_dequant(int argc, char ** argv) {
+    if (wants_help(argc, argv)) {
+        std::printf("usage: qinfer dequant --model DIR --out DIR\n"
+                    "writes the checkpoint with every tensor in fp32, quantized linears dequantized by their format's formula\n"
+                    "(the CPU reference's weights; scripts/quant_ref.py checks them against its own implementation)\n");
+        return 0;
+    }
+    Args a(argc, argv, 2, {});
+    const std::string dir = a.required("model"), out = a.required("out");
+    a.check_unused();
+    auto m = load_model(dir);
+    ModelConfig dense = m->config;
+    dense.quant = QuantConfig{};
+    std::map<std::string, const Weight *> tensors;
+    std::map<std::string, const Linear *> linears;
+    ModelWeights loaded = m->weights;
+    visit_weights(m->config, loaded, [&](const std::string & name, const std::vector<int64_t> &, WeightRole, Weight & slot) {
+        tensors[name] = &slot;
+    });
+    for_each_linear(loaded, [&](Linear & l) {
+        if (!l.quantized()) return;
+        const std::string & n = l.scheme.method == QuantMethod::Bnb4 ? l.weight.name : l.qweight.name;
+        linears[n.substr(0, n.rfind(l.scheme.method == QuantMethod::Bnb4 ? ".weight" : ".qweight")) + ".weight"] = &l;
+    });
+    std::vector<std::string> names;
+    SafetensorsWriter writer;
+    ModelWeights w;
+    visit_weights(dense, w, [&](const std::string & name, const std::vector<int64_t> & shape, WeightRole, Weight &) {
+        writer.add(name, DType::F32, shape);
+        names.push_back(name);
+    });
+    std::filesystem::create_directories(out);
+    writer.write((std::filesystem::path(out) / "model.safetensors").string(), {{"format", "pt"}}, [&](size_t i, uint8_t * dst, size_t nbytes) {
+        float * f = reinterpret_cast<float *>(dst);
+        if (linears.count(names[i])) {
+            std::vector<float> v = dequantize(*linears.at(names[i]));
+            std::memcpy(f, v.data(), nbytes);
+        } else {
+            const Weight & src = *tensors.at(names[i]);
+            for (int64_t j = 0; j < src.numel(); j++) f[j] = cpu::weight_at(src, j);
+        }
+    });
+    auto cfg = nlohmann::json::parse(read_text_file((std::filesystem::path(dir) / "config.json").string()));
+    cfg.erase("quantization_config");
+    cfg["torch_dtype"] = "float32";
+    std::ofstream((std::filesystem::path(out) / "config.json").string()) << cfg.dump(2) << "\n";
+    std::printf("wrote %s: %zu tensors in fp32\n", out.c_str(), names.size());
+    return 0;
+}
+
 int cmd_info(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
         std::printf("usage: qinfer info --model DIR [--context N]\n");
@@ -195,6 +252,7 @@ int cmd_info(int argc, char ** argv) {
                     c.num_experts_per_tok, c.moe_intermediate_size, c.shared_expert_intermediate_size,
                     c.norm_topk_prob ? "true" : "false");
     }
+    if (c.quant.quantized()) std::printf("quantization     %s: %s\n", c.quant.label.c_str(), c.quant.base.describe().c_str());
     std::printf("vocab            %d%s\n", c.vocab_size, c.tie_word_embeddings ? " (tied embeddings)" : "");
     std::printf("context          %d, rope_theta %g, rope scaling %s", c.max_context(), c.rope_theta,
                 rope_type_name(c.rope_scaling.type));

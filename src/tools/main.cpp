@@ -18,7 +18,8 @@ const char * k_usage =
     "  chat     interactive chat with the checkpoint's chat template\n"
     "  tokenize / detokenize   text to ids and back (standard input to standard output)\n"
     "  logits   fp32 logits of one forward pass, as .npy\n"
-    "  info     architecture, parameters, bytes by dtype, memory at a context\n"
+    "  info     architecture, parameters, quantization, bytes by dtype, memory at a context\n"
+    "  dequant  write a quantized checkpoint back in fp32 (the CPU reference's weights)\n"
     "  synth    write a random-weight checkpoint in the published layout\n"
     "\n"
     "`qinfer COMMAND --help` lists a command's options.\n";
@@ -36,6 +37,7 @@ int main(int argc, char ** argv) {
         if (cmd == "run") return qinfer::cmd_run(argc, argv);
         if (cmd == "logits") return qinfer::cmd_logits(argc, argv);
         if (cmd == "info") return qinfer::cmd_info(argc, argv);
+        if (cmd == "dequant") return qinfer::cmd_dequant(argc, argv);
         if (cmd == "bench") return qinfer::cmd_bench(argc, argv);
         if (cmd == "tokenize") return qinfer::cmd_tokenize(argc, argv);
         if (cmd == "detokenize") return qinfer::cmd_detokenize(argc, argv);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/dtype.h"
+#include "tools/synth_quant.h"
 
 namespace qinfer {
 
@@ -18,14 +19,15 @@ struct SynthOptions {
     bool dtype_given = false;  // else the preset's torch_dtype
     uint64_t shard_bytes = 4000000000ull;  // the hub's Qwen2.5 shards are about 4 GB
     bool quiet = false;
+    SynthQuant quant;  // kind empty: dense
 };
 
 // Writes the folder; returns the total tensor bytes written.
 uint64_t synthesize(const SynthOptions & opt);
 
 // A cache folder for a preset's synthetic checkpoint (bench uses it): $QINFER_CACHE or ~/.cache/qinfer.
-std::string synth_cache_dir(const std::string & preset, int layers, DType dtype);
+std::string synth_cache_dir(const std::string & preset, int layers, DType dtype, const SynthQuant & quant = {});
 // Synthesizes into the cache unless a complete copy is there; returns the folder.
-std::string ensure_synth(const std::string & preset, int layers, DType dtype);
+std::string ensure_synth(const std::string & preset, int layers, DType dtype, const SynthQuant & quant = {});
 
 }  // namespace qinfer

@@ -67,5 +67,22 @@ expect unknown-option "unknown option --frobnicate" "$q" info --model "$good" --
 expect unknown-preset "unknown preset 'qwen9'" "$q" synth --preset qwen9 --out "$tmp/z"
 expect bad-top-p "top_p must be in" "$q" run --model "$good" --tokens 1 --temperature 1 --top-p 0
 
+# Quantized checkpoints whose tensors or config are wrong.
+gq="$tmp/gq"
+"$q" synth --preset tiny-qwen2 --out "$gq" --quant gptq-int4 --group-size 32 >/dev/null || { echo "synth --quant failed"; exit 1; }
+qfresh() { rm -rf "$tmp/m"; cp -r "$gq" "$tmp/m"; rm -f "$tmp/m/quantize_config.json"; }
+qfresh; sed -i 's/"bits": 4/"bits": 5/' "$tmp/m/config.json"
+expect gptq-bad-bits "5-bit GPTQ is not supported" "$q" info --model "$tmp/m"
+qfresh; sed -i 's/"group_size": 32/"group_size": 64/' "$tmp/m/config.json"
+expect gptq-group-mismatch "qzeros' has shape \[3, 12\], config.json and its quantization config imply \[2, 12\]" "$q" info --model "$tmp/m"
+qfresh; sed -i 's/"quant_method": "gptq"/"quant_method": "exl2"/' "$tmp/m/config.json"
+expect unknown-quant-method "quant_method 'exl2' is not supported" "$q" info --model "$tmp/m"
+qfresh; sed -i 's/"checkpoint_format": "gptq"/"checkpoint_format": "marlin"/' "$tmp/m/config.json"
+expect gptq-marlin-format "checkpoint_format 'marlin' is not supported" "$q" info --model "$tmp/m"
+qfresh; python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); del c['quantization_config']; json.dump(c, open(p,'w'))" "$tmp/m/config.json"
+expect quant-config-missing "has .qweight but no quantization config" "$q" info --model "$tmp/m"
+qfresh; truncate -s 20000 "$tmp/m/model.safetensors"
+expect quant-truncated "truncated" "$q" info --model "$tmp/m"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

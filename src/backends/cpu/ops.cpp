@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "model/quant.h"
 
 namespace qinfer::cpu {
 
@@ -131,7 +132,21 @@ void rms_norm(const float * x, const Weight & w, float eps, int n, int dim, floa
 void linear(const float * x, int n, const Linear & l, float * y) {
     const int K = l.in_features, N = l.out_features;
     const Weight & W = l.weight;
-    if (n == 1) {
+    if (l.quantized()) {
+        // Dequantize a block of rows by the format's formula (model/quant.h), then multiply in fp32.
+        const QuantReader reader(l);
+        constexpr int k_rows = 8;
+        parallel_for((N + k_rows - 1) / k_rows, [&](int64_t b) {
+            thread_local std::vector<float> rows;
+            rows.resize(size_t(k_rows) * K);
+            const int64_t r0 = b * k_rows, r1 = std::min<int64_t>(N, r0 + k_rows);
+            for (int64_t r = r0; r < r1; r++) reader.row(r, rows.data() + (r - r0) * K);
+            for (int t = 0; t < n; t++) {
+                const float * xt = x + int64_t(t) * K;
+                for (int64_t r = r0; r < r1; r++) y[int64_t(t) * N + r] = dot_f32(rows.data() + (r - r0) * K, xt, K);
+            }
+        });
+    } else if (n == 1) {
         // Decode: one pass over the weights, rows split across threads.
         parallel_for(N, [&](int64_t r) { y[r] = dot_row(W, r, x, K); });
     } else {
