@@ -2,7 +2,8 @@
 # The one script for the GPU machine: unpack the carried Debian packages, build everything (-j16), run every test
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
-# usage: scripts/device.sh [goldens] [chat] [test] [kernels] [bench] [hf-quick] [bench-full]   (default: test bench)
+# usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
+#                          [bench-quant]   (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,15 @@ if has goldens; then
         note "goldens: FAILED (see goldens.log)"
     fi
 fi
+if has quant-goldens; then
+    rm -rf "$OUT/goldens"
+    if python3 scripts/make_goldens.py "$Q" "$OUT/goldens" --quant-only 2>&1 | tee "$OUT/goldens.log" | tail -8; then
+        tar -C "$OUT" -cf "$OUT/goldens.tar" goldens && rm -rf "$OUT/goldens"
+        note "quant goldens: made"
+    else
+        note "quant goldens: FAILED (see goldens.log)"
+    fi
+fi
 if has chat; then
     python3 scripts/make_chat_goldens.py "$OUT/chat_goldens.json" 2>&1 | tail -2
 fi
@@ -50,11 +60,18 @@ if has test; then
     grep -E "FAILED|Failure" -A4 "$OUT/ctest.log" | head -60 || true
 fi
 if has kernels; then
-    build-device/tests/qinfer_tests --gtest_filter='*Attention*:*Gemv*' 2>&1 | grep -E "^\[ kernel \]|FAILED|Failure|PASSED" | tee "$OUT/kernels.log" | head -20
+    build-device/tests/qinfer_tests --gtest_filter='*Attention*:*Gemv*:*Quant*' 2>&1 | grep -E "^\[ kernel \]|FAILED|Failure|PASSED" | tee "$OUT/kernels.log" | head -20
 fi
 if has bench; then
     for p in qwen2.5-0.5b qwen2.5-7b; do
         QINFER_PROFILE=1 "$Q" bench --preset "$p" --input-lens 1,6144 --gen 256 --json "$OUT/quick-$p.json" 2>&1 | tee -a "$OUT/bench.log" | grep -v "^bench:" | tail -24
+    done
+fi
+# Quantized decode, short: BF16 and each 4/8-bit format of one model in the same run.
+if has quant-quick; then
+    for q in bf16 gptq-int4 awq gptq-int8 nf4; do
+        QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 256 --json "$OUT/quick-7b-$q.json" 2>&1 |
+            tee -a "$OUT/bench.log" | grep -v "^bench:" | tail -20
     done
 fi
 if has hf-quick; then
@@ -74,6 +91,17 @@ if has bench-full; then
             --baseline "$(ls "$OUT"/hf-*-$p.json 2>/dev/null | paste -sd,)" \
             2>&1 | tee -a "$OUT/bench.log" | grep -v "^bench:"
         rm -rf "$d"
+    done
+fi
+# The quantized rows (issue 5): each format against BF16 of the same shapes on the same card, in one run.
+if has bench-quant; then
+    for spec in qwen2.5-7b:bf16 qwen2.5-7b:gptq-int4 qwen2.5-7b:awq qwen2.5-7b:gptq-int8 qwen2.5-7b:nf4 qwen2.5-0.5b:bf16 qwen2.5-0.5b:gptq-int4; do
+        p=${spec%%:*} q=${spec##*:}
+        lens=1,30720
+        [ "$q" = nf4 ] && lens=1
+        "$Q" bench --preset "$p" --quant "$q" --input-lens $lens --json "$OUT/bench-$p-$q.json" --csv "$OUT/bench-$p-$q.csv" \
+            2>&1 | tee -a "$OUT/bench.log" | grep -v "^bench:"
+        rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
     done
 fi
 # Everything in one archive: the device tool brings back at most eight files.

@@ -7,7 +7,10 @@ and the fp32 logits of the whole sequence. The test rebuilds the same checkpoint
 A checkpoint written by transformers itself (save_pretrained) is committed too, to test reading hub-written files.
 Also loads `qinfer synth` output of published shapes (2 layers) in transformers, checking keys only.
 
-usage: make_goldens.py QINFER_BINARY OUT_DIR [--skip-large]
+Quantized cases: `qinfer synth --quant ...` writes the checkpoint in its hub layout; scripts/quant_ref.py (numpy, an
+independent implementation of FORMATS.md) dequantizes it to fp32, and transformers runs that dense copy.
+
+usage: make_goldens.py QINFER_BINARY OUT_DIR [--skip-large] [--quant-only]
 """
 import hashlib
 import json
@@ -40,6 +43,15 @@ CASES = [
     ("llama3-fp32", "tiny-llama3", "fp32", 9),
     ("qwen2-moe-fp32", "tiny-qwen2-moe", "fp32", 10),
     ("qwen3-moe-fp32", "tiny-qwen3-moe", "fp32", 11),
+]
+# name, preset, seed, synth options: quantized checkpoints (fp16 unquantized tensors, as the hub's exports)
+QUANT_CASES = [
+    ("qwen2-gptq4-act-order", "tiny-qwen2", 21, ["--quant", "gptq-int4", "--group-size", "32", "--desc-act"]),
+    ("qwen2-gptq8-asym-v2", "tiny-qwen2", 22, ["--quant", "gptq-int8", "--group-size", "32", "--asym", "--gptq-format", "v2"]),
+    ("llama3-awq", "tiny-llama3", 23, ["--quant", "awq", "--group-size", "32"]),
+    ("qwen2-autoround-sym", "tiny-qwen2", 24, ["--quant", "autoround-sym", "--group-size", "32"]),
+    ("qwen2-nf4-double-quant", "tiny-qwen2-k128", 25, ["--quant", "nf4", "--double-quant"]),
+    ("qwen2-moe-gptq8", "tiny-qwen2-moe", 26, ["--quant", "gptq-int8", "--group-size", "16"]),
 ]
 TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -78,6 +90,26 @@ def main():
     tmp = tempfile.mkdtemp()
     index = []
     failed = []
+    quant_only = "--quant-only" in sys.argv
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name, preset, seed, options in QUANT_CASES:
+        d, dense = os.path.join(tmp, name), os.path.join(tmp, name + "-dense")
+        subprocess.run([qinfer, "synth", "--preset", preset, "--out", d, "--seed", str(seed)] + options, check=True,
+                       stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, os.path.join(here, "quant_ref.py"), "dense", d, dense], check=True, stdout=subprocess.DEVNULL)
+        model = load_strict(dense, torch.float32)
+        greedy, logits = greedy_and_logits(model, PROMPT)
+        np.save(os.path.join(out, name + ".npy"), logits.astype(np.float32))
+        json.dump({"name": name, "preset": preset, "dtype": "quant", "seed": seed, "synth": options, "prompt": PROMPT,
+                   "greedy": greedy, "logits": name + ".npy", "rope": rope_info(model),
+                   "safetensors_sha256": sha256(os.path.join(d, "model.safetensors")),
+                   "transformers": transformers.__version__, "torch": torch.__version__},
+                  open(os.path.join(out, name + ".json"), "w"), indent=1)
+        index.append(name)
+        print(f"golden {name}: greedy {greedy[:8]}...", flush=True)
+    if quant_only:
+        json.dump(index, open(os.path.join(out, "index.json"), "w"), indent=1)
+        return
     for name, preset, dtype, seed in CASES:
         d = os.path.join(tmp, name)
         subprocess.run([qinfer, "synth", "--preset", preset, "--out", d, "--seed", str(seed), "--dtype", dtype], check=True,

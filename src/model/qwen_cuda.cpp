@@ -2,7 +2,9 @@
 // the fusions that pay on a GPU: RMSNorm inside the decode projections, residual adds in their epilogues, fused
 // QKV and gate/up weights, bias + q/k norm + RoPE + KV-cache write in one kernel. Prefill runs in chunks through
 // cuBLASLt and FlashAttention-style attention; greedy decode steps are captured once in a CUDA graph and replayed.
-// MoE layers route on the host (correct first), so MoE models decode without the graph.
+// MoE layers route on the host (correct first), so MoE models decode without the graph. Quantized projections
+// (GPTQ/AWQ/AutoRound 4/8-bit, bitsandbytes 4-bit) are repacked at load time into one layout with its own GEMV;
+// prefill dequantizes each one to bf16 and multiplies with cuBLASLt.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "backends/cuda/ops.h"
 #include "core/check.h"
 #include "core/progress.h"
+#include "model/quant_repack.h"
 #include "model/rope.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
@@ -103,10 +106,21 @@ private:
 };
 
 struct DevLinear {
-    DeviceBuffer w;  // bf16 [n, k]
+    DeviceBuffer w;  // bf16 [n, k] (dense)
     int n = 0, k = 0;
+    // Quantized: the kernels' layout (model/quant_repack.h) and its view.
+    bool quantized = false;
+    DeviceBuffer codes, scales, zeros, absmax, table, perm;
+    cuda::QuantMatrix q;
     const bf16 * ptr() const { return w.as<bf16>(); }
 };
+
+template <class T> DeviceBuffer upload_vector(const std::vector<T> & v, const char * what) {
+    if (v.empty()) return DeviceBuffer();
+    DeviceBuffer b(v.size() * sizeof(T), what);
+    CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return b;
+}
 
 struct DevMlp {
     DevLinear gate_up;  // bf16 [2 inter, hidden]: gate rows, then up rows
@@ -142,13 +156,15 @@ public:
 private:
     void upload_weights();
     DeviceBuffer upload(const std::vector<const Weight *> & parts, const char * what, uint64_t * done, Progress & bar);
-    DevLinear upload_linear(const std::vector<const Weight *> & parts, uint64_t * done, Progress & bar);
+    DevLinear upload_dense(const std::vector<const Weight *> & parts, uint64_t * done, Progress & bar);
+    DevLinear upload_linear(const std::vector<const Linear *> & parts, uint64_t * done, Progress & bar);
     DevMlp upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar);
     void ensure_kv(int tokens);
     void ensure_workspace(int c);
     cuda::KVLayer kv_layer(int layer, int seq) const;
     cuda::QkvRopeArgs rope_args(int layer, int seq, int n) const;
     void linear(const bf16 * x, int m, const DevLinear & l, bf16 * y);
+    void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     void moe(const DevLayer & L, int c, const bf16 * xn, float * x);
     void decode_step(int seq);
 
@@ -170,6 +186,7 @@ private:
     // Workspaces for `ws_tokens_` tokens at a time.
     int ws_tokens_ = 0;
     DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
+    DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
     // Decode state on the device: {token, position, step, context length}; tokens produced by the graph.
     DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;
@@ -215,7 +232,7 @@ DeviceBuffer CudaQwenEngine::upload(const std::vector<const Weight *> & parts, c
     return buf;
 }
 
-DevLinear CudaQwenEngine::upload_linear(const std::vector<const Weight *> & parts, uint64_t * done, Progress & bar) {
+DevLinear CudaQwenEngine::upload_dense(const std::vector<const Weight *> & parts, uint64_t * done, Progress & bar) {
     DevLinear l;
     l.k = int(parts[0]->shape[1]);
     for (const Weight * w : parts) l.n += int(w->shape[0]);
@@ -223,11 +240,55 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Weight *> & part
     return l;
 }
 
+// Projections stacked along rows (q/k/v, gate/up): dense weights as bf16, quantized ones repacked for the kernels.
+DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & parts, uint64_t * done, Progress & bar) {
+    if (!parts[0]->quantized()) {
+        std::vector<const Weight *> w;
+        for (const Linear * p : parts) {
+            if (p->quantized()) QINFER_FAIL() << "CUDA backend: " << p->qweight.name << " is quantized but the projections fused with it are not";
+            w.push_back(&p->weight);
+        }
+        return upload_dense(w, done, bar);
+    }
+    const RepackedQuant r = repack_for_cuda(parts);
+    DevLinear l;
+    l.quantized = true;
+    l.n = r.rows;
+    l.k = r.k;
+    l.codes = upload_vector(r.codes, "weights");
+    l.scales = upload_vector(r.scales, "weights");
+    l.zeros = upload_vector(r.zeros, "weights");
+    l.absmax = upload_vector(r.absmax, "weights");
+    l.table = upload_vector(r.table, "weights");
+    l.perm = upload_vector(r.perm, "weights");
+    cuda::QuantMatrix & q = l.q;
+    q.codes = l.codes.as<uint32_t>();
+    q.scales = l.scales.as<uint16_t>();
+    q.zeros = l.zeros.as<uint8_t>();
+    q.const_zero = r.const_zero;
+    q.absmax = l.absmax.as<float>();
+    q.table = l.table.as<float>();
+    q.perm = l.perm.as<int>();
+    q.rows = r.rows;
+    q.k = r.k;
+    q.bits = r.bits;
+    q.group = r.group;
+    q.groups = r.groups;
+    q.lut = r.lut;
+    for (const Linear * p : parts) {
+        for (const Weight * w : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->g_idx, &p->absmax}) {
+            if (w->present()) *done += w->nbytes();
+        }
+    }
+    bar.update(int64_t(*done));
+    return l;
+}
+
 DevMlp CudaQwenEngine::upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar) {
     if (m.gate_proj.bias.present() || m.down_proj.bias.present()) QINFER_FAIL() << "CUDA backend: MLP biases are not supported";
     DevMlp d;
-    d.gate_up = upload_linear({&m.gate_proj.weight, &m.up_proj.weight}, done, bar);
-    d.down = upload_linear({&m.down_proj.weight}, done, bar);
+    d.gate_up = upload_linear({&m.gate_proj, &m.up_proj}, done, bar);
+    d.down = upload_linear({&m.down_proj}, done, bar);
     return d;
 }
 
@@ -245,24 +306,24 @@ void CudaQwenEngine::upload_weights() {
         D.input_norm = upload({&L.input_layernorm}, "norm", &done, bar);
         D.post_norm = upload({&L.post_attention_layernorm}, "norm", &done, bar);
         const AttentionWeights & A = L.self_attn;
-        D.qkv = upload_linear({&A.q_proj.weight, &A.k_proj.weight, &A.v_proj.weight}, &done, bar);
+        D.qkv = upload_linear({&A.q_proj, &A.k_proj, &A.v_proj}, &done, bar);
         if (A.q_proj.bias.present()) D.qkv_bias = upload({&A.q_proj.bias, &A.k_proj.bias, &A.v_proj.bias}, "bias", &done, bar);
         if (A.q_norm.present()) {
             D.q_norm = upload({&A.q_norm}, "norm", &done, bar);
             D.k_norm = upload({&A.k_norm}, "norm", &done, bar);
         }
-        D.o = upload_linear({&A.o_proj.weight}, &done, bar);
+        D.o = upload_linear({&A.o_proj}, &done, bar);
         D.moe = L.is_moe;
         if (!L.is_moe) {
             D.mlp = upload_mlp(L.mlp, &done, bar);
             continue;
         }
-        D.router = upload_linear({&L.moe.gate}, &done, bar);
+        D.router = upload_dense({&L.moe.gate}, &done, bar);
         for (const MlpWeights & e : L.moe.experts) D.experts.push_back(upload_mlp(e, &done, bar));
         D.has_shared = L.moe.has_shared_expert;
         if (D.has_shared) {
             D.shared = upload_mlp(L.moe.shared_expert, &done, bar);
-            D.shared_gate = upload_linear({&L.moe.shared_expert_gate}, &done, bar);
+            D.shared_gate = upload_dense({&L.moe.shared_expert_gate}, &done, bar);
         }
     }
     final_norm_ = upload({&W.norm}, "norm", &done, bar);
@@ -303,7 +364,7 @@ int CudaQwenEngine::new_sequence(int max_tokens) {
     // allocator's peak restarts, so the benchmark reports what the request used.
     if (!block_tables_.empty()) QINFER_FAIL() << "CUDA backend: one sequence at a time (batching comes later)";
     ws_tokens_ = 0;
-    for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &moe_rows_, &moe_scale_, &moe_in_,
+    for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &moe_rows_, &moe_scale_, &moe_in_,
                              &moe_gu_, &moe_act_, &moe_out_, &router_logits_}) {
         *b = DeviceBuffer();
     }
@@ -378,8 +439,29 @@ cuda::QkvRopeArgs CudaQwenEngine::rope_args(int layer, int seq, int n) const {
     return r;
 }
 
-// y[m, n] = x[m, k] W^T: the GEMV kernels for a few rows, cuBLASLt beyond.
+// One decode projection: the GEMV kernel of the weight's format.
+void CudaQwenEngine::project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out) {
+    if (l.quantized) return cuda::qgemv(l.q, a, in, out, stream_);
+    a.w = l.ptr();
+    cuda::gemv(a, in, out, stream_);
+}
+
+// y[m, n] = x[m, k] W^T: the GEMV kernels for a few rows, cuBLASLt beyond (quantized weights dequantized first).
 void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y) {
+    if (l.quantized) {
+        if (m <= k_gemv_max_m) {
+            cuda::GemvArgs a;
+            a.n = l.n;
+            a.k = l.k;
+            a.x = x;
+            a.m = m;
+            a.y = y;
+            return cuda::qgemv(l.q, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, stream_);
+        }
+        dequant_.ensure(size_t(l.n) * l.k * sizeof(bf16), "dequantized weights");
+        cuda::dequantize(l.q, dequant_.as<bf16>(), stream_);
+        return cuda::gemm(x, dequant_.as<bf16>(), m, l.n, l.k, y, false, stream_);
+    }
     if (m <= k_gemv_max_m) {
         cuda::GemvArgs a;
         a.w = l.ptr();
@@ -551,14 +633,13 @@ void CudaQwenEngine::decode_step(int seq) {
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         const DevLayer & L = layers_[size_t(l)];
         cuda::GemvArgs a;
-        a.w = L.qkv.ptr();
         a.n = L.qkv.n;
         a.k = H;
         a.x = x;
         a.norm_w = L.input_norm.as<bf16>();
         a.eps = eps;
         a.y = qkv_.get();
-        cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16, stream_);
+        project(L.qkv, a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16);
         prof_.mark("qkv gemv");
         cuda::QkvRopeArgs r = rope_args(l, seq, 1);
         r.pos0_dev = state + 1;
@@ -568,30 +649,27 @@ void CudaQwenEngine::decode_step(int seq) {
                                scratch, attn_.as<bf16>(), stream_);
         prof_.mark("attention");
         a = cuda::GemvArgs{};
-        a.w = L.o.ptr();
         a.n = L.o.n;
         a.k = L.o.k;
         a.x = attn_.get();
         a.y = x;
-        cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32, stream_);
+        project(L.o, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
         prof_.mark("o_proj gemv");
         a = cuda::GemvArgs{};
-        a.w = L.mlp.gate_up.ptr();
         a.n = L.mlp.down.k;
         a.k = H;
         a.x = x;
         a.norm_w = L.post_norm.as<bf16>();
         a.eps = eps;
         a.y = act_.get();
-        cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16, stream_);
+        project(L.mlp.gate_up, a, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16);
         prof_.mark("gate_up gemv");
         a = cuda::GemvArgs{};
-        a.w = L.mlp.down.ptr();
         a.n = H;
         a.k = L.mlp.down.k;
         a.x = act_.get();
         a.y = x;
-        cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32, stream_);
+        project(L.mlp.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
         prof_.mark("down gemv");
     }
     cuda::GemvArgs a;

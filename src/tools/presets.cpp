@@ -172,6 +172,8 @@ std::vector<Preset> make_presets() {
     // Tiny presets (tests and goldens).
     json t2 = tiny(qwen2_config(96, 160, 6, 2, 3, 256, true, 256));
     p.push_back({"tiny-qwen2", t2, tiny_gen(), "", 0});
+    // Sizes that are multiples of 64 (bitsandbytes' blocks on the CUDA backend), untied lm_head.
+    p.push_back({"tiny-qwen2-k128", tiny(qwen2_config(128, 192, 4, 2, 3, 256, false, 256)), tiny_gen(), "", 0});
     json t2u = t2;
     t2u["tie_word_embeddings"] = false;
     t2u["num_key_value_heads"] = 6;  // Qwen1.5-style MHA

@@ -12,6 +12,7 @@
 #include "model/rope.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "tools/args.h"
 #include "tools/synth.h"
 #include "../unit/test_helpers.h"
 
@@ -72,11 +73,20 @@ static void check_golden(const std::string & name, const std::string & backend) 
         o.seed = meta["seed"];
         std::string dt = meta["dtype"];
         o.dtype = dt == "bf16" ? DType::BF16 : dt == "fp16" ? DType::F16 : DType::F32;
-        o.dtype_given = true;
+        o.dtype_given = dt != "quant";
+        if (meta.contains("synth")) {
+            // The synth options of a quantized case, e.g. --quant gptq-int4 --group-size 32 --desc-act.
+            std::vector<std::string> opts = meta["synth"];
+            std::vector<char *> argv = {const_cast<char *>("qinfer"), const_cast<char *>("synth")};
+            for (auto & s : opts) argv.push_back(s.data());
+            Args a(int(argv.size()), argv.data(), 2, {"desc-act", "asym", "double-quant"});
+            o.quant = synth_quant_from_args(a);
+        }
         synthesize(o);
     }
     const std::string dtype = meta["dtype"];
-    const bool exact = !gpu && (dtype == "fp32" || dtype == "bf16-as-fp32");
+    // Quantized cases: transformers ran the fp32 dequantized weights (fp16 unquantized tensors widened exactly).
+    const bool exact = !gpu && (dtype == "fp32" || dtype == "bf16-as-fp32" || dtype == "quant");
     std::vector<int> prompt = meta["prompt"], greedy = meta["greedy"];
 
     EngineOptions eo;

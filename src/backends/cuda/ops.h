@@ -33,6 +33,23 @@ struct GemvArgs {
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 
+// ---- quantized weights (layout: model/quant_repack.h) ----
+struct QuantMatrix {
+    const uint32_t * codes = nullptr;  // [rows, k bits / 32]: codes along k (in `perm` order), LSB first
+    const uint16_t * scales = nullptr;  // affine: fp16 [rows, groups]
+    const uint8_t * zeros = nullptr;    // affine: [rows, groups]; null: every zero is const_zero
+    int const_zero = 0;
+    const float * absmax = nullptr;     // lookup (bitsandbytes): [rows, k / 64]
+    const float * table = nullptr;      // lookup: [16]
+    const int * perm = nullptr;         // [k]: position i reads input channel perm[i]; null: identity
+    int rows = 0, k = 0, bits = 4, group = 0, groups = 0;
+    bool lut = false;
+};
+// The GEMV above with quantized weights (a.w unused): dequantized in registers, fp32 accumulation. Any m.
+void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
+// out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
+void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
+
 // ---- elementwise ----
 // x[t] = float(table[ids[t]]): table bf16 [vocab, hidden]; ids int [n] on the device; x fp32 [n, hidden]
 void embedding(const bf16 * table, const int * ids, int n, int hidden, float * x, cudaStream_t stream);

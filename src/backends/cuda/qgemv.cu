@@ -1,0 +1,316 @@
+// Decode GEMV with quantized weights (4-bit and 8-bit affine: GPTQ/AWQ/AutoRound; 4-bit lookup: bitsandbytes).
+// Each lane reads 16 bytes of codes per row and step (32 4-bit or 16 8-bit values), and a warp works on four weight
+// rows at once, so each staged input value is read from shared memory once per four rows.
+//
+// Integer codes become floats without conversion instructions: OR-ing a code field into the mantissa of 2^23 gives
+// 2^23 + code * 2^shift exactly; subtracting 2^23 leaves code * 2^shift. The 2^shift of each field position is folded
+// into the staged input (x * 2^-shift), so sum(code * x) comes out exact per term. The zero point is applied per
+// 16-byte chunk: s * (sum(q x) - z sum(x)), with sum(x) per chunk computed once per block.
+#include <algorithm>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda {
+
+namespace {
+
+constexpr int k_warps = 8;
+constexpr int k_threads = k_warps * 32;
+constexpr int k_rows_per_warp = 4;
+
+__device__ __forceinline__ uint4 load_stream(const uint4 * p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+constexpr uint32_t k_magic = 0x4B000000u;  // 2^23 as fp32
+__device__ __forceinline__ float field(uint32_t w, uint32_t mask) { return __uint_as_float((w & mask) | k_magic) - 8388608.0f; }
+
+// Position p of a word's fields -> the power of two its float carries (the staged input is multiplied by the inverse).
+template <int BITS> __host__ __device__ constexpr float position_scale(int p) {
+    if (BITS == 4) return p < 5 ? 1.0f / float(1 << (4 * p)) : 1.0f / float(1 << (4 * (p - 5)));
+    return p % 2 == 0 ? 1.0f : 1.0f / 256.0f;
+}
+
+// sum over the word's fields of code * x; x holds the word's staged (position-scaled) inputs.
+template <int BITS> __device__ __forceinline__ float dot_word(uint32_t w, const float * x) {
+    float s;
+    if constexpr (BITS == 4) {
+        s = field(w, 0xFu) * x[0];
+        s = fmaf(field(w, 0xF0u), x[1], s);
+        s = fmaf(field(w, 0xF00u), x[2], s);
+        s = fmaf(field(w, 0xF000u), x[3], s);
+        s = fmaf(field(w, 0xF0000u), x[4], s);
+        const uint32_t h = w >> 20;
+        s = fmaf(field(h, 0xFu), x[5], s);
+        s = fmaf(field(h, 0xF0u), x[6], s);
+        s = fmaf(field(h, 0xF00u), x[7], s);
+    } else {
+        s = field(w, 0xFFu) * x[0];
+        s = fmaf(field(w, 0xFF00u), x[1], s);
+        const uint32_t h = w >> 16;
+        s = fmaf(field(h, 0xFFu), x[2], s);
+        s = fmaf(field(h, 0xFF00u), x[3], s);
+    }
+    return s;
+}
+
+// Lookup codes: byte j holds positions 2j (low nibble) and 2j + 1; pairs[b] = (table[b & 15], table[b >> 4]).
+__device__ __forceinline__ float dot_word_lut(uint32_t w, const float * x, const float2 * pairs) {
+    float s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 p = pairs[(w >> (8 * j)) & 0xFFu];
+        s = fmaf(p.x, x[2 * j], s);
+        s = fmaf(p.y, x[2 * j + 1], s);
+    }
+    return s;
+}
+
+// KS warps share each group of rows (splitting k); a block holds k_warps / KS row groups.
+template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_threads)
+    qgemv_kernel(QuantMatrix w, GemvArgs a, int m_row) {
+    constexpr int CV = 128 / BITS;       // values per 16-byte chunk
+    constexpr int PER_WORD = 32 / BITS;  // values per 32-bit word
+    constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
+    constexpr int OPW = k_rows_per_warp / MATS;  // outputs per warp
+    constexpr int GPB = k_warps / KS;            // row groups per block
+    extern __shared__ float4 smem4[];
+    const int K = a.k, chunks = K / CV;
+    float * xs = reinterpret_cast<float *>(smem4);  // fp32 [K]: staged input, in perm order, position-scaled
+    float * csum = xs + K;                          // fp32 [chunks]: unscaled sum of each chunk's inputs
+    float2 * pairs = reinterpret_cast<float2 *>(csum + ((chunks + 1) & ~1));  // [256] (lookup)
+    __shared__ float red[k_warps][k_rows_per_warp];
+    __shared__ float norm_red[k_warps];
+
+    // Stage the input row m_row: RMSNorm (rounded to bf16 like the unquantized path) or bf16, gathered by perm.
+    float inv = 1.0f;
+    const float * xf = static_cast<const float *>(a.x) + int64_t(m_row) * K;
+    const bf16 * xb = static_cast<const bf16 *>(a.x) + int64_t(m_row) * K;
+    if constexpr (IN == GemvIn::NormF32) {
+        float ss = 0;
+        for (int i = threadIdx.x; i < K; i += k_threads) ss += xf[i] * xf[i];
+        inv = rsqrtf(block_sum<k_warps>(ss, norm_red) / K + a.eps);
+    }
+    for (int i = threadIdx.x; i < K; i += k_threads) {
+        const int j = w.perm ? w.perm[i] : i;
+        float v;
+        if constexpr (IN == GemvIn::NormF32) {
+            v = __bfloat162float(__float2bfloat16(__bfloat162float(a.norm_w[j]) * (xf[j] * inv)));
+        } else {
+            v = __bfloat162float(xb[j]);
+        }
+        xs[i] = v;
+    }
+    if constexpr (LUT) {
+        for (int i = threadIdx.x; i < 256; i += k_threads) pairs[i] = make_float2(w.table[i & 15], w.table[i >> 4]);
+    }
+    __syncthreads();
+    if constexpr (!LUT) {
+        for (int c = threadIdx.x; c < chunks; c += k_threads) {
+            float s = 0;
+            for (int t = 0; t < CV; t++) s += xs[c * CV + t];
+            csum[c] = s;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < K; i += k_threads) xs[i] *= position_scale<BITS>(i % PER_WORD);
+        __syncthreads();
+    }
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % KS, slot = warp / KS;
+    const int words_per_row = K / PER_WORD;
+    const int n_groups = (a.n + OPW - 1) / OPW;
+    for (int g0 = blockIdx.x * GPB; g0 < n_groups; g0 += gridDim.x * GPB) {
+        const int grp = g0 + slot;
+        float acc[k_rows_per_warp] = {};
+        int row[k_rows_per_warp];
+        bool valid[k_rows_per_warp];
+#pragma unroll
+        for (int r = 0; r < k_rows_per_warp; r++) {
+            const int o = grp * OPW + r % OPW;
+            valid[r] = grp < n_groups && o < a.n;
+            row[r] = valid[r] ? (r / OPW) * a.n + o : 0;
+        }
+        if (grp < n_groups) {
+            for (int c = part * 32 + lane; c < chunks; c += KS * 32) {
+                uint4 wv[k_rows_per_warp];
+                float scale[k_rows_per_warp], zero[k_rows_per_warp];
+#pragma unroll
+                for (int r = 0; r < k_rows_per_warp; r++) {
+                    wv[r] = valid[r] ? load_stream(reinterpret_cast<const uint4 *>(w.codes + int64_t(row[r]) * words_per_row) + c)
+                                     : make_uint4(0, 0, 0, 0);
+                    if constexpr (LUT) {
+                        scale[r] = valid[r] ? w.absmax[int64_t(row[r]) * (K / 64) + c * CV / 64] : 0.0f;
+                        zero[r] = 0;
+                    } else {
+                        const int64_t gi = int64_t(row[r]) * w.groups + (c * CV) / w.group;
+                        scale[r] = valid[r] ? __half2float(__ushort_as_half(w.scales[gi])) : 0.0f;
+                        zero[r] = w.zeros ? (valid[r] ? float(w.zeros[gi]) : 0.0f) : float(w.const_zero);
+                    }
+                }
+                float x[CV];
+#pragma unroll
+                for (int i = 0; i < CV / 4; i++) reinterpret_cast<float4 *>(x)[i] = reinterpret_cast<const float4 *>(xs + c * CV)[i];
+                const float cs = LUT ? 0.0f : csum[c];
+#pragma unroll
+                for (int r = 0; r < k_rows_per_warp; r++) {
+                    const uint32_t * words = reinterpret_cast<const uint32_t *>(&wv[r]);
+                    float d = 0;
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        if constexpr (LUT) {
+                            d += dot_word_lut(words[q], x + q * PER_WORD, pairs);
+                        } else {
+                            d += dot_word<BITS>(words[q], x + q * PER_WORD);
+                        }
+                    }
+                    acc[r] = LUT ? fmaf(scale[r], d, acc[r]) : fmaf(scale[r], d - zero[r] * cs, acc[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < k_rows_per_warp; r++) acc[r] = warp_sum(acc[r]);
+        if constexpr (KS > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < k_rows_per_warp; r++) red[warp][r] = acc[r];
+            }
+            __syncthreads();
+            if (part == 0) {
+#pragma unroll
+                for (int r = 0; r < k_rows_per_warp; r++) {
+                    float t = 0;
+                    for (int p = 0; p < KS; p++) t += red[warp + p][r];
+                    acc[r] = t;
+                }
+            }
+            __syncthreads();
+        }
+        if (part == 0 && grp < n_groups) {
+#pragma unroll
+            for (int i = 0; i < OPW; i++) {
+                const int o = grp * OPW + i;
+                if (lane != i || o >= a.n) continue;
+                const int64_t dst = int64_t(m_row) * a.n + o;
+                if constexpr (OUT == GemvOut::Bf16) {
+                    static_cast<bf16 *>(a.y)[dst] = __float2bfloat16(acc[i]);
+                } else if constexpr (OUT == GemvOut::F32) {
+                    static_cast<float *>(a.y)[dst] = acc[i];
+                } else if constexpr (OUT == GemvOut::AddF32) {
+                    static_cast<float *>(a.y)[dst] += acc[i];
+                } else {
+                    const float g = __bfloat162float(__float2bfloat16(acc[i])), u = __bfloat162float(__float2bfloat16(acc[OPW + i]));
+                    static_cast<bf16 *>(a.y)[dst] = __float2bfloat16(silu(g) * u);
+                }
+            }
+        }
+    }
+}
+
+template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> void launch(const QuantMatrix & w, const GemvArgs & a, cudaStream_t s) {
+    constexpr int CV = 128 / BITS;
+    const int chunks = a.k / CV;
+    const size_t smem = (size_t(a.k) + ((chunks + 1) & ~1)) * sizeof(float) + (LUT ? 256 * sizeof(float2) : 0);
+    auto kernel = qgemv_kernel<BITS, LUT, IN, OUT, KS>;
+    static size_t configured = 48 * 1024;
+    if (smem > configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = smem;
+    }
+    constexpr int OPW = k_rows_per_warp / (OUT == GemvOut::SiluMulBf16 ? 2 : 1);
+    const int n_groups = (a.n + OPW - 1) / OPW;
+    const int per_block = k_warps / KS;
+    const int blocks = std::min((n_groups + per_block - 1) / per_block, sm_count() * 16);
+    for (int m = 0; m < a.m; m++) {
+        kernel<<<blocks, k_threads, smem, s>>>(w, a, m);
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+// Warps per row group: enough blocks for two per SM.
+template <int BITS, bool LUT, GemvIn IN, GemvOut OUT> void launch_ks(const QuantMatrix & w, const GemvArgs & a, cudaStream_t s) {
+    constexpr int OPW = k_rows_per_warp / (OUT == GemvOut::SiluMulBf16 ? 2 : 1);
+    const int n_groups = (a.n + OPW - 1) / OPW;
+    const int target = 2 * sm_count();
+    if (n_groups / 8 >= target) return launch<BITS, LUT, IN, OUT, 1>(w, a, s);
+    if (n_groups / 4 >= target) return launch<BITS, LUT, IN, OUT, 2>(w, a, s);
+    if (n_groups / 2 >= target) return launch<BITS, LUT, IN, OUT, 4>(w, a, s);
+    return launch<BITS, LUT, IN, OUT, 8>(w, a, s);
+}
+
+template <int BITS, bool LUT, GemvIn IN> void dispatch_out(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (out) {
+    case GemvOut::Bf16: return launch_ks<BITS, LUT, IN, GemvOut::Bf16>(w, a, s);
+    case GemvOut::F32: return launch_ks<BITS, LUT, IN, GemvOut::F32>(w, a, s);
+    case GemvOut::AddF32: return launch_ks<BITS, LUT, IN, GemvOut::AddF32>(w, a, s);
+    case GemvOut::SiluMulBf16: return launch_ks<BITS, LUT, IN, GemvOut::SiluMulBf16>(w, a, s);
+    }
+}
+
+template <int BITS, bool LUT> void dispatch_in(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t s) {
+    if (in == GemvIn::NormF32) return dispatch_out<BITS, LUT, GemvIn::NormF32>(w, a, out, s);
+    return dispatch_out<BITS, LUT, GemvIn::Bf16>(w, a, out, s);
+}
+
+template <int BITS, bool LUT> __global__ void dequantize_kernel(QuantMatrix w, bf16 * out) {
+    constexpr int PER_WORD = 32 / BITS;
+    const int words_per_row = w.k / PER_WORD;
+    const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx >= int64_t(w.rows) * words_per_row) return;
+    const int64_t row = idx / words_per_row;
+    const int word = int(idx % words_per_row);
+    const uint32_t v = w.codes[idx];
+    float scale, zero = 0;
+    if constexpr (LUT) {
+        scale = w.absmax[row * (w.k / 64) + word * PER_WORD / 64];
+    } else {
+        const int64_t gi = row * w.groups + (word * PER_WORD) / w.group;
+        scale = __half2float(__ushort_as_half(w.scales[gi]));
+        zero = w.zeros ? float(w.zeros[gi]) : float(w.const_zero);
+    }
+#pragma unroll
+    for (int t = 0; t < PER_WORD; t++) {
+        const uint32_t q = (v >> (BITS * t)) & ((1u << BITS) - 1u);
+        const int pos = word * PER_WORD + t;
+        const int channel = w.perm ? w.perm[pos] : pos;
+        const float value = LUT ? w.table[q] * scale : scale * (float(q) - zero);
+        out[row * w.k + channel] = __float2bfloat16(value);
+    }
+}
+
+}  // namespace
+
+void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream) {
+    const int rows_needed = out == GemvOut::SiluMulBf16 ? 2 * a.n : a.n;
+    if (w.rows != rows_needed || w.k != a.k) {
+        QINFER_FAIL() << "qgemv: weight is [" << w.rows << ", " << w.k << "], the call needs [" << rows_needed << ", " << a.k << "]";
+    }
+    if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "qgemv: NormF32 input needs norm weights";
+    if (w.lut) {
+        if (w.bits != 4 || a.k % 64 != 0) QINFER_FAIL() << "qgemv: lookup codes are 4-bit with k a multiple of 64";
+        return dispatch_in<4, true>(w, a, in, out, stream);
+    }
+    if (w.bits == 4 && a.k % 32 == 0 && w.group % 32 == 0) return dispatch_in<4, false>(w, a, in, out, stream);
+    if (w.bits == 8 && a.k % 16 == 0 && w.group % 16 == 0) return dispatch_in<8, false>(w, a, in, out, stream);
+    QINFER_FAIL() << "qgemv: " << w.bits << "-bit codes with k " << a.k << " and group " << w.group << " are not supported";
+}
+
+void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
+    const int64_t words = int64_t(w.rows) * (w.k * w.bits / 32);
+    const int threads = 256;
+    const unsigned blocks = unsigned((words + threads - 1) / threads);
+    if (w.lut) {
+        dequantize_kernel<4, true><<<blocks, threads, 0, stream>>>(w, out);
+    } else if (w.bits == 4) {
+        dequantize_kernel<4, false><<<blocks, threads, 0, stream>>>(w, out);
+    } else if (w.bits == 8) {
+        dequantize_kernel<8, false><<<blocks, threads, 0, stream>>>(w, out);
+    } else {
+        QINFER_FAIL() << "dequantize: " << w.bits << "-bit codes are not supported";
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace qinfer::cuda

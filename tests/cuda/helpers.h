@@ -1,0 +1,105 @@
+// Helpers of the CUDA kernel tests: random bf16-exact inputs, uploads, poisoned outputs, error measures.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/ops.h"
+#include "backends/cuda/allocator.h"
+#include "core/dtype.h"
+#include "model/weights.h"
+
+namespace qinfer::test {
+
+using cuda::DeviceBuffer;
+
+inline bool have_gpu() {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU()                                   \
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"; \
+    else (void)0
+
+inline std::mt19937 & rng() {
+    static std::mt19937 r(std::random_device{}());
+    return r;
+}
+
+// Random values already rounded to bf16, so the CPU and GPU see identical inputs.
+inline std::vector<float> randn(size_t n, float std = 1.0f) {
+    std::normal_distribution<float> d(0.0f, std);
+    std::vector<float> v(n);
+    for (float & x : v) x = round_bf16(d(rng()));
+    return v;
+}
+
+inline std::vector<uint16_t> to_bf16(const std::vector<float> & v) {
+    std::vector<uint16_t> o(v.size());
+    for (size_t i = 0; i < v.size(); i++) o[i] = f32_to_bf16(v[i]);
+    return o;
+}
+
+template <typename T> DeviceBuffer upload(const std::vector<T> & v) {
+    DeviceBuffer b(std::max<size_t>(1, v.size()) * sizeof(T), "test");
+    cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return b;
+}
+inline DeviceBuffer upload_bf16(const std::vector<float> & v) { return upload(to_bf16(v)); }
+
+inline DeviceBuffer poisoned(size_t bytes) {
+    DeviceBuffer b(bytes, "test");
+    cudaMemset(b.get(), 0xff, bytes);  // NaN in bf16 and fp32
+    return b;
+}
+
+inline std::vector<float> download_f32(const DeviceBuffer & b, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(v.data(), b.get(), n * sizeof(float), cudaMemcpyDeviceToHost);
+    return v;
+}
+
+inline std::vector<float> download_bf16(const DeviceBuffer & b, size_t n) {
+    std::vector<uint16_t> h(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(h.data(), b.get(), n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; i++) v[i] = bf16_to_f32(h[i]);
+    return v;
+}
+
+// max |got - want| / max |want|; NaN anywhere is an infinite error.
+inline double rel_err(const std::vector<float> & got, const std::vector<float> & want) {
+    double num = 0, den = 1e-30;
+    for (size_t i = 0; i < want.size(); i++) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num = std::max(num, double(std::fabs(got[i] - want[i])));
+        den = std::max(den, double(std::fabs(want[i])));
+    }
+    return num / den;
+}
+
+inline Weight host_weight(const std::vector<float> & v, std::vector<int64_t> shape) {
+    Weight w;
+    w.data = v.data();
+    w.dtype = DType::F32;
+    w.shape = std::move(shape);
+    return w;
+}
+
+// CPU reference of the fused norm: bf16(w * x * rsqrt(mean(x^2) + eps)), as the kernels stage it.
+inline std::vector<float> norm_rows(const std::vector<float> & x, const std::vector<float> & w, int m, int k, float eps) {
+    std::vector<float> y(x.size());
+    cpu::rms_norm(x.data(), host_weight(w, {k}), eps, m, k, y.data());
+    for (float & v : y) v = round_bf16(v);
+    return y;
+}
+
+}  // namespace qinfer::test

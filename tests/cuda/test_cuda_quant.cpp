@@ -1,0 +1,137 @@
+// Quantized kernels against the CPU reference (cpu::linear dequantizes by each format's formula): the decode GEMV
+// for m = 1 and 3 with every input/output form, and dequantization + cuBLASLt for m = 16 and 257, on odd shapes
+// (K and N not multiples of 128 where the format allows) for every format the CUDA backend runs.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "backends/cpu/ops.h"
+#include "backends/cuda/ops.h"
+#include "cuda/helpers.h"
+#include "model/quant.h"
+#include "model/quant_repack.h"
+#include "unit/quant_helpers.h"
+
+using namespace qinfer;
+using namespace qinfer::test;
+using cuda::bf16;
+using cuda::DeviceBuffer;
+
+namespace {
+
+struct DevQuant {
+    DeviceBuffer codes, scales, zeros, absmax, table, perm;
+    cuda::QuantMatrix q;
+};
+
+DevQuant upload_quant(const Linear & l) {
+    const RepackedQuant r = repack_for_cuda({&l});
+    DevQuant d;
+    d.codes = upload(r.codes);
+    d.scales = upload(r.scales);
+    d.zeros = upload(r.zeros);
+    d.absmax = upload(r.absmax);
+    d.table = upload(r.table);
+    d.perm = upload(r.perm);
+    d.q.codes = d.codes.as<uint32_t>();
+    d.q.scales = d.scales.as<uint16_t>();
+    d.q.zeros = r.zeros.empty() ? nullptr : d.zeros.as<uint8_t>();
+    d.q.const_zero = r.const_zero;
+    d.q.absmax = d.absmax.as<float>();
+    d.q.table = d.table.as<float>();
+    d.q.perm = r.perm.empty() ? nullptr : d.perm.as<int>();
+    d.q.rows = r.rows;
+    d.q.k = r.k;
+    d.q.bits = r.bits;
+    d.q.group = r.group;
+    d.q.groups = r.groups;
+    d.q.lut = r.lut;
+    return d;
+}
+
+std::vector<QuantScheme> cuda_schemes() {
+    return {gptq_scheme(4, 128, true, QuantPacking::GptqV1),        gptq_scheme(4, 32, false, QuantPacking::GptqV2, true),
+            gptq_scheme(4, -1, false, QuantPacking::GptqV1),        gptq_scheme(8, -1, true, QuantPacking::GptqV1),
+            gptq_scheme(8, 32, false, QuantPacking::GptqV2, true),  gptq_scheme(4, 64, false, QuantPacking::AwqGemm),
+            bnb_scheme(QuantPacking::Nf4, false),                   bnb_scheme(QuantPacking::Fp4, true)};
+}
+
+}  // namespace
+
+class QuantGemv : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(QuantGemv, MatchesCpu) {
+    REQUIRE_GPU();
+    const auto [n, k] = GetParam();
+    for (const QuantScheme & s : cuda_schemes()) {
+        for (int m : {1, 3}) {
+            for (int in = 0; in < 2; in++) {
+                for (int out = 0; out < 4; out++) {
+                    const bool silu = out == 3;
+                    const int rows = silu ? 2 * n : n;
+                    auto ql = make_quant_linear(s, rows, k, rng()());
+                    DevQuant dq = upload_quant(ql->l);
+                    std::vector<float> x = randn(size_t(m) * k), norm_w = randn(size_t(k), 0.2f);
+                    for (float & v : norm_w) v = round_bf16(v + 1.0f);
+                    std::vector<float> y0 = randn(size_t(m) * n);
+                    DeviceBuffer dnorm = upload_bf16(norm_w);
+                    DeviceBuffer dx = in == 1 ? upload(x) : upload_bf16(x);
+                    DeviceBuffer dy = out == 2 ? upload(y0) : poisoned(size_t(m) * n * 4);
+                    cuda::GemvArgs a;
+                    a.n = n;
+                    a.k = k;
+                    a.x = dx.get();
+                    a.m = m;
+                    a.norm_w = dnorm.as<bf16>();
+                    a.y = dy.get();
+                    cuda::qgemv(dq.q, a, in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut(out), nullptr);
+                    const std::vector<float> xin = in ? norm_rows(x, norm_w, m, k, 1e-6f) : x;
+                    std::vector<float> ref(size_t(m) * rows);
+                    cpu::linear(xin.data(), m, ql->l, ref.data());
+                    std::vector<float> want(size_t(m) * n);
+                    for (int r = 0; r < m; r++) {
+                        for (int j = 0; j < n; j++) {
+                            float v = ref[size_t(r) * rows + j];
+                            if (out == 2) v += y0[size_t(r) * n + j];
+                            if (silu) {
+                                const float g = round_bf16(v), u = round_bf16(ref[size_t(r) * rows + n + j]);
+                                v = g / (1 + std::exp(-g)) * u;
+                            }
+                            want[size_t(r) * n + j] = v;
+                        }
+                    }
+                    const auto got = (out == 1 || out == 2) ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
+                    // Relative to the output's scale: fp32 reassociation (the zero point applied per chunk), a bf16
+                    // output, and for silu the product of two such values.
+                    const double tol = (out == 1 || out == 2) ? 2e-5 : silu ? 2e-2 : 8e-3;
+                    EXPECT_LT(rel_err(got, want), tol) << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in << " out " << out;
+                }
+            }
+        }
+    }
+}
+
+// N = rows of the weight (a multiple of 8 for GPTQ packing), K a multiple of 64 but not of 128 where possible.
+INSTANTIATE_TEST_SUITE_P(OddShapes, QuantGemv,
+                         ::testing::Values(std::tuple{8, 192}, std::tuple{264, 4160}, std::tuple{1160, 896}, std::tuple{4864, 320}));
+
+TEST(CudaQuant, DequantizeThenGemmMatchesCpu) {
+    REQUIRE_GPU();
+    for (const QuantScheme & s : cuda_schemes()) {
+        for (auto [m, n, k] : {std::tuple{16, 264, 192}, std::tuple{257, 1160, 4160}}) {
+            auto ql = make_quant_linear(s, n, k, rng()());
+            DevQuant dq = upload_quant(ql->l);
+            DeviceBuffer w = poisoned(size_t(n) * k * 2);
+            cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
+            // The dequantized weight itself: each value the format's, rounded once to bf16.
+            std::vector<float> want_w = qinfer::dequantize(ql->l), got_w = download_bf16(w, want_w.size());
+            for (float & v : want_w) v = round_bf16(v);
+            EXPECT_EQ(rel_err(got_w, want_w), 0.0) << s.describe();
+            std::vector<float> x = randn(size_t(m) * k);
+            DeviceBuffer dx = upload_bf16(x), dy = poisoned(size_t(m) * n * 4);
+            cuda::gemm(dx.as<bf16>(), w.as<bf16>(), m, n, k, dy.get(), true, nullptr);
+            std::vector<float> want(size_t(m) * n);
+            cpu::linear(x.data(), m, ql->l, want.data());
+            EXPECT_LT(rel_err(download_f32(dy, want.size()), want), 1e-2) << s.describe() << " m " << m;
+        }
+    }
+}
