@@ -100,9 +100,10 @@ TEST_P(QuantGemv, MatchesCpu) {
                         }
                     }
                     const auto got = (out == 1 || out == 2) ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
-                    // Relative to the output's scale: fp32 reassociation (the zero point applied per chunk), a bf16
+                    // Relative to the output's scale: fp32 reassociation (the zero point applied per chunk), one bf16
+                    // rounding step of the staged normalised input (CPU and GPU rsqrt differ in the last bit), a bf16
                     // output, and for silu the product of two such values.
-                    const double tol = (out == 1 || out == 2) ? 2e-5 : silu ? 2e-2 : 8e-3;
+                    const double tol = (out == 1 || out == 2) ? (in ? 2e-3 : 2e-5) : silu ? 2e-2 : 8e-3;
                     EXPECT_LT(rel_err(got, want), tol) << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in << " out " << out;
                 }
             }
