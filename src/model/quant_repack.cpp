@@ -48,9 +48,22 @@ std::string cuda_quant_unsupported(const Linear & l) {
     return "";
 }
 
+size_t RepackedQuant::word_index(int64_t row, int64_t pos, int * shift) const {
+    if (!tiled) {
+        const int per_word = 32 / bits;
+        *shift = bits * int(pos % per_word);
+        return size_t(row * words_per_row() + pos / per_word);
+    }
+    const int64_t rb = row / 16, gr = row % 16, kb = pos / 64, j = (pos % 64) / 16, kk = pos % 16;
+    const int g = int(gr % 8), hi_row = gr >= 8, second = kk >= 8, t = int((kk % 8) / 2), odd = int(kk % 2);
+    *shift = 4 * (2 * second + hi_row + 4 * odd);
+    return size_t(((rb * (k_padded / 64) + kb) * 32 + (g * 4 + t)) * 4 + j);
+}
+
 uint32_t RepackedQuant::code(int64_t row, int64_t pos) const {
-    const int per_word = 32 / bits;
-    return (codes[size_t(row * words_per_row() + pos / per_word)] >> (bits * (pos % per_word))) & ((1u << bits) - 1u);
+    int shift = 0;
+    const size_t w = word_index(row, pos, &shift);
+    return (codes[w] >> shift) & ((1u << bits) - 1u);
 }
 
 float RepackedQuant::weight(int64_t row, int64_t channel) const {
@@ -73,6 +86,7 @@ RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts) {
     r.group = r.lut ? 64 : first.scheme.group(r.k);
     r.groups = r.lut ? r.k / 64 : (r.k + r.group - 1) / r.group;
     r.perm = act_order_perm(first);
+    r.tiled = !r.lut && r.bits == 4;
     for (const Linear * p : parts) {
         const std::string why = cuda_quant_unsupported(*p);
         const std::string & name = p->scheme.method == QuantMethod::Bnb4 ? p->weight.name : p->qweight.name;
@@ -85,15 +99,16 @@ RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts) {
         if (act_order_perm(*p) != r.perm) QINFER_FAIL() << name << ": fused projections need the same act-order (g_idx)";
         r.rows += p->out_features;
     }
-    const int wpr = r.words_per_row(), per_word = 32 / r.bits;
-    r.codes.assign(size_t(r.rows) * wpr, 0u);
+    r.rows_padded = r.tiled ? (r.rows + 15) / 16 * 16 : r.rows;
+    r.k_padded = r.tiled ? (r.k + 63) / 64 * 64 : r.k;
+    r.codes.assign(size_t(r.rows_padded) * r.k_padded * r.bits / 32, 0u);
     if (r.lut) {
         r.absmax.resize(size_t(r.rows) * r.groups);
         const float * t = static_cast<const float *>(first.quant_map.data);
         r.table.assign(t, t + 16);
     } else {
-        r.scales.resize(size_t(r.rows) * r.groups);
-        r.zeros.resize(size_t(r.rows) * r.groups);
+        r.scales.assign(size_t(r.rows_padded) * r.groups, 0);
+        r.zeros.resize(size_t(r.rows_padded) * r.groups);
     }
     int row0 = 0;
     for (const Linear * p : parts) {
@@ -102,12 +117,14 @@ RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts) {
             const float * t = static_cast<const float *>(p->quant_map.data);
             if (!std::equal(t, t + 16, r.table.begin())) QINFER_FAIL() << p->quant_map.name << ": fused projections need the same code table";
         }
-        parallel_for(p->out_features, [&](int64_t n) {
+        // Rows own disjoint words in both layouts (a tiled word holds rows g and g + 8: two passes, even then odd).
+        const auto fill_row = [&](int64_t n) {
             const int64_t row = row0 + n;
-            uint32_t * words = r.codes.data() + row * wpr;
             for (int64_t i = 0; i < r.k; i++) {
                 const int64_t channel = r.perm.empty() ? i : r.perm[size_t(i)];
-                words[i / per_word] |= reader.code(n, channel) << (r.bits * (i % per_word));
+                int shift = 0;
+                const size_t w = r.word_index(row, i, &shift);
+                r.codes[w] |= reader.code(n, channel) << shift;
             }
             for (int64_t g = 0; g < r.groups; g++) {
                 if (r.lut) {
@@ -126,7 +143,17 @@ RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts) {
                 if (z < 0 || z > 255) QINFER_FAIL() << p->qzeros.name << ": zero point " << z << " does not fit the CUDA layout";
                 r.zeros[size_t(row * r.groups + g)] = uint8_t(z);
             }
-        });
+        };
+        if (r.tiled) {
+            // Rows r and r + 8 of a 16-row block share words: fill rows 0-7 of every block, then rows 8-15.
+            for (int half = 0; half < 2; half++) {
+                parallel_for(p->out_features, [&](int64_t n) {
+                    if (((row0 + n) % 16 >= 8) == bool(half)) fill_row(n);
+                });
+            }
+        } else {
+            parallel_for(p->out_features, fill_row);
+        }
         row0 += p->out_features;
     }
     if (!r.lut && std::all_of(r.zeros.begin(), r.zeros.end(), [&](uint8_t z) { return z == r.zeros[0]; })) {

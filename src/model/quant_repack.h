@@ -4,6 +4,11 @@
 //   scales  fp16 [rows, groups] and zeros uint8 [rows, groups] (affine: w = s (q - z)); zeros dropped when constant
 //   absmax  fp32 [rows, K / 64] and table fp32 [16] (bitsandbytes: w = table[q] absmax)
 // Several linears that read the same input (q/k/v, gate/up) are stacked along rows.
+//
+// 4-bit affine codes are tiled for the tensor-core GEMV (mma.m16n8k16, weights as the A operand): rows padded to 16,
+// K to 64; uint4 number ((row_block * (K/64) + kb) * 32 + lane) holds, in word j, the 16x16 tile at k0 = 64 kb + 16 j
+// as lane `lane` (g = lane / 4, t = lane % 4) needs it: nibbles 0/4 = row g, k0 + 2t / +1; 1/5 = row g + 8, same k;
+// 2/6 = row g, k0 + 2t + 8 / +9; 3/7 = row g + 8, same k. Nibble pairs (i, i + 4) become one bf16x2 register.
 #pragma once
 
 #include <cstdint>
@@ -16,15 +21,18 @@ namespace qinfer {
 struct RepackedQuant {
     int rows = 0, k = 0, bits = 4, group = 0, groups = 0;
     bool lut = false;
-    std::vector<uint32_t> codes;   // [rows, k * bits / 32]
-    std::vector<uint16_t> scales;  // fp16 bits [rows, groups]
-    std::vector<uint8_t> zeros;    // [rows, groups], empty when every zero equals const_zero
+    bool tiled = false;             // the mma tile layout above (4-bit affine)
+    int rows_padded = 0, k_padded = 0;  // tiled: multiples of 16 and 64; else rows and k
+    std::vector<uint32_t> codes;   // [rows, k * bits / 32], or tiled [rows_padded / 16, k_padded / 64, 32 lanes, 4 words]
+    std::vector<uint16_t> scales;  // fp16 bits [rows_padded, groups]
+    std::vector<uint8_t> zeros;    // [rows_padded, groups], empty when every zero equals const_zero
     int const_zero = 0;
     std::vector<float> absmax;     // [rows, k / 64]
     std::vector<float> table;      // [16]
     std::vector<int32_t> perm;     // [k]: position i holds input channel perm[i]; empty: identity
 
     int words_per_row() const { return k * bits / 32; }
+    size_t word_index(int64_t row, int64_t pos, int * shift) const;  // where code (row, pos) lives
     // Reads back what the kernels will see (round-trip tests).
     uint32_t code(int64_t row, int64_t pos) const;
     float weight(int64_t row, int64_t channel) const;  // the dequantized value of input channel `channel`

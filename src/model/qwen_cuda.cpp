@@ -275,6 +275,9 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & part
     q.group = r.group;
     q.groups = r.groups;
     q.lut = r.lut;
+    q.tiled = r.tiled;
+    q.rows_padded = r.rows_padded;
+    q.k_padded = r.k_padded;
     for (const Linear * p : parts) {
         for (const Weight * w : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->g_idx, &p->absmax}) {
             if (w->present()) *done += w->nbytes();

@@ -45,6 +45,9 @@ DevQuant upload_quant(const Linear & l) {
     d.q.group = r.group;
     d.q.groups = r.groups;
     d.q.lut = r.lut;
+    d.q.tiled = r.tiled;
+    d.q.rows_padded = r.rows_padded;
+    d.q.k_padded = r.k_padded;
     return d;
 }
 

@@ -10,6 +10,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
+#include "backends/cuda/qgemv_mma.cuh"
 
 namespace qinfer::cuda {
 
@@ -280,6 +281,39 @@ template <int BITS, bool LUT> __global__ void dequantize_kernel(QuantMatrix w, b
     }
 }
 
+template <GemvIn IN, GemvOut OUT, int KS> void launch_mma(const QuantMatrix & w, const GemvArgs & a, cudaStream_t s) {
+    constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
+    constexpr int RBPB = mma4::k_warps / KS;
+    const size_t smem = size_t(a.m) * w.k_padded * sizeof(bf16) + size_t(RBPB) * MATS * 16 * w.groups * 3 + 16;
+    auto kernel = mma4::qgemv_mma_kernel<IN, OUT, KS>;
+    static size_t configured = 48 * 1024;
+    if (smem > configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = smem;
+    }
+    const int n_rb = (a.n + 15) / 16;
+    kernel<<<(n_rb + RBPB - 1) / RBPB, mma4::k_threads, smem, s>>>(w, a);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Warps per row block: enough warps for 16 per SM, at most one per 64-wide block of K.
+template <GemvIn IN, GemvOut OUT> void launch_mma_ks(const QuantMatrix & w, const GemvArgs & a, cudaStream_t s) {
+    const int n_rb = (a.n + 15) / 16, nkb = w.k_padded / 64, target = 16 * sm_count();
+    if (n_rb >= target || nkb < 2) return launch_mma<IN, OUT, 1>(w, a, s);
+    if (2 * n_rb >= target || nkb < 4) return launch_mma<IN, OUT, 2>(w, a, s);
+    if (4 * n_rb >= target || nkb < 8) return launch_mma<IN, OUT, 4>(w, a, s);
+    return launch_mma<IN, OUT, 8>(w, a, s);
+}
+
+template <GemvIn IN> void dispatch_mma(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (out) {
+    case GemvOut::Bf16: return launch_mma_ks<IN, GemvOut::Bf16>(w, a, s);
+    case GemvOut::F32: return launch_mma_ks<IN, GemvOut::F32>(w, a, s);
+    case GemvOut::AddF32: return launch_mma_ks<IN, GemvOut::AddF32>(w, a, s);
+    case GemvOut::SiluMulBf16: return launch_mma_ks<IN, GemvOut::SiluMulBf16>(w, a, s);
+    }
+}
+
 }  // namespace
 
 void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream) {
@@ -288,6 +322,12 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, cu
         QINFER_FAIL() << "qgemv: weight is [" << w.rows << ", " << w.k << "], the call needs [" << rows_needed << ", " << a.k << "]";
     }
     if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "qgemv: NormF32 input needs norm weights";
+    if (w.tiled) {
+        if (a.m < 1 || a.m > 8) QINFER_FAIL() << "qgemv: m = " << a.m << " (1..8 for the tiled layout)";
+        if (out == GemvOut::SiluMulBf16 && a.n % 16 != 0) QINFER_FAIL() << "qgemv: gate/up of " << a.n << " rows (a multiple of 16 needed)";
+        if (in == GemvIn::NormF32) return dispatch_mma<GemvIn::NormF32>(w, a, out, stream);
+        return dispatch_mma<GemvIn::Bf16>(w, a, out, stream);
+    }
     if (w.lut) {
         if (w.bits != 4 || a.k % 64 != 0) QINFER_FAIL() << "qgemv: lookup codes are 4-bit with k a multiple of 64";
         return dispatch_in<4, true>(w, a, in, out, stream);
@@ -298,8 +338,14 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, cu
 }
 
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
-    const int64_t words = int64_t(w.rows) * (w.k * w.bits / 32);
     const int threads = 256;
+    if (w.tiled) {
+        const int64_t words = int64_t(w.rows_padded) * w.k_padded / 8;
+        mma4::dequantize_tiled_kernel<<<unsigned((words + threads - 1) / threads), threads, 0, stream>>>(w, out);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    const int64_t words = int64_t(w.rows) * (w.k * w.bits / 32);
     const unsigned blocks = unsigned((words + threads - 1) / threads);
     if (w.lut) {
         dequantize_kernel<4, true><<<blocks, threads, 0, stream>>>(w, out);
