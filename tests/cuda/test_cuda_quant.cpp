@@ -1,5 +1,5 @@
 // Quantized kernels against the CPU reference (cpu::linear dequantizes by each format's formula): the decode GEMV
-// for m = 1 and 3 with every input/output form, and dequantization + cuBLASLt for m = 16 and 257, on odd shapes
+// for m = 1, 3 and 8 with every input/output form, and dequantization + cuBLASLt for m = 16 and 257, on odd shapes
 // (K and N not multiples of 128 where the format allows) for every format the CUDA backend runs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -66,7 +66,7 @@ TEST_P(QuantGemv, MatchesCpu) {
     REQUIRE_GPU();
     const auto [n, k] = GetParam();
     for (const QuantScheme & s : cuda_schemes()) {
-        for (int m : {1, 3}) {
+        for (int m : {1, 3, 8}) {
             for (int in = 0; in < 2; in++) {
                 for (int out = 0; out < 4; out++) {
                     const bool silu = out == 3;
