@@ -3,7 +3,7 @@
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
-#                          [bench-quant]   (default: test bench)
+#                          [bench-quant] [quant-tune]   (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +59,9 @@ if has test; then
     build-device/tests/qinfer_tests --gtest_filter='*GoldenCuda*' 2>&1 | grep -E "^\[ golden \]" | head -40 || true
     grep -E "FAILED|Failure" -A4 "$OUT/ctest.log" | head -60 || true
 fi
+if has quant-test; then
+    build-device/tests/qinfer_tests --gtest_filter='*Quant*:*GoldenCuda*' 2>&1 | grep -E "golden \] cuda .*(gptq|awq|autoround|nf4)|FAILED|Failure|PASSED|Expected|actual|exception" | head -40
+fi
 if has kernels; then
     build-device/tests/qinfer_tests --gtest_filter='*Attention*:*Gemv*:*Quant*' 2>&1 | grep -E "^\[ kernel \]|FAILED|Failure|PASSED" | tee "$OUT/kernels.log" | head -20
 fi
@@ -72,6 +75,16 @@ if has quant-quick; then
     for q in ${QUICK_QUANTS:-bf16 gptq-int4 awq gptq-int8 nf4}; do
         QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 256 --json "$OUT/quick-7b-$q.json" 2>&1 |
             tee -a "$OUT/bench.log" | grep -v "^bench:" | tail -20
+    done
+fi
+# Warps per row group of the quantized GEMVs (QINFER_QKS), per format: the decode profile's GEMV lines and tokens/s.
+if has quant-tune; then
+    for q in ${TUNE_QUANTS:-gptq-int4}; do
+        for ks in 0 1 2 4 8; do
+            echo "-- $q QINFER_QKS=$ks"
+            QINFER_QKS=$ks QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 128 2>&1 |
+                tee -a "$OUT/tune.log" | grep -E "gemv|^\| qwen" | grep -v lm_head
+        done
     done
 fi
 if has hf-quick; then

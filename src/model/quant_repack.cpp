@@ -76,7 +76,7 @@ float RepackedQuant::weight(int64_t row, int64_t channel) const {
     return f16_to_f32(scales[size_t(row * groups + g)]) * float(int(q) - z);
 }
 
-RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts) {
+RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts, bool tile) {
     QINFER_CHECK(!parts.empty()) << "repack_for_cuda: no parts";
     const Linear & first = *parts[0];
     RepackedQuant r;
@@ -86,7 +86,7 @@ RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts) {
     r.group = r.lut ? 64 : first.scheme.group(r.k);
     r.groups = r.lut ? r.k / 64 : (r.k + r.group - 1) / r.group;
     r.perm = act_order_perm(first);
-    r.tiled = !r.lut && r.bits == 4;
+    r.tiled = tile && !r.lut && r.bits == 4;
     for (const Linear * p : parts) {
         const std::string why = cuda_quant_unsupported(*p);
         const std::string & name = p->scheme.method == QuantMethod::Bnb4 ? p->weight.name : p->qweight.name;

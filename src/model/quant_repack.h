@@ -44,6 +44,8 @@ std::string cuda_quant_unsupported(const Linear & l);
 
 // Repacks the parts (same scheme, same K, same act-order) stacked along rows. Throws naming the tensor when the
 // layout cannot be built.
-RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts);
+// tile: use the tensor-core layout when the format allows (4-bit affine); gate/up stacks need every part's rows to
+// be a multiple of 16 for it, so the caller passes false otherwise.
+RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts, bool tile = true);
 
 }  // namespace qinfer

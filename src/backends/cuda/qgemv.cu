@@ -7,10 +7,12 @@
 // into the staged input (x * 2^-shift), so sum(code * x) comes out exact per term. The zero point is applied per
 // 16-byte chunk: s * (sum(q x) - z sum(x)), with sum(x) per chunk computed once per block.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
+#include "backends/cuda/qstage.cuh"
 
 namespace qinfer::cuda {
 
@@ -71,7 +73,7 @@ __device__ __forceinline__ float dot_word_lut(uint32_t w, const float * x, const
 }
 
 // KS warps share each group of rows (splitting k); a block holds k_warps / KS row groups.
-template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_threads)
+template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_threads, 2)
     qgemv_kernel(QuantMatrix w, GemvArgs a, int m_row) {
     constexpr int CV = 128 / BITS;       // values per 16-byte chunk
     constexpr int PER_WORD = 32 / BITS;  // values per 32-bit word
@@ -86,39 +88,22 @@ template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> __global__ void __
     __shared__ float red[k_warps][k_rows_per_warp];
     __shared__ float norm_red[k_warps];
 
-    // Stage the input row m_row: RMSNorm (rounded to bf16 like the unquantized path) or bf16, gathered by perm.
-    float inv = 1.0f;
-    const float * xf = static_cast<const float *>(a.x) + int64_t(m_row) * K;
-    const bf16 * xb = static_cast<const bf16 *>(a.x) + int64_t(m_row) * K;
-    if constexpr (IN == GemvIn::NormF32) {
-        float ss = 0;
-        for (int i = threadIdx.x; i < K; i += k_threads) ss += xf[i] * xf[i];
-        inv = rsqrtf(block_sum<k_warps>(ss, norm_red) / K + a.eps);
-    }
-    for (int i = threadIdx.x; i < K; i += k_threads) {
-        const int j = w.perm ? w.perm[i] : i;
-        float v;
-        if constexpr (IN == GemvIn::NormF32) {
-            v = __bfloat162float(__float2bfloat16(__bfloat162float(a.norm_w[j]) * (xf[j] * inv)));
-        } else {
-            v = __bfloat162float(xb[j]);
-        }
-        xs[i] = v;
-    }
+    // Stage the input row m_row (RMSNorm or bf16, act-order gather) in one pass: each value position-scaled, and
+    // each chunk's plain sum reduced across the lanes that hold it (a warp holds 32 consecutive positions).
     if constexpr (LUT) {
         for (int i = threadIdx.x; i < 256; i += k_threads) pairs[i] = make_float2(w.table[i & 15], w.table[i >> 4]);
     }
-    __syncthreads();
-    if constexpr (!LUT) {
-        for (int c = threadIdx.x; c < chunks; c += k_threads) {
-            float s = 0;
-            for (int t = 0; t < CV; t++) s += xs[c * CV + t];
-            csum[c] = s;
+    qstage::for_each_input<IN>(a, w.perm, m_row, K, K, norm_red, [&](int i, float v) {
+        if constexpr (!LUT) {
+            float cs = v;
+#pragma unroll
+            for (int o = CV / 2; o > 0; o >>= 1) cs += __shfl_xor_sync(0xffffffffu, cs, o);
+            if (i % CV == 0 && i < K) csum[i / CV] = cs;
+            v *= position_scale<BITS>(i % PER_WORD);
         }
-        __syncthreads();
-        for (int i = threadIdx.x; i < K; i += k_threads) xs[i] *= position_scale<BITS>(i % PER_WORD);
-        __syncthreads();
-    }
+        if (i < K) xs[i] = v;
+    });
+    __syncthreads();
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % KS, slot = warp / KS;
     const int words_per_row = K / PER_WORD;
@@ -230,11 +215,21 @@ template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> void launch(const 
     }
 }
 
+// QINFER_QKS=1|2|4|8 forces the warps per row group of both quantized GEMVs (tuning experiments).
+int forced_ks() {
+    static const int ks = [] {
+        const char * e = std::getenv("QINFER_QKS");
+        return e ? std::atoi(e) : 0;
+    }();
+    return ks;
+}
+
 // Warps per row group: enough blocks for two per SM.
 template <int BITS, bool LUT, GemvIn IN, GemvOut OUT> void launch_ks(const QuantMatrix & w, const GemvArgs & a, cudaStream_t s) {
     constexpr int OPW = k_rows_per_warp / (OUT == GemvOut::SiluMulBf16 ? 2 : 1);
     const int n_groups = (a.n + OPW - 1) / OPW;
-    const int target = 2 * sm_count();
+    int target = 2 * sm_count();
+    if (forced_ks()) target = forced_ks() >= 8 ? 1 << 30 : forced_ks() >= 4 ? n_groups / 2 : forced_ks() >= 2 ? n_groups / 4 : 0;
     if (n_groups / 8 >= target) return launch<BITS, LUT, IN, OUT, 1>(w, a, s);
     if (n_groups / 4 >= target) return launch<BITS, LUT, IN, OUT, 2>(w, a, s);
     if (n_groups / 2 >= target) return launch<BITS, LUT, IN, OUT, 4>(w, a, s);
@@ -298,7 +293,9 @@ template <GemvIn IN, GemvOut OUT, int KS> void launch_mma(const QuantMatrix & w,
 
 // Warps per row block: enough warps for 16 per SM, at most one per 64-wide block of K.
 template <GemvIn IN, GemvOut OUT> void launch_mma_ks(const QuantMatrix & w, const GemvArgs & a, cudaStream_t s) {
-    const int n_rb = (a.n + 15) / 16, nkb = w.k_padded / 64, target = 16 * sm_count();
+    const int n_rb = (a.n + 15) / 16, nkb = w.k_padded / 64;
+    int target = 16 * sm_count();
+    if (forced_ks()) target = forced_ks() >= 8 ? 1 << 30 : forced_ks() >= 4 ? 4 * n_rb : forced_ks() >= 2 ? 2 * n_rb : 0;
     if (n_rb >= target || nkb < 2) return launch_mma<IN, OUT, 1>(w, a, s);
     if (2 * n_rb >= target || nkb < 4) return launch_mma<IN, OUT, 2>(w, a, s);
     if (4 * n_rb >= target || nkb < 8) return launch_mma<IN, OUT, 4>(w, a, s);

@@ -12,6 +12,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
+#include "backends/cuda/qstage.cuh"
 
 namespace qinfer::cuda::mma4 {
 
@@ -50,7 +51,7 @@ __device__ __forceinline__ uint32_t zero_pair(float z) {
 }
 
 // KS warps split K for the same rows; a block holds k_warps / KS row blocks.
-template <GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_threads) qgemv_mma_kernel(QuantMatrix w, GemvArgs a) {
+template <GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_threads, 2) qgemv_mma_kernel(QuantMatrix w, GemvArgs a) {
     constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     constexpr int RBPB = k_warps / KS;
     extern __shared__ uint4 smem[];
@@ -85,25 +86,9 @@ template <GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_th
     };
     load_batch(kb_begin);
 
-    // Stage the inputs (RMSNorm or bf16; act-order gather; zero padding to K64), scales and zeros.
-    for (int tok = 0; tok < m; tok++) {
-        float inv = 1.0f;
-        const float * xf = static_cast<const float *>(a.x) + size_t(tok) * K;
-        const bf16 * xb = static_cast<const bf16 *>(a.x) + size_t(tok) * K;
-        if constexpr (IN == GemvIn::NormF32) {
-            float sq = 0;
-            for (int i = threadIdx.x; i < K; i += k_threads) sq += xf[i] * xf[i];
-            inv = rsqrtf(block_sum<k_warps>(sq, norm_red) / K + a.eps);
-        }
-        for (int i = threadIdx.x; i < K64; i += k_threads) {
-            bf16 v = __float2bfloat16(0.0f);
-            if (i < K) {
-                const int j = w.perm ? w.perm[i] : i;
-                v = IN == GemvIn::NormF32 ? __float2bfloat16(__bfloat162float(a.norm_w[j]) * (xf[j] * inv)) : xb[j];
-            }
-            xs[size_t(tok) * K64 + i] = v;
-        }
-    }
+    // Stage this block's scales and zeros, then the inputs (RMSNorm or bf16, act-order gather, zeros up to K64):
+    // global loads only until the one barrier.
+#pragma unroll 4
     for (int i = threadIdx.x; i < RBPB * MATS * 16 * G; i += k_threads) {
         const int gi = i % G, r = (i / G) % 16, mat = (i / (16 * G)) % MATS, rbl = i / (16 * G * MATS);
         const int blk = blockIdx.x * RBPB + rbl;
@@ -111,6 +96,11 @@ template <GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_th
         const size_t src = (size_t(mat == 0 ? blk : blk + n_rb) * 16 + r) * G + gi;
         ss[i] = w.scales[src];
         zs[i] = w.zeros ? w.zeros[src] : uint8_t(w.const_zero);
+    }
+    for (int tok = 0; tok < m; tok++) {
+        qstage::for_each_input<IN>(a, w.perm, tok, K, K64, norm_red, [&](int i, float v) {
+            if (i < K64) xs[size_t(tok) * K64 + i] = __float2bfloat16(v);
+        });
     }
     __syncthreads();
 
