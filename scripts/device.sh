@@ -3,7 +3,7 @@
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
-#                          [bench-quant] [quant-tune]   (default: test bench)
+#                          [bench-quant] [quant-tune] [quant-test] [final-quant]   (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +85,27 @@ if has quant-tune; then
             QINFER_QKS=$ks QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 128 2>&1 |
                 tee -a "$OUT/tune.log" | grep -E "gemv|^\| qwen" | grep -v lm_head
         done
+    done
+fi
+# The issue-5 record in one call: the quantized tests, then each format at 2048 generated next to BF16 of the same
+# shapes, and the two tensor-core GEMV versions on the same checkpoint (QINFER_QGEMV=1: inputs staged per block).
+if has final-quant; then
+    (cd build-device && ctest -R "Quant|Golden|quant" -j16 --output-on-failure >"$OUT/ctest-quant.log" 2>&1)
+    note "quant tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest-quant.log" | tail -1)"
+    grep -E "golden \] cuda .*(gptq|awq|autoround|nf4)" "$OUT/ctest-quant.log" | head -12
+    grep -E "FAILED|Failure" -A4 "$OUT/ctest-quant.log" | head -30
+    for spec in qwen2.5-0.5b:bf16:1 qwen2.5-0.5b:gptq-int4:1 qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:bf16:1 qwen2.5-7b:awq:1 \
+                qwen2.5-7b:gptq-int8:1 qwen2.5-7b:nf4:1; do
+        IFS=: read -r p q lens <<<"$spec"
+        "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --json "$OUT/bench-$p-$q.json" --csv "$OUT/bench-$p-$q.csv" \
+            2>&1 | tee -a "$OUT/bench.log" | grep -E "^\|" | tail -${#lens}
+        if [ "$p:$q" = qwen2.5-7b:gptq-int4 ]; then
+            for v in 1 2; do
+                QINFER_QGEMV=$v QINFER_PROFILE=1 "$Q" bench --preset "$p" --quant "$q" --input-lens 1 --gen 256 2>&1 |
+                    tee "$OUT/ab-qgemv-v$v.log" | grep -E "gemv|^\| qwen" | grep -v lm_head | sed "s/^/v$v /"
+            done
+        fi
+        rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
     done
 fi
 if has hf-quick; then

@@ -187,6 +187,7 @@ private:
     int ws_tokens_ = 0;
     DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
     DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
+    DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_gemv_max_m, largest padded k]
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
     // Decode state on the device: {token, position, step, context length}; tokens produced by the graph.
     DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;
@@ -408,6 +409,15 @@ void CudaQwenEngine::ensure_workspace(int c) {
         gu_ = DeviceBuffer(size_t(c) * 2 * I * sizeof(bf16), "workspace");
         act_ = DeviceBuffer(size_t(c) * I * sizeof(bf16), "workspace");
     }
+    int max_k = 0;
+    for (const auto & L : layers_) {
+        for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
+            if (l->quantized) max_k = std::max(max_k, l->q.k_padded);
+        }
+        for (const DevMlp & e : L.experts) max_k = std::max({max_k, e.gate_up.quantized ? e.gate_up.q.k_padded : 0, e.down.quantized ? e.down.q.k_padded : 0});
+        if (L.has_shared) max_k = std::max({max_k, L.shared.gate_up.quantized ? L.shared.gate_up.q.k_padded : 0, L.shared.down.quantized ? L.shared.down.q.k_padded : 0});
+    }
+    if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, k_gemv_max_m), "workspace");
     ws_tokens_ = c;
     graph_seq_ = -1;  // buffers moved: the graph must be captured again
 }
@@ -446,7 +456,7 @@ cuda::QkvRopeArgs CudaQwenEngine::rope_args(int layer, int seq, int n) const {
 
 // One decode projection: the GEMV kernel of the weight's format.
 void CudaQwenEngine::project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out) {
-    if (l.quantized) return cuda::qgemv(l.q, a, in, out, stream_);
+    if (l.quantized) return cuda::qgemv(l.q, a, in, out, qscratch_.get(), stream_);
     a.w = l.ptr();
     cuda::gemv(a, in, out, stream_);
 }
@@ -461,7 +471,7 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
             a.x = x;
             a.m = m;
             a.y = y;
-            return cuda::qgemv(l.q, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, stream_);
+            return cuda::qgemv(l.q, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, qscratch_.get(), stream_);
         }
         dequant_.ensure(size_t(l.n) * l.k * sizeof(bf16), "dequantized weights");
         cuda::dequantize(l.q, dequant_.as<bf16>(), stream_);

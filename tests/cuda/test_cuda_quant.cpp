@@ -86,7 +86,8 @@ TEST_P(QuantGemv, MatchesCpu) {
                     a.m = m;
                     a.norm_w = dnorm.as<bf16>();
                     a.y = dy.get();
-                    cuda::qgemv(dq.q, a, in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut(out), nullptr);
+                    DeviceBuffer scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
+                    cuda::qgemv(dq.q, a, in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut(out), scratch.get(), nullptr);
                     const std::vector<float> xin = in ? norm_rows(x, norm_w, m, k, 1e-6f) : x;
                     std::vector<float> ref(size_t(m) * rows);
                     cpu::linear(xin.data(), m, ql->l, ref.data());

@@ -47,8 +47,11 @@ struct QuantMatrix {
     bool tiled = false;  // 4-bit affine codes in the tensor-core tile layout; rows and k padded as below
     int rows_padded = 0, k_padded = 0;
 };
-// The GEMV above with quantized weights (a.w unused): dequantized in registers, fp32 accumulation. Any m.
-void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
+// The GEMV above with quantized weights (a.w unused): dequantized in registers, fp32 accumulation. Any m (1..8 for
+// the tiled layout). scratch: bf16 [m, w.k_padded] on the device, where the tiled kernel's normalised or gathered
+// inputs are staged (qgemv_scratch_bytes); may be null for other layouts.
+void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream);
+size_t qgemv_scratch_bytes(int k_padded, int m);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 

@@ -73,7 +73,7 @@ __device__ __forceinline__ float dot_word_lut(uint32_t w, const float * x, const
 }
 
 // KS warps share each group of rows (splitting k); a block holds k_warps / KS row groups.
-template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_threads, 2)
+template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_threads)
     qgemv_kernel(QuantMatrix w, GemvArgs a, int m_row) {
     constexpr int CV = 128 / BITS;       // values per 16-byte chunk
     constexpr int PER_WORD = 32 / BITS;  // values per 32-bit word
@@ -302,6 +302,56 @@ template <GemvIn IN, GemvOut OUT> void launch_mma_ks(const QuantMatrix & w, cons
     return launch_mma<IN, OUT, 8>(w, a, s);
 }
 
+template <GemvOut OUT, int KS> void launch_mma2(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
+    constexpr int RBPB = mma4::k_warps / KS;
+    const int n_rb = (a.n + 15) / 16;
+    mma4::qgemv_mma2_kernel<OUT, KS><<<(n_rb + RBPB - 1) / RBPB, mma4::k_threads, 0, s>>>(w, x, ldx, a);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <GemvOut OUT> void launch_mma2_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
+    const int n_rb = (a.n + 15) / 16, nkb = w.k_padded / 64;
+    int target = 16 * sm_count();
+    if (forced_ks()) target = forced_ks() >= 8 ? 1 << 30 : forced_ks() >= 4 ? 4 * n_rb : forced_ks() >= 2 ? 2 * n_rb : 0;
+    if (n_rb >= target || nkb < 2) return launch_mma2<OUT, 1>(w, x, ldx, a, s);
+    if (2 * n_rb >= target || nkb < 4) return launch_mma2<OUT, 2>(w, x, ldx, a, s);
+    if (4 * n_rb >= target || nkb < 8) return launch_mma2<OUT, 4>(w, x, ldx, a, s);
+    return launch_mma2<OUT, 8>(w, x, ldx, a, s);
+}
+
+// Version 2 of the tiled GEMV: inputs are normalised/gathered once by a small kernel when they need it, then read
+// by every warp directly.
+void qgemv_tiled2(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
+    const bf16 * x = static_cast<const bf16 *>(a.x);
+    int ldx = a.k;
+    if (in == GemvIn::NormF32 || w.perm || a.k != w.k_padded) {
+        if (!scratch) QINFER_FAIL() << "qgemv: the tiled layout needs a staging buffer here";
+        if (in == GemvIn::NormF32) {
+            mma4::stage_inputs_kernel<GemvIn::NormF32><<<a.m, mma4::k_threads, 0, s>>>(w, a, static_cast<bf16 *>(scratch));
+        } else {
+            mma4::stage_inputs_kernel<GemvIn::Bf16><<<a.m, mma4::k_threads, 0, s>>>(w, a, static_cast<bf16 *>(scratch));
+        }
+        CUDA_CHECK(cudaGetLastError());
+        x = static_cast<const bf16 *>(scratch);
+        ldx = w.k_padded;
+    }
+    switch (out) {
+    case GemvOut::Bf16: return launch_mma2_ks<GemvOut::Bf16>(w, x, ldx, a, s);
+    case GemvOut::F32: return launch_mma2_ks<GemvOut::F32>(w, x, ldx, a, s);
+    case GemvOut::AddF32: return launch_mma2_ks<GemvOut::AddF32>(w, x, ldx, a, s);
+    case GemvOut::SiluMulBf16: return launch_mma2_ks<GemvOut::SiluMulBf16>(w, x, ldx, a, s);
+    }
+}
+
+// QINFER_QGEMV=1 selects the first tiled kernel (inputs staged per block) for comparisons.
+bool tiled_v1() {
+    static const bool v1 = [] {
+        const char * e = std::getenv("QINFER_QGEMV");
+        return e && std::atoi(e) == 1;
+    }();
+    return v1;
+}
+
 template <GemvIn IN> void dispatch_mma(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s) {
     switch (out) {
     case GemvOut::Bf16: return launch_mma_ks<IN, GemvOut::Bf16>(w, a, s);
@@ -313,7 +363,9 @@ template <GemvIn IN> void dispatch_mma(const QuantMatrix & w, const GemvArgs & a
 
 }  // namespace
 
-void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream) {
+size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
+
+void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream) {
     const int rows_needed = out == GemvOut::SiluMulBf16 ? 2 * a.n : a.n;
     if (w.rows != rows_needed || w.k != a.k) {
         QINFER_FAIL() << "qgemv: weight is [" << w.rows << ", " << w.k << "], the call needs [" << rows_needed << ", " << a.k << "]";
@@ -322,6 +374,7 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, cu
     if (w.tiled) {
         if (a.m < 1 || a.m > 8) QINFER_FAIL() << "qgemv: m = " << a.m << " (1..8 for the tiled layout)";
         if (out == GemvOut::SiluMulBf16 && a.n % 16 != 0) QINFER_FAIL() << "qgemv: gate/up of " << a.n << " rows (a multiple of 16 needed)";
+        if (!tiled_v1()) return qgemv_tiled2(w, a, in, out, scratch, stream);
         if (in == GemvIn::NormF32) return dispatch_mma<GemvIn::NormF32>(w, a, out, stream);
         return dispatch_mma<GemvIn::Bf16>(w, a, out, stream);
     }
