@@ -90,23 +90,28 @@ fi
 # The issue-5 record in one call: the quantized tests, then each format at 2048 generated next to BF16 of the same
 # shapes, and the two tensor-core GEMV versions on the same checkpoint (QINFER_QGEMV=1: inputs staged per block).
 if has final-quant; then
-    (cd build-device && ctest -R "Quant|Golden|quant" -j16 --output-on-failure >"$OUT/ctest-quant.log" 2>&1)
-    note "quant tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest-quant.log" | tail -1)"
-    grep -E "golden \] cuda .*(gptq|awq|autoround|nf4)" "$OUT/ctest-quant.log" | head -12
-    grep -E "FAILED|Failure" -A4 "$OUT/ctest-quant.log" | head -30
-    for spec in qwen2.5-0.5b:bf16:1 qwen2.5-0.5b:gptq-int4:1 qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:bf16:1 qwen2.5-7b:awq:1 \
-                qwen2.5-7b:gptq-int8:1 qwen2.5-7b:nf4:1; do
+    F="$OUT/final"
+    mkdir -p "$F"
+    (cd build-device && ctest -R "Quant|GoldenCuda|quant" -j16 --output-on-failure >"$F/ctest-quant.log" 2>&1)
+    note "quant tests: $(grep -E 'tests passed|tests failed' "$F/ctest-quant.log" | tail -1)"
+    grep -E "golden \] cuda .*(gptq|awq|autoround|nf4)" "$F/ctest-quant.log" | head -12
+    grep -E "FAILED|Failure" -A4 "$F/ctest-quant.log" | head -30
+    tar -C "$OUT" -cf "$OUT/final.tar" final
+    for spec in ${FINAL_SPECS:-qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:bf16:1 qwen2.5-7b:awq:1 qwen2.5-0.5b:bf16:1 qwen2.5-0.5b:gptq-int4:1 qwen2.5-7b:gptq-int8:1}; do
         IFS=: read -r p q lens <<<"$spec"
-        "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --json "$OUT/bench-$p-$q.json" --csv "$OUT/bench-$p-$q.csv" \
-            2>&1 | tee -a "$OUT/bench.log" | grep -E "^\|" | tail -${#lens}
+        "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --json "$F/bench-$p-$q.json" --csv "$F/bench-$p-$q.csv" \
+            >"$F/bench-$p-$q.log" 2>&1
+        grep -E "^\| qwen" "$F/bench-$p-$q.log"
         if [ "$p:$q" = qwen2.5-7b:gptq-int4 ]; then
             for v in 1 2; do
-                QINFER_QGEMV=$v QINFER_PROFILE=1 "$Q" bench --preset "$p" --quant "$q" --input-lens 1 --gen 256 2>&1 |
-                    tee "$OUT/ab-qgemv-v$v.log" | grep -E "gemv|^\| qwen" | grep -v lm_head | sed "s/^/v$v /"
+                QINFER_QGEMV=$v QINFER_PROFILE=1 "$Q" bench --preset "$p" --quant "$q" --input-lens 1 --gen 256 >"$F/ab-qgemv-v$v.log" 2>&1
+                grep -E "gemv|^\| qwen" "$F/ab-qgemv-v$v.log" | grep -v lm_head | sed "s/^/v$v /"
             done
         fi
         rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
+        tar -C "$OUT" -cf "$OUT/final.tar" final
     done
+    rm -rf "$F"
 fi
 if has hf-quick; then
     "$Q" synth --preset qwen2.5-0.5b --out /tmp/synth-qwen2.5-0.5b >/dev/null
@@ -139,7 +144,8 @@ if has bench-quant; then
     done
 fi
 # Everything in one archive: the device tool brings back at most eight files.
-(cd "$OUT" && tar -cf results.tar --exclude=results.tar --exclude=goldens.tar . && find . -type f ! -name results.tar ! -name goldens.tar -delete)
+(cd "$OUT" && tar -cf results.tar --exclude=results.tar --exclude=goldens.tar --exclude=final.tar . &&
+    find . -type f ! -name results.tar ! -name goldens.tar ! -name final.tar -delete)
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}"
