@@ -76,8 +76,48 @@ float RepackedQuant::weight(int64_t row, int64_t channel) const {
     return f16_to_f32(scales[size_t(row * groups + g)]) * float(int(q) - z);
 }
 
-RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts, bool tile) {
-    QINFER_CHECK(!parts.empty()) << "repack_for_cuda: no parts";
+void RepackedQuant::row(int64_t row, float * out) const {
+    QINFER_CHECK(!tiled) << "RepackedQuant::row reads the untiled layout";
+    const uint32_t * words = codes.data() + size_t(row) * words_per_row();
+    const int per_word = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    if (!lut && perm.empty() && group % 8 == 0) {
+        // The common case in plain loops the compiler vectorises: bytes in order, low nibble first (LSB-first packing).
+        const uint8_t * bytes = reinterpret_cast<const uint8_t *>(words);
+        for (int g = 0; g < groups; g++) {
+            const float s = f16_to_f32(scales[size_t(row) * groups + g]);
+            const int z = zeros.empty() ? const_zero : zeros[size_t(row) * groups + g];
+            const int p0 = g * group, p1 = std::min(k, p0 + group);
+            if (bits == 8) {
+                for (int pos = p0; pos < p1; pos++) out[pos] = s * float(int(bytes[pos]) - z);
+            } else {
+                for (int i = p0 / 2; i < p1 / 2; i++) {
+                    out[2 * i] = s * float(int(bytes[i] & 15) - z);
+                    out[2 * i + 1] = s * float(int(bytes[i] >> 4) - z);
+                }
+            }
+        }
+        return;
+    }
+    for (int g = 0; g < groups; g++) {
+        const int p0 = g * group, p1 = std::min(k, p0 + group);
+        float s = 0, a = 0;
+        int z = 0;
+        if (lut) {
+            a = absmax[size_t(row) * groups + g];
+        } else {
+            s = f16_to_f32(scales[size_t(row) * groups + g]);
+            z = zeros.empty() ? const_zero : zeros[size_t(row) * groups + g];
+        }
+        for (int pos = p0; pos < p1; pos++) {
+            const uint32_t q = (words[pos / per_word] >> (bits * (pos % per_word))) & mask;
+            out[perm.empty() ? pos : perm[size_t(pos)]] = lut ? table[q] * a : s * float(int(q) - z);
+        }
+    }
+}
+
+RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile) {
+    QINFER_CHECK(!parts.empty()) << "repack_quant: no parts";
     const Linear & first = *parts[0];
     RepackedQuant r;
     r.k = first.in_features;

@@ -1,5 +1,6 @@
-// The CUDA kernels' layout of a quantized weight, built on the host at load time from any stored format
-// (GPTQ v1/v2, AWQ, AutoRound, bitsandbytes) through QuantReader, so every format shares one set of kernels:
+// The kernels' layout of a quantized weight, built on the host at load time from any stored format (GPTQ v1/v2, AWQ,
+// AutoRound, bitsandbytes) through QuantReader, so every format shares one set of kernels (CUDA, and the CPU
+// reference's row decoder, which reads rows instead of GPTQ's K-packed columns):
 //   codes   uint32 [rows, K * bits / 32]: row n's codes along K, LSB first, K in act-order (`perm`) order
 //   scales  fp16 [rows, groups] and zeros uint8 [rows, groups] (affine: w = s (q - z)); zeros dropped when constant
 //   absmax  fp32 [rows, K / 64] and table fp32 [16] (bitsandbytes: w = table[q] absmax)
@@ -36,9 +37,11 @@ struct RepackedQuant {
     // Reads back what the kernels will see (round-trip tests).
     uint32_t code(int64_t row, int64_t pos) const;
     float weight(int64_t row, int64_t channel) const;  // the dequantized value of input channel `channel`
+    // Row `row` dequantized, fp32 [k] in input-channel order: the same values as QuantReader::row (untiled layout).
+    void row(int64_t row, float * out) const;
 };
 
-// Why this linear cannot use the CUDA kernels (empty: it can): bit widths 4 and 8 with groups of whole 16-byte
+// Why this linear cannot use the repacked layout and its kernels (empty: it can): bit widths 4 and 8 with groups of whole 16-byte
 // chunks, bitsandbytes with K a multiple of 64, act-order whose groups are contiguous after sorting.
 std::string cuda_quant_unsupported(const Linear & l);
 
@@ -46,6 +49,6 @@ std::string cuda_quant_unsupported(const Linear & l);
 // layout cannot be built.
 // tile: use the tensor-core layout when the format allows (4-bit affine); gate/up stacks need every part's rows to
 // be a multiple of 16 for it, so the caller passes false otherwise.
-RepackedQuant repack_for_cuda(const std::vector<const Linear *> & parts, bool tile = true);
+RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile = true);
 
 }  // namespace qinfer

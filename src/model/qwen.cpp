@@ -7,6 +7,7 @@
 #include "backends/cpu/ops.h"
 #include "core/check.h"
 #include "core/parallel.h"
+#include "model/quant_repack.h"
 
 namespace qinfer {
 
@@ -27,6 +28,16 @@ CpuQwenEngine::CpuQwenEngine(std::unique_ptr<Model> model, const EngineOptions &
     : model_(std::move(model)), kv_(cache_shape(model_->config, opt)) {
     set_threads(opt.threads);
     rope_ = compute_rope_freqs(model_->config, 0);
+    // Quantized projections: rows repacked once (GPTQ stores codes packed down K, column by column), where the
+    // layout allows; the values are the format's, exactly (tests/unit/test_quant_repack.cpp).
+    for_each_linear(model_->weights, [](Linear & l) {
+        if (!l.quantized() || !cuda_quant_unsupported(l).empty()) return;
+        try {
+            l.cpu_rows = std::make_shared<RepackedQuant>(repack_quant({&l}, false));
+        } catch (const Error &) {
+            // Irregular act-order groups or scales that are not fp16: the stored layout is read directly.
+        }
+    });
 }
 
 int CpuQwenEngine::new_sequence(int max_tokens) {

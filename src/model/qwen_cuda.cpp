@@ -253,7 +253,7 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & part
     }
     // gate/up: the tensor-core layout needs the up rows to start on a 16-row block.
     const bool stacked_gate_up = parts.size() == 2;
-    const RepackedQuant r = repack_for_cuda(parts, !stacked_gate_up || parts[0]->out_features % 16 == 0);
+    const RepackedQuant r = repack_quant(parts, !stacked_gate_up || parts[0]->out_features % 16 == 0);
     DevLinear l;
     l.quantized = true;
     l.n = r.rows;

@@ -23,6 +23,8 @@ struct Weight {
     size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
 };
 
+struct RepackedQuant;  // model/quant_repack.h
+
 // The one linear-layer interface: y = x W^T + b. A quantized linear carries its format's tensors as stored
 // (FORMATS.md sections 3-6); each backend repacks them at load time into the layout of its kernels, and model code
 // only ever calls linear(). K = in_features, N = out_features, G = groups = ceil(K / group size).
@@ -44,6 +46,8 @@ struct Linear {
     Weight nested_quant_map;  // fp32 [256] (double quantization)
     Weight quant_state;       // uint8 JSON: blocksize, shape, nested_offset, ...
     float nested_offset = 0;  // from quant_state
+    // The CPU reference's row-major repack (set by the CPU engine at load time when the format allows).
+    std::shared_ptr<const RepackedQuant> cpu_rows;
     bool quantized() const { return scheme.quantized(); }
 };
 

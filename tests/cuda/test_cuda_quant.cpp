@@ -24,7 +24,7 @@ struct DevQuant {
 };
 
 DevQuant upload_quant(const Linear & l, bool tile = true) {
-    const RepackedQuant r = repack_for_cuda({&l}, tile);
+    const RepackedQuant r = repack_quant({&l}, tile);
     DevQuant d;
     d.codes = upload(r.codes);
     d.scales = upload(r.scales);

@@ -11,7 +11,7 @@ namespace qinfer {
 namespace {
 
 void expect_round_trip(const std::vector<const Linear *> & parts) {
-    const RepackedQuant r = repack_for_cuda(parts);
+    const RepackedQuant r = repack_quant(parts);
     int row0 = 0;
     for (const Linear * p : parts) {
         const QuantReader reader(*p);
@@ -42,14 +42,29 @@ TEST(QuantRepack, EveryFormatRoundTripsBitExactly) {
     }
 }
 
+TEST(QuantRepack, RowDecoderEqualsTheReader) {
+    for (const QuantScheme & s : {test::gptq_scheme(4, 32, false, QuantPacking::GptqV2, true), test::gptq_scheme(8, -1, true, QuantPacking::GptqV1),
+                                  test::gptq_scheme(4, 64, false, QuantPacking::AwqGemm), test::bnb_scheme(QuantPacking::Nf4, true)}) {
+        auto a = test::make_quant_linear(s, 24, 320, 3);
+        const RepackedQuant r = repack_quant({&a->l}, false);
+        const QuantReader reader(a->l);
+        std::vector<float> got(320), want(320);
+        for (int n = 0; n < 24; n++) {
+            r.row(n, got.data());
+            reader.row(n, want.data());
+            ASSERT_EQ(got, want) << s.describe() << " row " << n;
+        }
+    }
+}
+
 TEST(QuantRepack, RefusesWhatTheKernelsCannotRun) {
     auto three = test::make_quant_linear(test::gptq_scheme(3, 32, true, QuantPacking::GptqV1), 32, 96, 1);
-    EXPECT_THROW(repack_for_cuda({&three->l}), Error);
+    EXPECT_THROW(repack_quant({&three->l}), Error);
     auto g16 = test::make_quant_linear(test::gptq_scheme(4, 16, true, QuantPacking::GptqV1), 32, 96, 1);
-    EXPECT_THROW(repack_for_cuda({&g16->l}), Error);
+    EXPECT_THROW(repack_quant({&g16->l}), Error);
     auto a = test::make_quant_linear(test::gptq_scheme(4, 32, true, QuantPacking::GptqV1, true), 32, 96, 1, 5);
     auto b = test::make_quant_linear(test::gptq_scheme(4, 32, true, QuantPacking::GptqV1, true), 32, 96, 2, 6);
-    EXPECT_THROW(repack_for_cuda({&a->l, &b->l}), Error);  // different act-orders cannot share one input permutation
+    EXPECT_THROW(repack_quant({&a->l, &b->l}), Error);  // different act-orders cannot share one input permutation
 }
 
 }  // namespace qinfer

@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/parallel.h"
 #include "model/quant.h"
+#include "model/quant_repack.h"
 
 namespace qinfer::cpu {
 
@@ -140,7 +141,13 @@ void linear(const float * x, int n, const Linear & l, float * y) {
             thread_local std::vector<float> rows;
             rows.resize(size_t(k_rows) * K);
             const int64_t r0 = b * k_rows, r1 = std::min<int64_t>(N, r0 + k_rows);
-            for (int64_t r = r0; r < r1; r++) reader.row(r, rows.data() + (r - r0) * K);
+            for (int64_t r = r0; r < r1; r++) {
+                if (l.cpu_rows) {
+                    l.cpu_rows->row(r, rows.data() + (r - r0) * K);
+                } else {
+                    reader.row(r, rows.data() + (r - r0) * K);
+                }
+            }
             for (int t = 0; t < n; t++) {
                 const float * xt = x + int64_t(t) * K;
                 for (int64_t r = r0; r < r1; r++) y[int64_t(t) * N + r] = dot_f32(rows.data() + (r - r0) * K, xt, K);
