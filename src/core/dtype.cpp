@@ -1,5 +1,8 @@
 #include "core/dtype.h"
 
+#include <cmath>
+#include <limits>
+
 #include "core/check.h"
 
 namespace qinfer {
@@ -89,6 +92,35 @@ uint16_t f32_to_f16(float f) {
         if (exp >= 31) return uint16_t(sign | 0x7c00);
     }
     return uint16_t(sign | (uint32_t(exp) << 10) | (rounded >> 13));
+}
+
+uint8_t f32_to_e4m3(float f) {
+    if (std::isnan(f)) return 0x7f;
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+    const float a = std::fabs(f);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < std::ldexp(1.0f, -6)) {
+        // Subnormals: q * 2^-9, q in 0..7; q = 8 is the smallest normal (0x08), the same bit pattern.
+        return uint8_t(sign | uint8_t(std::nearbyint(a * 512.0f)));
+    }
+    int e = 0;
+    std::frexp(a, &e);
+    int exp = e - 1;                                       // a = 1.m * 2^exp, exp in -6..8
+    float q = std::nearbyint(std::ldexp(a, 3 - exp));  // 8..16: the leading one and three mantissa bits
+    if (q == 16.0f) {
+        q = 8.0f;
+        exp++;
+    }
+    if (exp > 8 || (exp == 8 && q > 14.0f)) return sign | 0x7e;
+    return uint8_t(sign | ((exp + 7) << 3) | (int(q) - 8));
+}
+
+float e4m3_to_f32(uint8_t b) {
+    const float sign = (b & 0x80) ? -1.0f : 1.0f;
+    const int exp = (b >> 3) & 15, mant = b & 7;
+    if (exp == 15 && mant == 7) return std::numeric_limits<float>::quiet_NaN();
+    if (exp == 0) return sign * std::ldexp(float(mant), -9);
+    return sign * std::ldexp(1.0f + float(mant) / 8.0f, exp - 7);
 }
 
 }  // namespace qinfer

@@ -36,6 +36,10 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+// fp8 e4m3 ("e4m3fn": no infinities, max 448, NaN = 0x7f/0xff): round to nearest even, saturating at +-448.
+uint8_t f32_to_e4m3(float f);
+float e4m3_to_f32(uint8_t b);
+
 // Round-trips a float through the type (for tolerances and synthetic weights).
 inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 

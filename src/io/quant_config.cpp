@@ -89,6 +89,8 @@ void check_int_scheme(const QuantScheme & s, const std::string & what, const std
 // Fields of an override object (GPTQModel dynamic, AutoRound extra_config).
 QuantConfig::Override parse_override(const std::string & pattern, const json & v, const std::string & what) {
     QuantConfig::Override o;
+    // Patterns are regular expressions from the file: keep them short (std::regex recurses on the pattern).
+    if (pattern.size() > 256) QINFER_FAIL() << what << ": override pattern of " << pattern.size() << " characters (256 at most)";
     o.pattern = pattern;
     if (!v.is_object()) QINFER_FAIL() << what << ": the override for '" << pattern << "' must be an object";
     Reader rd{v, what};

@@ -20,6 +20,8 @@ KVCacheShape cache_shape(const ModelConfig & c, const EngineOptions & opt) {
     s.block_size = 16;
     int ctx = opt.max_context > 0 ? opt.max_context : std::min(c.max_context(), 4096);
     s.n_blocks = std::max(1, opt.max_sequences) * ((ctx + s.block_size - 1) / s.block_size);
+    // The reference keeps fp32 unless asked: transformers' cache holds the model's dtype, fp32 for the goldens.
+    s.dtype = opt.kv_dtype == "auto" ? KVDType::F32 : parse_kv_dtype(opt.kv_dtype);
     return s;
 }
 }  // namespace
@@ -53,11 +55,16 @@ int CpuQwenEngine::new_sequence(int max_tokens) {
 
 void CpuQwenEngine::free_sequence(int seq) { kv_.table().free_sequence(seq); }
 
+// Attention over the cache as stored: the context's K and V are read (dequantized) once per layer.
 void CpuQwenEngine::attention(int layer, int seq, int n, int pos0, const float * q, float * out) const {
     const ModelConfig & c = model_->config;
+    const int ctx = pos0 + n;
+    const size_t token = size_t(c.num_key_value_heads) * c.head_dim;
+    std::vector<float> k(size_t(ctx) * token), v(size_t(ctx) * token);  // fp32 [ctx, n_kv_head, head_dim]
+    kv_.read(layer, seq, ctx, k.data(), v.data());
     cpu::attention(
-        q, n, pos0, c.num_attention_heads, c.num_key_value_heads, c.head_dim, [&](int j) { return kv_.k(layer, seq, j); },
-        [&](int j) { return kv_.v(layer, seq, j); }, out);
+        q, n, pos0, c.num_attention_heads, c.num_key_value_heads, c.head_dim, [&](int j) { return k.data() + size_t(j) * token; },
+        [&](int j) { return v.data() + size_t(j) * token; }, out);
 }
 
 // SwiGLU: down(silu(gate(x)) * up(x)). x: fp32 [n, hidden]; out: fp32 [n, hidden].
@@ -155,10 +162,7 @@ void CpuQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_l
         }
         cpu::rope(q.data(), n, n_head, d, cos.data(), sin.data());
         cpu::rope(k.data(), n, n_kv, d, cos.data(), sin.data());
-        for (int t = 0; t < n; t++) {
-            std::copy_n(k.data() + int64_t(t) * n_kv * d, n_kv * d, kv_.k(l, seq, pos0 + t));
-            std::copy_n(v.data() + int64_t(t) * n_kv * d, n_kv * d, kv_.v(l, seq, pos0 + t));
-        }
+        kv_.write(l, seq, pos0, n, k.data(), v.data());
         attention(l, seq, n, pos0, q.data(), attn.data());
         cpu::linear(attn.data(), n, A.o_proj, block_out.data());
         cpu::add(x.data(), block_out.data(), int64_t(n) * H);

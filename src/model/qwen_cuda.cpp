@@ -204,6 +204,10 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0 || c.head_dim % 8 != 0) {
         QINFER_FAIL() << "CUDA backend: hidden, intermediate and head sizes must be multiples of 8";
     }
+    if (opt.kv_dtype != "auto" && opt.kv_dtype != "bf16") {
+        parse_kv_dtype(opt.kv_dtype);  // names the choices when the name is wrong
+        QINFER_FAIL() << "CUDA backend: --kv-dtype " << opt.kv_dtype << " is not implemented yet (bf16); the CPU backend runs fp8, int8 and int4";
+    }
     CUDA_CHECK(cudaSetDevice(0));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     rope_ = compute_rope_freqs(c, 0);

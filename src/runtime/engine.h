@@ -32,6 +32,7 @@ struct EngineOptions {
     int max_context = 0;           // KV cache capacity in tokens for one sequence (0: a default)
     int max_sequences = 1;
     int threads = 0;               // CPU threads (0: all)
+    std::string kv_dtype = "auto"; // auto (CPU fp32, CUDA bf16) | fp32 | bf16 | fp8 | int8 | int4 (runtime/kv_cache.h)
 };
 
 std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt);

@@ -5,9 +5,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 namespace qinfer {
+
+// Element type of a KV cache (FORMATS.md section 7).
+//   f32, bf16: plain.
+//   fp8: e4m3 with one scale per layer for K and one for V (x = fp8 * scale); the scale is amax / 448 of the first
+//        forward's values of that layer, then fixed (checkpoint k_scale/v_scale tensors are not read yet).
+//   int8, int4: asymmetric per token and KV head over head_dim (LMDeploy's quant_policy 8/4): scale = (max - min) /
+//        255 (15), zero = -min / scale, q = trunc(x / scale + zero + 0.5) clamped, x = (q - zero) * scale; int4 byte j
+//        holds element j in the low nibble and element j + head_dim / 2 in the high nibble.
+enum class KVDType { F32, BF16, FP8, INT8, INT4 };
+const char * kv_dtype_name(KVDType t);                 // "fp32", "bf16", "fp8", "int8", "int4"
+KVDType parse_kv_dtype(const std::string & name);      // throws naming the choices
+double kv_dtype_bytes_per_element(KVDType t);          // incl. int8/int4 scale and zero (fp32 pairs) per head_dim
 
 struct KVCacheShape {
     int n_layers = 0;
@@ -15,6 +28,7 @@ struct KVCacheShape {
     int head_dim = 0;
     int block_size = 16;  // tokens per block
     int n_blocks = 0;
+    KVDType dtype = KVDType::F32;
 };
 
 // Block bookkeeping, shared by every backend: which blocks are free, which sequence owns which blocks.
@@ -47,24 +61,31 @@ private:
     int next_id_ = 0;
 };
 
-// The CPU cache: fp32 K and V of every layer, [layer][block][slot][kv_head][head_dim].
+// The CPU cache, stored in its dtype: K and V of every layer, [layer][block][slot][kv_head][head_dim] (+ per-head
+// scale and zero for int8/int4). The reference for every cache dtype: attention reads what read() returns.
 class CpuKVCache {
 public:
     explicit CpuKVCache(const KVCacheShape & shape);
     const KVCacheShape & shape() const { return shape_; }
     BlockTable & table() { return table_; }
     const BlockTable & table() const { return table_; }
-    float * k(int layer, int seq, int pos) { return at(k_, layer, seq, pos); }
-    float * v(int layer, int seq, int pos) { return at(v_, layer, seq, pos); }
-    const float * k(int layer, int seq, int pos) const { return const_cast<CpuKVCache *>(this)->k(layer, seq, pos); }
-    const float * v(int layer, int seq, int pos) const { return const_cast<CpuKVCache *>(this)->v(layer, seq, pos); }
-    size_t bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
+    // Stores tokens pos0..pos0+n-1 of a sequence: k, v fp32 [n, n_kv_heads, head_dim], quantized to the dtype.
+    void write(int layer, int seq, int pos0, int n, const float * k, const float * v);
+    // Tokens 0..n-1 of a sequence as stored (dequantized): k, v fp32 [n, n_kv_heads, head_dim].
+    void read(int layer, int seq, int n, float * k, float * v) const;
+    size_t bytes() const { return k_.size() + v_.size() + (k_sz_.size() + v_sz_.size()) * sizeof(float); }
+    float fp8_scale(int layer, bool value) const { return (value ? v_fp8_scale_ : k_fp8_scale_)[size_t(layer)]; }
 
 private:
-    float * at(std::vector<float> & buf, int layer, int seq, int pos);
+    size_t row_index(int layer, int seq, int pos) const;  // the (token, all heads) row of a sequence position
+    void store(size_t row, const float * x, std::vector<uint8_t> & buf, std::vector<float> & sz, float fp8_scale);
+    void load(size_t row, const std::vector<uint8_t> & buf, const std::vector<float> & sz, float fp8_scale, float * x) const;
     KVCacheShape shape_;
     BlockTable table_;
-    std::vector<float> k_, v_;
+    size_t head_bytes_ = 0;             // stored bytes of one head of one token
+    std::vector<uint8_t> k_, v_;        // [layer][block][slot][kv_head][head_bytes_]
+    std::vector<float> k_sz_, v_sz_;    // int8/int4: [layer][block][slot][kv_head][scale, zero]
+    std::vector<float> k_fp8_scale_, v_fp8_scale_;  // fp8: [layer], 0 until the first write
 };
 
 }  // namespace qinfer

@@ -17,6 +17,7 @@
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/kv_cache.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "tools/synth.h"
@@ -51,6 +52,7 @@ int cmd_bench(int argc, char ** argv) {
             std::printf(
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
+                "                    [--kv-dtype fp32|bf16|fp8|int8|int4]\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
                 "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
@@ -81,6 +83,8 @@ int cmd_bench(int argc, char ** argv) {
     EngineOptions eo;
     eo.backend = backend;
     eo.threads = int(a.integer("threads", 0));
+    eo.kv_dtype = a.str("kv-dtype", "auto");
+    if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
     const SynthQuant quant = synth_quant_from_args(a);
     a.check_unused();
     if (!quant.kind.empty() && !model_dir.empty()) QINFER_FAIL() << "--quant synthesizes a preset; with --model the checkpoint's own format is used";
@@ -108,7 +112,7 @@ int cmd_bench(int argc, char ** argv) {
     const double weight_bytes = double(decode_weight_bytes(*model));
     model.reset();
     SystemInfo sys = system_info(engine->backend_name() == "cuda");
-    const int kv_elem = engine->backend_name() == "cuda" ? 2 : 4;
+    const bool kv_bf16 = engine->backend_name() == "cuda";
     std::fprintf(stderr, "bench: %s on %s, memory bandwidth %.1f GB/s (%s)\n", model_name.c_str(), sys.card.c_str(),
                  sys.bandwidth / 1e9, sys.bandwidth_source.c_str());
 
@@ -119,7 +123,7 @@ int cmd_bench(int argc, char ** argv) {
         Row r;
         r.model = model_name;
         r.quant = c.quant.quantized() ? c.quant.label : c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
-        r.kv_dtype = kv_elem == 2 ? "bf16" : "fp32";
+        r.kv_dtype = eo.kv_dtype != "auto" ? eo.kv_dtype : kv_bf16 ? "bf16" : "fp32";
         r.input_len = len;
         r.gen_len = gen;
         if (int64_t(len) + gen > c.max_context()) {
@@ -152,7 +156,10 @@ int cmd_bench(int argc, char ** argv) {
         r.peak_gb = double(engine->peak_memory_bytes()) / 1e9;
         // Bytes one decode step must read: the weights once plus the KV cache at the mean context of the decode.
         double ctx = len + gen / 2.0;
-        double step_bytes = weight_bytes + double(c.kv_bytes_per_token(kv_elem)) * ctx;
+        const KVDType kv = parse_kv_dtype(r.kv_dtype);
+        double kv_token = double(c.kv_bytes_per_token(1)) * kv_dtype_bytes_per_element(kv);
+        if (kv == KVDType::INT8 || kv == KVDType::INT4) kv_token += 2.0 * c.num_hidden_layers * c.num_key_value_heads * 8;  // scale, zero
+        double step_bytes = weight_bytes + kv_token * ctx;
         r.bw_frac = r.decode_tok_s * step_bytes / sys.bandwidth;
         rows.push_back(r);
     }

@@ -15,6 +15,7 @@
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/kv_cache.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "tools/presets.h"
@@ -36,6 +37,8 @@ EngineOptions engine_options(const Args & a) {
     o.backend = a.str("backend", "auto");
     o.threads = int(a.integer("threads", 0));
     o.max_context = int(a.integer("context", 0));
+    o.kv_dtype = a.str("kv-dtype", "auto");
+    if (o.kv_dtype != "auto") parse_kv_dtype(o.kv_dtype);
     return o;
 }
 
@@ -96,6 +99,7 @@ int cmd_synth(int argc, char ** argv) {
 int cmd_logits(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
         std::printf("usage: qinfer logits --model DIR --tokens 1,2,3 --out FILE.npy [--backend cpu|cuda] [--threads N]\n"
+                    "                     [--kv-dtype fp32|bf16|fp8|int8|int4]\n"
                     "writes fp32 logits [n_tokens, vocab] of one forward pass over the tokens\n");
         return 0;
     }
@@ -126,6 +130,7 @@ int cmd_run(int argc, char ** argv) {
         std::printf("usage: qinfer run --model DIR (--prompt TEXT | --tokens IDS) [-n N | --max-tokens N] [--greedy] [--temperature T]\n"
                     "                  [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]\n"
                     "                  [--frequency-penalty F] [--seed S] [--ignore-eos] [--backend cpu|cuda] [--threads N]\n"
+                    "                  [--kv-dtype fp32|bf16|fp8|int8|int4]\n"
                     "sampling defaults come from the checkpoint's generation_config.json; --greedy overrides them\n");
         return 0;
     }

@@ -12,6 +12,7 @@ int cmd_run(int argc, char ** argv);
 int cmd_logits(int argc, char ** argv);
 int cmd_info(int argc, char ** argv);
 int cmd_dequant(int argc, char ** argv);
+int cmd_kv_fidelity(int argc, char ** argv);
 int cmd_bench(int argc, char ** argv);
 int cmd_tokenize(int argc, char ** argv);
 int cmd_detokenize(int argc, char ** argv);
