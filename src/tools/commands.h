@@ -13,6 +13,7 @@ int cmd_logits(int argc, char ** argv);
 int cmd_info(int argc, char ** argv);
 int cmd_dequant(int argc, char ** argv);
 int cmd_kv_fidelity(int argc, char ** argv);
+int cmd_plan(int argc, char ** argv);
 int cmd_bench(int argc, char ** argv);
 int cmd_tokenize(int argc, char ** argv);
 int cmd_detokenize(int argc, char ** argv);

@@ -1,0 +1,169 @@
+#include "tools/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "model/weights.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "tools/presets.h"
+#include "tools/synth_quant.h"
+
+namespace qinfer {
+
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Device bytes of one projection as the CUDA engine stores it (model/quant_repack.h).
+double linear_bytes(const Linear & l) {
+    const double N = l.out_features, K = l.in_features;
+    const QuantScheme & s = l.scheme;
+    switch (s.method) {
+    case QuantMethod::None: return N * K * 2;
+    case QuantMethod::Bnb4: return N * K / 2 + N * K / 64 * 4 + 64;
+    default: break;
+    }
+    const double groups = std::ceil(K / s.group(l.in_features));
+    double codes = N * K * s.bits / 8;
+    if (s.bits == 4) codes = double(round_up(l.out_features, 16)) * double(round_up(l.in_features, 64)) / 2;  // tiled
+    const double zeros = s.sym ? 0 : N * groups;  // symmetric zeros are one constant
+    return codes + N * groups * 2 + zeros + (s.desc_act ? K * 4 : 0);
+}
+
+}  // namespace
+
+MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch, int prompt, int context) {
+    MemoryEstimate m;
+    ModelWeights w;
+    double largest_quant = 0;  // bf16 bytes of the largest stacked projection (prefill dequantizes into it)
+    int max_k = 0;
+    visit_weights(c, w, [&](const std::string &, const std::vector<int64_t> & shape, WeightRole role, Weight &) {
+        if (role == WeightRole::Norm || role == WeightRole::Bias || role == WeightRole::Embedding || role == WeightRole::Router) {
+            double n = 1;
+            for (auto d : shape) n *= double(d);
+            m.weights += n * 2;
+        }
+    });
+    for_each_linear(w, [&](Linear & l) {
+        m.weights += linear_bytes(l);
+        if (l.quantized()) max_k = std::max(max_k, int(round_up(l.in_features, 64)));
+    });
+    if (!c.tie_word_embeddings) m.weights += double(c.vocab_size) * c.hidden_size * 2;
+    for (const LayerWeights & L : w.layers) {
+        if (L.is_moe || !L.mlp.gate_proj.quantized()) continue;
+        largest_quant = std::max(largest_quant, 2.0 * L.mlp.gate_proj.out_features * L.mlp.gate_proj.in_features * 2);
+        largest_quant = std::max(largest_quant, double(L.mlp.down_proj.out_features) * L.mlp.down_proj.in_features * 2);
+        largest_quant = std::max(largest_quant, double(c.q_dim() + 2 * c.kv_dim()) * c.hidden_size * 2);
+    }
+
+    const double tokens = double(round_up(context, 16));
+    double per_token = double(c.kv_bytes_per_token(1)) * kv_dtype_bytes_per_element(kv);
+    if (kv == KVDType::INT8 || kv == KVDType::INT4) per_token += 2.0 * c.num_hidden_layers * c.num_key_value_heads * 8;
+    m.kv = per_token * tokens * batch;
+
+    // Workspaces of one prefill chunk (up to 1024 tokens), the decode scratch and buffers (model/qwen_cuda.cpp).
+    const double ch = double(std::min(prompt, 1024)) * batch, H = c.hidden_size, I = c.intermediate_size;
+    m.workspace = ch * (4 + 4 * H + 2 * H + 2 * double(c.q_dim() + 2 * c.kv_dim()) + 4 * double(c.q_dim()) + 2 * H + 6 * I);
+    m.workspace += 4.0 * c.vocab_size * batch + 4.0 * (tokens + 1) * batch;
+    const double splits = std::min(1024.0, std::max({1.0, std::ceil(1056.0 / c.num_key_value_heads), std::ceil(tokens / 1024)}));
+    m.workspace += double(c.num_attention_heads) * splits * (c.head_dim + 2) * 4;
+    if (prompt > 4) m.workspace += largest_quant;
+    m.workspace += double(max_k) * 4 * 2;
+    return m;
+}
+
+int cmd_plan(int argc, char ** argv) {
+    for (int i = 2; i < argc; i++) {
+        if (!std::strcmp(argv[i], "--help")) {
+            std::printf("usage: qinfer plan --gpu-mem 24GB (--model DIR | --preset NAME) [--context 8192] [--prompt N]\n"
+                        "                   [--reserve 1GB] [--json FILE]\n"
+                        "for each weight format and KV dtype: weights, the longest context at batch 1 and the largest batch at\n"
+                        "--context, from qinfer's memory model of the CUDA engine (1 GB = 1e9 bytes; --reserve: CUDA context etc.)\n");
+            return 0;
+        }
+    }
+    Args a(argc, argv, 2, {});
+    auto bytes_of = [](const std::string & s, const char * what) {
+        char * end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        std::string unit = end ? end : "";
+        for (char & ch : unit) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+        const double mul = unit == "GB" || unit == "G" ? 1e9 : unit == "GIB" ? 1073741824.0 : unit == "MB" ? 1e6 : unit.empty() ? 1.0 : -1;
+        if (!(v > 0) || mul < 0) QINFER_FAIL() << what << " '" << s << "' is not a size (e.g. 24GB, 80GiB)";
+        return v * mul;
+    };
+    const double card = bytes_of(a.required("gpu-mem"), "--gpu-mem");
+    const double reserve = bytes_of(a.str("reserve", "1GB"), "--reserve");
+    const std::string dir = a.str("model"), preset = a.str("preset");
+    const int context = int(a.integer("context", 8192));
+    const std::string json_path = a.str("json");
+    int prompt_opt = int(a.integer("prompt", 0));
+    a.check_unused();
+    if (dir.empty() == preset.empty()) QINFER_FAIL() << "give --model DIR or --preset NAME";
+    if (context < 1) QINFER_FAIL() << "--context must be >= 1";
+    ModelConfig base = dir.empty() ? parse_model_config(find_preset(preset).config.dump(), "preset " + preset) : load_model_config(dir);
+    const int prompt = prompt_opt > 0 ? prompt_opt : context;
+    const double budget = card - reserve;
+
+    struct Format {
+        std::string name;
+        ModelConfig c;
+    };
+    std::vector<Format> formats;
+    if (!dir.empty() && base.quant.quantized()) {
+        formats.push_back({base.quant.label + " (the checkpoint's)", base});
+    } else {
+        formats.push_back({"BF16", base});
+        for (const char * kind : {"gptq-int8", "gptq-int4", "awq", "nf4"}) {
+            SynthQuant q;
+            q.kind = kind;
+            ModelConfig c = base;
+            c.quant = parse_quant_config(synth_quant_config(q).dump(), kind);
+            formats.push_back({c.quant.label, c});
+        }
+    }
+    const std::vector<KVDType> kvs = {KVDType::BF16, KVDType::FP8, KVDType::INT8, KVDType::INT4};
+    std::printf("card %.1f GB, %.1f GB reserved; model %s, max context %d; batch column at context %d\n", card / 1e9, reserve / 1e9,
+                dir.empty() ? preset.c_str() : dir.c_str(), base.max_context(), context);
+    std::printf("| weights | weights GB | KV cache | max context, batch 1 | max batch at %d |\n|---|---|---|---|---|\n", context);
+    nlohmann::json rows = nlohmann::json::array();
+    for (const Format & f : formats) {
+        for (KVDType kv : kvs) {
+            const MemoryEstimate one = estimate_cuda_memory(f.c, kv, 1, 1, 1);
+            int max_ctx = 0;
+            for (int lo = 0, hi = base.max_context(); lo <= hi;) {  // longest context that fits (prompt = context)
+                const int mid = lo + (hi - lo) / 2;
+                if (mid > 0 && estimate_cuda_memory(f.c, kv, 1, mid, mid).total() <= budget) {
+                    max_ctx = mid;
+                    lo = mid + 1;
+                } else if (mid == 0) {
+                    lo = 1;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            int max_batch = 0;
+            while (max_batch < 4096 && estimate_cuda_memory(f.c, kv, max_batch + 1, std::min(prompt, context), context).total() <= budget) max_batch++;
+            std::printf("| %s | %.2f | %s | %s | %d |\n", f.name.c_str(), one.weights / 1e9, kv_dtype_name(kv),
+                        max_ctx > 0 ? std::to_string(max_ctx).c_str() : "does not fit", max_batch);
+            rows.push_back({{"weights", f.name}, {"weights_gb", one.weights / 1e9}, {"kv_dtype", kv_dtype_name(kv)}, {"max_context_batch1", max_ctx},
+                            {"max_batch", max_batch}, {"context", context}, {"card_gb", card / 1e9}, {"reserve_gb", reserve / 1e9}});
+        }
+    }
+    std::printf("today's CUDA engine runs the bf16 KV cache and one sequence at a time; fp8/int8/int4 KV and batches are the\n"
+                "memory model's answer for when they land (the CPU backend runs every KV dtype)\n");
+    if (!json_path.empty()) {
+        std::FILE * fp = std::fopen(json_path.c_str(), "w");
+        if (!fp) QINFER_FAIL() << json_path << ": cannot open for writing";
+        std::fputs(rows.dump(1).c_str(), fp);
+        std::fclose(fp);
+    }
+    return 0;
+}
+
+}  // namespace qinfer

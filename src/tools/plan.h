@@ -1,0 +1,23 @@
+// qinfer plan: what fits a card, from qinfer's own memory model of the CUDA engine (weights as the engine stores them,
+// the block-rounded KV cache, prefill workspaces), checked against measured peaks (tests/unit/test_plan.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "io/model_config.h"
+#include "runtime/kv_cache.h"
+
+namespace qinfer {
+
+struct MemoryEstimate {
+    double weights = 0;    // bytes on the device: bf16 dense tensors, repacked quantized projections
+    double kv = 0;         // KV cache for batch x context (rounded up to 16-token blocks)
+    double workspace = 0;  // activations of one prefill chunk, decode scratch, dequantization buffer
+    double total() const { return weights + kv + workspace; }
+};
+
+// The device memory of the CUDA engine for `batch` sequences of `context` tokens whose prompts are `prompt` tokens,
+// with the weights of `c` (c.quant says how each projection is stored).
+MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch, int prompt, int context);
+
+}  // namespace qinfer
