@@ -88,7 +88,7 @@ if has quant-tune; then
     done
 fi
 # The issue-5 record in one call: the quantized tests, then each format at 2048 generated next to BF16 of the same
-# shapes, and the two tensor-core GEMV versions on the same checkpoint (QINFER_QGEMV=1: inputs staged per block).
+# shapes, and a decode profile of 7B GPTQ-Int4.
 if has final-quant; then
     F="$OUT/final"
     mkdir -p "$F"
@@ -103,10 +103,8 @@ if has final-quant; then
             >"$F/bench-$p-$q.log" 2>&1
         grep -E "^\| qwen" "$F/bench-$p-$q.log"
         if [ "$p:$q" = qwen2.5-7b:gptq-int4 ]; then
-            for v in 1 2; do
-                QINFER_QGEMV=$v QINFER_PROFILE=1 "$Q" bench --preset "$p" --quant "$q" --input-lens 1 --gen 256 >"$F/ab-qgemv-v$v.log" 2>&1
-                grep -E "gemv|^\| qwen" "$F/ab-qgemv-v$v.log" | grep -v lm_head | sed "s/^/v$v /"
-            done
+            QINFER_PROFILE=1 "$Q" bench --preset "$p" --quant "$q" --input-lens 1 --gen 256 >"$F/profile-7b-int4.log" 2>&1
+            grep -E "gemv|^\| qwen" "$F/profile-7b-int4.log" | grep -v lm_head
         fi
         rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
         tar -C "$OUT" -cf "$OUT/final.tar" final

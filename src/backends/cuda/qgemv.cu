@@ -276,52 +276,26 @@ template <int BITS, bool LUT> __global__ void dequantize_kernel(QuantMatrix w, b
     }
 }
 
-template <GemvIn IN, GemvOut OUT, int KS> void launch_mma(const QuantMatrix & w, const GemvArgs & a, cudaStream_t s) {
-    constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
+template <GemvOut OUT, int KS> void launch_mma(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
     constexpr int RBPB = mma4::k_warps / KS;
-    const size_t smem = size_t(a.m) * w.k_padded * sizeof(bf16) + size_t(RBPB) * MATS * 16 * w.groups * 3 + 16;
-    auto kernel = mma4::qgemv_mma_kernel<IN, OUT, KS>;
-    static size_t configured = 48 * 1024;
-    if (smem > configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        configured = smem;
-    }
     const int n_rb = (a.n + 15) / 16;
-    kernel<<<(n_rb + RBPB - 1) / RBPB, mma4::k_threads, smem, s>>>(w, a);
+    mma4::qgemv_mma_kernel<OUT, KS><<<(n_rb + RBPB - 1) / RBPB, mma4::k_threads, 0, s>>>(w, x, ldx, a);
     CUDA_CHECK(cudaGetLastError());
 }
 
-// Warps per row block: enough warps for 16 per SM, at most one per 64-wide block of K.
-template <GemvIn IN, GemvOut OUT> void launch_mma_ks(const QuantMatrix & w, const GemvArgs & a, cudaStream_t s) {
+template <GemvOut OUT> void launch_mma_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
     const int n_rb = (a.n + 15) / 16, nkb = w.k_padded / 64;
     int target = 16 * sm_count();
     if (forced_ks()) target = forced_ks() >= 8 ? 1 << 30 : forced_ks() >= 4 ? 4 * n_rb : forced_ks() >= 2 ? 2 * n_rb : 0;
-    if (n_rb >= target || nkb < 2) return launch_mma<IN, OUT, 1>(w, a, s);
-    if (2 * n_rb >= target || nkb < 4) return launch_mma<IN, OUT, 2>(w, a, s);
-    if (4 * n_rb >= target || nkb < 8) return launch_mma<IN, OUT, 4>(w, a, s);
-    return launch_mma<IN, OUT, 8>(w, a, s);
+    if (n_rb >= target || nkb < 2) return launch_mma<OUT, 1>(w, x, ldx, a, s);
+    if (2 * n_rb >= target || nkb < 4) return launch_mma<OUT, 2>(w, x, ldx, a, s);
+    if (4 * n_rb >= target || nkb < 8) return launch_mma<OUT, 4>(w, x, ldx, a, s);
+    return launch_mma<OUT, 8>(w, x, ldx, a, s);
 }
 
-template <GemvOut OUT, int KS> void launch_mma2(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
-    constexpr int RBPB = mma4::k_warps / KS;
-    const int n_rb = (a.n + 15) / 16;
-    mma4::qgemv_mma2_kernel<OUT, KS><<<(n_rb + RBPB - 1) / RBPB, mma4::k_threads, 0, s>>>(w, x, ldx, a);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-template <GemvOut OUT> void launch_mma2_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
-    const int n_rb = (a.n + 15) / 16, nkb = w.k_padded / 64;
-    int target = 16 * sm_count();
-    if (forced_ks()) target = forced_ks() >= 8 ? 1 << 30 : forced_ks() >= 4 ? 4 * n_rb : forced_ks() >= 2 ? 2 * n_rb : 0;
-    if (n_rb >= target || nkb < 2) return launch_mma2<OUT, 1>(w, x, ldx, a, s);
-    if (2 * n_rb >= target || nkb < 4) return launch_mma2<OUT, 2>(w, x, ldx, a, s);
-    if (4 * n_rb >= target || nkb < 8) return launch_mma2<OUT, 4>(w, x, ldx, a, s);
-    return launch_mma2<OUT, 8>(w, x, ldx, a, s);
-}
-
-// Version 2 of the tiled GEMV: inputs are normalised/gathered once by a small kernel when they need it, then read
-// by every warp directly.
-void qgemv_tiled2(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
+// The tiled GEMV: inputs are normalised/gathered once by a small kernel when they need it, then read by every warp
+// directly.
+void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
     const bf16 * x = static_cast<const bf16 *>(a.x);
     int ldx = a.k;
     if (in == GemvIn::NormF32 || w.perm || a.k != w.k_padded) {
@@ -336,28 +310,10 @@ void qgemv_tiled2(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut 
         ldx = w.k_padded;
     }
     switch (out) {
-    case GemvOut::Bf16: return launch_mma2_ks<GemvOut::Bf16>(w, x, ldx, a, s);
-    case GemvOut::F32: return launch_mma2_ks<GemvOut::F32>(w, x, ldx, a, s);
-    case GemvOut::AddF32: return launch_mma2_ks<GemvOut::AddF32>(w, x, ldx, a, s);
-    case GemvOut::SiluMulBf16: return launch_mma2_ks<GemvOut::SiluMulBf16>(w, x, ldx, a, s);
-    }
-}
-
-// QINFER_QGEMV=1 selects the first tiled kernel (inputs staged per block) for comparisons.
-bool tiled_v1() {
-    static const bool v1 = [] {
-        const char * e = std::getenv("QINFER_QGEMV");
-        return e && std::atoi(e) == 1;
-    }();
-    return v1;
-}
-
-template <GemvIn IN> void dispatch_mma(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s) {
-    switch (out) {
-    case GemvOut::Bf16: return launch_mma_ks<IN, GemvOut::Bf16>(w, a, s);
-    case GemvOut::F32: return launch_mma_ks<IN, GemvOut::F32>(w, a, s);
-    case GemvOut::AddF32: return launch_mma_ks<IN, GemvOut::AddF32>(w, a, s);
-    case GemvOut::SiluMulBf16: return launch_mma_ks<IN, GemvOut::SiluMulBf16>(w, a, s);
+    case GemvOut::Bf16: return launch_mma_ks<GemvOut::Bf16>(w, x, ldx, a, s);
+    case GemvOut::F32: return launch_mma_ks<GemvOut::F32>(w, x, ldx, a, s);
+    case GemvOut::AddF32: return launch_mma_ks<GemvOut::AddF32>(w, x, ldx, a, s);
+    case GemvOut::SiluMulBf16: return launch_mma_ks<GemvOut::SiluMulBf16>(w, x, ldx, a, s);
     }
 }
 
@@ -374,9 +330,7 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, vo
     if (w.tiled) {
         if (a.m < 1 || a.m > 8) QINFER_FAIL() << "qgemv: m = " << a.m << " (1..8 for the tiled layout)";
         if (out == GemvOut::SiluMulBf16 && a.n % 16 != 0) QINFER_FAIL() << "qgemv: gate/up of " << a.n << " rows (a multiple of 16 needed)";
-        if (!tiled_v1()) return qgemv_tiled2(w, a, in, out, scratch, stream);
-        if (in == GemvIn::NormF32) return dispatch_mma<GemvIn::NormF32>(w, a, out, stream);
-        return dispatch_mma<GemvIn::Bf16>(w, a, out, stream);
+        return qgemv_tiled(w, a, in, out, scratch, stream);
     }
     if (w.lut) {
         if (w.bits != 4 || a.k % 64 != 0) QINFER_FAIL() << "qgemv: lookup codes are 4-bit with k a multiple of 64";
