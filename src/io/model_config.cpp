@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "io/json_reader.h"
 
 namespace qinfer {
 
@@ -62,61 +63,11 @@ std::string read_text_file(const std::string & path) {
 
 namespace {
 
-// Typed access to a JSON object with errors that name the file and key.
-struct Reader {
-    const json & j;
-    const std::string & what;
-
-    bool has(const char * key) const { return j.contains(key) && !j[key].is_null(); }
-    int get_int(const char * key) const {
-        if (!has(key)) QINFER_FAIL() << what << ": missing key '" << key << "'";
-        return get_int_or(key, 0);
-    }
-    int get_int_or(const char * key, int dflt) const {
-        if (!has(key)) return dflt;
-        const json & v = j[key];
-        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (int64_t(1) << 30)) {
-            QINFER_FAIL() << what << ": '" << key << "' must be a non-negative integer";
-        }
-        return v.get<int>();
-    }
-    double get_num_or(const char * key, double dflt) const {
-        if (!has(key)) return dflt;
-        if (!j[key].is_number()) QINFER_FAIL() << what << ": '" << key << "' must be a number";
-        return j[key].get<double>();
-    }
-    bool get_bool_or(const char * key, bool dflt) const {
-        if (!has(key)) return dflt;
-        if (!j[key].is_boolean()) QINFER_FAIL() << what << ": '" << key << "' must be true or false";
-        return j[key].get<bool>();
-    }
-    std::string get_str_or(const char * key, const std::string & dflt) const {
-        if (!has(key)) return dflt;
-        if (!j[key].is_string()) QINFER_FAIL() << what << ": '" << key << "' must be a string";
-        return j[key].get<std::string>();
-    }
-    std::vector<int> get_ids(const char * key) const {  // an int or a list of ints
-        std::vector<int> out;
-        if (!has(key)) return out;
-        const json & v = j[key];
-        if (v.is_number_integer()) {
-            out.push_back(v.get<int>());
-        } else if (v.is_array()) {
-            for (const auto & e : v) {
-                if (!e.is_number_integer()) QINFER_FAIL() << what << ": '" << key << "' must hold integers";
-                out.push_back(e.get<int>());
-            }
-        } else {
-            QINFER_FAIL() << what << ": '" << key << "' must be an integer or a list of integers";
-        }
-        return out;
-    }
-};
 
 RopeScaling parse_rope_scaling(const json & r, const std::string & what) {
     RopeScaling s;
     if (!r.is_object()) QINFER_FAIL() << what << ": rope_scaling must be an object or null";
-    Reader rd{r, what};
+    JsonReader rd{r, what};
     std::string type = rd.get_str_or("rope_type", rd.get_str_or("type", "default"));
     if (type == "default") {
         s.type = RopeType::Default;
@@ -157,7 +108,7 @@ RopeScaling parse_rope_scaling(const json & r, const std::string & what) {
 ModelConfig parse_model_config(const std::string & text, const std::string & what) {
     json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) QINFER_FAIL() << what << ": not a JSON object";
-    Reader rd{j, what};
+    JsonReader rd{j, what};
     ModelConfig c;
     std::string mt = rd.get_str_or("model_type", "");
     if (mt == "qwen2") {
@@ -219,7 +170,7 @@ ModelConfig parse_model_config(const std::string & text, const std::string & wha
     if (rd.has("rope_parameters")) {
         const json & rp = j["rope_parameters"];
         if (!rp.is_object()) QINFER_FAIL() << what << ": rope_parameters must be an object";
-        Reader rr{rp, what};
+        JsonReader rr{rp, what};
         c.rope_theta = rr.get_num_or("rope_theta", c.rope_theta);
         c.rope_scaling = parse_rope_scaling(rp, what);
     } else if (rd.has("rope_scaling")) {
@@ -308,7 +259,7 @@ ModelConfig load_model_config(const std::string & dir) {
 GenerationConfig parse_generation_config(const std::string & text, const std::string & what) {
     json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) QINFER_FAIL() << what << ": not a JSON object";
-    Reader rd{j, what};
+    JsonReader rd{j, what};
     GenerationConfig g;
     g.do_sample = rd.get_bool_or("do_sample", false);
     g.temperature = float(rd.get_num_or("temperature", 1.0));

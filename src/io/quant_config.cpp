@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "core/check.h"
+#include "io/json_reader.h"
 #include "io/model_config.h"
 
 namespace qinfer {
@@ -44,36 +45,6 @@ std::string lower(std::string s) {
     return s;
 }
 
-struct Reader {
-    const json & j;
-    const std::string & what;
-    bool has(const char * k) const { return j.contains(k) && !j[k].is_null(); }
-    int get_int(const char * k, int dflt) const {
-        if (!has(k)) return dflt;
-        if (!j[k].is_number_integer()) QINFER_FAIL() << what << ": quantization '" << k << "' must be an integer";
-        return j[k].get<int>();
-    }
-    bool get_bool(const char * k, bool dflt) const {
-        if (!has(k)) return dflt;
-        if (!j[k].is_boolean()) QINFER_FAIL() << what << ": quantization '" << k << "' must be true or false";
-        return j[k].get<bool>();
-    }
-    std::string get_str(const char * k, const std::string & dflt) const {
-        if (!has(k)) return dflt;
-        if (!j[k].is_string()) QINFER_FAIL() << what << ": quantization '" << k << "' must be a string";
-        return j[k].get<std::string>();
-    }
-    std::vector<std::string> get_strs(const char * k) const {
-        std::vector<std::string> out;
-        if (!has(k)) return out;
-        if (!j[k].is_array()) QINFER_FAIL() << what << ": quantization '" << k << "' must be a list of strings";
-        for (const auto & e : j[k]) {
-            if (!e.is_string()) QINFER_FAIL() << what << ": quantization '" << k << "' must be a list of strings";
-            out.push_back(e.get<std::string>());
-        }
-        return out;
-    }
-};
 
 void check_int_scheme(const QuantScheme & s, const std::string & what, const std::string & module) {
     const std::string where = module.empty() ? what : what + " (" + module + ")";
@@ -93,12 +64,12 @@ QuantConfig::Override parse_override(const std::string & pattern, const json & v
     if (pattern.size() > 256) QINFER_FAIL() << what << ": override pattern of " << pattern.size() << " characters (256 at most)";
     o.pattern = pattern;
     if (!v.is_object()) QINFER_FAIL() << what << ": the override for '" << pattern << "' must be an object";
-    Reader rd{v, what};
-    o.bits = rd.get_int("bits", 0);
+    JsonReader rd{v, what};
+    o.bits = rd.get_signed_int_or("bits", 0);
     if (o.bits >= 16) o.skip = true;  // AutoRound writes bits 16 for layers it left in full precision
-    o.group_size = rd.get_int("group_size", 0);
-    if (rd.has("sym")) o.sym = rd.get_bool("sym", true) ? 1 : 0;
-    if (rd.has("desc_act")) o.desc_act = rd.get_bool("desc_act", false) ? 1 : 0;
+    o.group_size = rd.get_signed_int_or("group_size", 0);
+    if (rd.has("sym")) o.sym = rd.get_bool_or("sym", true) ? 1 : 0;
+    if (rd.has("desc_act")) o.desc_act = rd.get_bool_or("desc_act", false) ? 1 : 0;
     return o;
 }
 
@@ -135,22 +106,22 @@ QuantScheme QuantConfig::scheme_for(const std::string & module) const {
 QuantConfig parse_quant_config(const std::string & text, const std::string & what) {
     json j = json::parse(text, nullptr, false);
     if (j.is_discarded() || !j.is_object()) QINFER_FAIL() << what << ": quantization config is not a JSON object";
-    Reader rd{j, what};
+    JsonReader rd{j, what};
     QuantConfig q;
     q.source = what;
     QuantScheme & s = q.base;
-    std::string method = lower(rd.get_str("quant_method", ""));
+    std::string method = lower(rd.get_str_or("quant_method", ""));
     // AutoGPTQ's quantize_config.json has no quant_method; AutoAWQ's quant_config.json has w_bit.
     if (method.empty()) method = rd.has("w_bit") || rd.has("zero_point") ? "awq" : "gptq";
-    s.bits = rd.get_int("bits", rd.get_int("w_bit", 4));
-    s.group_size = rd.get_int("group_size", rd.get_int("q_group_size", 128));
-    s.sym = rd.get_bool("sym", true);
-    s.desc_act = rd.get_bool("desc_act", false);
+    s.bits = rd.get_signed_int_or("bits", rd.get_signed_int_or("w_bit", 4));
+    s.group_size = rd.get_signed_int_or("group_size", rd.get_signed_int_or("q_group_size", 128));
+    s.sym = rd.get_bool_or("sym", true);
+    s.desc_act = rd.get_bool_or("desc_act", false);
 
     if (method == "gptq") {
         s.method = QuantMethod::Gptq;
-        if (rd.get_bool("is_marlin_format", false)) QINFER_FAIL() << what << ": Marlin-format GPTQ checkpoints are not supported";
-        std::string fmt = lower(rd.get_str("checkpoint_format", "gptq"));
+        if (rd.get_bool_or("is_marlin_format", false)) QINFER_FAIL() << what << ": Marlin-format GPTQ checkpoints are not supported";
+        std::string fmt = lower(rd.get_str_or("checkpoint_format", "gptq"));
         if (fmt == "gptq") {
             s.packing = QuantPacking::GptqV1;
         } else if (fmt == "gptq_v2") {
@@ -158,7 +129,7 @@ QuantConfig parse_quant_config(const std::string & text, const std::string & wha
         } else {
             QINFER_FAIL() << what << ": GPTQ checkpoint_format '" << fmt << "' is not supported (gptq, gptq_v2)";
         }
-        q.lm_head = rd.get_bool("lm_head", false);
+        q.lm_head = rd.get_bool_or("lm_head", false);
         if (rd.has("dynamic")) {
             if (!j["dynamic"].is_object()) QINFER_FAIL() << what << ": 'dynamic' must be an object";
             for (const auto & [key, v] : j["dynamic"].items()) {
@@ -179,13 +150,13 @@ QuantConfig parse_quant_config(const std::string & text, const std::string & wha
     } else if (method == "awq") {
         s.method = QuantMethod::Awq;
         s.packing = QuantPacking::AwqGemm;
-        std::string version = lower(rd.get_str("version", "gemm"));
+        std::string version = lower(rd.get_str_or("version", "gemm"));
         if (version != "gemm") QINFER_FAIL() << what << ": AWQ version '" << version << "' is not supported (gemm)";
-        if (!rd.get_bool("zero_point", true)) QINFER_FAIL() << what << ": AWQ without zero points is not supported";
+        if (!rd.get_bool_or("zero_point", true)) QINFER_FAIL() << what << ": AWQ without zero points is not supported";
         s.sym = false;
         q.skip_modules = rd.get_strs("modules_to_not_convert");
     } else if (method == "auto-round" || method == "intel/auto-round") {
-        std::string packing = lower(rd.get_str("packing_format", rd.get_str("backend", "auto_round")));
+        std::string packing = lower(rd.get_str_or("packing_format", rd.get_str_or("backend", "auto_round")));
         if (packing == "auto_round:auto_gptq" || packing == "auto_gptq" || packing == "auto_round:gptq") {
             s.method = QuantMethod::Gptq;
             s.packing = QuantPacking::GptqV1;
@@ -199,7 +170,7 @@ QuantConfig parse_quant_config(const std::string & text, const std::string & wha
             QINFER_FAIL() << what << ": AutoRound packing_format '" << packing
                           << "' is not supported (auto_round, auto_round:auto_gptq, auto_round:auto_awq)";
         }
-        std::string data_type = lower(rd.get_str("data_type", "int"));
+        std::string data_type = lower(rd.get_str_or("data_type", "int"));
         if (data_type != "int") QINFER_FAIL() << what << ": AutoRound data_type '" << data_type << "' is not supported (int)";
         if (rd.has("extra_config")) {
             if (!j["extra_config"].is_object()) QINFER_FAIL() << what << ": 'extra_config' must be an object";
@@ -207,12 +178,12 @@ QuantConfig parse_quant_config(const std::string & text, const std::string & wha
         }
         q.skip_modules = rd.get_strs("modules_to_not_convert");
     } else if (method == "bitsandbytes") {
-        if (rd.get_bool("load_in_8bit", false)) QINFER_FAIL() << what << ": bitsandbytes 8-bit (LLM.int8) checkpoints are not supported";
-        if (!rd.get_bool("load_in_4bit", false)) QINFER_FAIL() << what << ": bitsandbytes config without load_in_4bit";
+        if (rd.get_bool_or("load_in_8bit", false)) QINFER_FAIL() << what << ": bitsandbytes 8-bit (LLM.int8) checkpoints are not supported";
+        if (!rd.get_bool_or("load_in_4bit", false)) QINFER_FAIL() << what << ": bitsandbytes config without load_in_4bit";
         s = QuantScheme{};
         s.method = QuantMethod::Bnb4;
         s.bits = 4;
-        std::string type = lower(rd.get_str("bnb_4bit_quant_type", "fp4"));
+        std::string type = lower(rd.get_str_or("bnb_4bit_quant_type", "fp4"));
         if (type == "nf4") {
             s.packing = QuantPacking::Nf4;
         } else if (type == "fp4") {
@@ -220,8 +191,8 @@ QuantConfig parse_quant_config(const std::string & text, const std::string & wha
         } else {
             QINFER_FAIL() << what << ": bnb_4bit_quant_type '" << type << "' is not supported (nf4, fp4)";
         }
-        s.double_quant = rd.get_bool("bnb_4bit_use_double_quant", false);
-        std::string storage = lower(rd.get_str("bnb_4bit_quant_storage", "uint8"));
+        s.double_quant = rd.get_bool_or("bnb_4bit_use_double_quant", false);
+        std::string storage = lower(rd.get_str_or("bnb_4bit_quant_storage", "uint8"));
         if (storage != "uint8") QINFER_FAIL() << what << ": bnb_4bit_quant_storage '" << storage << "' is not supported (uint8)";
         q.skip_modules = rd.get_strs("llm_int8_skip_modules");
         q.label = s.packing == QuantPacking::Nf4 ? "NF4" : "FP4";
