@@ -4,7 +4,8 @@
 #include <cctype>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <regex>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include "core/check.h"
 #include "io/json_reader.h"
@@ -40,6 +41,13 @@ std::string QuantScheme::describe() const {
 
 namespace {
 
+// A pattern from the file, shown in errors only when it is short and printable (errors are one line).
+std::string shown(const std::string & pattern) {
+    const bool printable = std::all_of(pattern.begin(), pattern.end(), [](char ch) { return ch >= 0x20 && ch < 0x7f; });
+    return printable && pattern.size() <= 80 ? "'" + pattern + "'" : "(" + std::to_string(pattern.size()) + " bytes)";
+}
+
+
 std::string lower(std::string s) {
     std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
     return s;
@@ -60,10 +68,9 @@ void check_int_scheme(const QuantScheme & s, const std::string & what, const std
 // Fields of an override object (GPTQModel dynamic, AutoRound extra_config).
 QuantConfig::Override parse_override(const std::string & pattern, const json & v, const std::string & what) {
     QuantConfig::Override o;
-    // Patterns are regular expressions from the file: keep them short (std::regex recurses on the pattern).
-    if (pattern.size() > 256) QINFER_FAIL() << what << ": override pattern of " << pattern.size() << " characters (256 at most)";
+    if (pattern.size() > 1024) QINFER_FAIL() << what << ": override pattern of " << pattern.size() << " characters (1024 at most)";
     o.pattern = pattern;
-    if (!v.is_object()) QINFER_FAIL() << what << ": the override for '" << pattern << "' must be an object";
+    if (!v.is_object()) QINFER_FAIL() << what << ": the override for " << shown(pattern) << " must be an object";
     JsonReader rd{v, what};
     o.bits = rd.get_signed_int_or("bits", 0);
     if (o.bits >= 16) o.skip = true;  // AutoRound writes bits 16 for layers it left in full precision
@@ -71,6 +78,29 @@ QuantConfig::Override parse_override(const std::string & pattern, const json & v
     if (rd.has("sym")) o.sym = rd.get_bool_or("sym", true) ? 1 : 0;
     if (rd.has("desc_act")) o.desc_act = rd.get_bool_or("desc_act", false) ? 1 : 0;
     return o;
+}
+
+}  // namespace
+
+namespace {
+
+// Python's re.match: the pattern must match at the start of the name. PCRE2, with match limits, because the
+// pattern comes from the checkpoint (std::regex has undefined behaviour on hostile patterns).
+bool matches_at_start(const std::string & pattern, const std::string & name, const std::string & what) {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    pcre2_code * re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_ANCHORED, &err, &offset, nullptr);
+    if (!re) QINFER_FAIL() << what << ": override pattern " << shown(pattern) << " is not a valid regular expression";
+    pcre2_match_data * md = pcre2_match_data_create_from_pattern(re, nullptr);
+    pcre2_match_context * mc = pcre2_match_context_create(nullptr);
+    pcre2_set_match_limit(mc, 100000);
+    pcre2_set_depth_limit(mc, 1000);
+    const int rc = pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(name.data()), name.size(), 0, 0, md, mc);
+    pcre2_match_context_free(mc);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) QINFER_FAIL() << what << ": override pattern " << shown(pattern) << " cannot be matched (" << rc << ")";
+    return rc >= 0;
 }
 
 }  // namespace
@@ -83,15 +113,7 @@ QuantScheme QuantConfig::scheme_for(const std::string & module) const {
     }
     QuantScheme s = base;
     for (const auto & o : overrides) {
-        bool hit = o.pattern == module;
-        if (!hit) {
-            try {
-                hit = std::regex_search(module, std::regex(o.pattern), std::regex_constants::match_continuous);
-            } catch (const std::regex_error &) {
-                QINFER_FAIL() << source << ": override pattern '" << o.pattern << "' is not a valid regular expression";
-            }
-        }
-        if (!hit) continue;
+        if (o.pattern != module && !matches_at_start(o.pattern, module, source)) continue;
         if (o.skip) return none;
         if (o.bits) s.bits = o.bits;
         if (o.group_size) s.group_size = o.group_size;
