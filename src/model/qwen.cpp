@@ -120,25 +120,43 @@ void CpuQwenEngine::moe(const MoeWeights & w, int n, const float * x, float * ou
 }
 
 void CpuQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) {
+    QINFER_CHECK(!tokens.empty()) << "forward needs at least one token";
+    run({Segment{seq, kv_.table().length(seq), int(tokens.size())}}, tokens, all_logits, logits);
+}
+
+void CpuQwenEngine::forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) {
+    check_batch(seqs, tokens);
+    std::vector<Segment> segs;
+    for (int s : seqs) segs.push_back(Segment{s, kv_.table().length(s), 1});
+    run(segs, tokens, false, logits);
+}
+
+// The forward pass over rows of several sequences at once: each segment appends its rows (consecutive in `tokens`)
+// to its sequence. Projections and MLPs run on all rows together; RoPE, the cache and attention per segment.
+void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) {
     const ModelConfig & c = model_->config;
     const ModelWeights & W = model_->weights;
     const int n = int(tokens.size());
-    QINFER_CHECK(n > 0) << "forward needs at least one token";
     const int H = c.hidden_size, d = c.head_dim, n_head = c.num_attention_heads, n_kv = c.num_key_value_heads;
-    const int pos0 = kv_.table().length(seq);
-    if (pos0 + n > int(kv_.table().blocks(seq).size()) * kv_.shape().block_size) {
-        kv_.table().reserve(seq, pos0 + n);
-    }
     const float eps = float(c.rms_norm_eps);
 
-    RopeFreqs dyn;
-    const RopeFreqs * rope = &rope_;
-    if (c.rope_scaling.type == RopeType::Dynamic) {
-        dyn = compute_rope_freqs(c, pos0 + n);
-        rope = &dyn;
-    }
     std::vector<float> cos(size_t(n) * d), sin(size_t(n) * d);  // fp32 [n, head_dim]
-    for (int t = 0; t < n; t++) rope_cos_sin(*rope, pos0 + t, cos.data() + int64_t(t) * d, sin.data() + int64_t(t) * d);
+    std::vector<int> row0(segs.size());                          // first row of each segment
+    for (size_t s = 0, row = 0; s < segs.size(); row += size_t(segs[s].n), s++) {
+        const Segment & g = segs[s];
+        row0[s] = int(row);
+        if (g.pos0 + g.n > int(kv_.table().blocks(g.seq).size()) * kv_.shape().block_size) kv_.table().reserve(g.seq, g.pos0 + g.n);
+        RopeFreqs dyn;
+        const RopeFreqs * rope = &rope_;
+        if (c.rope_scaling.type == RopeType::Dynamic) {
+            dyn = compute_rope_freqs(c, g.pos0 + g.n);
+            rope = &dyn;
+        }
+        for (int t = 0; t < g.n; t++) {
+            const size_t r = row + size_t(t);
+            rope_cos_sin(*rope, g.pos0 + t, cos.data() + r * d, sin.data() + r * d);
+        }
+    }
 
     std::vector<float> x(size_t(n) * H);                    // fp32 [n, hidden]: the residual stream
     std::vector<float> xn(size_t(n) * H);                   // fp32 [n, hidden]: normed input of a block
@@ -162,8 +180,12 @@ void CpuQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_l
         }
         cpu::rope(q.data(), n, n_head, d, cos.data(), sin.data());
         cpu::rope(k.data(), n, n_kv, d, cos.data(), sin.data());
-        kv_.write(l, seq, pos0, n, k.data(), v.data());
-        attention(l, seq, n, pos0, q.data(), attn.data());
+        for (size_t s = 0; s < segs.size(); s++) {
+            const Segment & g = segs[s];
+            const size_t r = size_t(row0[s]);
+            kv_.write(l, g.seq, g.pos0, g.n, k.data() + r * n_kv * d, v.data() + r * n_kv * d);
+            attention(l, g.seq, g.n, g.pos0, q.data() + r * n_head * d, attn.data() + r * n_head * d);
+        }
         cpu::linear(attn.data(), n, A.o_proj, block_out.data());
         cpu::add(x.data(), block_out.data(), int64_t(n) * H);
 
@@ -175,11 +197,20 @@ void CpuQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_l
         }
         cpu::add(x.data(), block_out.data(), int64_t(n) * H);
     }
-    kv_.table().set_length(seq, pos0 + n);
+    for (const Segment & g : segs) kv_.table().set_length(g.seq, g.pos0 + g.n);
 
-    const int n_out = all_logits ? n : 1;
-    const float * x_out = x.data() + int64_t(n - n_out) * H;
-    cpu::rms_norm(x_out, W.norm, eps, n_out, H, xn.data());
+    // Logits of every row, or of each segment's last row.
+    std::vector<float> x_out;  // fp32 [n_out, hidden]
+    if (all_logits) {
+        x_out = std::move(x);
+    } else {
+        for (size_t s = 0; s < segs.size(); s++) {
+            const float * last = x.data() + size_t(row0[s] + segs[s].n - 1) * H;
+            x_out.insert(x_out.end(), last, last + H);
+        }
+    }
+    const int n_out = int(x_out.size() / size_t(H));
+    cpu::rms_norm(x_out.data(), W.norm, eps, n_out, H, xn.data());
     Linear lm_head;
     lm_head.in_features = H;
     lm_head.out_features = c.vocab_size;

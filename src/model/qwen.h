@@ -22,9 +22,14 @@ public:
     int new_sequence(int max_tokens) override;
     void free_sequence(int seq) override;
     void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override;
+    void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override;
     const Model & model() const { return *model_; }
 
 private:
+    struct Segment {
+        int seq, pos0, n;  // rows appended to `seq` at positions pos0..pos0+n-1
+    };
+    void run(const std::vector<Segment> & segs, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits);
     void attention(int layer, int seq, int n, int pos0, const float * q, float * out) const;
     void mlp(const MlpWeights & w, int n, const float * x, float * out) const;
     void moe(const MoeWeights & w, int n, const float * x, float * out) const;

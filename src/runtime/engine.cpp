@@ -1,8 +1,28 @@
 #include "runtime/engine.h"
 
+#include <algorithm>
+#include <set>
+
 #include "core/check.h"
 
 namespace qinfer {
+
+void check_batch(const std::vector<int> & seqs, const std::vector<int> & tokens) {
+    if (seqs.empty()) QINFER_FAIL() << "a batch needs at least one sequence";
+    if (seqs.size() != tokens.size()) QINFER_FAIL() << "batch of " << seqs.size() << " sequences given " << tokens.size() << " tokens";
+    if (std::set<int>(seqs.begin(), seqs.end()).size() != seqs.size()) QINFER_FAIL() << "a batch names the same sequence twice";
+}
+
+void Engine::forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) {
+    check_batch(seqs, tokens);
+    const size_t V = size_t(config().vocab_size);
+    logits.resize(seqs.size() * V);
+    std::vector<float> one;
+    for (size_t i = 0; i < seqs.size(); i++) {
+        forward(seqs[i], {tokens[i]}, false, one);
+        std::copy(one.begin(), one.end(), logits.begin() + long(i * V));
+    }
+}
 
 #ifdef QINFER_CUDA
 std::unique_ptr<Engine> make_cuda_engine(const std::string & model_dir, const EngineOptions & opt);

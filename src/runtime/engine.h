@@ -23,14 +23,26 @@ public:
     // Greedy decoding on the device: feeds `token` (sampled, not yet in the cache) and runs `n_steps` steps, each
     // taking the argmax over ids below `n_valid`; returns the n_steps new tokens. Backends without it return false.
     virtual bool decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) { return false; }
+    // One decode step of a static batch: tokens[i] is appended to seqs[i] (distinct sequences); returns fp32 logits
+    // [n, vocab], row i for seqs[i]. The default runs the sequences one after another.
+    virtual void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits);
+    // decode_greedy for a batch: tokens[i] feeds seqs[i]; out holds n_steps x n tokens, step-major. Backends without
+    // it return false.
+    virtual bool decode_greedy_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
+                                     std::vector<int> & out) {
+        return false;
+    }
     // Peak device memory since the current sequence was created (0 on the CPU).
     virtual uint64_t peak_memory_bytes() const { return 0; }
 };
 
+// Throws unless seqs and tokens have the same non-zero length and the sequences are distinct.
+void check_batch(const std::vector<int> & seqs, const std::vector<int> & tokens);
+
 struct EngineOptions {
     std::string backend = "auto";  // auto | cpu | cuda
     int max_context = 0;           // KV cache capacity in tokens for one sequence (0: a default)
-    int max_sequences = 1;
+    int max_sequences = 1;         // sequences alive at once (a static batch); the cache holds max_context for each
     int threads = 0;               // CPU threads (0: all)
     std::string kv_dtype = "auto"; // auto (CPU fp32, CUDA bf16) | fp32 | bf16 | fp8 | int8 | int4 (runtime/kv_cache.h)
 };

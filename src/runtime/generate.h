@@ -30,4 +30,13 @@ struct GenerateResult {
 
 GenerateResult generate(Engine & engine, const std::vector<int> & prompt, const GenerateOptions & opt);
 
+// A static batch: every prompt is prefilled (one after another), then all sequences decode together, one token each
+// per step, until each reaches max_new_tokens or its end of sequence. Sequence i samples with seed + i.
+struct BatchGenerateResult {
+    std::vector<std::vector<int>> tokens;  // per prompt: generated tokens only
+    double prefill_seconds = 0;            // until every sequence has its first token
+    double decode_seconds = 0;             // the remaining steps
+};
+BatchGenerateResult generate_batch(Engine & engine, const std::vector<std::vector<int>> & prompts, const GenerateOptions & opt);
+
 }  // namespace qinfer

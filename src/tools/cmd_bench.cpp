@@ -37,10 +37,11 @@ struct Row {
     std::string note;
 };
 
-std::vector<int> bench_prompt(int n, int vocab) {
+// Prompt `which` of a batch: random regular tokens, different for every sequence.
+std::vector<int> bench_prompt(int n, int vocab, int which) {
     std::vector<int> p(static_cast<size_t>(n));
     const int limit = std::min(vocab, 151643);  // regular tokens only
-    for (int i = 0; i < n; i++) p[size_t(i)] = int(splitmix64(uint64_t(i) * 7919 + 17) % uint64_t(limit));
+    for (int i = 0; i < n; i++) p[size_t(i)] = int(splitmix64(uint64_t(i) * 7919 + 17 + uint64_t(which) * 1000003) % uint64_t(limit));
     return p;
 }
 
@@ -51,8 +52,10 @@ int cmd_bench(int argc, char ** argv) {
         if (!std::strcmp(argv[i], "--help")) {
             std::printf(
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
-                "                    [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
+                "                    [--batch 1,4,16,...] [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
                 "                    [--kv-dtype fp32|bf16|fp8|int8|int4]\n"
+                "--batch: static batches of that many sequences of the same input length, all decoding together; speed is then\n"
+                "         the batch's generated tokens / whole time, and GPU memory the peak for the whole batch\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
                 "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
@@ -72,6 +75,7 @@ int cmd_bench(int argc, char ** argv) {
     std::vector<int> lens = a.has("input-lens") ? a.int_list("input-lens") : (gpu ? std::vector<int>{1, 6144, 14336, 30720}
                                                                                   : std::vector<int>{1, 256});
     int gen = int(a.integer("gen", gpu ? 2048 : 32));
+    std::vector<int> batches = a.has("batch") ? a.int_list("batch") : std::vector<int>{1};
     int repeat = int(a.integer("repeat", 1));
     std::string json_path = a.str("json"), csv_path = a.str("csv");
     std::vector<std::string> baselines;
@@ -93,6 +97,10 @@ int cmd_bench(int argc, char ** argv) {
         if (l < 1) QINFER_FAIL() << "--input-lens entries must be >= 1, got " << l;
     }
     if (gen < 1 || repeat < 1) QINFER_FAIL() << "--gen and --repeat must be >= 1";
+    if (batches.empty()) QINFER_FAIL() << "--batch is empty";
+    for (int b : batches) {
+        if (b < 1 || b > 4096) QINFER_FAIL() << "--batch entries must be in 1..4096, got " << b;
+    }
     if (!gpu && !a.has("input-lens")) {
         std::fprintf(stderr, "bench: no GPU found; running on the CPU with short inputs (%d..%d tokens, %d generated)\n",
                      lens.front(), lens.back(), gen);
@@ -106,6 +114,7 @@ int cmd_bench(int argc, char ** argv) {
 
     const int max_len = *std::max_element(lens.begin(), lens.end());
     eo.max_context = max_len + gen;
+    eo.max_sequences = *std::max_element(batches.begin(), batches.end());
     auto engine = make_engine(model_dir, eo);
     const ModelConfig & c = engine->config();
     auto model = load_model(model_dir);  // mapped again, only to count the bytes a decode step reads
@@ -117,10 +126,12 @@ int cmd_bench(int argc, char ** argv) {
                  sys.bandwidth / 1e9, sys.bandwidth_source.c_str());
 
     std::vector<Row> rows;
-    Progress bar("bench", int64_t(lens.size()) * repeat);
+    Progress bar("bench", int64_t(lens.size() * batches.size()) * repeat);
     int done = 0;
+    for (int batch : batches)
     for (int len : lens) {
         Row r;
+        r.batch = batch;
         r.model = model_name;
         r.quant = c.quant.quantized() ? c.quant.label : c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
         r.kv_dtype = eo.kv_dtype != "auto" ? eo.kv_dtype : kv_bf16 ? "bf16" : "fp32";
@@ -140,11 +151,21 @@ int cmd_bench(int argc, char ** argv) {
             g.prefill_chunk = engine->backend_name() == "cuda" ? 0 : 512;
             g.on_prefill_progress = [&](int d, int t) { bar.update(done, "prefill " + std::to_string(d) + "/" + std::to_string(t)); };
             g.on_token = [&](int) { return true; };
-            GenerateResult res = generate(*engine, bench_prompt(len, c.vocab_size), g);
-            double total = res.prefill_seconds + res.decode_seconds;
-            speeds.push_back(gen / total);
-            decodes.push_back(gen > 1 ? (gen - 1) / res.decode_seconds : 0);
-            ttfts.push_back(res.prefill_seconds);
+            double prefill_s = 0, decode_s = 0;
+            if (batch == 1) {
+                GenerateResult res = generate(*engine, bench_prompt(len, c.vocab_size, 0), g);
+                prefill_s = res.prefill_seconds;
+                decode_s = res.decode_seconds;
+            } else {
+                std::vector<std::vector<int>> prompts;
+                for (int i = 0; i < batch; i++) prompts.push_back(bench_prompt(len, c.vocab_size, i));
+                BatchGenerateResult res = generate_batch(*engine, prompts, g);
+                prefill_s = res.prefill_seconds;
+                decode_s = res.decode_seconds;
+            }
+            speeds.push_back(double(batch) * gen / (prefill_s + decode_s));
+            decodes.push_back(gen > 1 ? double(batch) * (gen - 1) / decode_s : 0);
+            ttfts.push_back(prefill_s);
             bar.update(++done);
         }
         auto mean = [](const std::vector<double> & v) { return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); };
@@ -159,8 +180,8 @@ int cmd_bench(int argc, char ** argv) {
         const KVDType kv = parse_kv_dtype(r.kv_dtype);
         double kv_token = double(c.kv_bytes_per_token(1)) * kv_dtype_bytes_per_element(kv);
         if (kv == KVDType::INT8 || kv == KVDType::INT4) kv_token += 2.0 * c.num_hidden_layers * c.num_key_value_heads * 8;  // scale, zero
-        double step_bytes = weight_bytes + kv_token * ctx;
-        r.bw_frac = r.decode_tok_s * step_bytes / sys.bandwidth;
+        double step_bytes = weight_bytes + kv_token * ctx * batch;
+        r.bw_frac = r.decode_tok_s / batch * step_bytes / sys.bandwidth;
         rows.push_back(r);
     }
     bar.finish();
@@ -184,12 +205,13 @@ int cmd_bench(int argc, char ** argv) {
         }
     }
     const std::string commit = git_commit();
-    std::printf("| Model | Input Length | Quantization | GPU Num | Speed(tokens/s) | GPU Memory(GB) | TTFT(s) | Decode(tokens/s) | BW share |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| Model | Input Length | Quantization | GPU Num | Speed(tokens/s) | GPU Memory(GB) | TTFT(s) | Decode(tokens/s) | BW share "
+                "| Batch | KV cache |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Row & r : rows) {
         if (!r.note.empty()) {
-            std::printf("| %s | %d | %s | %d | - | - | - | - | %s |\n", r.model.c_str(), r.input_len, r.quant.c_str(), gpu ? 1 : 0,
-                        r.note.c_str());
+            std::printf("| %s | %d | %s | %d | - | - | - | - | %s | %d | %s |\n", r.model.c_str(), r.input_len, r.quant.c_str(), gpu ? 1 : 0,
+                        r.note.c_str(), r.batch, r.kv_dtype.c_str());
             continue;
         }
         char speed[64];
@@ -198,9 +220,9 @@ int cmd_bench(int argc, char ** argv) {
         } else {
             std::snprintf(speed, sizeof speed, "%.2f", r.tok_s);
         }
-        std::printf("| %s | %d | %s | %d | %s | %s | %.3f | %.2f | %.0f%% |\n", r.model.c_str(), r.input_len, r.quant.c_str(),
+        std::printf("| %s | %d | %s | %d | %s | %s | %.3f | %.2f | %.0f%% | %d | %s |\n", r.model.c_str(), r.input_len, r.quant.c_str(),
                     gpu ? 1 : 0, speed, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
-                    100 * r.bw_frac);
+                    100 * r.bw_frac, r.batch, r.kv_dtype.c_str());
     }
     std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.1f GB/s (%s)\n", sys.card.c_str(), sys.software.c_str(),
                 engine->backend_name().c_str(), commit.c_str(), sys.bandwidth / 1e9, sys.bandwidth_source.c_str());
@@ -209,7 +231,7 @@ int cmd_bench(int argc, char ** argv) {
         std::printf("|---|---|---|---|---|---|---|\n");
         for (const Base & b : bases) {
             for (const Row & r : rows) {
-                if (r.input_len != b.input_len || !r.note.empty()) continue;
+                if (r.input_len != b.input_len || r.batch != 1 || !r.note.empty()) continue;
                 std::printf("| %s | %d | %s | %d | %.2f | %.2f | %.2fx |\n", model_name.c_str(), b.input_len, b.engine.c_str(), b.gen_len,
                             b.tok_s, b.peak_gb, r.tok_s / b.tok_s);
             }
