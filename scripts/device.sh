@@ -3,7 +3,8 @@
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
-#                          [bench-quant] [quant-tune] [quant-test] [final-quant]   (default: test bench)
+#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables]
+#                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +62,11 @@ if has test; then
 fi
 if has quant-test; then
     build-device/tests/qinfer_tests --gtest_filter='*Quant*:*GoldenCuda*' 2>&1 | grep -E "golden \] cuda .*(gptq|awq|autoround|nf4)|FAILED|Failure|PASSED|Expected|actual|exception" | head -40
+fi
+# Static batches on the GPU: the batched kernels against the CPU, and a batch step against each sequence alone.
+if has batch-test; then
+    build-device/tests/qinfer_tests --gtest_filter='*Batch*:*ArgmaxRows*' 2>&1 | tee "$OUT/batch-test.log" |
+        grep -E "FAILED|Failure|PASSED|Expected|actual|exception|OK \]" | head -40
 fi
 if has kernels; then
     build-device/tests/qinfer_tests --gtest_filter='*Attention*:*Gemv*:*Quant*' 2>&1 | grep -E "^\[ kernel \]|FAILED|Failure|PASSED" | tee "$OUT/kernels.log" | head -20
@@ -138,6 +144,17 @@ if has bench-quant; then
         [ "$q" = nf4 ] && lens=1
         "$Q" bench --preset "$p" --quant "$q" --input-lens $lens --json "$OUT/bench-$p-$q.json" --csv "$OUT/bench-$p-$q.csv" \
             2>&1 | tee -a "$OUT/bench.log" | grep -v "^bench:"
+        rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
+    done
+fi
+# Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100, BF16 and Int8/Int4
+# weights (the bf16 KV cache: quantized caches are CPU-only so far).
+if has memory-tables; then
+    for q in ${TABLE_QUANTS:-bf16 gptq-int8 gptq-int4}; do
+        "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 1024 --batch ${TABLE_BATCHES:-1,4,16,32,64,100} \
+            --json "$OUT/batch-7b-$q.json" --csv "$OUT/batch-7b-$q.csv" 2>&1 | tee -a "$OUT/memory.log" | grep -E "^\| qwen"
+        "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 512,1024,2048,4096,8192 --gen 1 \
+            --json "$OUT/length-7b-$q.json" 2>&1 | tee -a "$OUT/memory.log" | grep -E "^\| qwen"
         rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
     done
 fi

@@ -149,8 +149,12 @@ public:
     std::string backend_name() const override { return "cuda"; }
     int new_sequence(int max_tokens) override;
     void free_sequence(int seq) override;
+    void plan_batch(int n_sequences, int max_tokens) override;
     void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override;
     bool decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) override;
+    void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override;
+    bool decode_greedy_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
+                             std::vector<int> & out) override;
     uint64_t peak_memory_bytes() const override { return cuda::DeviceAllocator::instance().peak(); }
 
 private:
@@ -159,14 +163,16 @@ private:
     DevLinear upload_dense(const std::vector<const Weight *> & parts, uint64_t * done, Progress & bar);
     DevLinear upload_linear(const std::vector<const Linear *> & parts, uint64_t * done, Progress & bar);
     DevMlp upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar);
-    void ensure_kv(int tokens);
+    void reset_cache(int n_sequences, int tokens_per_sequence);
     void ensure_workspace(int c);
     cuda::KVLayer kv_layer(int layer, int seq) const;
-    cuda::QkvRopeArgs rope_args(int layer, int seq, int n) const;
+    cuda::KVLayer kv_layer_batch(int layer) const;
+    cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
+    bool prepare_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps);
     void linear(const bf16 * x, int m, const DevLinear & l, bf16 * y);
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     void moe(const DevLayer & L, int c, const bf16 * xn, float * x);
-    void decode_step(int seq);
+    void decode_step(int batch, bool greedy);
 
     std::unique_ptr<Model> model_;
     EngineOptions opt_;
@@ -177,11 +183,18 @@ private:
     RopeFreqs rope_;
     DeviceBuffer inv_freq_;
 
-    // KV cache: bf16 [layer][block][kv_head][block_size][head_dim], sized for the live sequences.
+    // KV cache: bf16 [layer][block][kv_head][block_size][head_dim], sized for kv_seqs_ sequences of kv_tokens_
+    // tokens: one request at a time unless plan_batch asked for a batch.
     int block_size_ = 16;
+    int kv_seqs_ = 0, kv_tokens_ = 0;
+    bool planned_ = false;
     std::unique_ptr<BlockTable> table_;
     DeviceBuffer k_cache_, v_cache_;
     std::map<int, DeviceBuffer> block_tables_;  // per sequence: int [blocks] on the device
+    // The decoding batch: its sequences, their block tables side by side (int [batch, stride]).
+    std::vector<int> batch_seqs_;
+    DeviceBuffer batch_tables_;
+    int batch_stride_ = 0;
 
     // Workspaces for `ws_tokens_` tokens at a time.
     int ws_tokens_ = 0;
@@ -189,11 +202,13 @@ private:
     DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
     DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_gemv_max_m, largest padded k]
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
-    // Decode state on the device: {token, position, step, context length}; tokens produced by the graph.
+    // Decode state of a batch of B on the device: int tokens [B], positions [B], step, context lengths [B] (for B = 1
+    // the layout argmax_advance expects); tokens_out_ int [steps, B] produced by the graph.
     DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;
     int max_splits_ = 0;
     cudaGraphExec_t graph_ = nullptr;
-    int graph_seq_ = -1;
+    std::vector<int> graph_seqs_;  // the batch the graph was captured for (empty: none)
+    const void * graph_logits_ = nullptr;  // logits_ when captured (forward() may have grown it since)
     int graph_valid_ = 0;
     StepProfiler prof_;
     bool profiled_ = false;
@@ -213,7 +228,6 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     rope_ = compute_rope_freqs(c, 0);
     upload_weights();
     table_ = std::make_unique<BlockTable>(0, block_size_);
-    state_ = DeviceBuffer(4 * sizeof(int), "decode state");
     argmax_scratch_ = DeviceBuffer(cuda::k_argmax_scratch * sizeof(float), "argmax scratch");
 }
 
@@ -348,38 +362,55 @@ void CudaQwenEngine::upload_weights() {
     CUDA_CHECK(cudaMemcpy(inv_freq_.get(), rope_.inv_freq.data(), rope_.inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
-void CudaQwenEngine::ensure_kv(int tokens) {
+// A cache for n sequences of up to `tokens_per_sequence` tokens each; workspaces are dropped so that the allocator's
+// peak, restarted here, reports what the request (or batch) uses.
+void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const ModelConfig & c = model_->config;
-    const int blocks = (tokens + block_size_ - 1) / block_size_;
-    if (table_ && table_->n_blocks() == blocks) return;
-    const size_t bytes = size_t(c.num_hidden_layers) * blocks * c.num_key_value_heads * block_size_ * c.head_dim * sizeof(bf16);
-    k_cache_ = DeviceBuffer();
-    v_cache_ = DeviceBuffer();
-    k_cache_ = DeviceBuffer(bytes, "KV cache");
-    v_cache_ = DeviceBuffer(bytes, "KV cache");
-    table_ = std::make_unique<BlockTable>(blocks, block_size_);
-    // Decode scratch and the graph's token buffer follow the context.
-    max_splits_ = cuda::decode_splits(tokens, c.num_key_value_heads);
-    split_out_ = DeviceBuffer(size_t(c.num_attention_heads) * max_splits_ * c.head_dim * sizeof(float), "attention splits");
-    split_ml_ = DeviceBuffer(size_t(c.num_attention_heads) * max_splits_ * 2 * sizeof(float), "attention splits");
-    tokens_out_ = DeviceBuffer(size_t(tokens + 1) * sizeof(int), "decode tokens");
-    if (graph_) {
-        cudaGraphExecDestroy(graph_);
-        graph_ = nullptr;
-    }
-}
-
-int CudaQwenEngine::new_sequence(int max_tokens) {
-    // One sequence at a time on this backend for now: the cache is sized for exactly this request, and the
-    // allocator's peak restarts, so the benchmark reports what the request used.
-    if (!block_tables_.empty()) QINFER_FAIL() << "CUDA backend: one sequence at a time (batching comes later)";
     ws_tokens_ = 0;
     for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &moe_rows_, &moe_scale_, &moe_in_,
                              &moe_gu_, &moe_act_, &moe_out_, &router_logits_}) {
         *b = DeviceBuffer();
     }
-    ensure_kv(max_tokens);
+    if (graph_) cudaGraphExecDestroy(graph_);
+    graph_ = nullptr;
+    graph_seqs_.clear();
+    batch_seqs_.clear();
+    const int per_seq = (tokens_per_sequence + block_size_ - 1) / block_size_;
+    const int blocks = n_sequences * per_seq;
+    if (kv_seqs_ != n_sequences || kv_tokens_ != per_seq * block_size_) {
+        const size_t bytes = size_t(c.num_hidden_layers) * blocks * c.num_key_value_heads * block_size_ * c.head_dim * sizeof(bf16);
+        k_cache_ = DeviceBuffer();
+        v_cache_ = DeviceBuffer();
+        k_cache_ = DeviceBuffer(bytes, "KV cache");
+        v_cache_ = DeviceBuffer(bytes, "KV cache");
+        kv_seqs_ = n_sequences;
+        kv_tokens_ = per_seq * block_size_;
+        // Decode scratch and the graph's token buffer follow the batch and the context.
+        max_splits_ = cuda::decode_splits(kv_tokens_, c.num_key_value_heads, n_sequences);
+        split_out_ = DeviceBuffer(size_t(n_sequences) * c.num_attention_heads * max_splits_ * c.head_dim * sizeof(float), "attention splits");
+        split_ml_ = DeviceBuffer(size_t(n_sequences) * c.num_attention_heads * max_splits_ * 2 * sizeof(float), "attention splits");
+        tokens_out_ = DeviceBuffer(size_t(n_sequences) * (kv_tokens_ + 1) * sizeof(int), "decode tokens");
+        state_ = DeviceBuffer((3 * size_t(n_sequences) + 1) * sizeof(int), "decode state");
+        batch_tables_ = DeviceBuffer(size_t(n_sequences) * per_seq * sizeof(int), "block table");
+    }
+    table_ = std::make_unique<BlockTable>(blocks, block_size_);
     cuda::DeviceAllocator::instance().reset_peak();
+}
+
+void CudaQwenEngine::plan_batch(int n_sequences, int max_tokens) {
+    if (!block_tables_.empty()) QINFER_FAIL() << "CUDA backend: plan_batch while " << block_tables_.size() << " sequences are alive";
+    if (n_sequences < 1 || max_tokens < 1) QINFER_FAIL() << "plan_batch: " << n_sequences << " sequences of " << max_tokens << " tokens";
+    reset_cache(n_sequences, max_tokens);
+    planned_ = true;
+}
+
+int CudaQwenEngine::new_sequence(int max_tokens) {
+    // A lone request gets a cache sized for exactly it; a batch's sequences share the cache plan_batch sized.
+    if (block_tables_.empty() && !planned_) reset_cache(1, max_tokens);
+    if (int(block_tables_.size()) >= kv_seqs_) {
+        QINFER_FAIL() << "CUDA backend: the KV cache holds " << kv_seqs_ << " sequences (plan_batch sizes it for a batch)";
+    }
+    if (max_tokens > kv_tokens_) QINFER_FAIL() << "CUDA backend: a sequence of " << max_tokens << " tokens in a cache planned for " << kv_tokens_;
     const int seq = table_->add_sequence();
     table_->reserve(seq, max_tokens);
     const std::vector<int> & blocks = table_->blocks(seq);
@@ -392,7 +423,9 @@ int CudaQwenEngine::new_sequence(int max_tokens) {
 void CudaQwenEngine::free_sequence(int seq) {
     table_->free_sequence(seq);
     block_tables_.erase(seq);
-    if (graph_seq_ == seq) graph_seq_ = -1;
+    if (std::find(graph_seqs_.begin(), graph_seqs_.end(), seq) != graph_seqs_.end()) graph_seqs_.clear();
+    if (std::find(batch_seqs_.begin(), batch_seqs_.end(), seq) != batch_seqs_.end()) batch_seqs_.clear();
+    if (block_tables_.empty()) planned_ = false;
 }
 
 void CudaQwenEngine::ensure_workspace(int c) {
@@ -423,7 +456,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
     }
     if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, k_gemv_max_m), "workspace");
     ws_tokens_ = c;
-    graph_seq_ = -1;  // buffers moved: the graph must be captured again
+    graph_seqs_.clear();  // buffers moved: the graph must be captured again
 }
 
 cuda::KVLayer CudaQwenEngine::kv_layer(int layer, int seq) const {
@@ -437,8 +470,16 @@ cuda::KVLayer CudaQwenEngine::kv_layer(int layer, int seq) const {
     return kv;
 }
 
+// The cache of layer `layer` as the decoding batch (prepare_batch) sees it.
+cuda::KVLayer CudaQwenEngine::kv_layer_batch(int layer) const {
+    cuda::KVLayer kv = kv_layer(layer, batch_seqs_.at(0));
+    kv.block_table = batch_tables_.as<int>();
+    kv.table_stride = batch_stride_;
+    return kv;
+}
+
 // The QKV bias/norm/RoPE/cache-write step of layer `layer` for n tokens (positions set by the caller).
-cuda::QkvRopeArgs CudaQwenEngine::rope_args(int layer, int seq, int n) const {
+cuda::QkvRopeArgs CudaQwenEngine::rope_args(int layer, const cuda::KVLayer & cache, int n) const {
     const ModelConfig & cfg = model_->config;
     const DevLayer & L = layers_[size_t(layer)];
     cuda::QkvRopeArgs r;
@@ -453,7 +494,7 @@ cuda::QkvRopeArgs CudaQwenEngine::rope_args(int layer, int seq, int n) const {
     r.n_head = cfg.num_attention_heads;
     r.n_kv = cfg.num_key_value_heads;
     r.head_dim = cfg.head_dim;
-    r.cache = kv_layer(layer, seq);
+    r.cache = cache;
     r.q_out = q_.as<bf16>();
     return r;
 }
@@ -596,7 +637,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
                 cuda::rms_norm(x, L.input_norm.as<bf16>(), eps, c, H, xn, stream_);
             }
             linear(xn, c, L.qkv, qkv_.as<bf16>());
-            cuda::QkvRopeArgs r = rope_args(l, seq, c);
+            cuda::QkvRopeArgs r = rope_args(l, kv_layer(l, seq), c);
             r.pos0 = pos0;
             cuda::qkv_rope_cache(r, stream_);
             cuda::attention_prefill(q_.as<bf16>(), r.cache, c, pos0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
@@ -639,109 +680,213 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     table_->set_length(seq, pos_start + n);
 }
 
-// One greedy decode step for batch 1, entirely on the device (captured into the graph).
-void CudaQwenEngine::decode_step(int seq) {
+// Makes `seqs` the decoding batch: their block tables side by side on the device, tokens/positions/lengths in the
+// decode state. false when a sequence has no cache room for n_steps more tokens.
+bool CudaQwenEngine::prepare_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps) {
+    check_batch(seqs, tokens);
+    if (int(seqs.size()) > kv_seqs_) return false;
+    for (int s : seqs) {
+        if (table_->length(s) + n_steps > int(table_->blocks(s).size()) * block_size_) return false;
+    }
+    const int B = int(seqs.size());
+    if (seqs != batch_seqs_) {
+        batch_stride_ = kv_tokens_ / block_size_;
+        std::vector<int> tables(size_t(B) * batch_stride_, 0);
+        for (int b = 0; b < B; b++) {
+            const std::vector<int> & bl = table_->blocks(seqs[size_t(b)]);
+            std::copy(bl.begin(), bl.end(), tables.begin() + long(b) * batch_stride_);
+        }
+        CUDA_CHECK(cudaMemcpyAsync(batch_tables_.get(), tables.data(), tables.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        batch_seqs_ = seqs;
+    }
+    std::vector<int> state(3 * size_t(B) + 1);  // tokens [B], positions [B], step, lengths [B]
+    for (int b = 0; b < B; b++) {
+        const int pos = table_->length(seqs[size_t(b)]);
+        state[size_t(b)] = tokens[size_t(b)];
+        state[size_t(B + b)] = pos;
+        state[size_t(2 * B + 1 + b)] = pos + 1;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(state_.get(), state.data(), state.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    // The host vector must outlive the copy.
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ensure_workspace(B);
+    logits_.ensure(size_t(B) * model_->config.vocab_size * sizeof(float), "logits");
+    return true;
+}
+
+// One decode step of the prepared batch (B tokens, one per sequence), entirely on the device, so it can be captured
+// into a graph. Up to k_gemv_max_m rows the projections are GEMVs with RMSNorm and their epilogues fused (the batch-1
+// path); larger batches run the prefill ops (RMSNorm, cuBLASLt, SiLU-mul) on all rows. greedy: the argmax advances
+// the decode state; else the logits are left in logits_ (fp32 [B, vocab]).
+void CudaQwenEngine::decode_step(int B, bool greedy) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size;
     const float eps = float(cfg.rms_norm_eps);
-    int * state = state_.as<int>();
+    int * tokens = state_.as<int>();
+    int * pos = tokens + B;
+    int * step = tokens + 2 * B;
+    int * len = step + 1;
     float * x = x_.as<float>();
-    cuda::embedding(embed_.as<bf16>(), state, 1, H, x, stream_);
+    bf16 * xn = xn_.as<bf16>();
+    const bool fused = B <= k_gemv_max_m;
+    cuda::embedding(embed_.as<bf16>(), tokens, B, H, x, stream_);
     prof_.mark("embedding");
     cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_};
+    bool pending = false;  // unfused: tmp_ holds an MLP output not yet added to x
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         const DevLayer & L = layers_[size_t(l)];
-        cuda::GemvArgs a;
-        a.n = L.qkv.n;
-        a.k = H;
-        a.x = x;
-        a.norm_w = L.input_norm.as<bf16>();
-        a.eps = eps;
-        a.y = qkv_.get();
-        project(L.qkv, a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16);
+        if (fused) {
+            cuda::GemvArgs a;
+            a.n = L.qkv.n;
+            a.k = H;
+            a.x = x;
+            a.m = B;
+            a.norm_w = L.input_norm.as<bf16>();
+            a.eps = eps;
+            a.y = qkv_.get();
+            project(L.qkv, a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16);
+        } else {
+            if (pending) cuda::add_rms_norm(x, tmp_.as<bf16>(), L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
+            else cuda::rms_norm(x, L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
+            pending = false;
+            linear(xn, B, L.qkv, qkv_.as<bf16>());
+        }
         prof_.mark("qkv gemv");
-        cuda::QkvRopeArgs r = rope_args(l, seq, 1);
-        r.pos0_dev = state + 1;
+        cuda::QkvRopeArgs r = rope_args(l, kv_layer_batch(l), B);
+        r.pos_dev = pos;
         cuda::qkv_rope_cache(r, stream_);
         prof_.mark("bias/norm/rope/cache");
-        cuda::attention_decode(q_.as<bf16>(), r.cache, state + 3, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                               scratch, attn_.as<bf16>(), stream_);
+        cuda::attention_decode(q_.as<bf16>(), r.cache, len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
+                               attn_.as<bf16>(), stream_, B);
         prof_.mark("attention");
-        a = cuda::GemvArgs{};
-        a.n = L.o.n;
-        a.k = L.o.k;
-        a.x = attn_.get();
-        a.y = x;
-        project(L.o, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
+        if (fused) {
+            cuda::GemvArgs a;
+            a.n = L.o.n;
+            a.k = L.o.k;
+            a.x = attn_.get();
+            a.m = B;
+            a.y = x;
+            project(L.o, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
+            if (L.moe) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
+        } else {
+            linear(attn_.as<bf16>(), B, L.o, tmp_.as<bf16>());
+            cuda::add_rms_norm(x, tmp_.as<bf16>(), L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
+        }
         prof_.mark("o_proj gemv");
-        a = cuda::GemvArgs{};
-        a.n = L.mlp.down.k;
+        if (L.moe) {
+            moe(L, B, xn, x);  // routes on the host: never inside a captured graph
+        } else if (fused) {
+            cuda::GemvArgs a;
+            a.n = L.mlp.down.k;
+            a.k = H;
+            a.x = x;
+            a.m = B;
+            a.norm_w = L.post_norm.as<bf16>();
+            a.eps = eps;
+            a.y = act_.get();
+            project(L.mlp.gate_up, a, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16);
+            prof_.mark("gate_up gemv");
+            a = cuda::GemvArgs{};
+            a.n = H;
+            a.k = L.mlp.down.k;
+            a.x = act_.get();
+            a.m = B;
+            a.y = x;
+            project(L.mlp.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
+            prof_.mark("down gemv");
+        } else {
+            linear(xn, B, L.mlp.gate_up, gu_.as<bf16>());
+            cuda::silu_mul(gu_.as<bf16>(), B, L.mlp.down.k, act_.as<bf16>(), stream_);
+            linear(act_.as<bf16>(), B, L.mlp.down, tmp_.as<bf16>());
+            pending = true;
+        }
+    }
+    if (pending) cuda::add_residual(x, tmp_.as<bf16>(), int64_t(B) * H, stream_);
+    if (fused) {
+        cuda::GemvArgs a;
+        a.w = lm_head_;
+        a.n = cfg.vocab_size;
         a.k = H;
         a.x = x;
-        a.norm_w = L.post_norm.as<bf16>();
+        a.m = B;
+        a.norm_w = final_norm_.as<bf16>();
         a.eps = eps;
-        a.y = act_.get();
-        project(L.mlp.gate_up, a, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16);
-        prof_.mark("gate_up gemv");
-        a = cuda::GemvArgs{};
-        a.n = H;
-        a.k = L.mlp.down.k;
-        a.x = act_.get();
-        a.y = x;
-        project(L.mlp.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
-        prof_.mark("down gemv");
+        a.y = logits_.get();
+        cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::F32, stream_);
+    } else {
+        cuda::rms_norm(x, final_norm_.as<bf16>(), eps, B, H, xn, stream_);
+        cuda::gemm(xn, lm_head_, B, cfg.vocab_size, H, logits_.get(), true, stream_);
     }
-    cuda::GemvArgs a;
-    a.w = lm_head_;
-    a.n = cfg.vocab_size;
-    a.k = H;
-    a.x = x;
-    a.norm_w = final_norm_.as<bf16>();
-    a.eps = eps;
-    a.y = logits_.get();
-    cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::F32, stream_);
     prof_.mark("lm_head gemv");
-    cuda::argmax_advance(logits_.as<float>(), graph_valid_, argmax_scratch_.as<float>(), state, tokens_out_.as<int>(), stream_);
+    if (!greedy) return;
+    if (B == 1) {
+        cuda::argmax_advance(logits_.as<float>(), graph_valid_, argmax_scratch_.as<float>(), tokens, tokens_out_.as<int>(), stream_);
+    } else {
+        cuda::argmax_rows_advance(logits_.as<float>(), B, cfg.vocab_size, graph_valid_, tokens, pos, step, len, tokens_out_.as<int>(), stream_);
+    }
     prof_.mark("argmax");
 }
 
+void CudaQwenEngine::forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) {
+    const ModelConfig & cfg = model_->config;
+    check_batch(seqs, tokens);
+    for (int t : tokens) {
+        if (t < 0 || t >= cfg.vocab_size) QINFER_FAIL() << "token id " << t << " is outside the vocabulary [0, " << cfg.vocab_size << ")";
+    }
+    // Dynamic NTK frequencies depend on each sequence's length: one sequence at a time.
+    if (cfg.rope_scaling.type == RopeType::Dynamic) return Engine::forward_batch(seqs, tokens, logits);
+    if (!prepare_batch(seqs, tokens, 1)) QINFER_FAIL() << "CUDA backend: a sequence of the batch outgrew the KV cache reserved for it";
+    const int B = int(seqs.size());
+    decode_step(B, false);
+    logits.resize(size_t(B) * cfg.vocab_size);
+    CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int s : seqs) table_->set_length(s, table_->length(s) + 1);
+}
+
 bool CudaQwenEngine::decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) {
+    return decode_greedy_batch({seq}, {token}, n_steps, n_valid, out);
+}
+
+// Greedy decoding of a batch on the device: the step is captured once per batch into a CUDA graph and replayed.
+bool CudaQwenEngine::decode_greedy_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
+                                         std::vector<int> & out) {
     const ModelConfig & cfg = model_->config;
     for (const auto & L : layers_) {
         if (L.moe) return false;  // host routing: the per-token path
     }
     if (cfg.rope_scaling.type == RopeType::Dynamic) return false;
-    const int pos = table_->length(seq);
-    if (pos + n_steps > int(table_->blocks(seq).size()) * block_size_) return false;
-    ensure_workspace(1);
-    logits_.ensure(size_t(cfg.vocab_size) * sizeof(float), "logits");
-    if (!graph_ || graph_seq_ != seq || graph_valid_ != n_valid) {
+    if (!prepare_batch(seqs, tokens, n_steps)) return false;
+    const int B = int(seqs.size());
+    if (!graph_ || graph_seqs_ != seqs || graph_valid_ != n_valid || graph_logits_ != logits_.get()) {
         if (graph_) cudaGraphExecDestroy(graph_);
         graph_ = nullptr;
         graph_valid_ = n_valid;
+        // One eager step first, so that cuBLASLt's handle, plans and workspace and the dequantization buffer exist
+        // before capture (no allocation inside it). It writes this step's K/V, which the first replay writes again.
+        decode_step(B, false);
+        graph_logits_ = logits_.get();
         cudaGraph_t g;
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-        decode_step(seq);
+        decode_step(B, true);
         CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
         CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
         CUDA_CHECK(cudaGraphDestroy(g));
-        graph_seq_ = seq;
+        graph_seqs_ = seqs;
     }
-    const int state[4] = {token, pos, 0, pos + 1};
-    CUDA_CHECK(cudaMemcpyAsync(state_.get(), state, sizeof(state), cudaMemcpyHostToDevice, stream_));
     int first = 0;
     if (!profiled_ && std::getenv("QINFER_PROFILE")) {
         profiled_ = true;
         prof_.begin(stream_);
-        decode_step(seq);
+        decode_step(B, true);
         prof_.report();
         first = 1;
     }
     for (int i = first; i < n_steps; i++) CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
-    out.resize(size_t(n_steps));
-    CUDA_CHECK(cudaMemcpyAsync(out.data(), tokens_out_.get(), size_t(n_steps) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    out.resize(size_t(n_steps) * B);
+    CUDA_CHECK(cudaMemcpyAsync(out.data(), tokens_out_.get(), out.size() * sizeof(int), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    table_->set_length(seq, pos + n_steps);
+    for (int s : seqs) table_->set_length(s, table_->length(s) + n_steps);
     return true;
 }
 

@@ -14,6 +14,9 @@ public:
     virtual ~Engine() = default;
     virtual const ModelConfig & config() const = 0;
     virtual std::string backend_name() const = 0;
+    // Announces a static batch: n sequences of up to max_tokens each are about to be created (no sequence alive).
+    // Backends that size their cache per request size it here; the CPU's is sized by EngineOptions.
+    virtual void plan_batch(int n_sequences, int max_tokens) {}
     // A new sequence with KV cache room for `max_tokens`; throws when the cache cannot hold it.
     virtual int new_sequence(int max_tokens) = 0;
     virtual void free_sequence(int seq) = 0;

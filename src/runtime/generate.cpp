@@ -133,6 +133,9 @@ BatchGenerateResult generate_batch(Engine & engine, const std::vector<std::vecto
         for (int s : seqs) engine.free_sequence(s);
     };
     try {
+        size_t longest = 0;
+        for (const auto & p : prompts) longest = std::max(longest, p.size());
+        engine.plan_batch(int(n), int(longest) + opt.max_new_tokens);
         for (const auto & p : prompts) seqs.push_back(engine.new_sequence(int(p.size()) + opt.max_new_tokens));
         // Indices of the sequences still generating; all of them have produced the same number of tokens.
         std::vector<size_t> active;

@@ -66,13 +66,16 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     if (kv == KVDType::INT8 || kv == KVDType::INT4) per_token += 2.0 * c.num_hidden_layers * c.num_key_value_heads * 8;
     m.kv = per_token * tokens * batch;
 
-    // Workspaces of one prefill chunk (up to 1024 tokens), the decode scratch and buffers (model/qwen_cuda.cpp).
-    const double ch = double(std::min(prompt, 1024)) * batch, H = c.hidden_size, I = c.intermediate_size;
+    // Workspaces for the larger of one prefill chunk (up to 1024 tokens of one sequence: a batch's prompts are
+    // prefilled one after another) and one decode step of the batch; decode scratch and buffers (model/qwen_cuda.cpp).
+    const double ch = double(std::max(std::min(prompt, 1024), batch)), H = c.hidden_size, I = c.intermediate_size;
     m.workspace = ch * (4 + 4 * H + 2 * H + 2 * double(c.q_dim() + 2 * c.kv_dim()) + 4 * double(c.q_dim()) + 2 * H + 6 * I);
     m.workspace += 4.0 * c.vocab_size * batch + 4.0 * (tokens + 1) * batch;
-    const double splits = std::min(1024.0, std::max({1.0, std::ceil(1056.0 / c.num_key_value_heads), std::ceil(tokens / 1024)}));
-    m.workspace += double(c.num_attention_heads) * splits * (c.head_dim + 2) * 4;
-    if (prompt > 4) m.workspace += largest_quant;
+    const double splits =
+        std::min(1024.0, std::max({1.0, std::ceil(1056.0 / (double(c.num_key_value_heads) * batch)), std::ceil(tokens / 1024)}));
+    m.workspace += double(batch) * c.num_attention_heads * splits * (c.head_dim + 2) * 4;
+    m.workspace += double(batch) * (tokens / 16) * 4;  // the batch's block tables
+    if (prompt > 4 || batch > 4) m.workspace += largest_quant;
     m.workspace += double(max_k) * 4 * 2;
     return m;
 }
@@ -155,8 +158,9 @@ int cmd_plan(int argc, char ** argv) {
                             {"max_batch", max_batch}, {"context", context}, {"card_gb", card / 1e9}, {"reserve_gb", reserve / 1e9}});
         }
     }
-    std::printf("today's CUDA engine runs the bf16 KV cache and one sequence at a time; fp8/int8/int4 KV and batches are the\n"
-                "memory model's answer for when they land (the CPU backend runs every KV dtype)\n");
+    std::printf("today's CUDA engine runs the bf16 KV cache (batch 1 and static batches); the fp8/int8/int4 rows are the memory\n"
+                "model's answer for when those caches land on the GPU (the CPU backend runs every KV dtype); batch peaks are not\n"
+                "yet checked against measurements\n");
     if (!json_path.empty()) {
         std::FILE * fp = std::fopen(json_path.c_str(), "w");
         if (!fp) QINFER_FAIL() << json_path << ": cannot open for writing";

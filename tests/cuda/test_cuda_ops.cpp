@@ -358,3 +358,157 @@ TEST(CudaOps, ArgmaxAdvanceAndMoeRows) {
     }
     EXPECT_LT(rel_err(download_f32(dx, want.size()), want), 1e-5);
 }
+
+// A static batch in one paged cache: sequence b (length lens[b]) owns blocks drawn from a shuffled pool, its table at
+// row b of an int [batch, stride] array; K/V fp32 [len, n_kv, d] per sequence (bf16-exact).
+struct BatchCache {
+    int block_size = 16, n_kv, d, stride = 0;
+    std::vector<int> lens, tables;
+    std::vector<std::vector<float>> k, v;
+    DeviceBuffer dk, dv, dt;
+    BatchCache(std::vector<int> lens_, int n_kv_, int d_) : n_kv(n_kv_), d(d_), lens(std::move(lens_)) {
+        int total = 0;
+        for (int len : lens) {
+            stride = std::max(stride, (len + block_size) / block_size);
+            total += (len + block_size) / block_size;
+        }
+        std::vector<int> pool(size_t(total) + 2);
+        std::iota(pool.begin(), pool.end(), 0);
+        std::shuffle(pool.begin(), pool.end(), rng());
+        tables.assign(lens.size() * size_t(stride), -1);
+        std::vector<uint16_t> kc(pool.size() * n_kv * block_size * d, 0xffff), vc = kc;
+        size_t next = 0;
+        for (size_t b = 0; b < lens.size(); b++) {
+            const int len = lens[b];
+            for (int i = 0; i < (len + block_size) / block_size; i++) tables[b * size_t(stride) + size_t(i)] = pool[next++];
+            k.push_back(randn(size_t(len) * n_kv * d));
+            v.push_back(randn(size_t(len) * n_kv * d));
+            for (int t = 0; t < len; t++) {
+                for (int h = 0; h < n_kv; h++) {
+                    const size_t blk = size_t(tables[b * size_t(stride) + size_t(t / block_size)]);
+                    for (int i = 0; i < d; i++) {
+                        const size_t dst = ((blk * n_kv + h) * block_size + t % block_size) * d + i;
+                        kc[dst] = f32_to_bf16(k[b][(size_t(t) * n_kv + h) * d + i]);
+                        vc[dst] = f32_to_bf16(v[b][(size_t(t) * n_kv + h) * d + i]);
+                    }
+                }
+            }
+        }
+        dk = upload(kc);
+        dv = upload(vc);
+        dt = upload(tables);
+    }
+    cuda::KVLayer layer() const { return {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), block_size, stride}; }
+};
+
+// Batched decode attention: each sequence of the batch, at its own length, equals the CPU reference alone.
+TEST(CudaOps, AttentionDecodeBatch) {
+    REQUIRE_GPU();
+    for (int d : {64, 128}) {
+        for (int n_rep : {1, 7}) {
+            const int n_kv = 2, n_head = n_kv * n_rep;
+            BatchCache cache({1, 257, 70, 4097, 17}, n_kv, d);
+            const int B = int(cache.lens.size());
+            std::vector<float> q = randn(size_t(B) * n_head * d, 2.0f);
+            DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(B) * n_head * d * 2), dlen = upload(cache.lens);
+            const int splits = cuda::decode_splits(4097, n_kv, B);
+            DeviceBuffer po(size_t(B) * n_head * splits * d * 4, "test"), pml(size_t(B) * n_head * splits * 2 * 4, "test");
+            cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
+            cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, B);
+            std::vector<float> got = download_bf16(dout, q.size());
+            for (int b = 0; b < B; b++) {
+                const int len = cache.lens[size_t(b)];
+                auto k_row = [&](int j) { return cache.k[size_t(b)].data() + size_t(j) * n_kv * d; };
+                auto v_row = [&](int j) { return cache.v[size_t(b)].data() + size_t(j) * n_kv * d; };
+                std::vector<float> want(size_t(n_head) * d);
+                cpu::attention(q.data() + size_t(b) * n_head * d, 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
+                std::vector<float> got_b(got.begin() + long(b) * n_head * d, got.begin() + long(b + 1) * n_head * d);
+                EXPECT_LT(rel_err(got_b, want), 2e-2) << "sequence " << b << " len " << len << " d " << d << " rep " << n_rep;
+            }
+        }
+    }
+}
+
+// The cache write of a batch's decode tokens: token t goes to sequence t at its own position, through its own table.
+TEST(CudaOps, QkvRopeCacheBatch) {
+    REQUIRE_GPU();
+    const int n_head = 4, n_kv = 2, d = 64, width = (n_head + 2 * n_kv) * d;
+    BatchCache cache({1, 40, 17}, n_kv, d);  // the new token of sequence b lands at position lens[b] - 1
+    const int B = int(cache.lens.size());
+    std::vector<int> pos;
+    for (int len : cache.lens) pos.push_back(len - 1);
+    std::vector<float> qkv = randn(size_t(B) * width);
+    ModelConfig c;
+    c.head_dim = d;
+    c.rope_theta = 1e6;
+    RopeFreqs f = compute_rope_freqs(c, 0);
+    DeviceBuffer dqkv = upload_bf16(qkv), dinv = upload(f.inv_freq), dq = poisoned(size_t(B) * n_head * d * 2), dpos = upload(pos);
+    cuda::QkvRopeArgs a;
+    a.qkv = dqkv.as<bf16>();
+    a.inv_freq = dinv.as<float>();
+    a.n = B;
+    a.n_head = n_head;
+    a.n_kv = n_kv;
+    a.head_dim = d;
+    a.pos_dev = dpos.as<int>();
+    a.cache = cache.layer();
+    a.q_out = dq.as<bf16>();
+    cuda::qkv_rope_cache(a, nullptr);
+    std::vector<float> q(size_t(B) * n_head * d), k(size_t(B) * n_kv * d), cs(size_t(B) * d), sn(size_t(B) * d);
+    for (int t = 0; t < B; t++) {
+        std::copy_n(qkv.begin() + t * width, n_head * d, q.begin() + t * n_head * d);
+        std::copy_n(qkv.begin() + t * width + n_head * d, n_kv * d, k.begin() + t * n_kv * d);
+        rope_cos_sin(f, pos[size_t(t)], cs.data() + t * d, sn.data() + t * d);
+    }
+    cpu::rope(q.data(), B, n_head, d, cs.data(), sn.data());
+    cpu::rope(k.data(), B, n_kv, d, cs.data(), sn.data());
+    EXPECT_LT(rel_err(download_bf16(dq, q.size()), q), 1e-2);
+    std::vector<float> kc = download_bf16(cache.dk, cache.dk.bytes() / 2), vc = download_bf16(cache.dv, cache.dv.bytes() / 2);
+    std::vector<float> got_k, want_v, got_v;
+    for (int t = 0; t < B; t++) {
+        const int p = pos[size_t(t)];
+        const size_t blk = size_t(cache.tables[size_t(t) * cache.stride + size_t(p / 16)]);
+        for (int h = 0; h < n_kv; h++) {
+            const size_t base = ((blk * n_kv + h) * 16 + p % 16) * d;
+            got_k.insert(got_k.end(), kc.begin() + long(base), kc.begin() + long(base + d));
+            got_v.insert(got_v.end(), vc.begin() + long(base), vc.begin() + long(base + d));
+            const auto vsrc = qkv.begin() + t * width + (n_head + n_kv + h) * d;
+            want_v.insert(want_v.end(), vsrc, vsrc + d);
+        }
+    }
+    EXPECT_LT(rel_err(got_k, k), 1e-2);
+    EXPECT_EQ(rel_err(got_v, want_v), 0.0);
+}
+
+TEST(CudaOps, ArgmaxRowsAdvance) {
+    REQUIRE_GPU();
+    const int rows = 5, vocab = 1003, n_valid = 1000;
+    std::vector<float> logits = randn(size_t(rows) * vocab);
+    std::vector<int> best;
+    for (int r = 0; r < rows; r++) {
+        float * row = logits.data() + size_t(r) * vocab;
+        row[n_valid + 1] = 1e9f;  // past n_valid: never chosen
+        best.push_back(int(std::max_element(row, row + n_valid) - row));
+    }
+    // State: tokens [rows], positions [rows], step, lengths [rows].
+    std::vector<int> state(3 * rows + 1, 0);
+    for (int r = 0; r < rows; r++) {
+        state[size_t(rows + r)] = 10 * r;
+        state[size_t(2 * rows + 1 + r)] = 10 * r + 1;
+    }
+    state[size_t(2 * rows)] = 2;
+    DeviceBuffer dl = upload(logits), ds = upload(state), dout = upload(std::vector<int>(size_t(4 * rows), -1));
+    int * s = ds.as<int>();
+    cuda::argmax_rows_advance(dl.as<float>(), rows, vocab, n_valid, s, s + rows, s + 2 * rows, s + 2 * rows + 1, dout.as<int>(), nullptr);
+    std::vector<int> got(state.size()), out(size_t(4 * rows));
+    cudaDeviceSynchronize();
+    cudaMemcpy(got.data(), ds.get(), got.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(out.data(), dout.get(), out.size() * 4, cudaMemcpyDeviceToHost);
+    for (int r = 0; r < rows; r++) {
+        EXPECT_EQ(got[size_t(r)], best[size_t(r)]) << r;
+        EXPECT_EQ(got[size_t(rows + r)], 10 * r + 1);
+        EXPECT_EQ(got[size_t(2 * rows + 1 + r)], 10 * r + 2);
+        EXPECT_EQ(out[size_t(2 * rows + r)], best[size_t(r)]);
+    }
+    EXPECT_EQ(got[size_t(2 * rows)], 3);
+}

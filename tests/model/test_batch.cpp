@@ -81,6 +81,7 @@ TEST_P(Batch, StepEqualsSequencesAlone) {
     // Together: every prompt prefilled, then each step one forward_batch over all sequences.
     std::vector<int> seqs;
     std::vector<float> logits;
+    engine->plan_batch(int(n), 32);
     for (size_t i = 0; i < n; i++) {
         seqs.push_back(engine->new_sequence(32));
         engine->forward(seqs.back(), ps[i], false, logits);

@@ -202,7 +202,7 @@ __device__ __forceinline__ int decode_split_size(int len, int max_splits) {
     return max(16, (per + 15) / 16 * 16);
 }
 
-// grid (max_splits, n_kv): block (s, h) reads each key and value of its split once for all n_rep query heads of
+// grid (max_splits, n_kv, batch): block (s, h, b) reads, for sequence b of the batch, each key and value of its split once for all n_rep query heads of
 // KV head h (GQA packing). A key is handled by LPK lanes that hold EPL consecutive dims each, so a warp takes
 // 32 / LPK keys per step with coalesced row reads; every lane group keeps an online softmax (m, l, o) per head,
 // merged across lane groups by shuffles and across warps through shared memory into the split's partial result.
@@ -211,8 +211,8 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
     constexpr int EPL = (D + LPK - 1) / LPK;              // dims per lane
     constexpr int KPW = 32 / LPK;                         // keys per warp step
     static_assert(EPL % 2 == 0, "dims per lane must be even");
-    const int split_id = blockIdx.x, kvh = blockIdx.y;
-    const int len = *a.len_dev;
+    const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int len = a.len_dev[b];
     const int split = decode_split_size(len, a.scratch.max_splits);
     const int begin = split_id * split;
     if (begin >= len) return;
@@ -228,7 +228,7 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
 #pragma unroll
         for (int e = 0; e < EPL; e++) {
             const int c = d0 + e;
-            q[r][e] = (r < n_rep && c < D) ? __bfloat162float(a.q[(int64_t(kvh) * n_rep + r) * D + c]) * a.scale : 0.f;
+            q[r][e] = (r < n_rep && c < D) ? __bfloat162float(a.q[((int64_t(b) * a.n_head) + kvh * n_rep + r) * D + c]) * a.scale : 0.f;
         }
     }
     float m[k_max_rep], l[k_max_rep], o[k_max_rep][EPL];
@@ -243,7 +243,8 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
     const int bs = a.cache.block_size;
     __shared__ int blocks[k_decode_max_split / 16 + 2];
     const int first_block = begin / bs;
-    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = a.cache.block_table[first_block + i];
+    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
+    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
     __syncthreads();
     // K/V of the lane's key as raw bf16 pairs; the next step's are loaded before this step's arithmetic.
     auto load = [&](int j, uint32_t * kr, uint32_t * vr) {
@@ -344,7 +345,7 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
             lsum += wl[w][r] * cw;
             osum += wo[w][r][c] * cw;
         }
-        const int64_t row = (int64_t(kvh) * n_rep + r) * a.scratch.max_splits + split_id;
+        const int64_t row = (int64_t(b) * a.n_head + kvh * n_rep + r) * a.scratch.max_splits + split_id;
         a.scratch.partial_out[row * D + c] = osum;
         if (c == 0) {
             a.scratch.partial_ml[row * 2] = mx;
@@ -353,14 +354,14 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
     }
 }
 
-// grid n_head: out[h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. Warps take splits
+// grid (n_head, batch): out[b, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. Warps take splits
 // round-robin (lanes over dims) so the partial rows stream in parallel rather than one dependent load at a time.
 template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, bf16 * out) {
     __shared__ float weight[1024];
     __shared__ float red[k_decode_warps];
     __shared__ float part[k_decode_warps][D];
-    const int h = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int len = *len_dev;
+    const int h = blockIdx.y * gridDim.x + blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // row of [batch, n_head]
+    const int len = len_dev[blockIdx.y];
     const int split = decode_split_size(len, s.max_splits);
     const int splits = (len + split - 1) / split;
     const float * ml = s.partial_ml + int64_t(h) * s.max_splits * 2;
@@ -424,23 +425,24 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     CUDA_CHECK(cudaGetLastError());
 }
 
-int decode_splits(int max_len, int n_kv) {
-    const int for_occupancy = (8 * sm_count() + n_kv - 1) / n_kv;
+int decode_splits(int max_len, int n_kv, int batch) {
+    const int for_occupancy = (8 * sm_count() + n_kv * batch - 1) / (n_kv * batch);
     const int for_length = (max_len + k_decode_max_split - 1) / k_decode_max_split;
     return std::min(1024, std::max({1, for_occupancy, for_length}));
 }
 
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
-                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream) {
+                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch) {
+    if (batch < 1 || batch > 65535) QINFER_FAIL() << "attention_decode: batch " << batch;
     if (n_head / n_kv > k_max_rep) QINFER_FAIL() << "attention_decode: " << n_head / n_kv << " query heads per KV head (max " << k_max_rep << ")";
     if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch};
-    dim3 grid(scratch.max_splits, n_kv);
+    dim3 grid(scratch.max_splits, n_kv, batch);
     auto run = [&](auto d_const) {
         constexpr int D = decltype(d_const)::value;
         attention_decode_kernel<D><<<grid, k_decode_threads, 0, stream>>>(a);
         CUDA_CHECK(cudaGetLastError());
-        attention_combine_kernel<D><<<n_head, k_decode_threads, 0, stream>>>(scratch, len_dev, out);
+        attention_combine_kernel<D><<<dim3(n_head, batch), k_decode_threads, 0, stream>>>(scratch, len_dev, out);
         CUDA_CHECK(cudaGetLastError());
     };
     switch (head_dim) {

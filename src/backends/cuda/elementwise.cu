@@ -86,7 +86,7 @@ __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
             x1 = __bfloat162float(__float2bfloat16(x1 + __bfloat162float(a.bias[col + j + half])));
         }
     }
-    const int pos = (a.pos0_dev ? *a.pos0_dev : a.pos0) + t;
+    const int pos = a.pos_dev ? a.pos_dev[t] : (a.pos0_dev ? *a.pos0_dev : a.pos0) + t;
     if (!is_v) {
         const bf16 * norm = is_q ? a.q_norm : a.k_norm;
         if (norm) {
@@ -121,7 +121,8 @@ __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
         return;
     }
     const int kvh = is_v ? head - a.n_head - a.n_kv : head - a.n_head;
-    const int block = a.cache.block_table[pos / a.cache.block_size], slot = pos % a.cache.block_size;
+    const int * table = a.pos_dev ? a.cache.block_table + int64_t(t) * a.cache.table_stride : a.cache.block_table;
+    const int block = table[pos / a.cache.block_size], slot = pos % a.cache.block_size;
     bf16 * dst = (is_v ? a.cache.v : a.cache.k) + ((int64_t(block) * a.n_kv + kvh) * a.cache.block_size + slot) * d;
     dst[j] = __float2bfloat16(x0);
     dst[j + half] = __float2bfloat16(x1);
@@ -182,6 +183,27 @@ __global__ void argmax_final_kernel(const float * partial, int * state, int * ou
     }
 }
 
+// One block per row of a batch: the row's argmax over n_valid ids, written to the decode state of its sequence.
+__global__ void __launch_bounds__(k_argmax_threads)
+    argmax_rows_kernel(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, const int * step, int * len, int * out) {
+    const int r = blockIdx.x;
+    const float * row = logits + int64_t(r) * vocab;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n_valid; i += k_argmax_threads) argmax_merge(bv, bi, row[i], i);
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        if (bi == 0x7fffffff) bi = 0;
+        tokens[r] = bi;
+        out[int64_t(*step) * rows + r] = bi;
+        pos[r] += 1;
+        len[r] += 1;
+    }
+}
+
+// After every row has read it: the step counter of a batch advances.
+__global__ void step_advance_kernel(int * step) { *step += 1; }
+
 __global__ void sleep_kernel(int64_t ns) {
     const int64_t start = clock64();
     // clock64 counts SM cycles; __nanosleep yields while waiting.
@@ -240,6 +262,15 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream) {
     dim3 grid(a.n, a.n_head + 2 * a.n_kv);
     const int threads = (a.head_dim / 2 + 31) / 32 * 32;
     qkv_rope_cache_kernel<<<grid, threads, 0, stream>>>(a);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, int * step, int * len,
+                         int * out_tokens, cudaStream_t stream) {
+    if (rows == 0) return;
+    argmax_rows_kernel<<<rows, k_argmax_threads, 0, stream>>>(logits, rows, vocab, n_valid, tokens, pos, step, len, out_tokens);
+    CUDA_CHECK(cudaGetLastError());
+    step_advance_kernel<<<1, 1, 0, stream>>>(step);
     CUDA_CHECK(cudaGetLastError());
 }
 

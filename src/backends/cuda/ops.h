@@ -75,12 +75,14 @@ void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * ou
 
 // ---- paged KV cache ----
 // Cache of one layer: bf16 [n_blocks, n_kv_head, block_size, head_dim]; a sequence's token t lives in block
-// block_table[t / block_size], slot t % block_size.
+// block_table[t / block_size], slot t % block_size. A batch keeps its sequences' tables in one array, sequence b's
+// at block_table + b * table_stride.
 struct KVLayer {
     bf16 * k = nullptr;
     bf16 * v = nullptr;
     const int * block_table = nullptr;
     int block_size = 16;
+    int table_stride = 0;
 };
 
 // The new tokens' q/k/v after the QKV projection: add biases, per-head RMSNorm of q and k (Qwen3), rotate-half RoPE,
@@ -95,6 +97,8 @@ struct QkvRopeArgs {
     int n = 0, n_head = 0, n_kv = 0, head_dim = 0;
     int pos0 = 0;
     const int * pos0_dev = nullptr;
+    // Decode of a batch: token t is sequence t of the batch, at position pos_dev[t] (device int [n]); overrides pos0.
+    const int * pos_dev = nullptr;
     KVLayer cache;
     bf16 * q_out = nullptr;  // [n, n_head, d]
 };
@@ -105,19 +109,21 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
                        cudaStream_t stream);
 
-// Decode attention for one token (flash-decoding): the keys of each KV head are spread over max_splits blocks
-// (at most k_decode_max_split keys each), then combined. The grid is fixed (graph capture) and the context length
-// is read from *len_dev, so one captured graph serves every step.
+// Decode attention for one token of each of `batch` sequences (flash-decoding): the keys of each KV head are spread
+// over max_splits blocks (at most k_decode_max_split keys each), then combined. The grid is fixed (graph capture)
+// and the context lengths are read from len_dev (int [batch] on the device), so one captured graph serves every step.
+// q bf16 [batch, n_head, d]; out bf16 [batch, n_head, d]; sequence b's block table at cache.block_table +
+// b * cache.table_stride.
 constexpr int k_decode_max_split = 1024;
 struct DecodeScratch {
-    float * partial_out = nullptr;  // [n_head, max_splits, d]
-    float * partial_ml = nullptr;   // [n_head, max_splits, 2]
+    float * partial_out = nullptr;  // [batch, n_head, max_splits, d]
+    float * partial_ml = nullptr;   // [batch, n_head, max_splits, 2]
     int max_splits = 0;
 };
 // Splits for contexts up to max_len: enough blocks to fill the GPU, and enough that no split exceeds the maximum.
-int decode_splits(int max_len, int n_kv);
+int decode_splits(int max_len, int n_kv, int batch = 1);
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
-                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream);
+                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1);
 
 // ---- sampling on the device ----
 // Greedy step: token = argmax(logits[0:n_valid]) (lowest id on ties); state[0] = token, out_tokens[state[2]] = token,
@@ -125,6 +131,10 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
 // scratch: fp32 [k_argmax_scratch] on the device.
 constexpr int k_argmax_scratch = 256;
 void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream);
+// Greedy step of a batch of `rows` sequences: tokens[r] = argmax(logits[r, 0:n_valid]) (lowest id on ties),
+// out_tokens[*step * rows + r] = tokens[r], pos[r] and len[r] advance by one, then *step. logits fp32 [rows, vocab].
+void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, int * step, int * len,
+                         int * out_tokens, cudaStream_t stream);
 
 // ---- prefill GEMM (cuBLASLt) ----
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.
