@@ -38,12 +38,61 @@ std::string synth_once(const std::string & preset) {
 // Prompts of different lengths, so the batch's sequences sit at different positions.
 std::vector<std::vector<int>> prompts(int vocab) {
     std::vector<std::vector<int>> p;
-    for (int len : {3, 9, 1, 17}) {
+    for (int len : {3, 9, 1, 17, 5, 2}) {
         std::vector<int> t;
         for (int i = 0; i < len; i++) t.push_back((len * 31 + i * 7 + 5) % vocab);
         p.push_back(t);
     }
     return p;
+}
+
+// The worst relative logit difference, over k_steps decode steps, between a batch of `ps` and each prompt alone.
+double batch_vs_alone(Engine & engine, const std::vector<std::vector<int>> & ps) {
+    constexpr int k_steps = 5;
+    const int V = engine.config().vocab_size;
+    const size_t n = ps.size();
+    // Alone: one sequence at a time, prefill then one token per forward.
+    std::vector<std::vector<std::vector<float>>> alone(n);  // [seq][step] fp32 [vocab]
+    std::vector<std::vector<int>> fed(n);                   // the token fed at each step
+    for (size_t i = 0; i < n; i++) {
+        const int s = engine.new_sequence(32);
+        std::vector<float> logits;
+        engine.forward(s, ps[i], false, logits);
+        for (int step = 0; step < k_steps; step++) {
+            const int tok = (int(i) * 13 + step * 5 + 2) % V;
+            fed[i].push_back(tok);
+            engine.forward(s, {tok}, false, logits);
+            alone[i].push_back(logits);
+        }
+        engine.free_sequence(s);
+    }
+    // Together: every prompt prefilled, then each step one forward_batch over all sequences.
+    std::vector<int> seqs;
+    std::vector<float> logits;
+    engine.plan_batch(int(n), 32);
+    for (size_t i = 0; i < n; i++) {
+        seqs.push_back(engine.new_sequence(32));
+        engine.forward(seqs.back(), ps[i], false, logits);
+    }
+    double worst = 0;
+    for (int step = 0; step < k_steps; step++) {
+        std::vector<int> toks;
+        for (size_t i = 0; i < n; i++) toks.push_back(fed[i][size_t(step)]);
+        engine.forward_batch(seqs, toks, logits);
+        EXPECT_EQ(logits.size(), n * size_t(V));
+        if (logits.size() != n * size_t(V)) break;
+        for (size_t i = 0; i < n; i++) {
+            const std::vector<float> & ref = alone[i][size_t(step)];
+            double num = 0, den = 0;
+            for (int v = 0; v < V; v++) {
+                num = std::max(num, double(std::fabs(logits[i * size_t(V) + size_t(v)] - ref[size_t(v)])));
+                den = std::max(den, double(std::fabs(ref[size_t(v)])));
+            }
+            worst = std::max(worst, num / den);
+        }
+    }
+    for (int s : seqs) engine.free_sequence(s);
+    return worst;
 }
 
 class Batch : public ::testing::TestWithParam<Case> {};
@@ -57,67 +106,22 @@ TEST_P(Batch, StepEqualsSequencesAlone) {
     eo.max_context = 32;
     eo.max_sequences = 8;
     auto engine = make_engine(synth_once(c.preset), eo);
-    const int V = engine->config().vocab_size;
-    const auto ps = prompts(V);
-    const size_t n = ps.size();
-    constexpr int k_steps = 5;
-
-    // Alone: one sequence at a time, prefill then one token per forward.
-    std::vector<std::vector<std::vector<float>>> alone(n);  // [seq][step] fp32 [vocab]
-    std::vector<std::vector<int>> fed(n);                   // the token fed at each step
-    for (size_t i = 0; i < n; i++) {
-        const int s = engine->new_sequence(32);
-        std::vector<float> logits;
-        engine->forward(s, ps[i], false, logits);
-        for (int step = 0; step < k_steps; step++) {
-            const int tok = (int(i) * 13 + step * 5 + 2) % V;
-            fed[i].push_back(tok);
-            engine->forward(s, {tok}, false, logits);
-            alone[i].push_back(logits);
-        }
-        engine->free_sequence(s);
-    }
-
-    // Together: every prompt prefilled, then each step one forward_batch over all sequences.
-    std::vector<int> seqs;
-    std::vector<float> logits;
-    engine->plan_batch(int(n), 32);
-    for (size_t i = 0; i < n; i++) {
-        seqs.push_back(engine->new_sequence(32));
-        engine->forward(seqs.back(), ps[i], false, logits);
-    }
-    const bool gpu = c.backend == "cuda";
-    double worst = 0;
-    for (int step = 0; step < k_steps; step++) {
-        std::vector<int> toks;
-        for (size_t i = 0; i < n; i++) toks.push_back(fed[i][size_t(step)]);
-        engine->forward_batch(seqs, toks, logits);
-        ASSERT_EQ(logits.size(), n * size_t(V));
-        for (size_t i = 0; i < n; i++) {
-            const std::vector<float> & ref = alone[i][size_t(step)];
-            double num = 0, den = 0;
-            for (int v = 0; v < V; v++) {
-                num = std::max(num, double(std::fabs(logits[i * size_t(V) + size_t(v)] - ref[size_t(v)])));
-                den = std::max(den, double(std::fabs(ref[size_t(v)])));
-            }
-            worst = std::max(worst, num / den);
-        }
-    }
-    for (int s : seqs) engine->free_sequence(s);
-    // CPU: the same fp32 arithmetic row by row. CUDA: the batch goes through GEMM instead of the GEMV kernels, so
-    // the sums are ordered differently (bf16 outputs).
-    EXPECT_LE(worst, gpu ? 2e-2 : 1e-6) << c.preset << " " << c.backend << " " << c.kv_dtype;
+    const auto ps = prompts(engine->config().vocab_size);
+    // CPU: the same fp32 arithmetic row by row. CUDA: the batch goes through other kernels than one token alone
+    // (fused GEMVs up to 4 rows, cuBLASLt beyond), so the sums are ordered differently (bf16 outputs).
+    const double tol = c.backend == "cuda" ? 2e-2 : 1e-6;
+    EXPECT_LE(batch_vs_alone(*engine, {ps.begin(), ps.begin() + 3}), tol) << "batch of 3";
+    EXPECT_LE(batch_vs_alone(*engine, ps), tol) << "batch of " << ps.size();
 }
 
 TEST_P(Batch, GenerateBatchEqualsGenerate) {
     const Case & c = GetParam();
     if (c.backend == "cuda" && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-    if (c.backend == "cuda") GTEST_SKIP() << "greedy ties under bf16 reordering are not a failure; StepEqualsSequencesAlone covers CUDA";
     EngineOptions eo;
     eo.backend = c.backend;
     eo.kv_dtype = c.kv_dtype;
     eo.max_context = 32;
-    eo.max_sequences = 4;
+    eo.max_sequences = 6;
     auto engine = make_engine(synth_once(c.preset), eo);
     const auto ps = prompts(engine->config().vocab_size);
     GenerateOptions g;
@@ -125,7 +129,31 @@ TEST_P(Batch, GenerateBatchEqualsGenerate) {
     g.ignore_eos = true;
     BatchGenerateResult b = generate_batch(*engine, ps, g);
     ASSERT_EQ(b.tokens.size(), ps.size());
-    for (size_t i = 0; i < ps.size(); i++) EXPECT_EQ(b.tokens[i], generate(*engine, ps[i], g).tokens) << "prompt " << i;
+    if (c.backend == "cpu") {
+        for (size_t i = 0; i < ps.size(); i++) EXPECT_EQ(b.tokens[i], generate(*engine, ps[i], g).tokens) << "prompt " << i;
+        return;
+    }
+    // CUDA (graph, device argmax): every chosen token is one the teacher-forced prefill also ranks first, up to bf16
+    // near-ties, since batch and prefill sum in different orders.
+    const int V = engine->config().vocab_size;
+    for (size_t i = 0; i < ps.size(); i++) {
+        ASSERT_EQ(b.tokens[i].size(), size_t(g.max_new_tokens));
+        std::vector<int> fed = ps[i];
+        fed.insert(fed.end(), b.tokens[i].begin(), b.tokens[i].end() - 1);
+        const int s = engine->new_sequence(int(fed.size()));
+        std::vector<float> logits;
+        engine->forward(s, fed, true, logits);
+        engine->free_sequence(s);
+        for (size_t t = 0; t < b.tokens[i].size(); t++) {
+            const float * row = logits.data() + (ps[i].size() - 1 + t) * size_t(V);
+            float mx = -INFINITY, amax = 0;
+            for (int v = 0; v < V; v++) {
+                mx = std::max(mx, row[v]);
+                amax = std::max(amax, std::fabs(row[v]));
+            }
+            EXPECT_GE(row[b.tokens[i][t]], mx - 2e-2f * amax) << "prompt " << i << " step " << t;
+        }
+    }
 }
 
 const Case k_cases[] = {
