@@ -19,6 +19,7 @@ namespace {
 struct Case {
     std::string preset, backend, kv_dtype;
 };
+void PrintTo(const Case & c, std::ostream * os) { *os << c.preset << "/" << c.backend << "/kv " << c.kv_dtype; }
 
 std::string synth_once(const std::string & preset) {
     static std::map<std::string, std::string> dirs;
