@@ -16,7 +16,7 @@ need_cmd node nodejs
 need_cmd npm npm
 need_cmd bible bible-kjv
 python3 -c 'import numpy' 2>/dev/null || /usr/bin/python3 -c 'import numpy' 2>/dev/null || missing+=(python3-numpy)
-for p in nlohmann-json3-dev libgtest-dev googletest libomp-dev libclang-rt-14-dev libpcre2-dev libutf8proc-dev \
+for p in nlohmann-json3-dev libgtest-dev googletest libomp-dev libclang-rt-14-dev libpcre2-dev libutf8proc-dev libgd-dev \
          fortunes fortunes-zh fortunes-ru; do
     need_pkg "$p"
 done

@@ -20,6 +20,7 @@
 #include "runtime/kv_cache.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "tools/plot.h"
 #include "tools/synth.h"
 #include "tools/sysinfo.h"
 
@@ -53,7 +54,7 @@ int cmd_bench(int argc, char ** argv) {
             std::printf(
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--batch 1,4,16,...] [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
-                "                    [--kv-dtype fp32|bf16|fp8|int8|int4]\n"
+                "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png]\n"
                 "--batch: static batches of that many sequences of the same input length, all decoding together; speed is then\n"
                 "         the batch's generated tokens / whole time, and GPU memory the peak for the whole batch\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
@@ -77,7 +78,7 @@ int cmd_bench(int argc, char ** argv) {
     int gen = int(a.integer("gen", gpu ? 2048 : 32));
     std::vector<int> batches = a.has("batch") ? a.int_list("batch") : std::vector<int>{1};
     int repeat = int(a.integer("repeat", 1));
-    std::string json_path = a.str("json"), csv_path = a.str("csv");
+    std::string json_path = a.str("json"), csv_path = a.str("csv"), plot_path = a.str("plot");
     std::vector<std::string> baselines;
     for (std::string b = a.str("baseline"); !b.empty();) {
         const size_t comma = b.find(',');
@@ -93,6 +94,7 @@ int cmd_bench(int argc, char ** argv) {
     a.check_unused();
     if (!quant.kind.empty() && !model_dir.empty()) QINFER_FAIL() << "--quant synthesizes a preset; with --model the checkpoint's own format is used";
     if (lens.empty()) QINFER_FAIL() << "--input-lens is empty";
+    if (!plot_path.empty() && !plot_available()) QINFER_FAIL() << "--plot: this qinfer was built without libgd (apt-get install libgd-dev, rebuild)";
     for (int l : lens) {
         if (l < 1) QINFER_FAIL() << "--input-lens entries must be >= 1, got " << l;
     }
@@ -253,6 +255,12 @@ int cmd_bench(int argc, char ** argv) {
         out.push_back(j);
     }
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+    if (!plot_path.empty()) {
+        PlotOptions po;
+        po.x = lens.size() == 1 && batches.size() > 1 ? "batch" : "input_len";
+        po.title = model_name + " on " + sys.card + ", " + std::to_string(gen) + " generated, commit " + commit;
+        plot_rows(out, po, plot_path);
+    }
     if (!csv_path.empty()) {
         std::ofstream f(csv_path);
         f << "model,quant,kv_dtype,batch,input_len,gen_len,tok_s,decode_tok_s,ttft_s,peak_gb,bw_frac,card,driver,cuda,commit\n";

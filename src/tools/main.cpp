@@ -20,6 +20,7 @@ const char * k_usage =
     "  logits   fp32 logits of one forward pass, as .npy\n"
     "  info     architecture, parameters, quantization, bytes by dtype, memory at a context\n"
     "  dequant  write a quantized checkpoint back in fp32 (the CPU reference's weights)\n"
+    "  plot     PNG chart of bench JSON: speed or memory against input length or batch\n"
     "  plan     which weight formats, KV dtypes, contexts and batches fit a card (memory model)\n"
     "  kv-fidelity  KL divergence and top-1 agreement of a quantized KV cache against bf16 (CPU)\n"
     "  synth    write a random-weight checkpoint in the published layout\n"
@@ -43,6 +44,7 @@ int main(int argc, char ** argv) {
         if (cmd == "kv-fidelity") return qinfer::cmd_kv_fidelity(argc, argv);
         if (cmd == "plan") return qinfer::cmd_plan(argc, argv);
         if (cmd == "bench") return qinfer::cmd_bench(argc, argv);
+        if (cmd == "plot") return qinfer::cmd_plot(argc, argv);
         if (cmd == "tokenize") return qinfer::cmd_tokenize(argc, argv);
         if (cmd == "detokenize") return qinfer::cmd_detokenize(argc, argv);
         if (cmd == "chat") return qinfer::cmd_chat(argc, argv);

@@ -66,6 +66,25 @@ expect prompt-too-long "exceeds the model's context" "$q" run --model "$good" --
 expect unknown-option "unknown option --frobnicate" "$q" info --model "$good" --frobnicate 1
 expect unknown-preset "unknown preset 'qwen9'" "$q" synth --preset qwen9 --out "$tmp/z"
 expect bad-top-p "top_p must be in" "$q" run --model "$good" --tokens 1 --temperature 1 --top-p 0
+expect bad-batch "--batch entries must be in 1..4096" "$q" bench --preset tiny-qwen2 --batch 0 --input-lens 1 --gen 1
+
+# Plots of benchmark JSON.
+echo '[{"model": "m", "quant": "BF16", "kv_dtype": "bf16", "batch": 1, "input_len": 1, "tok_s": 5}]' >"$tmp/rows.json"
+expect plot-missing-json "cannot open" "$q" plot --json "$tmp/none.json" --out "$tmp/p.png"
+echo '{"a": 1' >"$tmp/bad.json"
+expect plot-bad-json "not a JSON array of bench rows" "$q" plot --json "$tmp/bad.json" --out "$tmp/p.png"
+if "$q" plot --json "$tmp/rows.json" --out "$tmp/p.png" 2>/dev/null; then
+    expect plot-bad-y "y must be tok_s" "$q" plot --json "$tmp/rows.json" --out "$tmp/p.png" --y speed
+    expect plot-no-rows "no rows with numeric input_len and peak_gb" "$q" plot --json "$tmp/rows.json" --out "$tmp/p.png" --y peak_gb
+    expect plot-unwritable "cannot write" "$q" plot --json "$tmp/rows.json" --out "$tmp/nodir/p.png"
+    if [ "$(head -c 4 "$tmp/p.png" | od -An -c | tr -d ' ')" = '211PNG' ]; then
+        echo "ok   plot-writes-png"; passes=$((passes + 1))
+    else
+        echo "FAIL plot-writes-png: no PNG signature"; fails=$((fails + 1))
+    fi
+else
+    expect plot-without-libgd "built without libgd" "$q" plot --json "$tmp/rows.json" --out "$tmp/p.png"
+fi
 
 # Quantized checkpoints whose tensors or config are wrong.
 gq="$tmp/gq"
