@@ -189,7 +189,14 @@ private:
     int kv_seqs_ = 0, kv_tokens_ = 0;
     bool planned_ = false;
     std::unique_ptr<BlockTable> table_;
-    DeviceBuffer k_cache_, v_cache_;
+    cuda::KVKind kv_kind_ = cuda::KVKind::BF16;
+    size_t kv_row_bytes_ = 0;            // bytes of one token's head: bf16 values or codes
+    DeviceBuffer k_cache_, v_cache_;     // [layer][block][kv_head][slot][kv_row_bytes_]
+    DeviceBuffer k_sz_, v_sz_;           // int8/int4: float2 (scale, zero) [layer][block][kv_head][slot]
+    // fp8: {K, V} scales per layer, set from the first forward's values (amax / 448) and kept for the engine's life,
+    // like the CPU cache; fp8_amax_ is the range pass's scratch.
+    DeviceBuffer fp8_scale_, fp8_amax_;
+    std::vector<bool> fp8_ready_;
     std::map<int, DeviceBuffer> block_tables_;  // per sequence: int [blocks] on the device
     // The decoding batch: its sequences, their block tables side by side (int [batch, stride]).
     std::vector<int> batch_seqs_;
@@ -219,9 +226,22 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0 || c.head_dim % 8 != 0) {
         QINFER_FAIL() << "CUDA backend: hidden, intermediate and head sizes must be multiples of 8";
     }
-    if (opt.kv_dtype != "auto" && opt.kv_dtype != "bf16") {
-        parse_kv_dtype(opt.kv_dtype);  // names the choices when the name is wrong
-        QINFER_FAIL() << "CUDA backend: --kv-dtype " << opt.kv_dtype << " is not implemented yet (bf16); the CPU backend runs fp8, int8 and int4";
+    const KVDType kv = opt.kv_dtype == "auto" ? KVDType::BF16 : parse_kv_dtype(opt.kv_dtype);
+    switch (kv) {
+    case KVDType::BF16: kv_kind_ = cuda::KVKind::BF16; break;
+    case KVDType::FP8: kv_kind_ = cuda::KVKind::FP8; break;
+    case KVDType::INT8: kv_kind_ = cuda::KVKind::INT8; break;
+    case KVDType::INT4: kv_kind_ = cuda::KVKind::INT4; break;
+    case KVDType::F32: QINFER_FAIL() << "CUDA backend: --kv-dtype fp32 is CPU-only (bf16, fp8, int8, int4)";
+    }
+    if (kv_kind_ != cuda::KVKind::BF16 && !(c.head_dim == 16 || c.head_dim == 32 || c.head_dim == 64 || c.head_dim == 128)) {
+        QINFER_FAIL() << "CUDA backend: a quantized KV cache needs head_dim 16, 32, 64 or 128 (this model: " << c.head_dim << ")";
+    }
+    kv_row_bytes_ = kv_kind_ == cuda::KVKind::BF16 ? size_t(c.head_dim) * 2 : kv_kind_ == cuda::KVKind::INT4 ? size_t(c.head_dim) / 2 : size_t(c.head_dim);
+    if (kv_kind_ == cuda::KVKind::FP8) {
+        fp8_scale_ = DeviceBuffer(size_t(c.num_hidden_layers) * 2 * sizeof(float), "KV cache");
+        fp8_amax_ = DeviceBuffer(2 * sizeof(float), "KV cache");
+        fp8_ready_.assign(size_t(c.num_hidden_layers), false);
     }
     CUDA_CHECK(cudaSetDevice(0));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -378,11 +398,14 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const int per_seq = (tokens_per_sequence + block_size_ - 1) / block_size_;
     const int blocks = n_sequences * per_seq;
     if (kv_seqs_ != n_sequences || kv_tokens_ != per_seq * block_size_) {
-        const size_t bytes = size_t(c.num_hidden_layers) * blocks * c.num_key_value_heads * block_size_ * c.head_dim * sizeof(bf16);
-        k_cache_ = DeviceBuffer();
-        v_cache_ = DeviceBuffer();
-        k_cache_ = DeviceBuffer(bytes, "KV cache");
-        v_cache_ = DeviceBuffer(bytes, "KV cache");
+        const size_t rows = size_t(c.num_hidden_layers) * blocks * c.num_key_value_heads * block_size_;
+        for (DeviceBuffer * b : {&k_cache_, &v_cache_, &k_sz_, &v_sz_}) *b = DeviceBuffer();
+        k_cache_ = DeviceBuffer(rows * kv_row_bytes_, "KV cache");
+        v_cache_ = DeviceBuffer(rows * kv_row_bytes_, "KV cache");
+        if (kv_kind_ == cuda::KVKind::INT8 || kv_kind_ == cuda::KVKind::INT4) {
+            k_sz_ = DeviceBuffer(rows * sizeof(float2), "KV cache");
+            v_sz_ = DeviceBuffer(rows * sizeof(float2), "KV cache");
+        }
         kv_seqs_ = n_sequences;
         kv_tokens_ = per_seq * block_size_;
         // Decode scratch and the graph's token buffer follow the batch and the context.
@@ -461,12 +484,24 @@ void CudaQwenEngine::ensure_workspace(int c) {
 
 cuda::KVLayer CudaQwenEngine::kv_layer(int layer, int seq) const {
     const ModelConfig & c = model_->config;
-    const size_t per_layer = size_t(table_->n_blocks()) * c.num_key_value_heads * block_size_ * c.head_dim;
+    const size_t rows = size_t(table_->n_blocks()) * c.num_key_value_heads * block_size_ * size_t(layer);  // before this layer
     cuda::KVLayer kv;
-    kv.k = k_cache_.as<bf16>() + per_layer * size_t(layer);
-    kv.v = v_cache_.as<bf16>() + per_layer * size_t(layer);
     kv.block_table = block_tables_.at(seq).as<int>();
     kv.block_size = block_size_;
+    if (kv_kind_ == cuda::KVKind::BF16) {
+        kv.k = reinterpret_cast<bf16 *>(k_cache_.as<uint8_t>() + rows * kv_row_bytes_);
+        kv.v = reinterpret_cast<bf16 *>(v_cache_.as<uint8_t>() + rows * kv_row_bytes_);
+        return kv;
+    }
+    cuda::KVQuant & q = kv.quant;
+    q.kind = kv_kind_;
+    q.k = k_cache_.as<uint8_t>() + rows * kv_row_bytes_;
+    q.v = v_cache_.as<uint8_t>() + rows * kv_row_bytes_;
+    if (k_sz_.bytes()) {
+        q.k_sz = k_sz_.as<float2>() + rows;
+        q.v_sz = v_sz_.as<float2>() + rows;
+    }
+    if (fp8_scale_.bytes()) q.fp8_scale = fp8_scale_.as<float>() + 2 * layer;
     return kv;
 }
 
@@ -639,6 +674,15 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
             linear(xn, c, L.qkv, qkv_.as<bf16>());
             cuda::QkvRopeArgs r = rope_args(l, kv_layer(l, seq), c);
             r.pos0 = pos0;
+            if (kv_kind_ == cuda::KVKind::FP8 && !fp8_ready_[size_t(l)]) {
+                // The layer's first values set its fp8 scales (amax / 448), as in the CPU cache.
+                CUDA_CHECK(cudaMemsetAsync(fp8_amax_.get(), 0, 2 * sizeof(float), stream_));
+                r.fp8_amax = fp8_amax_.as<float>();
+                cuda::qkv_rope_cache(r, stream_);
+                r.fp8_amax = nullptr;
+                cuda::fp8_scales_from_amax(fp8_amax_.as<float>(), r.cache.quant.fp8_scale, stream_);
+                fp8_ready_[size_t(l)] = true;
+            }
             cuda::qkv_rope_cache(r, stream_);
             cuda::attention_prefill(q_.as<bf16>(), r.cache, c, pos0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                     attn_.as<bf16>(), stream_);

@@ -115,6 +115,58 @@ size_t CpuKVCache::row_index(int layer, int seq, int pos) const {
     return (size_t(layer) * s.n_blocks + size_t(block)) * s.block_size + size_t(pos % s.block_size);
 }
 
+void kv_quantize_row(KVDType t, const float * x, int d, float fp8_scale, uint8_t * out, float * scale_zero) {
+    switch (t) {
+    case KVDType::FP8:
+        for (int i = 0; i < d; i++) out[i] = f32_to_e4m3(x[i] / fp8_scale);
+        return;
+    case KVDType::INT8:
+    case KVDType::INT4: {
+        const float qmax = t == KVDType::INT8 ? 255.0f : 15.0f;
+        float mn = x[0], mx = x[0];
+        for (int i = 1; i < d; i++) {
+            mn = std::min(mn, x[i]);
+            mx = std::max(mx, x[i]);
+        }
+        // A constant row (max == min) is stored exactly: scale 1, zero -min, every code 0.
+        const float scale = mx > mn ? (mx - mn) / qmax : 1.0f;
+        const float zero = -mn / scale;
+        auto quant = [&](float v) { return uint8_t(std::clamp(std::trunc(v / scale + zero + 0.5f), 0.0f, qmax)); };
+        if (t == KVDType::INT8) {
+            for (int i = 0; i < d; i++) out[i] = quant(x[i]);
+        } else {
+            for (int j = 0; j < d / 2; j++) out[j] = uint8_t(quant(x[j]) | (quant(x[j + d / 2]) << 4));
+        }
+        scale_zero[0] = scale;
+        scale_zero[1] = zero;
+        return;
+    }
+    default: QINFER_FAIL() << "kv_quantize_row: " << kv_dtype_name(t) << " is not a quantized cache dtype";
+    }
+}
+
+void kv_dequantize_row(KVDType t, const uint8_t * in, const float * scale_zero, int d, float fp8_scale, float * x) {
+    switch (t) {
+    case KVDType::FP8:
+        for (int i = 0; i < d; i++) x[i] = e4m3_to_f32(in[i]) * fp8_scale;
+        return;
+    case KVDType::INT8:
+    case KVDType::INT4: {
+        const float scale = scale_zero[0], zero = scale_zero[1];
+        if (t == KVDType::INT8) {
+            for (int i = 0; i < d; i++) x[i] = (float(in[i]) - zero) * scale;
+        } else {
+            for (int j = 0; j < d / 2; j++) {
+                x[j] = (float(in[j] & 15) - zero) * scale;
+                x[j + d / 2] = (float(in[j] >> 4) - zero) * scale;
+            }
+        }
+        return;
+    }
+    default: QINFER_FAIL() << "kv_dequantize_row: " << kv_dtype_name(t) << " is not a quantized cache dtype";
+    }
+}
+
 // One token's heads: x fp32 [n_kv_heads, head_dim] into row `row`.
 void CpuKVCache::store(size_t row, const float * x, std::vector<uint8_t> & buf, std::vector<float> & sz, float fp8_scale) {
     const int d = shape_.head_dim, heads = shape_.n_kv_heads;
@@ -130,30 +182,7 @@ void CpuKVCache::store(size_t row, const float * x, std::vector<uint8_t> & buf, 
                 std::memcpy(out + 2 * i, &b, 2);
             }
             break;
-        case KVDType::FP8:
-            for (int i = 0; i < d; i++) out[i] = f32_to_e4m3(xh[i] / fp8_scale);
-            break;
-        case KVDType::INT8:
-        case KVDType::INT4: {
-            const float qmax = shape_.dtype == KVDType::INT8 ? 255.0f : 15.0f;
-            float mn = xh[0], mx = xh[0];
-            for (int i = 1; i < d; i++) {
-                mn = std::min(mn, xh[i]);
-                mx = std::max(mx, xh[i]);
-            }
-            // A constant head (max == min) is stored exactly: scale 1, zero -min, every code 0.
-            const float scale = mx > mn ? (mx - mn) / qmax : 1.0f;
-            const float zero = -mn / scale;
-            auto quant = [&](float v) { return uint8_t(std::clamp(std::trunc(v / scale + zero + 0.5f), 0.0f, qmax)); };
-            if (shape_.dtype == KVDType::INT8) {
-                for (int i = 0; i < d; i++) out[i] = quant(xh[i]);
-            } else {
-                for (int j = 0; j < d / 2; j++) out[j] = uint8_t(quant(xh[j]) | (quant(xh[j + d / 2]) << 4));
-            }
-            sz[head * 2] = scale;
-            sz[head * 2 + 1] = zero;
-            break;
-        }
+        default: kv_quantize_row(shape_.dtype, xh, d, fp8_scale, out, sz.empty() ? nullptr : &sz[head * 2]); break;
         }
     }
 }
@@ -173,22 +202,7 @@ void CpuKVCache::load(size_t row, const std::vector<uint8_t> & buf, const std::v
                 xh[i] = bf16_to_f32(b);
             }
             break;
-        case KVDType::FP8:
-            for (int i = 0; i < d; i++) xh[i] = e4m3_to_f32(in[i]) * fp8_scale;
-            break;
-        case KVDType::INT8:
-        case KVDType::INT4: {
-            const float scale = sz[head * 2], zero = sz[head * 2 + 1];
-            if (shape_.dtype == KVDType::INT8) {
-                for (int i = 0; i < d; i++) xh[i] = (float(in[i]) - zero) * scale;
-            } else {
-                for (int j = 0; j < d / 2; j++) {
-                    xh[j] = (float(in[j] & 15) - zero) * scale;
-                    xh[j + d / 2] = (float(in[j] >> 4) - zero) * scale;
-                }
-            }
-            break;
-        }
+        default: kv_dequantize_row(shape_.dtype, in, sz.empty() ? nullptr : &sz[head * 2], d, fp8_scale, xh); break;
         }
     }
 }

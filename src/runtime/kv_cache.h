@@ -22,6 +22,12 @@ const char * kv_dtype_name(KVDType t);                 // "fp32", "bf16", "fp8",
 KVDType parse_kv_dtype(const std::string & name);      // throws naming the choices
 double kv_dtype_bytes_per_element(KVDType t);          // incl. int8/int4 scale and zero (fp32 pairs) per head_dim
 
+// One row (a token's head, head_dim values) to its stored form and back, by the formulas above: the specification
+// every backend's cache follows. codes: head_dim bytes (fp8, int8) or head_dim / 2 (int4); scale_zero: int8/int4
+// float[2]; fp8_scale: the layer's scale (fp8). Not for f32/bf16.
+void kv_quantize_row(KVDType t, const float * x, int head_dim, float fp8_scale, uint8_t * codes, float * scale_zero);
+void kv_dequantize_row(KVDType t, const uint8_t * codes, const float * scale_zero, int head_dim, float fp8_scale, float * x);
+
 struct KVCacheShape {
     int n_layers = 0;
     int n_kv_heads = 0;

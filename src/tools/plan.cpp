@@ -158,9 +158,7 @@ int cmd_plan(int argc, char ** argv) {
                             {"max_batch", max_batch}, {"context", context}, {"card_gb", card / 1e9}, {"reserve_gb", reserve / 1e9}});
         }
     }
-    std::printf("today's CUDA engine runs the bf16 KV cache (batch 1 and static batches); the fp8/int8/int4 rows are the memory\n"
-                "model's answer for when those caches land on the GPU (the CPU backend runs every KV dtype); batch peaks are not\n"
-                "yet checked against measurements\n");
+    std::printf("batch peaks and quantized-cache peaks of the CUDA engine are not yet checked against measurements\n");
     if (!json_path.empty()) {
         std::FILE * fp = std::fopen(json_path.c_str(), "w");
         if (!fp) QINFER_FAIL() << json_path << ": cannot open for writing";

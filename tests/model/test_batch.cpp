@@ -110,7 +110,8 @@ TEST_P(Batch, StepEqualsSequencesAlone) {
     const auto ps = prompts(engine->config().vocab_size);
     // CPU: the same fp32 arithmetic row by row. CUDA: the batch goes through other kernels than one token alone
     // (fused GEMVs up to 4 rows, cuBLASLt beyond), so the sums are ordered differently (bf16 outputs).
-    const double tol = c.backend == "cuda" ? 2e-2 : 1e-6;
+    // (A K value one bf16 step off can move an int4 code by one of its 15 steps.)
+    const double tol = c.backend == "cpu" ? 1e-6 : c.kv_dtype == "int4" ? 5e-2 : 2e-2;
     EXPECT_LE(batch_vs_alone(*engine, {ps.begin(), ps.begin() + 3}), tol) << "batch of 3";
     EXPECT_LE(batch_vs_alone(*engine, ps), tol) << "batch of " << ps.size();
 }
@@ -161,6 +162,7 @@ const Case k_cases[] = {
     {"tiny-qwen2", "cpu", "auto"},     {"tiny-qwen3", "cpu", "auto"},    {"tiny-qwen2-moe", "cpu", "auto"},
     {"tiny-qwen2", "cpu", "int8"},     {"tiny-qwen2", "cpu", "int4"},    {"tiny-qwen2", "cpu", "fp8"},
     {"tiny-qwen2", "cuda", "auto"},    {"tiny-qwen3", "cuda", "auto"},   {"tiny-qwen2-moe", "cuda", "auto"},
+    {"tiny-qwen2", "cuda", "int8"},    {"tiny-qwen2", "cuda", "int4"},   {"tiny-qwen2", "cuda", "fp8"},
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case> & info) {

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
 
 namespace qinfer::cuda {
@@ -40,8 +41,22 @@ struct PrefillArgs {
     float scale_log2;  // head_dim^-0.5 * log2(e)
 };
 
-// D: head_dim padded to a multiple of 16 (32, 64, 128); the real head_dim a.d is a multiple of 8.
-template <int D> __global__ void __launch_bounds__(128) attention_prefill_kernel(PrefillArgs a) {
+// Dims [col, col + 8) of a quantized cache row as 8 bf16 (one 16-byte shared-memory store).
+template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant & q, bool value, int64_t row, int d, int col) {
+    uint32_t w[2];
+    kv_load_codes<K, 8>(q, value, row, d, col, w);
+    float2 sz = make_float2(0.f, 0.f);
+    float fp8_scale = 0.f;
+    if constexpr (K == KVKind::FP8) fp8_scale = q.fp8_scale[value ? 1 : 0];
+    else sz = (value ? q.v_sz : q.k_sz)[row];
+    float x[8];
+    kv_dequant<K, 8>(w, col >= d / 2, sz, fp8_scale, x);
+    return make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
+}
+
+// D: head_dim padded to a multiple of 16 (32, 64, 128); the real head_dim a.d is a multiple of 8. K: the cache's
+// kind; quantized tiles are dequantized to bf16 on their way into shared memory.
+template <int D, KVKind K> __global__ void __launch_bounds__(128) attention_prefill_kernel(PrefillArgs a) {
     constexpr int ld_k = D + 8;  // padded rows (16 bytes): conflict-free fragment loads and ldmatrix
     __shared__ __align__(16) bf16 ks[k_bc * ld_k];  // K tile [key][dim]
     __shared__ __align__(16) bf16 vs[k_bc * ld_k];  // V tile [key][dim]
@@ -82,9 +97,14 @@ template <int D> __global__ void __launch_bounds__(128) attention_prefill_kernel
             uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
             if (j < n_keys && col < a.d) {
                 const int blk = a.cache.block_table[j / bs];
-                const int64_t off = ((int64_t(blk) * a.n_kv + kvh) * bs + j % bs) * a.d + col;
-                kv = *reinterpret_cast<const uint4 *>(a.cache.k + off);
-                vv = *reinterpret_cast<const uint4 *>(a.cache.v + off);
+                const int64_t row = (int64_t(blk) * a.n_kv + kvh) * bs + j % bs;
+                if constexpr (K == KVKind::BF16) {
+                    kv = *reinterpret_cast<const uint4 *>(a.cache.k + row * a.d + col);
+                    vv = *reinterpret_cast<const uint4 *>(a.cache.v + row * a.d + col);
+                } else {
+                    kv = dequant8_bf16<K>(a.cache.quant, false, row, a.d, col);
+                    vv = dequant8_bf16<K>(a.cache.quant, true, row, a.d, col);
+                }
             }
             *reinterpret_cast<uint4 *>(&ks[key * ld_k + col]) = kv;
             *reinterpret_cast<uint4 *>(&vs[key * ld_k + col]) = vv;
@@ -206,11 +226,14 @@ __device__ __forceinline__ int decode_split_size(int len, int max_splits) {
 // KV head h (GQA packing). A key is handled by LPK lanes that hold EPL consecutive dims each, so a warp takes
 // 32 / LPK keys per step with coalesced row reads; every lane group keeps an online softmax (m, l, o) per head,
 // merged across lane groups by shuffles and across warps through shared memory into the split's partial result.
-template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_decode_kernel(DecodeArgs a) {
+// K: the cache's kind; quantized codes are dequantized in registers.
+template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) attention_decode_kernel(DecodeArgs a) {
     constexpr int LPK = D >= 128 ? 16 : D >= 64 ? 8 : 4;  // lanes per key
     constexpr int EPL = (D + LPK - 1) / LPK;              // dims per lane
     constexpr int KPW = 32 / LPK;                         // keys per warp step
     static_assert(EPL % 2 == 0, "dims per lane must be even");
+    static_assert(K == KVKind::BF16 || EPL % 4 == 0, "quantized caches: whole 32-bit words of codes per lane");
+    constexpr int RW = K == KVKind::BF16 ? EPL / 2 : EPL / 4;  // raw 32-bit words per lane, for K and for V
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int len = a.len_dev[b];
     const int split = decode_split_size(len, a.scratch.max_splits);
@@ -246,36 +269,62 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
     const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
     for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
     __syncthreads();
-    // K/V of the lane's key as raw bf16 pairs; the next step's are loaded before this step's arithmetic.
-    auto load = [&](int j, uint32_t * kr, uint32_t * vr) {
+    // K/V of the lane's key as raw words (bf16 pairs or codes, with the rows' scale and zero); the next step's are
+    // loaded before this step's arithmetic.
+    struct Raw {
+        uint32_t k[RW], v[RW];
+        float2 k_sz, v_sz;
+    };
+    const KVQuant & kq = a.cache.quant;
+    float fp8_k = 0.f, fp8_v = 0.f;
+    if constexpr (K == KVKind::FP8) {
+        fp8_k = kq.fp8_scale[0];
+        fp8_v = kq.fp8_scale[1];
+    }
+    auto load = [&](int j, Raw & r) {
+        r.k_sz = r.v_sz = make_float2(0.f, 0.f);
         if (j < end && lane_dims) {
-            const int64_t off = ((int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs) * D + d0;
+            const int64_t row = (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs;
+            if constexpr (K == KVKind::BF16) {
 #pragma unroll
-            for (int e = 0; e < EPL / 2; e++) {
-                kr[e] = __ldg(reinterpret_cast<const unsigned int *>(a.cache.k + off) + e);
-                vr[e] = __ldg(reinterpret_cast<const unsigned int *>(a.cache.v + off) + e);
+                for (int e = 0; e < RW; e++) {
+                    r.k[e] = __ldg(reinterpret_cast<const unsigned int *>(a.cache.k + row * D + d0) + e);
+                    r.v[e] = __ldg(reinterpret_cast<const unsigned int *>(a.cache.v + row * D + d0) + e);
+                }
+            } else {
+                kv_load_codes<K, EPL>(kq, false, row, D, d0, r.k);
+                kv_load_codes<K, EPL>(kq, true, row, D, d0, r.v);
+                if constexpr (K == KVKind::INT8 || K == KVKind::INT4) {
+                    r.k_sz = kq.k_sz[row];
+                    r.v_sz = kq.v_sz[row];
+                }
             }
         } else {
 #pragma unroll
-            for (int e = 0; e < EPL / 2; e++) kr[e] = vr[e] = 0;
+            for (int e = 0; e < RW; e++) r.k[e] = r.v[e] = 0;
         }
     };
     constexpr int step = k_decode_warps * KPW;
-    uint32_t k_cur[EPL / 2], v_cur[EPL / 2], k_next[EPL / 2], v_next[EPL / 2];
+    Raw cur, next;
     int j = begin + warp * KPW + sub;
-    load(j, k_cur, v_cur);
+    load(j, cur);
     for (int j0 = begin + warp * KPW; j0 < end; j0 += step, j += step) {
-        load(j + step, k_next, v_next);
+        load(j + step, next);
         const bool valid = j < end;
         float kf[EPL], vf[EPL];
+        if constexpr (K == KVKind::BF16) {
 #pragma unroll
-        for (int e = 0; e < EPL / 2; e++) {
-            const float2 kk = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&k_cur[e]));
-            const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v_cur[e]));
-            kf[2 * e] = kk.x;
-            kf[2 * e + 1] = kk.y;
-            vf[2 * e] = vv.x;
-            vf[2 * e + 1] = vv.y;
+            for (int e = 0; e < EPL / 2; e++) {
+                const float2 kk = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&cur.k[e]));
+                const float2 vv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&cur.v[e]));
+                kf[2 * e] = kk.x;
+                kf[2 * e + 1] = kk.y;
+                vf[2 * e] = vv.x;
+                vf[2 * e + 1] = vv.y;
+            }
+        } else {
+            kv_dequant<K, EPL>(cur.k, d0 >= D / 2, cur.k_sz, fp8_k, kf);
+            kv_dequant<K, EPL>(cur.v, d0 >= D / 2, cur.v_sz, fp8_v, vf);
         }
 #pragma unroll
         for (int r = 0; r < k_max_rep; r++) {
@@ -293,11 +342,7 @@ template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_d
             for (int e = 0; e < EPL; e++) o[r][e] = o[r][e] * corr + p * vf[e];
             m[r] = m_new;
         }
-#pragma unroll
-        for (int e = 0; e < EPL / 2; e++) {
-            k_cur[e] = k_next[e];
-            v_cur[e] = v_next[e];
-        }
+        cur = next;
     }
     // Merge the lane groups of the warp (different keys, same dims).
 #pragma unroll
@@ -412,17 +457,22 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     if (n == 0) return;
     if (head_dim % 8 != 0) QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " must be a multiple of 8";
     PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
+    if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
     dim3 grid(n_head, (n + k_br - 1) / k_br);
-    if (head_dim <= 32) {
-        attention_prefill_kernel<32><<<grid, 128, 0, stream>>>(a);
-    } else if (head_dim <= 64) {
-        attention_prefill_kernel<64><<<grid, 128, 0, stream>>>(a);
-    } else if (head_dim <= 128) {
-        attention_prefill_kernel<128><<<grid, 128, 0, stream>>>(a);
-    } else {
-        QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " > 128 is not supported";
-    }
-    CUDA_CHECK(cudaGetLastError());
+    auto run = [&](auto d_const) {
+        constexpr int D = decltype(d_const)::value;
+        switch (cache.quant.kind) {
+        case KVKind::BF16: attention_prefill_kernel<D, KVKind::BF16><<<grid, 128, 0, stream>>>(a); break;
+        case KVKind::FP8: attention_prefill_kernel<D, KVKind::FP8><<<grid, 128, 0, stream>>>(a); break;
+        case KVKind::INT8: attention_prefill_kernel<D, KVKind::INT8><<<grid, 128, 0, stream>>>(a); break;
+        case KVKind::INT4: attention_prefill_kernel<D, KVKind::INT4><<<grid, 128, 0, stream>>>(a); break;
+        }
+        CUDA_CHECK(cudaGetLastError());
+    };
+    if (head_dim <= 32) return run(std::integral_constant<int, 32>{});
+    if (head_dim <= 64) return run(std::integral_constant<int, 64>{});
+    if (head_dim <= 128) return run(std::integral_constant<int, 128>{});
+    QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " > 128 is not supported";
 }
 
 int decode_splits(int max_len, int n_kv, int batch) {
@@ -438,9 +488,21 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch};
     dim3 grid(scratch.max_splits, n_kv, batch);
+    const KVKind kind = cache.quant.kind;
+    if (kind != KVKind::BF16 && head_dim == 24) QINFER_FAIL() << "attention_decode: quantized caches need head_dim 16, 32, 64 or 128";
+    if (kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_decode: an int4 cache needs head_dim % 16 == 0";
     auto run = [&](auto d_const) {
         constexpr int D = decltype(d_const)::value;
-        attention_decode_kernel<D><<<grid, k_decode_threads, 0, stream>>>(a);
+        if constexpr (D == 24) {
+            attention_decode_kernel<D, KVKind::BF16><<<grid, k_decode_threads, 0, stream>>>(a);
+        } else {
+            switch (kind) {
+            case KVKind::BF16: attention_decode_kernel<D, KVKind::BF16><<<grid, k_decode_threads, 0, stream>>>(a); break;
+            case KVKind::FP8: attention_decode_kernel<D, KVKind::FP8><<<grid, k_decode_threads, 0, stream>>>(a); break;
+            case KVKind::INT8: attention_decode_kernel<D, KVKind::INT8><<<grid, k_decode_threads, 0, stream>>>(a); break;
+            case KVKind::INT4: attention_decode_kernel<D, KVKind::INT4><<<grid, k_decode_threads, 0, stream>>>(a); break;
+            }
+        }
         CUDA_CHECK(cudaGetLastError());
         attention_combine_kernel<D><<<dim3(n_head, batch), k_decode_threads, 0, stream>>>(scratch, len_dev, out);
         CUDA_CHECK(cudaGetLastError());

@@ -26,6 +26,12 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+__device__ __forceinline__ float warp_min(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // Sum over a block of `n_warps` warps; `shared` holds n_warps floats. Every thread gets the total.
 template <int n_warps> __device__ __forceinline__ float block_sum(float v, float * shared) {
     v = warp_sum(v);

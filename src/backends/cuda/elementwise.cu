@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
 
 namespace qinfer::cuda {
@@ -67,15 +68,17 @@ __global__ void gather_rows_kernel(const bf16 * in, const int * rows, int hidden
 }
 
 // One block per (token, head) of q, k and v together: blockIdx.y < n_head is a q head, then k heads, then v heads.
-// Thread j < head_dim / 2 owns the RoPE pair (j, j + d/2); the block is rounded up to whole warps.
+// Thread j < head_dim / 2 owns the RoPE pair (j, j + d/2); the block is rounded up to whole warps. K and V rows of a
+// quantized cache are quantized here (kv_quant.cuh): the row's min and max (int8/int4) come from a block reduction.
 __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
-    __shared__ float ss_red[32];
+    __shared__ float ss_red[32], min_red[32], max_red[32];
     const int t = blockIdx.x, head = blockIdx.y, j = threadIdx.x, half = a.head_dim / 2;
     const bool valid = j < half;
     const int d = a.head_dim;
     const int row = (a.n_head + 2 * a.n_kv) * d;
     const int col = head * d;
     const bool is_q = head < a.n_head, is_v = head >= a.n_head + a.n_kv;
+    if (a.fp8_amax && is_q) return;  // the fp8 range pass looks at K and V only
     float x0 = 0, x1 = 0;
     if (valid) {
         x0 = __bfloat162float(a.qkv[int64_t(t) * row + col + j]);
@@ -113,6 +116,27 @@ __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
             x1 = y1;
         }
     }
+    const KVQuant & kq = a.cache.quant;
+    const bool affine = kq.kind == KVKind::INT8 || kq.kind == KVKind::INT4;
+    float mn = 0, mx = 0;
+    if (!is_q && (affine || a.fp8_amax)) {
+        mn = warp_min(valid ? fminf(x0, x1) : INFINITY);
+        mx = warp_max(valid ? fmaxf(x0, x1) : -INFINITY);
+        if (threadIdx.x % 32 == 0) {
+            min_red[threadIdx.x / 32] = mn;
+            max_red[threadIdx.x / 32] = mx;
+        }
+        __syncthreads();
+        for (int w = 0; w < int(blockDim.x / 32); w++) {
+            mn = fminf(mn, min_red[w]);
+            mx = fmaxf(mx, max_red[w]);
+        }
+        if (a.fp8_amax) {
+            // Non-negative floats order like their bit patterns.
+            if (threadIdx.x == 0) atomicMax(reinterpret_cast<int *>(a.fp8_amax) + (is_v ? 1 : 0), __float_as_int(fmaxf(fabsf(mn), fabsf(mx))));
+            return;
+        }
+    }
     if (!valid) return;
     if (is_q) {
         bf16 * q = a.q_out + (int64_t(t) * a.n_head + head) * d;
@@ -123,9 +147,37 @@ __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
     const int kvh = is_v ? head - a.n_head - a.n_kv : head - a.n_head;
     const int * table = a.pos_dev ? a.cache.block_table + int64_t(t) * a.cache.table_stride : a.cache.block_table;
     const int block = table[pos / a.cache.block_size], slot = pos % a.cache.block_size;
-    bf16 * dst = (is_v ? a.cache.v : a.cache.k) + ((int64_t(block) * a.n_kv + kvh) * a.cache.block_size + slot) * d;
-    dst[j] = __float2bfloat16(x0);
-    dst[j + half] = __float2bfloat16(x1);
+    const int64_t cache_row = (int64_t(block) * a.n_kv + kvh) * a.cache.block_size + slot;
+    if (kq.kind == KVKind::BF16) {
+        bf16 * dst = (is_v ? a.cache.v : a.cache.k) + cache_row * d;
+        dst[j] = __float2bfloat16(x0);
+        dst[j + half] = __float2bfloat16(x1);
+        return;
+    }
+    uint8_t * codes = (is_v ? kq.v : kq.k) + cache_row * kv_row_bytes(kq.kind, d);
+    if (kq.kind == KVKind::FP8) {
+        const float scale = kq.fp8_scale[is_v ? 1 : 0];
+        codes[j] = float_to_e4m3(__fdiv_rn(x0, scale));
+        codes[j + half] = float_to_e4m3(__fdiv_rn(x1, scale));
+        return;
+    }
+    // int8 / int4: a constant row is stored exactly (scale 1, zero -min, every code 0).
+    const float qmax = kq.kind == KVKind::INT8 ? 255.0f : 15.0f;
+    const float scale = mx > mn ? __fdiv_rn(mx - mn, qmax) : 1.0f;
+    const float zero = __fdiv_rn(-mn, scale);
+    const uint32_t q0 = quantize_affine(x0, scale, zero, qmax), q1 = quantize_affine(x1, scale, zero, qmax);
+    if (kq.kind == KVKind::INT8) {
+        codes[j] = uint8_t(q0);
+        codes[j + half] = uint8_t(q1);
+    } else {
+        codes[j] = uint8_t(q0 | (q1 << 4));
+    }
+    if (j == 0) (is_v ? kq.v_sz : kq.k_sz)[cache_row] = make_float2(scale, zero);
+}
+
+__global__ void fp8_scales_kernel(const float * amax, float * scale) {
+    const int i = threadIdx.x;
+    if (i < 2) scale[i] = amax[i] > 0 ? __fdiv_rn(amax[i], 448.0f) : 1.0f;
 }
 
 constexpr int k_argmax_threads = 256;
@@ -256,8 +308,14 @@ void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * ou
     CUDA_CHECK(cudaGetLastError());
 }
 
+void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream) {
+    fp8_scales_kernel<<<1, 32, 0, stream>>>(amax, scale);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream) {
     if (a.head_dim % 2 != 0 || a.head_dim > 2048) QINFER_FAIL() << "qkv_rope_cache: head_dim " << a.head_dim;
+    if (a.fp8_amax && a.cache.quant.kind != KVKind::FP8) QINFER_FAIL() << "qkv_rope_cache: an fp8 range pass on a cache that is not fp8";
     if (a.n == 0) return;
     dim3 grid(a.n, a.n_head + 2 * a.n_kv);
     const int threads = (a.head_dim / 2 + 31) / 32 * 32;

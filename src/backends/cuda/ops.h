@@ -77,12 +77,24 @@ void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * ou
 // Cache of one layer: bf16 [n_blocks, n_kv_head, block_size, head_dim]; a sequence's token t lives in block
 // block_table[t / block_size], slot t % block_size. A batch keeps its sequences' tables in one array, sequence b's
 // at block_table + b * table_stride.
+//
+// Quantized caches (runtime/kv_cache.h is the specification; FORMATS.md section 7) keep codes instead, in the same
+// [n_blocks, n_kv_head, block_size] order with head_dim codes per row: fp8 e4m3 (x = e4m3 * layer scale), int8
+// (x = (q - zero) * scale per row), int4 (byte j: element j in the low nibble, j + head_dim / 2 in the high one).
+enum class KVKind { BF16, FP8, INT8, INT4 };
+struct KVQuant {
+    KVKind kind = KVKind::BF16;
+    uint8_t * k = nullptr, * v = nullptr;         // codes [n_blocks, n_kv_head, block_size, head_dim (int4: / 2)]
+    float2 * k_sz = nullptr, * v_sz = nullptr;    // int8/int4: (scale, zero) [n_blocks, n_kv_head, block_size]
+    float * fp8_scale = nullptr;                  // fp8: {K scale, V scale} of the layer
+};
 struct KVLayer {
-    bf16 * k = nullptr;
+    bf16 * k = nullptr;  // bf16 cache (kind BF16)
     bf16 * v = nullptr;
     const int * block_table = nullptr;
     int block_size = 16;
     int table_stride = 0;
+    KVQuant quant;
 };
 
 // The new tokens' q/k/v after the QKV projection: add biases, per-head RMSNorm of q and k (Qwen3), rotate-half RoPE,
@@ -100,12 +112,18 @@ struct QkvRopeArgs {
     // Decode of a batch: token t is sequence t of the batch, at position pos_dev[t] (device int [n]); overrides pos0.
     const int * pos_dev = nullptr;
     KVLayer cache;
+    // fp8 cache, first write of a layer: instead of writing, fold max |K| and max |V| of these tokens into
+    // fp8_amax (device float [2], zeroed by the caller); fp8_scales_from_amax then sets the layer's scales.
+    float * fp8_amax = nullptr;
     bf16 * q_out = nullptr;  // [n, n_head, d]
 };
 void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
+// scale[i] = amax[i] / 448 (1 where amax is 0), i = 0 (K), 1 (V): the fp8 rule of the CPU cache.
+void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream);
 
 // Causal prefill attention (FlashAttention-2 style on tensor cores): n queries at positions pos0..pos0+n-1 over
-// cached keys 0..pos0+n-1. q bf16 [n, n_head, d]; out bf16 [n, n_head, d]. d in {16, 24, 32, 64, 128}.
+// cached keys 0..pos0+n-1. q bf16 [n, n_head, d]; out bf16 [n, n_head, d]. d in {16, 24, 32, 64, 128}. Quantized caches
+// are dequantized (to bf16) as their tiles are loaded.
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
                        cudaStream_t stream);
 
@@ -113,7 +131,7 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
 // over max_splits blocks (at most k_decode_max_split keys each), then combined. The grid is fixed (graph capture)
 // and the context lengths are read from len_dev (int [batch] on the device), so one captured graph serves every step.
 // q bf16 [batch, n_head, d]; out bf16 [batch, n_head, d]; sequence b's block table at cache.block_table +
-// b * cache.table_stride.
+// b * cache.table_stride. Quantized caches are dequantized in registers (fp32); d in {16, 32, 64, 128} for them.
 constexpr int k_decode_max_split = 1024;
 struct DecodeScratch {
     float * partial_out = nullptr;  // [batch, n_head, max_splits, d]
