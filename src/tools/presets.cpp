@@ -122,8 +122,13 @@ json tiny_gen() { return json{{"bos_token_id", 1}, {"eos_token_id", 2}, {"do_sam
 
 std::vector<Preset> make_presets() {
     std::vector<Preset> p;
+    // Each Qwen2.5 size also as NAME-yarn: the model card's advice for inputs past 32768 tokens (rope_scaling YaRN,
+    // factor 4 over the original 32768, max_position_embeddings left as published), good to 131072 tokens.
     auto qwen25 = [&](const char * name, int h, int i, int nh, int nkv, int l, int vocab, bool tied) {
-        p.push_back({name, qwen2_config(h, i, nh, nkv, l, vocab, tied, 32768), qwen_generation_config(), "qwen2.5-tokenizer", 0});
+        json c = qwen2_config(h, i, nh, nkv, l, vocab, tied, 32768);
+        p.push_back({name, c, qwen_generation_config(), "qwen2.5-tokenizer", 0});
+        c["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+        p.push_back({std::string(name) + "-yarn", c, qwen_generation_config(), "qwen2.5-tokenizer", 0});
     };
     qwen25("qwen2.5-0.5b", 896, 4864, 14, 2, 24, 151936, true);
     qwen25("qwen2.5-1.5b", 1536, 8960, 12, 2, 28, 151936, true);

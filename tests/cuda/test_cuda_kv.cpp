@@ -129,6 +129,9 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
 INSTANTIATE_TEST_SUITE_P(Kinds, QuantAttention,
                          ::testing::Combine(::testing::Values(KVDType::FP8, KVDType::INT8, KVDType::INT4), ::testing::Values(1, 17, 4097),
                                             ::testing::Values(64, 128), ::testing::Values(1, 7)));
+INSTANTIATE_TEST_SUITE_P(LongContext, QuantAttention,
+                         ::testing::Combine(::testing::Values(KVDType::INT8, KVDType::INT4), ::testing::Values(129024), ::testing::Values(128),
+                                            ::testing::Values(7)));
 INSTANTIATE_TEST_SUITE_P(TinyHeads, QuantAttention,
                          ::testing::Combine(::testing::Values(KVDType::FP8, KVDType::INT8, KVDType::INT4), ::testing::Values(70),
                                             ::testing::Values(16, 32), ::testing::Values(3)));

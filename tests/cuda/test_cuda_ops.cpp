@@ -247,6 +247,8 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Lengths, Attention,
                          ::testing::Combine(::testing::Values(1, 7, 257, 4097), ::testing::Values(64, 128), ::testing::Values(1, 7)));
+// The longest row of the seeds (129024 input tokens): a sampled check of prefill queries and the last decode query.
+INSTANTIATE_TEST_SUITE_P(LongContext, Attention, ::testing::Combine(::testing::Values(129024), ::testing::Values(128), ::testing::Values(7)));
 INSTANTIATE_TEST_SUITE_P(TinyHeads, Attention,
                          ::testing::Combine(::testing::Values(1, 70), ::testing::Values(16, 24), ::testing::Values(3)));
 
