@@ -3,7 +3,7 @@
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
-#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables]
+#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
@@ -146,6 +146,21 @@ if has bench-quant; then
             2>&1 | tee -a "$OUT/bench.log" | grep -v "^bench:"
         rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
     done
+fi
+# Quantized KV caches on the GPU: kernels and end to end against the CPU cache of the same dtype.
+if has kv-test; then
+    build-device/tests/qinfer_tests --gtest_filter='*QuantAttention*:*CudaKv*:*KvBackends*:*Batch*cuda*:*LongContext*' 2>&1 |
+        tee "$OUT/kv-test.log" | grep -E "^\[ kv \]|FAILED|Failure|PASSED|Expected|actual|exception" | head -40
+fi
+# Issue 6's long rows: Qwen2.5-7B with YaRN at 63488 and 129024 input tokens, BF16 and Int4 weights, and the decode
+# speed of each KV dtype at 129024.
+if has long; then
+    for spec in bf16:bf16:63488,129024 gptq-int4:bf16:129024 bf16:int8:129024 bf16:fp8:129024 bf16:int4:129024; do
+        IFS=: read -r q kv lens <<<"$spec"
+        "$Q" bench --preset qwen2.5-7b-yarn --quant $q --kv-dtype $kv --input-lens $lens --json "$OUT/long-7b-$q-kv$kv.json" 2>&1 |
+            tee -a "$OUT/long.log" | grep -E "^\| qwen"
+    done
+    rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
 fi
 # Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100, BF16 and Int8/Int4
 # weights (the bf16 KV cache: quantized caches are CPU-only so far).
