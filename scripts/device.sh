@@ -162,14 +162,16 @@ if has long; then
     done
     rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
 fi
-# Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100, BF16 and Int8/Int4
-# weights (the bf16 KV cache: quantized caches are CPU-only so far).
+# Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100 and batch 1 at
+# lengths 512..8192, BF16 and Int8/Int4 weights, without and with KV cache quantization (int8, as the seed).
 if has memory-tables; then
     for q in ${TABLE_QUANTS:-bf16 gptq-int8 gptq-int4}; do
-        "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 1024 --batch ${TABLE_BATCHES:-1,4,16,32,64,100} \
-            --json "$OUT/batch-7b-$q.json" --csv "$OUT/batch-7b-$q.csv" 2>&1 | tee -a "$OUT/memory.log" | grep -E "^\| qwen"
-        "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 512,1024,2048,4096,8192 --gen 1 \
-            --json "$OUT/length-7b-$q.json" 2>&1 | tee -a "$OUT/memory.log" | grep -E "^\| qwen"
+        for kv in ${TABLE_KVS:-bf16 int8}; do
+            "$Q" bench --preset qwen2.5-7b --quant $q --kv-dtype $kv --input-lens 1 --gen 1024 --batch ${TABLE_BATCHES:-1,4,16,32,64,100} \
+                --json "$OUT/batch-7b-$q-kv$kv.json" 2>&1 | tee -a "$OUT/memory.log" | grep -E "^\| qwen"
+            "$Q" bench --preset qwen2.5-7b --quant $q --kv-dtype $kv --input-lens 512,1024,2048,4096,8192 --gen 1 \
+                --json "$OUT/length-7b-$q-kv$kv.json" 2>&1 | tee -a "$OUT/memory.log" | grep -E "^\| qwen"
+        done
         rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
     done
 fi
