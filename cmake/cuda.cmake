@@ -13,6 +13,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/qgemv.cu
   src/backends/cuda/elementwise.cu
   src/backends/cuda/attention.cu
+  src/backends/cuda/attention_decode_tc.cu
   src/backends/cuda/gemm.cpp
   src/model/qwen_cuda.cpp)
 target_compile_definitions(qinfer_lib PUBLIC QINFER_CUDA)

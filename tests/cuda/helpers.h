@@ -11,6 +11,7 @@
 
 #include "backends/cpu/ops.h"
 #include "backends/cuda/allocator.h"
+#include "backends/cuda/ops.h"
 #include "core/dtype.h"
 #include "model/weights.h"
 
@@ -100,6 +101,12 @@ inline std::vector<float> norm_rows(const std::vector<float> & x, const std::vec
     cpu::rms_norm(x.data(), host_weight(w, {k}), eps, m, k, y.data());
     for (float & v : y) v = round_bf16(v);
     return y;
+}
+
+// The decode attention kernels that take this head_dim (the tensor-core one: 64 and 128).
+inline std::vector<cuda::DecodeKernel> decode_kernels(int head_dim) {
+    if (head_dim == 64 || head_dim == 128) return {cuda::DecodeKernel::Simt, cuda::DecodeKernel::TensorCore};
+    return {cuda::DecodeKernel::Simt};
 }
 
 }  // namespace qinfer::test

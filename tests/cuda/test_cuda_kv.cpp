@@ -109,10 +109,15 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
     const int splits = cuda::decode_splits(len, n_kv);
     DeviceBuffer po(size_t(n_head) * splits * d * 4, "test"), pml(size_t(n_head) * splits * 2 * 4, "test");
     cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
-    cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr);
     std::vector<float> want(size_t(n_head) * d);
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
-    EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2) << name << " decode len " << len << " d " << d << " rep " << n_rep;
+    for (cuda::DecodeKernel kernel : decode_kernels(d)) {
+        cudaMemset(dout.get(), 0xff, dout.bytes());
+        cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
+        // The tensor-core kernel rounds the dequantized K/V and the probabilities to bf16.
+        EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2)
+            << name << " decode len " << len << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
+    }
 
     // Prefill of the last n queries; tiles are rounded to bf16 on their way to the tensor cores.
     const int n = std::min(len, 37), pos0 = len - n;

@@ -210,26 +210,34 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
     const int splits = cuda::decode_splits(len, n_kv);
     DeviceBuffer po(size_t(n_head) * splits * d * 4, "test"), pml(size_t(n_head) * splits * 2 * 4, "test");
     cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
-    cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr);
     std::vector<float> want(size_t(n_head) * d);
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
-    EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2) << "decode len " << len << " d " << d << " rep " << n_rep;
-    if (len == 4097 && n_rep == 7) {
-        // Timings for the perf log (not assertions): decode and prefill over this cache.
+    for (cuda::DecodeKernel kernel : decode_kernels(d)) {
+        cudaMemset(dout.get(), 0xff, dout.bytes());
+        cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
+        EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2)
+            << "decode len " << len << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
+    }
+    if ((len == 4097 || len == 129024) && n_rep == 7) {
+        // Timings for the perf log (not assertions): decode (each kernel) and prefill over this cache.
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
         cudaEventCreate(&e1);
-        cudaEventRecord(e0);
-        for (int i = 0; i < 50; i++) {
-            cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr);
-        }
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
         float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        const double kv_bytes = 2.0 * len * n_kv * d * 2;
-        std::printf("[ kernel ] attention_decode len %d d %d heads %d/%d: %.1f us, %.0f GB/s of KV\n", len, d, n_head, n_kv, ms * 1e3 / 50,
-                    kv_bytes / (ms / 50 * 1e-3) / 1e9);
+        for (cuda::DecodeKernel kernel : decode_kernels(d)) {
+            cudaEventRecord(e0);
+            for (int i = 0; i < 50; i++) {
+                cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
+            }
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&ms, e0, e1);
+            const double kv_bytes = 2.0 * len * n_kv * d * 2;
+            std::printf("[ kernel ] attention_decode (%s) len %d d %d heads %d/%d: %.1f us, %.0f GB/s of KV\n",
+                        kernel == cuda::DecodeKernel::TensorCore ? "tensor cores" : "simt", len, d, n_head, n_kv, ms * 1e3 / 50,
+                        kv_bytes / (ms / 50 * 1e-3) / 1e9);
+        }
+        if (len != 4097) return;
         std::vector<float> qp = randn(size_t(len) * n_head * d);
         DeviceBuffer dqp = upload_bf16(qp), dop(size_t(len) * n_head * d * 2, "test");
         cudaEventRecord(e0);
@@ -411,21 +419,27 @@ TEST(CudaOps, AttentionDecodeBatch) {
             const int n_kv = 2, n_head = n_kv * n_rep;
             BatchCache cache({1, 257, 70, 4097, 17}, n_kv, d);
             const int B = int(cache.lens.size());
-            std::vector<float> q = randn(size_t(B) * n_head * d, 2.0f);
+            std::vector<float> q = randn(size_t(B) * n_head * d, 2.0f), want(q.size());
+            for (int b = 0; b < B; b++) {
+                auto k_row = [&](int j) { return cache.k[size_t(b)].data() + size_t(j) * n_kv * d; };
+                auto v_row = [&](int j) { return cache.v[size_t(b)].data() + size_t(j) * n_kv * d; };
+                const size_t off = size_t(b) * n_head * d;
+                cpu::attention(q.data() + off, 1, cache.lens[size_t(b)] - 1, n_head, n_kv, d, k_row, v_row, want.data() + off);
+            }
             DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(B) * n_head * d * 2), dlen = upload(cache.lens);
             const int splits = cuda::decode_splits(4097, n_kv, B);
             DeviceBuffer po(size_t(B) * n_head * splits * d * 4, "test"), pml(size_t(B) * n_head * splits * 2 * 4, "test");
             cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
-            cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, B);
-            std::vector<float> got = download_bf16(dout, q.size());
-            for (int b = 0; b < B; b++) {
-                const int len = cache.lens[size_t(b)];
-                auto k_row = [&](int j) { return cache.k[size_t(b)].data() + size_t(j) * n_kv * d; };
-                auto v_row = [&](int j) { return cache.v[size_t(b)].data() + size_t(j) * n_kv * d; };
-                std::vector<float> want(size_t(n_head) * d);
-                cpu::attention(q.data() + size_t(b) * n_head * d, 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
-                std::vector<float> got_b(got.begin() + long(b) * n_head * d, got.begin() + long(b + 1) * n_head * d);
-                EXPECT_LT(rel_err(got_b, want), 2e-2) << "sequence " << b << " len " << len << " d " << d << " rep " << n_rep;
+            for (cuda::DecodeKernel kernel : decode_kernels(d)) {
+                cudaMemset(dout.get(), 0xff, dout.bytes());
+                cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, B, kernel);
+                const std::vector<float> got = download_bf16(dout, q.size());
+                for (int b = 0; b < B; b++) {
+                    const long off = long(b) * n_head * d;
+                    const std::vector<float> got_b(got.begin() + off, got.begin() + off + n_head * d), want_b(want.begin() + off, want.begin() + off + n_head * d);
+                    EXPECT_LT(rel_err(got_b, want_b), 2e-2)
+                        << "sequence " << b << " len " << cache.lens[size_t(b)] << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
+                }
             }
         }
     }

@@ -5,8 +5,11 @@
 //            keys once for all query heads sharing that KV head (GQA), and a second kernel combines the partial results.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
+#include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
@@ -18,20 +21,6 @@ namespace {
 // ---------------------------------------------------------------- prefill
 constexpr int k_br = 64;  // queries per block (16 per warp)
 constexpr int k_bc = 64;  // keys per tile
-
-__device__ __forceinline__ void mma_16816(float * c, const uint32_t * a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-__device__ __forceinline__ uint32_t load_pair(const bf16 * p) { return *reinterpret_cast<const uint32_t *>(p); }
 
 struct PrefillArgs {
     const bf16 * q;
@@ -202,26 +191,6 @@ template <int D, KVKind K> __global__ void __launch_bounds__(128) attention_pref
 }
 
 // ---------------------------------------------------------------- decode
-constexpr int k_decode_threads = 128;
-constexpr int k_decode_warps = k_decode_threads / 32;
-constexpr int k_max_rep = 8;  // query heads per KV head (7 for Qwen2.5-7B, 8 for 3B/72B and Qwen3-30B-A3B)
-
-struct DecodeArgs {
-    const bf16 * q;
-    KVLayer cache;
-    const int * len_dev;
-    int n_head, n_kv;
-    float scale;
-    DecodeScratch scratch;
-};
-
-// Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of
-// its blocks, in multiples of 16, at most k_decode_max_split.
-__device__ __forceinline__ int decode_split_size(int len, int max_splits) {
-    const int per = (len + max_splits - 1) / max_splits;
-    return max(16, (per + 15) / 16 * 16);
-}
-
 // grid (max_splits, n_kv, batch): block (s, h, b) reads, for sequence b of the batch, each key and value of its split once for all n_rep query heads of
 // KV head h (GQA packing). A key is handled by LPK lanes that hold EPL consecutive dims each, so a warp takes
 // 32 / LPK keys per step with coalesced row reads; every lane group keeps an online softmax (m, l, o) per head,
@@ -236,7 +205,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
     constexpr int RW = K == KVKind::BF16 ? EPL / 2 : EPL / 4;  // raw 32-bit words per lane, for K and for V
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int len = a.len_dev[b];
-    const int split = decode_split_size(len, a.scratch.max_splits);
+    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
     const int begin = split_id * split;
     if (begin >= len) return;
     const int end = min(len, begin + split);
@@ -401,13 +370,14 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
 
 // grid (n_head, batch): out[b, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. Warps take splits
 // round-robin (lanes over dims) so the partial rows stream in parallel rather than one dependent load at a time.
-template <int D> __global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, bf16 * out) {
+template <int D>
+__global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, int min_split, bf16 * out) {
     __shared__ float weight[1024];
     __shared__ float red[k_decode_warps];
     __shared__ float part[k_decode_warps][D];
     const int h = blockIdx.y * gridDim.x + blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // row of [batch, n_head]
     const int len = len_dev[blockIdx.y];
-    const int split = decode_split_size(len, s.max_splits);
+    const int split = decode_split_size(len, s.max_splits, min_split);
     const int splits = (len + split - 1) / split;
     const float * ml = s.partial_ml + int64_t(h) * s.max_splits * 2;
     float mx = -INFINITY;
@@ -482,12 +452,33 @@ int decode_splits(int max_len, int n_kv, int batch) {
 }
 
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
-                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch) {
+                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch, DecodeKernel kernel) {
     if (batch < 1 || batch > 65535) QINFER_FAIL() << "attention_decode: batch " << batch;
     if (n_head / n_kv > k_max_rep) QINFER_FAIL() << "attention_decode: " << n_head / n_kv << " query heads per KV head (max " << k_max_rep << ")";
     if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
-    DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch};
+    DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, 16};
     dim3 grid(scratch.max_splits, n_kv, batch);
+    if (kernel == DecodeKernel::Auto) {
+        static const bool tc = [] {
+            const char * e = std::getenv("QINFER_DECODE_ATTN");
+            return e && std::string(e) == "tc";
+        }();
+        kernel = tc ? DecodeKernel::TensorCore : DecodeKernel::Simt;
+    }
+    if (kernel == DecodeKernel::TensorCore) {
+        if (!launch_attention_decode_tc(a, head_dim, grid, stream)) {
+            QINFER_FAIL() << "attention_decode: the tensor-core kernel takes head_dim 64 or 128 (got " << head_dim << ")";
+        }
+        a.min_split = 64;
+        auto combine = [&](auto d_const) {
+            constexpr int D = decltype(d_const)::value;
+            attention_combine_kernel<D><<<dim3(n_head, batch), k_decode_threads, 0, stream>>>(scratch, len_dev, a.min_split, out);
+        };
+        if (head_dim == 64) combine(std::integral_constant<int, 64>{});
+        else combine(std::integral_constant<int, 128>{});
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     const KVKind kind = cache.quant.kind;
     if (kind != KVKind::BF16 && head_dim == 24) QINFER_FAIL() << "attention_decode: quantized caches need head_dim 16, 32, 64 or 128";
     if (kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_decode: an int4 cache needs head_dim % 16 == 0";
@@ -504,7 +495,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
             }
         }
         CUDA_CHECK(cudaGetLastError());
-        attention_combine_kernel<D><<<dim3(n_head, batch), k_decode_threads, 0, stream>>>(scratch, len_dev, out);
+        attention_combine_kernel<D><<<dim3(n_head, batch), k_decode_threads, 0, stream>>>(scratch, len_dev, a.min_split, out);
         CUDA_CHECK(cudaGetLastError());
     };
     switch (head_dim) {

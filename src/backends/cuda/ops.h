@@ -140,8 +140,13 @@ struct DecodeScratch {
 };
 // Splits for contexts up to max_len: enough blocks to fill the GPU, and enough that no split exceeds the maximum.
 int decode_splits(int max_len, int n_kv, int batch = 1);
+// Two implementations: SIMT lanes with an online softmax per lane group (any head_dim above), and tensor cores with
+// the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the SIMT kernel
+// unless QINFER_DECODE_ATTN=tc (the tensor-core kernel has not been timed yet).
+enum class DecodeKernel { Auto, Simt, TensorCore };
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
-                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1);
+                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1,
+                      DecodeKernel kernel = DecodeKernel::Auto);
 
 // ---- sampling on the device ----
 // Greedy step: token = argmax(logits[0:n_valid]) (lowest id on ties); state[0] = token, out_tokens[state[2]] = token,

@@ -1,0 +1,52 @@
+// Pieces shared by the attention kernels: tensor-core fragments (mma.sync m16n8k16 bf16) and the decode split
+// arguments.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda {
+
+__device__ __forceinline__ void mma_16816(float * c, const uint32_t * a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ uint32_t load_pair(const bf16 * p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+constexpr int k_decode_threads = 128;
+constexpr int k_decode_warps = k_decode_threads / 32;
+constexpr int k_max_rep = 8;  // query heads per KV head (7 for Qwen2.5-7B, 8 for 3B/72B and Qwen3-30B-A3B)
+
+struct DecodeArgs {
+    const bf16 * q;  // [batch, n_head, d]
+    KVLayer cache;
+    const int * len_dev;  // [batch]
+    int n_head, n_kv;
+    float scale;
+    DecodeScratch scratch;
+    int min_split;  // fewest keys a split takes (the kernel's tile)
+};
+
+// Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of
+// its blocks, in multiples of 16 and at least min_split; decode_splits keeps it at most k_decode_max_split.
+__device__ __forceinline__ int decode_split_size(int len, int max_splits, int min_split) {
+    const int per = (len + max_splits - 1) / max_splits;
+    return max(min_split, (per + 15) / 16 * 16);
+}
+
+// The tensor-core decode kernel (attention_decode_tc.cu) for head_dim 64 and 128: launches the split kernel over
+// `grid` with a.min_split = 64; false for other head dims.
+bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream);
+
+}  // namespace qinfer::cuda

@@ -1,0 +1,236 @@
+// Decode attention on tensor cores (flash-decoding with GQA packing), for head_dim 64 and 128.
+//
+// grid (max_splits, n_kv, batch), 4 warps per block. The n_rep query heads sharing KV head h are the rows of one
+// m16n8k16 tile (padded to 16 with zeros), so a key is read once for all of them and multiplied on tensor cores. The
+// split's keys stream through shared memory 64 at a time, double-buffered with cp.async (a quantized cache is
+// dequantized to bf16 on its way in instead); warp w takes keys [16w, 16w + 16) of each tile: S = Q K^T (two n-tiles),
+// online softmax per row in the log2 domain, O += P V with V fragments from ldmatrix.trans (the prefill kernel's
+// fragments, attention.cu). The warps' (m, l, O) merge through shared memory into the split's partial result, which
+// attention_combine_kernel reads as it reads the SIMT kernel's.
+#include <cmath>
+
+#include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kv_quant.cuh"
+
+namespace qinfer::cuda {
+
+namespace {
+
+constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
+
+__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool valid) {
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+    const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <KVKind K> __device__ __forceinline__ uint4 dequant8(const KVQuant & q, bool value, int64_t row, int d, int col) {
+    uint32_t w[2];
+    kv_load_codes<K, 8>(q, value, row, d, col, w);
+    float2 sz = make_float2(0.f, 0.f);
+    float fp8_scale = 0.f;
+    if constexpr (K == KVKind::FP8) fp8_scale = q.fp8_scale[value ? 1 : 0];
+    else sz = (value ? q.v_sz : q.k_sz)[row];
+    float x[8];
+    kv_dequant<K, 8>(w, col >= d / 2, sz, fp8_scale, x);
+    return make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
+}
+
+template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
+    constexpr int ld = D + 8;                       // padded smem rows (16 bytes): conflict-free fragments and ldmatrix
+    constexpr int tile_elems = k_tile * ld;         // one K or V tile
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 * smem = reinterpret_cast<bf16 *>(smem_raw);  // [2 stages][K, V][k_tile][ld]
+    __shared__ int blocks[k_decode_max_split / 16 + 2];
+
+    const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int len = a.len_dev[b];
+    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
+    const int begin = split_id * split;
+    if (begin >= len) return;
+    const int end = min(len, begin + split);
+    const int n_rep = a.n_head / a.n_kv;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    const int bs = a.cache.block_size;
+
+    const int first_block = begin / bs;
+    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
+    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
+    __syncthreads();
+
+    // Q fragments (A operand): row r is query head kvh * n_rep + r; rows n_rep..15 are zero (row g + 8 always is).
+    uint32_t qf[D / 16][4];
+    const bf16 * q = a.q + (int64_t(b) * a.n_head + int64_t(kvh) * n_rep) * D;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+        const int c0 = kc * 16 + 2 * tq, c1 = c0 + 8;
+        qf[kc][0] = g < n_rep ? load_pair(q + g * D + c0) : 0u;
+        qf[kc][1] = 0u;
+        qf[kc][2] = g < n_rep ? load_pair(q + g * D + c1) : 0u;
+        qf[kc][3] = 0u;
+    }
+
+    // Tile t (keys begin + 64 t ..) into stage t % 2: 16-byte chunks, K then V.
+    auto load_tile = [&](int t) {
+        bf16 * ks = smem + (t % 2) * 2 * tile_elems, * vs = ks + tile_elems;
+        const int k0 = begin + t * k_tile;
+        for (int c = threadIdx.x; c < k_tile * (D / 8); c += k_decode_threads) {
+            const int key = c / (D / 8), col = (c % (D / 8)) * 8, j = k0 + key;
+            const bool valid = j < end;
+            const int64_t row = valid ? (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs : 0;
+            if constexpr (K == KVKind::BF16) {
+                cp_async16(&ks[key * ld + col], a.cache.k + row * D + col, valid);
+                cp_async16(&vs[key * ld + col], a.cache.v + row * D + col, valid);
+            } else {
+                const uint4 zero = make_uint4(0, 0, 0, 0);
+                *reinterpret_cast<uint4 *>(&ks[key * ld + col]) = valid ? dequant8<K>(a.cache.quant, false, row, D, col) : zero;
+                *reinterpret_cast<uint4 *>(&vs[key * ld + col]) = valid ? dequant8<K>(a.cache.quant, true, row, D, col) : zero;
+            }
+        }
+        cp_async_commit();
+    };
+
+    const float scale_log2 = a.scale * float(M_LOG2E);
+    float o[D / 8][4] = {};
+    float m0 = -INFINITY, l0 = 0;  // row g; row g + 8 is padding and never read
+    const int n_tiles = (end - begin + k_tile - 1) / k_tile;
+    load_tile(0);
+    for (int t = 0; t < n_tiles; t++) {
+        if (t + 1 < n_tiles) {
+            load_tile(t + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 * ks = smem + (t % 2) * 2 * tile_elems, * vs = ks + tile_elems;
+        const int kw = warp * 16;  // this warp's keys within the tile
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0;
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++) {
+                const bf16 * kr = &ks[(kw + nt * 8 + g) * ld + kc * 16 + 2 * tq];
+                mma_16816(s[nt], qf[kc], load_pair(kr), load_pair(kr + 8));
+            }
+        }
+        float mx = -INFINITY;
+        const int k0 = begin + t * k_tile + kw;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int key = k0 + nt * 8 + 2 * tq + e;
+                s[nt][e] = key < end ? s[nt][e] * scale_log2 : -INFINITY;
+                mx = fmaxf(mx, s[nt][e]);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float new_m = fmaxf(m0, mx);
+        const float ref = new_m == -INFINITY ? 0.f : new_m;  // a row with no key yet keeps exp2 finite
+        const float alpha = exp2f(m0 - ref);
+        m0 = new_m;
+        l0 *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            o[dt][0] *= alpha;
+            o[dt][1] *= alpha;
+        }
+        // P as one A fragment over the warp's 16 keys: row g in registers 0 and 2, the padding row g + 8 zero.
+        const float p00 = exp2f(s[0][0] - ref), p01 = exp2f(s[0][1] - ref), p10 = exp2f(s[1][0] - ref), p11 = exp2f(s[1][1] - ref);
+        l0 += p00 + p01 + p10 + p11;
+        const uint32_t pf[4] = {pack_bf16(p00, p01), 0u, pack_bf16(p10, p11), 0u};
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            const bf16 * row = &vs[(kw + (lane % 16)) * ld + dt * 8];
+            uint32_t b0, b1;
+            const uint32_t addr = uint32_t(__cvta_generic_to_shared(row));
+            asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
+            mma_16816(o[dt], pf, b0, b1);
+        }
+        __syncthreads();  // the stage is overwritten by the load two tiles on
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+
+    // Merge the warps (the tiles' shared memory is free now): per row, m and l, and O.
+    float * wm = reinterpret_cast<float *>(smem_raw);  // [warps][8]
+    float * wl = wm + k_decode_warps * 8;              // [warps][8]
+    float * wo = wl + k_decode_warps * 8;              // [warps][8][D]
+    if (g < n_rep) {
+        if (tq == 0) {
+            wm[warp * 8 + g] = m0;
+            wl[warp * 8 + g] = l0;
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            const int c = dt * 8 + 2 * tq;
+            wo[(warp * 8 + g) * D + c] = o[dt][0];
+            wo[(warp * 8 + g) * D + c + 1] = o[dt][1];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
+        const int r = i / D, c = i % D;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < k_decode_warps; w++) mx = fmaxf(mx, wm[w * 8 + r]);
+        float lsum = 0, osum = 0;
+#pragma unroll
+        for (int w = 0; w < k_decode_warps; w++) {
+            const float cw = wm[w * 8 + r] == -INFINITY ? 0.f : exp2f(wm[w * 8 + r] - mx);
+            lsum += wl[w * 8 + r] * cw;
+            osum += wo[(w * 8 + r) * D + c] * cw;
+        }
+        const int64_t prow = (int64_t(b) * a.n_head + kvh * n_rep + r) * a.scratch.max_splits + split_id;
+        a.scratch.partial_out[prow * D + c] = osum;
+        if (c == 0) {
+            a.scratch.partial_ml[prow * 2] = mx * float(M_LN2);  // the combine kernel works in natural-log units
+            a.scratch.partial_ml[prow * 2 + 1] = lsum;
+        }
+    }
+}
+
+template <int D, KVKind K> void launch(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+    constexpr size_t smem = size_t(2) * 2 * k_tile * (D + 8) * sizeof(bf16);
+    static_assert(smem >= (2 * k_decode_warps * 8 + k_decode_warps * 8 * D) * sizeof(float), "the warp merge fits the tiles' memory");
+    static bool configured = false;  // once per instantiation, before any graph capture (the engine warms up first)
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tc_kernel<D, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = true;
+    }
+    a.min_split = k_tile;
+    attention_decode_tc_kernel<D, K><<<grid, k_decode_threads, smem, stream>>>(a);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D> void launch_kind(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
+    switch (a.cache.quant.kind) {
+    case KVKind::BF16: return launch<D, KVKind::BF16>(a, grid, stream);
+    case KVKind::FP8: return launch<D, KVKind::FP8>(a, grid, stream);
+    case KVKind::INT8: return launch<D, KVKind::INT8>(a, grid, stream);
+    case KVKind::INT4: return launch<D, KVKind::INT4>(a, grid, stream);
+    }
+}
+
+}  // namespace
+
+bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
+    if (a.n_head / a.n_kv > 8) return false;
+    if (head_dim == 64) {
+        launch_kind<64>(a, grid, stream);
+        return true;
+    }
+    if (head_dim == 128) {
+        launch_kind<128>(a, grid, stream);
+        return true;
+    }
+    return false;
+}
+
+}  // namespace qinfer::cuda
