@@ -3,7 +3,7 @@
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
-#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long]
+#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
@@ -161,6 +161,17 @@ if has long; then
             tee -a "$OUT/long.log" | grep -E "^\| qwen"
     done
     rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
+fi
+# Decode attention A/B: the SIMT kernel (default) against the tensor-core one (QINFER_DECODE_ATTN=tc), same run.
+if has decode-ab; then
+    build-device/tests/qinfer_tests --gtest_filter='*Attention*' 2>&1 | grep -E "^\[ kernel \]|FAILED|PASSED" | tee "$OUT/decode-ab-kernels.log"
+    for p in qwen2.5-0.5b qwen2.5-7b; do
+        for k in simt tc; do
+            echo "-- $p decode attention $k"
+            QINFER_DECODE_ATTN=$k "$Q" bench --preset $p --input-lens 1,6144,30720 --gen 256 --json "$OUT/decode-ab-$p-$k.json" 2>&1 |
+                tee -a "$OUT/decode-ab.log" | grep -E "^\| qwen"
+        done
+    done
 fi
 # Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100 and batch 1 at
 # lengths 512..8192, BF16 and Int8/Int4 weights, without and with KV cache quantization (int8, as the seed).
