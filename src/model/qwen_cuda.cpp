@@ -41,6 +41,8 @@ namespace {
 
 constexpr int k_prefill_chunk = 1024;  // tokens per prefill pass: bounds activation memory at any length
 constexpr int k_gemv_max_m = 4;        // up to this many tokens go through the GEMV kernels
+constexpr int k_qgemv_max_m = 8;       // and through the tiled 4-bit GEMV, which takes 8 in one pass (the other
+                                       // quantized GEMVs run once per row); beyond: dequantize, then cuBLASLt
 
 // Weight bytes as bf16, converting fp16/fp32 checkpoints on the host.
 std::vector<uint16_t> to_bf16_host(const Weight & w) {
@@ -207,7 +209,7 @@ private:
     int ws_tokens_ = 0;
     DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
     DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
-    DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_gemv_max_m, largest padded k]
+    DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_qgemv_max_m, largest padded k]
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
     // Decode state of a batch of B on the device: int tokens [B], positions [B], step, context lengths [B] (for B = 1
     // the layout argmax_advance expects); tokens_out_ int [steps, B] produced by the graph.
@@ -477,7 +479,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
         for (const DevMlp & e : L.experts) max_k = std::max({max_k, e.gate_up.quantized ? e.gate_up.q.k_padded : 0, e.down.quantized ? e.down.q.k_padded : 0});
         if (L.has_shared) max_k = std::max({max_k, L.shared.gate_up.quantized ? L.shared.gate_up.q.k_padded : 0, L.shared.down.quantized ? L.shared.down.q.k_padded : 0});
     }
-    if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, k_gemv_max_m), "workspace");
+    if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, k_qgemv_max_m), "workspace");
     ws_tokens_ = c;
     graph_seqs_.clear();  // buffers moved: the graph must be captured again
 }
@@ -544,7 +546,7 @@ void CudaQwenEngine::project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn
 // y[m, n] = x[m, k] W^T: the GEMV kernels for a few rows, cuBLASLt beyond (quantized weights dequantized first).
 void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y) {
     if (l.quantized) {
-        if (m <= k_gemv_max_m) {
+        if (m <= (l.q.tiled ? k_qgemv_max_m : k_gemv_max_m)) {
             cuda::GemvArgs a;
             a.n = l.n;
             a.k = l.k;

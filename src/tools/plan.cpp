@@ -75,8 +75,8 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
         std::min(1024.0, std::max({1.0, std::ceil(1056.0 / (double(c.num_key_value_heads) * batch)), std::ceil(tokens / 1024)}));
     m.workspace += double(batch) * c.num_attention_heads * splits * (c.head_dim + 2) * 4;
     m.workspace += double(batch) * (tokens / 16) * 4;  // the batch's block tables
-    if (prompt > 4 || batch > 4) m.workspace += largest_quant;
-    m.workspace += double(max_k) * 4 * 2;
+    if (prompt > 4 || batch > 4) m.workspace += largest_quant;  // (the tiled 4-bit GEMV takes up to 8 rows: an upper bound)
+    m.workspace += double(max_k) * 8 * 2;  // the quantized GEMV's staged inputs, up to 8 rows
     return m;
 }
 
