@@ -30,19 +30,6 @@ struct PrefillArgs {
     float scale_log2;  // head_dim^-0.5 * log2(e)
 };
 
-// Dims [col, col + 8) of a quantized cache row as 8 bf16 (one 16-byte shared-memory store).
-template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant & q, bool value, int64_t row, int d, int col) {
-    uint32_t w[2];
-    kv_load_codes<K, 8>(q, value, row, d, col, w);
-    float2 sz = make_float2(0.f, 0.f);
-    float fp8_scale = 0.f;
-    if constexpr (K == KVKind::FP8) fp8_scale = q.fp8_scale[value ? 1 : 0];
-    else sz = (value ? q.v_sz : q.k_sz)[row];
-    float x[8];
-    kv_dequant<K, 8>(w, col >= d / 2, sz, fp8_scale, x);
-    return make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
-}
-
 // D: head_dim padded to a multiple of 16 (32, 64, 128); the real head_dim a.d is a multiple of 8. K: the cache's
 // kind; quantized tiles are dequantized to bf16 on their way into shared memory.
 template <int D, KVKind K> __global__ void __launch_bounds__(128) attention_prefill_kernel(PrefillArgs a) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
 
 namespace qinfer::cuda {
@@ -23,6 +24,19 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 __device__ __forceinline__ uint32_t load_pair(const bf16 * p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+// Dims [col, col + 8) of a quantized cache row as 8 bf16 (one 16-byte shared-memory store).
+template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant & q, bool value, int64_t row, int d, int col) {
+    uint32_t w[2];
+    kv_load_codes<K, 8>(q, value, row, d, col, w);
+    float2 sz = make_float2(0.f, 0.f);
+    float fp8_scale = 0.f;
+    if constexpr (K == KVKind::FP8) fp8_scale = q.fp8_scale[value ? 1 : 0];
+    else sz = (value ? q.v_sz : q.k_sz)[row];
+    float x[8];
+    kv_dequant<K, 8>(w, col >= d / 2, sz, fp8_scale, x);
+    return make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
+}
 
 constexpr int k_decode_threads = 128;
 constexpr int k_decode_warps = k_decode_threads / 32;

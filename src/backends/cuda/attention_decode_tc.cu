@@ -27,18 +27,6 @@ __device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-template <KVKind K> __device__ __forceinline__ uint4 dequant8(const KVQuant & q, bool value, int64_t row, int d, int col) {
-    uint32_t w[2];
-    kv_load_codes<K, 8>(q, value, row, d, col, w);
-    float2 sz = make_float2(0.f, 0.f);
-    float fp8_scale = 0.f;
-    if constexpr (K == KVKind::FP8) fp8_scale = q.fp8_scale[value ? 1 : 0];
-    else sz = (value ? q.v_sz : q.k_sz)[row];
-    float x[8];
-    kv_dequant<K, 8>(w, col >= d / 2, sz, fp8_scale, x);
-    return make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
-}
-
 template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
     constexpr int ld = D + 8;                       // padded smem rows (16 bytes): conflict-free fragments and ldmatrix
     constexpr int tile_elems = k_tile * ld;         // one K or V tile
@@ -86,8 +74,8 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
                 cp_async16(&vs[key * ld + col], a.cache.v + row * D + col, valid);
             } else {
                 const uint4 zero = make_uint4(0, 0, 0, 0);
-                *reinterpret_cast<uint4 *>(&ks[key * ld + col]) = valid ? dequant8<K>(a.cache.quant, false, row, D, col) : zero;
-                *reinterpret_cast<uint4 *>(&vs[key * ld + col]) = valid ? dequant8<K>(a.cache.quant, true, row, D, col) : zero;
+                *reinterpret_cast<uint4 *>(&ks[key * ld + col]) = valid ? dequant8_bf16<K>(a.cache.quant, false, row, D, col) : zero;
+                *reinterpret_cast<uint4 *>(&vs[key * ld + col]) = valid ? dequant8_bf16<K>(a.cache.quant, true, row, D, col) : zero;
             }
         }
         cp_async_commit();
