@@ -84,9 +84,11 @@ int cmd_plan(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
             std::printf("usage: qinfer plan --gpu-mem 24GB (--model DIR | --preset NAME) [--context 8192] [--prompt N]\n"
-                        "                   [--reserve 1GB] [--json FILE]\n"
+                        "                   [--reserve 1GB] [--batches 1,4,16,...] [--json FILE]\n"
                         "for each weight format and KV dtype: weights, the longest context at batch 1 and the largest batch at\n"
-                        "--context, from qinfer's memory model of the CUDA engine (1 GB = 1e9 bytes; --reserve: CUDA context etc.)\n");
+                        "--context, from qinfer's memory model of the CUDA engine (1 GB = 1e9 bytes; --reserve: CUDA context etc.)\n"
+                        "--batches: also the estimated peak at --context for each of those batch sizes (the seed's batch table;\n"
+                        "e.g. --context 1025 --prompt 1 for 1024 generated tokens)\n");
             return 0;
         }
     }
@@ -106,7 +108,11 @@ int cmd_plan(int argc, char ** argv) {
     const int context = int(a.integer("context", 8192));
     const std::string json_path = a.str("json");
     int prompt_opt = int(a.integer("prompt", 0));
+    const std::vector<int> batches = a.has("batches") ? a.int_list("batches") : std::vector<int>{};
     a.check_unused();
+    for (int b : batches) {
+        if (b < 1) QINFER_FAIL() << "--batches entries must be >= 1, got " << b;
+    }
     if (dir.empty() == preset.empty()) QINFER_FAIL() << "give --model DIR or --preset NAME";
     if (context < 1) QINFER_FAIL() << "--context must be >= 1";
     ModelConfig base = dir.empty() ? parse_model_config(find_preset(preset).config.dump(), "preset " + preset) : load_model_config(dir);
@@ -156,6 +162,26 @@ int cmd_plan(int argc, char ** argv) {
                         max_ctx > 0 ? std::to_string(max_ctx).c_str() : "does not fit", max_batch);
             rows.push_back({{"weights", f.name}, {"weights_gb", one.weights / 1e9}, {"kv_dtype", kv_dtype_name(kv)}, {"max_context_batch1", max_ctx},
                             {"max_batch", max_batch}, {"context", context}, {"card_gb", card / 1e9}, {"reserve_gb", reserve / 1e9}});
+        }
+    }
+    if (!batches.empty()) {
+        std::printf("\nestimated peak GPU memory (GB) at context %d (prompt %d):\n| weights | KV cache |", context, std::min(prompt, context));
+        for (int b : batches) std::printf(" batch %d |", b);
+        std::printf("\n|---|---|");
+        for (size_t i = 0; i < batches.size(); i++) std::printf("---|");
+        std::printf("\n");
+        for (const Format & f : formats) {
+            for (KVDType kv : kvs) {
+                std::printf("| %s | %s |", f.name.c_str(), kv_dtype_name(kv));
+                nlohmann::json peaks = nlohmann::json::object();
+                for (int b : batches) {
+                    const double gb = estimate_cuda_memory(f.c, kv, b, std::min(prompt, context), context).total() / 1e9;
+                    std::printf(gb <= budget / 1e9 ? " %.2f |" : " %.2f (over) |", gb);
+                    peaks[std::to_string(b)] = gb;
+                }
+                std::printf("\n");
+                rows.push_back({{"weights", f.name}, {"kv_dtype", kv_dtype_name(kv)}, {"context", context}, {"estimated_peak_gb_by_batch", peaks}});
+            }
         }
     }
     std::printf("batch peaks and quantized-cache peaks of the CUDA engine are not yet checked against measurements\n");
