@@ -115,6 +115,20 @@ def dequant_awq(t, p, qc):
     return ((q - z[g, :]).astype(np.float32) * scales[g, :]).T
 
 
+def dequant_awq_gemv(t, p, qc):
+    """AutoAWQ's GEMV layout: qweight [N, K/8] along K in natural nibble order, qzeros [N, W] along the groups,
+    scales [N, 8 W] of which the first K/G columns are used."""
+    qweight, qzeros, scales = t[p + ".qweight"], t[p + ".qzeros"], t[p + ".scales"].astype(np.float32)
+    N, K = qweight.shape[0], qweight.shape[1] * 8
+    G = qc.get("group_size", qc.get("q_group_size", 128))
+    G = G if G > 0 else K
+    shifts = 4 * np.arange(8, dtype=np.uint32)
+    q = ((qweight.astype(np.uint32)[:, :, None] >> shifts) & 0xF).reshape(N, K).astype(np.int64)
+    z = ((qzeros.astype(np.uint32)[:, :, None] >> shifts) & 0xF).reshape(N, -1).astype(np.int64)
+    g = np.arange(K) // G
+    return (q - z[:, g]).astype(np.float32) * scales[:, g]
+
+
 def dequant_bnb(t, p):
     key = [k for k in t if k.startswith(p + ".weight.quant_state.bitsandbytes__")][0]
     state = json.loads(bytes(t[key]).decode())
@@ -141,7 +155,9 @@ def dequantize(d):
     modules = {k[: -len(".qweight")] for k in t if k.endswith(".qweight")}
     modules |= {k.split(".weight.quant_state.")[0] for k in t if ".weight.quant_state." in k}
     for p in sorted(modules):
-        if method == "awq" or (method == "auto-round" and packing.endswith("awq")):
+        if method == "awq" and str(qc.get("version", "gemm")).lower() == "gemv":
+            out[p + ".weight"] = dequant_awq_gemv(t, p, qc)
+        elif method == "awq" or (method == "auto-round" and packing.endswith("awq")):
             out[p + ".weight"] = dequant_awq(t, p, qc)
         elif method == "bitsandbytes":
             out[p + ".weight"] = dequant_bnb(t, p)

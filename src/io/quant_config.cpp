@@ -21,10 +21,18 @@ const char * quant_packing_name(QuantPacking p) {
     case QuantPacking::GptqV1: return "gptq";
     case QuantPacking::GptqV2: return "gptq_v2";
     case QuantPacking::AwqGemm: return "awq-gemm";
+    case QuantPacking::AwqGemv: return "awq-gemv";
     case QuantPacking::Nf4: return "nf4";
     case QuantPacking::Fp4: return "fp4";
     }
     return "?";
+}
+
+int64_t awq_gemv_zeros_width(int64_t k, int group) {
+    const int multiple = group >= 128 ? 1 : group == 64 ? 2 : group == 32 ? 4 : 0;
+    if (multiple == 0) QINFER_FAIL() << "AWQ GEMV layout: group size " << group << " has no zeros layout (32, 64 or >= 128)";
+    const int64_t words = (k / group + 7) / 8;
+    return (words + multiple - 1) / multiple * multiple;
 }
 
 std::string QuantScheme::describe() const {
@@ -171,9 +179,14 @@ QuantConfig parse_quant_config(const std::string & text, const std::string & wha
         q.skip_modules = rd.get_strs("modules_to_not_convert");
     } else if (method == "awq") {
         s.method = QuantMethod::Awq;
-        s.packing = QuantPacking::AwqGemm;
         std::string version = lower(rd.get_str_or("version", "gemm"));
-        if (version != "gemm") QINFER_FAIL() << what << ": AWQ version '" << version << "' is not supported (gemm)";
+        if (version == "gemm") {
+            s.packing = QuantPacking::AwqGemm;
+        } else if (version == "gemv") {
+            s.packing = QuantPacking::AwqGemv;
+        } else {
+            QINFER_FAIL() << what << ": AWQ version '" << version << "' is not supported (gemm, gemv)";
+        }
         if (!rd.get_bool_or("zero_point", true)) QINFER_FAIL() << what << ": AWQ without zero points is not supported";
         s.sym = false;
         q.skip_modules = rd.get_strs("modules_to_not_convert");

@@ -3,6 +3,7 @@
 // llm_int8_skip_modules). Formats: ../shared/docs/FORMATS.md sections 3-6.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,10 +16,16 @@ enum class QuantPacking {
     GptqV1,   // qweight [K*bits/32, N] packed along K, qzeros [groups, N*bits/32] storing zero-1, scales, g_idx
     GptqV2,   // the same with zeros stored as they are (gptq_v2, AutoRound's native packing)
     AwqGemm,  // qweight [K, N/8] packed along N in the order 0,2,4,6,1,3,5,7; qzeros [groups, N/8]; scales
+    AwqGemv,  // qweight [N, K/8] packed along K in natural order; qzeros [N, W] (8 zeros per word along the groups);
+              // scales [N, 8 W], the first `groups` columns used; W = awq_gemv_zeros_width(K, group)
     Nf4,      // bitsandbytes: uint8 codes (two per byte, high nibble first), absmax per block, quant_map
     Fp4,
 };
 const char * quant_packing_name(QuantPacking p);
+
+// AutoAWQ's GEMV layout: int32 words of zeros per row, ceil(groups / 8) rounded up to a multiple of 1, 2 or 4 for
+// groups of >= 128, 64 or 32 (other group sizes have no GEMV layout: throws).
+int64_t awq_gemv_zeros_width(int64_t k, int group);
 
 struct QuantScheme {
     QuantMethod method = QuantMethod::None;  // None: this module is stored unquantized

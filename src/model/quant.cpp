@@ -22,6 +22,7 @@ QuantReader::QuantReader(const Linear & l) : l_(l), K_(l.in_features), N_(l.out_
     qweight_ = static_cast<const uint32_t *>(l.qweight.data);
     qzeros_ = static_cast<const uint32_t *>(l.qzeros.data);
     if (l.g_idx.present()) g_idx_ = static_cast<const int32_t *>(l.g_idx.data);
+    if (l.scheme.packing == QuantPacking::AwqGemv) gemv_zeros_width_ = awq_gemv_zeros_width(K_, int(group_size_));
 }
 
 uint32_t QuantReader::code(int64_t n, int64_t k) const {
@@ -31,6 +32,7 @@ uint32_t QuantReader::code(int64_t n, int64_t k) const {
         // qweight [K bits / 32, N]: column n's codes run down the rows.
         return packed_field(l_.scheme.bits, k, [&](int64_t r) { return qweight_[r * N_ + n]; });
     case QuantPacking::AwqGemm: return (qweight_[k * (N_ / 8) + n / 8] >> (4 * k_awq_rev[n % 8])) & 0xFu;
+    case QuantPacking::AwqGemv: return (qweight_[n * (K_ / 8) + k / 8] >> (4 * (k % 8))) & 0xFu;
     case QuantPacking::Nf4:
     case QuantPacking::Fp4: {
         const int64_t i = n * K_ + k;
@@ -41,7 +43,10 @@ uint32_t QuantReader::code(int64_t n, int64_t k) const {
     return 0;
 }
 
-float QuantReader::scale(int64_t g, int64_t n) const { return cpu::weight_at(l_.scales, g * N_ + n); }
+float QuantReader::scale(int64_t g, int64_t n) const {
+    if (l_.scheme.packing == QuantPacking::AwqGemv) return cpu::weight_at(l_.scales, n * 8 * gemv_zeros_width_ + g);
+    return cpu::weight_at(l_.scales, g * N_ + n);
+}
 
 int QuantReader::zero(int64_t g, int64_t n) const {
     const int bits = l_.scheme.bits;
@@ -53,6 +58,7 @@ int QuantReader::zero(int64_t g, int64_t n) const {
         return int(z) + (l_.scheme.packing == QuantPacking::GptqV1 ? 1 : 0);
     }
     case QuantPacking::AwqGemm: return int((qzeros_[g * (N_ / 8) + n / 8] >> (4 * k_awq_rev[n % 8])) & 0xFu);
+    case QuantPacking::AwqGemv: return int((qzeros_[n * gemv_zeros_width_ + g / 8] >> (4 * (g % 8))) & 0xFu);
     default: QINFER_FAIL() << l_.weight.name << ": no zero points in this format";
     }
 }

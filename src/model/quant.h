@@ -40,6 +40,7 @@ public:
 private:
     const Linear & l_;
     int64_t K_, N_, group_size_ = 0, groups_ = 0;
+    int64_t gemv_zeros_width_ = 0;  // AWQ GEMV: int32 words of zeros per row (scales: 8 times as many columns)
     const uint32_t * qweight_ = nullptr;
     const uint32_t * qzeros_ = nullptr;
     const int32_t * g_idx_ = nullptr;

@@ -38,9 +38,19 @@ void visit_linear(const ModelConfig & c, const WeightVisitor & visit, const std:
             visit(prefix + ".g_idx", {K}, WeightRole::QGIdx, l.g_idx);
         } else {
             if (N % 8 != 0) QINFER_FAIL() << prefix << ": AWQ packing needs out features (" << N << ") to be a multiple of 8";
-            visit(prefix + ".qweight", {K, N / 8}, WeightRole::QWeight, l.qweight);
-            visit(prefix + ".qzeros", {G, N / 8}, WeightRole::QZeros, l.qzeros);
-            visit(prefix + ".scales", {G, N}, WeightRole::QScales, l.scales);
+            if (s.packing == QuantPacking::AwqGemv) {
+                if (K % s.group(in) != 0) {
+                    QINFER_FAIL() << prefix << ": the AWQ GEMV layout needs in features (" << K << ") divisible by the group size " << s.group(in);
+                }
+                const int64_t W = awq_gemv_zeros_width(K, s.group(in));
+                visit(prefix + ".qweight", {N, K / 8}, WeightRole::QWeight, l.qweight);
+                visit(prefix + ".qzeros", {N, W}, WeightRole::QZeros, l.qzeros);
+                visit(prefix + ".scales", {N, 8 * W}, WeightRole::QScales, l.scales);
+            } else {
+                visit(prefix + ".qweight", {K, N / 8}, WeightRole::QWeight, l.qweight);
+                visit(prefix + ".qzeros", {G, N / 8}, WeightRole::QZeros, l.qzeros);
+                visit(prefix + ".scales", {G, N}, WeightRole::QScales, l.scales);
+            }
         }
         break;
     }

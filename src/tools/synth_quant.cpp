@@ -17,7 +17,7 @@ namespace qinfer {
 
 using json = nlohmann::json;
 
-const char * synth_quant_kinds() { return "gptq-int2, gptq-int3, gptq-int4, gptq-int8, awq, autoround-sym, autoround-asym, nf4, fp4"; }
+const char * synth_quant_kinds() { return "gptq-int2, gptq-int3, gptq-int4, gptq-int8, awq, awq-gemv, autoround-sym, autoround-asym, nf4, fp4"; }
 
 SynthQuant synth_quant_from_args(const Args & a) {
     SynthQuant q;
@@ -56,9 +56,9 @@ json synth_quant_config(const SynthQuant & q) {
         }
         return c;
     }
-    if (q.kind == "awq") {
-        return {{"quant_method", "awq"}, {"bits", 4}, {"group_size", q.group_size}, {"zero_point", true}, {"version", "gemm"},
-                {"modules_to_not_convert", nullptr}};
+    if (q.kind == "awq" || q.kind == "awq-gemv") {
+        return {{"quant_method", "awq"}, {"bits", 4}, {"group_size", q.group_size}, {"zero_point", true},
+                {"version", q.kind == "awq" ? "gemm" : "gemv"}, {"modules_to_not_convert", nullptr}};
     }
     if (q.kind == "autoround-sym" || q.kind == "autoround-asym") {
         const bool sym = q.kind == "autoround-sym";
@@ -234,6 +234,20 @@ std::map<std::string, std::vector<uint8_t>> quantize_awq(const Linear & l, const
         }
         return out;
     };
+    if (s.packing == QuantPacking::AwqGemv) {
+        // Transposed: per output row, codes along K (natural nibble order), zeros along the groups, scales padded.
+        const int64_t W = awq_gemv_zeros_width(K, int(G));
+        std::vector<uint32_t> qw(size_t(N * (K / 8)), 0u), qz(size_t(N * W), 0u);
+        std::vector<uint16_t> sc(size_t(N * 8 * W), 0);
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t k = 0; k < K; k++) qw[size_t(n * (K / 8) + k / 8)] |= uint32_t(q[size_t(k * N + n)]) << (4 * (k % 8));
+            for (int64_t g = 0; g < groups; g++) {
+                qz[size_t(n * W + g / 8)] |= uint32_t(zero[size_t(g * N + n)]) << (4 * (g % 8));
+                sc[size_t(n * 8 * W + g)] = scales16[size_t(g * N + n)];
+            }
+        }
+        return {{".qweight", bytes_of(qw)}, {".qzeros", bytes_of(qz)}, {".scales", bytes_of(sc)}};
+    }
     return {{".qweight", bytes_of(pack(q, K))}, {".qzeros", bytes_of(pack(zero, groups))}, {".scales", bytes_of(scales16)}};
 }
 

@@ -55,6 +55,7 @@ std::vector<QuantScheme> cuda_schemes() {
     return {gptq_scheme(4, 128, true, QuantPacking::GptqV1),        gptq_scheme(4, 32, false, QuantPacking::GptqV2, true),
             gptq_scheme(4, -1, false, QuantPacking::GptqV1),        gptq_scheme(8, -1, true, QuantPacking::GptqV1),
             gptq_scheme(8, 32, false, QuantPacking::GptqV2, true),  gptq_scheme(4, 64, false, QuantPacking::AwqGemm),
+            gptq_scheme(4, 64, false, QuantPacking::AwqGemv),
             bnb_scheme(QuantPacking::Nf4, false),                   bnb_scheme(QuantPacking::Fp4, true)};
 }
 

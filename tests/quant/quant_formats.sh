@@ -50,6 +50,8 @@ check gptq2-g32 tiny-qwen2 --quant gptq-int2 --group-size 32 --asym
 check gptq4-moe tiny-qwen2-moe --quant gptq-int4 --group-size 32
 check awq-g32 tiny-qwen2 --quant awq --group-size 32
 check awq-g-1 tiny-qwen3 --quant awq --group-size -1
+check awq-gemv-g32 tiny-qwen2 --quant awq-gemv --group-size 32
+check awq-gemv-g64 tiny-qwen2-k128 --quant awq-gemv --group-size 64
 check autoround-sym tiny-qwen2 --quant autoround-sym --group-size 32
 check autoround-asym tiny-qwen2 --quant autoround-asym --group-size 32
 check nf4 tiny-qwen2 --quant nf4

@@ -24,7 +24,7 @@ struct OwnedLinear {
 // scheme examples: gptq_scheme(4, 32, true, QuantPacking::GptqV1)
 inline QuantScheme gptq_scheme(int bits, int group, bool sym, QuantPacking packing, bool desc_act = false) {
     QuantScheme s;
-    s.method = packing == QuantPacking::AwqGemm ? QuantMethod::Awq : QuantMethod::Gptq;
+    s.method = packing == QuantPacking::AwqGemm || packing == QuantPacking::AwqGemv ? QuantMethod::Awq : QuantMethod::Gptq;
     s.packing = packing;
     s.bits = bits;
     s.group_size = group;

@@ -51,6 +51,22 @@ TEST(QuantConfig, AwqAndBitsandbytes) {
     EXPECT_TRUE(q.base.double_quant);
 }
 
+// AutoAWQ's GEMV layout: zeros width from calculate_zeros_width (ceil(groups / 8) words, rounded up to 1, 2 or 4).
+TEST(QuantConfig, AwqGemvLayout) {
+    QuantConfig q = parse_quant_config(R"({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "GEMV"})", "c");
+    EXPECT_EQ(q.base.packing, QuantPacking::AwqGemv);
+    EXPECT_EQ(awq_gemv_zeros_width(4096, 128), 4);
+    EXPECT_EQ(awq_gemv_zeros_width(4096, 64), 8);
+    EXPECT_EQ(awq_gemv_zeros_width(4096, 32), 16);
+    EXPECT_EQ(awq_gemv_zeros_width(896, 128), 1);
+    EXPECT_EQ(awq_gemv_zeros_width(896, 64), 2);
+    EXPECT_EQ(awq_gemv_zeros_width(3584, 64), 8);
+    EXPECT_EQ(awq_gemv_zeros_width(18944, 128), 19);
+    EXPECT_EQ(awq_gemv_zeros_width(160, 32), 4);
+    EXPECT_EQ(awq_gemv_zeros_width(29696, 128), 29);
+    EXPECT_THROW(awq_gemv_zeros_width(4096, 16), Error);
+}
+
 TEST(QuantConfig, Errors) {
     EXPECT_THROW(parse_quant_config(R"({"quant_method": "awq", "bits": 8})", "c"), Error);
     EXPECT_THROW(parse_quant_config(R"({"quant_method": "awq", "version": "gemv_fast"})", "c"), Error);

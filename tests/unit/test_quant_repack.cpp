@@ -33,6 +33,7 @@ TEST(QuantRepack, EveryFormatRoundTripsBitExactly) {
         test::gptq_scheme(4, 32, true, QuantPacking::GptqV1),           test::gptq_scheme(4, -1, false, QuantPacking::GptqV1),
         test::gptq_scheme(4, 64, false, QuantPacking::GptqV2, true),    test::gptq_scheme(8, 32, true, QuantPacking::GptqV1, true),
         test::gptq_scheme(8, 16, false, QuantPacking::GptqV2),          test::gptq_scheme(4, 32, false, QuantPacking::AwqGemm),
+        test::gptq_scheme(4, 32, false, QuantPacking::AwqGemv),         test::gptq_scheme(4, 64, false, QuantPacking::AwqGemv),
         test::bnb_scheme(QuantPacking::Nf4, false),                     test::bnb_scheme(QuantPacking::Fp4, true),
     };
     for (const QuantScheme & s : schemes) {
@@ -44,7 +45,8 @@ TEST(QuantRepack, EveryFormatRoundTripsBitExactly) {
 
 TEST(QuantRepack, RowDecoderEqualsTheReader) {
     for (const QuantScheme & s : {test::gptq_scheme(4, 32, false, QuantPacking::GptqV2, true), test::gptq_scheme(8, -1, true, QuantPacking::GptqV1),
-                                  test::gptq_scheme(4, 64, false, QuantPacking::AwqGemm), test::bnb_scheme(QuantPacking::Nf4, true)}) {
+                                  test::gptq_scheme(4, 64, false, QuantPacking::AwqGemm), test::gptq_scheme(4, 32, false, QuantPacking::AwqGemv),
+                                  test::bnb_scheme(QuantPacking::Nf4, true)}) {
         auto a = test::make_quant_linear(s, 24, 320, 3);
         const RepackedQuant r = repack_quant({&a->l}, false);
         const QuantReader reader(a->l);
