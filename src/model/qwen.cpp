@@ -30,6 +30,15 @@ CpuQwenEngine::CpuQwenEngine(std::unique_ptr<Model> model, const EngineOptions &
     : model_(std::move(model)), kv_(cache_shape(model_->config, opt)) {
     set_threads(opt.threads);
     rope_ = compute_rope_freqs(model_->config, 0);
+    // fp8 caches take the checkpoint's per-layer scales where it has them (vLLM's k_scale / v_scale).
+    if (kv_.shape().dtype == KVDType::FP8) {
+        for (int l = 0; l < model_->config.num_hidden_layers; l++) {
+            for (bool value : {false, true}) {
+                const float s = checkpoint_kv_scale(model_->weights.layers[size_t(l)].self_attn, value);
+                if (s > 0) kv_.set_fp8_scale(l, value, s);
+            }
+        }
+    }
     // Quantized projections: rows repacked once (GPTQ stores codes packed down K, column by column), where the
     // layout allows; the values are the format's, exactly (tests/unit/test_quant_repack.cpp).
     for_each_linear(model_->weights, [](Linear & l) {

@@ -24,6 +24,7 @@ public:
     void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override;
     void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override;
     const Model & model() const { return *model_; }
+    const CpuKVCache & kv_cache() const { return kv_; }
 
 private:
     struct Segment {

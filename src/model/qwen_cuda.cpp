@@ -241,9 +241,17 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     }
     kv_row_bytes_ = kv_kind_ == cuda::KVKind::BF16 ? size_t(c.head_dim) * 2 : kv_kind_ == cuda::KVKind::INT4 ? size_t(c.head_dim) / 2 : size_t(c.head_dim);
     if (kv_kind_ == cuda::KVKind::FP8) {
-        fp8_scale_ = DeviceBuffer(size_t(c.num_hidden_layers) * 2 * sizeof(float), "KV cache");
-        fp8_amax_ = DeviceBuffer(2 * sizeof(float), "KV cache");
+        // The checkpoint's per-layer scales where it has them; 0 marks one the first forward computes.
+        std::vector<float> scales(size_t(c.num_hidden_layers) * 2);
         fp8_ready_.assign(size_t(c.num_hidden_layers), false);
+        for (int l = 0; l < c.num_hidden_layers; l++) {
+            const AttentionWeights & A = model_->weights.layers[size_t(l)].self_attn;
+            scales[size_t(2 * l)] = checkpoint_kv_scale(A, false);
+            scales[size_t(2 * l + 1)] = checkpoint_kv_scale(A, true);
+            fp8_ready_[size_t(l)] = scales[size_t(2 * l)] > 0 && scales[size_t(2 * l + 1)] > 0;
+        }
+        fp8_scale_ = upload_vector(scales, "KV cache");
+        fp8_amax_ = DeviceBuffer(2 * sizeof(float), "KV cache");
     }
     CUDA_CHECK(cudaSetDevice(0));
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -97,6 +98,9 @@ void visit_weights(const ModelConfig & c, ModelWeights & w, const WeightVisitor 
             visit(p + ".self_attn.q_norm.weight", {c.head_dim}, WeightRole::Norm, A.q_norm);
             visit(p + ".self_attn.k_norm.weight", {c.head_dim}, WeightRole::Norm, A.k_norm);
         }
+        visit(p + ".self_attn.k_scale", {-1}, WeightRole::KvScale, A.k_scale);
+        visit(p + ".self_attn.v_scale", {-1}, WeightRole::KvScale, A.v_scale);
+        visit(p + ".self_attn.kv_scale", {-1}, WeightRole::KvScale, A.kv_scale);
         visit(p + ".post_attention_layernorm.weight", {H}, WeightRole::Norm, L.post_attention_layernorm);
         L.is_moe = c.is_moe_layer(i);
         if (!L.is_moe) {
@@ -127,6 +131,7 @@ bool dtype_fits(WeightRole role, DType t, const QuantScheme & s) {
     case WeightRole::QWeight:
     case WeightRole::QZeros:
     case WeightRole::QGIdx: return t == DType::I32;
+    case WeightRole::KvScale: return t == DType::F32;
     case WeightRole::BnbCodes:
     case WeightRole::BnbQuantState: return t == DType::U8;
     case WeightRole::BnbAbsmax: return s.double_quant ? t == DType::U8 : t == DType::F32;
@@ -142,6 +147,7 @@ const char * expected_dtype(WeightRole role, const QuantScheme & s) {
     case WeightRole::QWeight:
     case WeightRole::QZeros:
     case WeightRole::QGIdx: return "I32";
+    case WeightRole::KvScale: return "F32";
     case WeightRole::BnbCodes:
     case WeightRole::BnbQuantState: return "U8";
     case WeightRole::BnbAbsmax: return s.double_quant ? "U8 (double quantization)" : "F32";
@@ -197,7 +203,8 @@ std::unique_ptr<Model> load_model(const std::string & dir) {
             scheme = m->config.quant.scheme_for(name.substr(0, name.rfind(role == WeightRole::QWeight ? ".qweight" : ".weight")));
         }
         if (!ck.has(name)) {
-            if (role != WeightRole::QGIdx) missing.push_back(name);  // g_idx is optional: k / group size
+            // Optional: g_idx (k / group size) and the fp8 KV scales (computed from the first values).
+            if (role != WeightRole::QGIdx && role != WeightRole::KvScale) missing.push_back(name);
             return;
         }
         used.insert(name);
@@ -251,8 +258,23 @@ std::unique_ptr<Model> load_model(const std::string & dir) {
             }
         }
     });
+    for (const LayerWeights & L : m->weights.layers) {
+        for (const Weight * s : {&L.self_attn.k_scale, &L.self_attn.v_scale, &L.self_attn.kv_scale}) {
+            if (!s->present()) continue;
+            const float v = *static_cast<const float *>(s->data);
+            if (s->numel() != 1) QINFER_FAIL() << dir << ": '" << s->name << "' must be one value (per-tensor fp8 KV scale), has " << s->numel();
+            if (!(v > 0) || !std::isfinite(v)) QINFER_FAIL() << dir << ": '" << s->name << "' is " << v << "; an fp8 KV scale must be positive";
+        }
+    }
     if (m->config.tie_word_embeddings) m->weights.lm_head = m->weights.embed_tokens;
     return m;
+}
+
+float checkpoint_kv_scale(const AttentionWeights & a, bool value) {
+    const Weight & s = value ? a.v_scale : a.k_scale;
+    if (s.present()) return *static_cast<const float *>(s.data);
+    if (a.kv_scale.present()) return *static_cast<const float *>(a.kv_scale.data);
+    return 0.0f;
 }
 
 void for_each_linear(ModelWeights & w, const std::function<void(Linear &)> & f) {
@@ -291,7 +313,8 @@ uint64_t parameter_count(const ModelConfig & config) {
     ModelWeights w;
     ModelConfig c = config;
     c.quant = QuantConfig{};  // the logical parameters, not the packed words
-    visit_weights(c, w, [&](const std::string &, const std::vector<int64_t> & shape, WeightRole, Weight &) {
+    visit_weights(c, w, [&](const std::string &, const std::vector<int64_t> & shape, WeightRole role, Weight &) {
+        if (role == WeightRole::KvScale) return;  // optional cache scales, not parameters
         uint64_t k = 1;
         for (auto d : shape) k *= uint64_t(d);
         n += k;

@@ -58,7 +58,13 @@ struct AttentionWeights {
     Linear o_proj;  // [hidden, n_head * head_dim]
     Weight q_norm;  // [head_dim] (Qwen3)
     Weight k_norm;  // [head_dim] (Qwen3)
+    // fp8 KV-cache scales stored by vLLM / llm-compressor exports, optional fp32 scalars (x = e4m3 * scale); older
+    // checkpoints store one kv_scale for both.
+    Weight k_scale, v_scale, kv_scale;
 };
+
+// A layer's checkpoint fp8 scale for K (value false) or V, 0 when the checkpoint has none.
+float checkpoint_kv_scale(const AttentionWeights & a, bool value);
 
 struct MlpWeights {
     Linear gate_proj;  // [intermediate, hidden]
@@ -95,6 +101,7 @@ struct ModelWeights {
 enum class WeightRole {
     Norm, Linear, Bias, Embedding, Router,
     QWeight, QZeros, QScales, QGIdx,                                                        // GPTQ / AWQ
+    KvScale,                                                                                // optional fp8 KV scales
     BnbCodes, BnbAbsmax, BnbQuantMap, BnbNestedAbsmax, BnbNestedQuantMap, BnbQuantState,  // bitsandbytes
 };
 using WeightVisitor = std::function<void(const std::string & name, const std::vector<int64_t> & shape, WeightRole role,

@@ -12,8 +12,9 @@ namespace qinfer {
 
 // Element type of a KV cache (FORMATS.md section 7).
 //   f32, bf16: plain.
-//   fp8: e4m3 with one scale per layer for K and one for V (x = fp8 * scale); the scale is amax / 448 of the first
-//        forward's values of that layer, then fixed (checkpoint k_scale/v_scale tensors are not read yet).
+//   fp8: e4m3 with one scale per layer for K and one for V (x = fp8 * scale): the checkpoint's k_scale / v_scale
+//        (vLLM's names; kv_scale for both) where it has them, else amax / 448 of the first forward's values of that
+//        layer, then fixed.
 //   int8, int4: asymmetric per token and KV head over head_dim (LMDeploy's quant_policy 8/4): scale = (max - min) /
 //        255 (15), zero = -min / scale, q = trunc(x / scale + zero + 0.5) clamped, x = (q - zero) * scale; int4 byte j
 //        holds element j in the low nibble and element j + head_dim / 2 in the high nibble.
@@ -81,6 +82,8 @@ public:
     void read(int layer, int seq, int n, float * k, float * v) const;
     size_t bytes() const { return k_.size() + v_.size() + (k_sz_.size() + v_sz_.size()) * sizeof(float); }
     float fp8_scale(int layer, bool value) const { return (value ? v_fp8_scale_ : k_fp8_scale_)[size_t(layer)]; }
+    // A fixed fp8 scale (the checkpoint's), used instead of one computed from the first values.
+    void set_fp8_scale(int layer, bool value, float scale) { (value ? v_fp8_scale_ : k_fp8_scale_)[size_t(layer)] = scale; }
 
 private:
     size_t row_index(int layer, int seq, int pos) const;  // the (token, all heads) row of a sequence position

@@ -68,7 +68,9 @@ SamplingParams sampling_from_args(const Args & a, const GenerationConfig & gc) {
 int cmd_synth(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
         std::printf("usage: qinfer synth --preset NAME --out DIR [--layers N] [--seed S] [--dtype bf16|fp16|fp32]\n"
-                    "                    [--shard-size BYTES] %s\nquant kinds: %s\npresets:",
+                    "                    [--shard-size BYTES] [--kv-scale S] %s\n"
+                    "--kv-scale: also store fp8 KV-cache scales (self_attn.k_scale / v_scale = S, as vLLM exports do)\n"
+                    "quant kinds: %s\npresets:",
                     k_synth_quant_usage, synth_quant_kinds());
         for (const auto & n : preset_names()) std::printf(" %s", n.c_str());
         std::printf("\n");
@@ -89,6 +91,8 @@ int cmd_synth(int argc, char ** argv) {
         o.dtype_given = true;
     }
     o.shard_bytes = uint64_t(a.integer("shard-size", int64_t(o.shard_bytes)));
+    o.kv_scale = float(a.number("kv-scale", 0));
+    if (a.has("kv-scale") && !(o.kv_scale > 0)) QINFER_FAIL() << "--kv-scale must be positive";
     if (o.layers < 0) QINFER_FAIL() << "--layers must be positive";
     a.check_unused();
     uint64_t bytes = synthesize(o);
@@ -212,8 +216,14 @@ int cmd_dequant(int argc, char ** argv) {
     std::vector<std::string> names;
     SafetensorsWriter writer;
     ModelWeights w;
-    visit_weights(dense, w, [&](const std::string & name, const std::vector<int64_t> & shape, WeightRole, Weight &) {
-        writer.add(name, DType::F32, shape);
+    visit_weights(dense, w, [&](const std::string & name, const std::vector<int64_t> & shape, WeightRole role, Weight &) {
+        if (role == WeightRole::KvScale) {
+            // Optional fp8 cache scales: kept when the checkpoint has them.
+            if (!tensors.at(name)->present()) return;
+            writer.add(name, DType::F32, tensors.at(name)->shape);
+        } else {
+            writer.add(name, DType::F32, shape);
+        }
         names.push_back(name);
     });
     std::filesystem::create_directories(out);

@@ -126,6 +126,12 @@ uint64_t synthesize(const SynthOptions & opt) {
     ModelWeights w;
     visit_weights(c, w, [&](const std::string & name, const std::vector<int64_t> & shape, WeightRole role, Weight & slot) {
         slot.name = name;
+        if (role == WeightRole::KvScale) {
+            // Optional: written only on request, as k_scale and v_scale scalars (vLLM's names).
+            if (opt.kv_scale <= 0 || name.size() < 9 || name.compare(name.size() - 9, 9, ".kv_scale") == 0) return;
+            specs.push_back({name, {}, role});
+            return;
+        }
         specs.push_back({name, shape, role});
     });
     // Quantized linears by module prefix; their tensors are produced together from the dense weight.
@@ -153,7 +159,8 @@ uint64_t synthesize(const SynthOptions & opt) {
         case WeightRole::BnbAbsmax: return linears.at(prefix_of(name))->scheme.double_quant ? DType::U8 : DType::F32;
         case WeightRole::BnbQuantMap:
         case WeightRole::BnbNestedAbsmax:
-        case WeightRole::BnbNestedQuantMap: return DType::F32;
+        case WeightRole::BnbNestedQuantMap:
+        case WeightRole::KvScale: return DType::F32;
         default: return dtype;
         }
     };
@@ -235,6 +242,7 @@ uint64_t synthesize(const SynthOptions & opt) {
                 fill_tensor(hash_string(sp.name, seed_stream), init_for(sp.name, sp.shape, sp.role, c.num_hidden_layers), dtype, out,
                             nbytes);
                 break;
+            case WeightRole::KvScale: std::memcpy(out, &opt.kv_scale, sizeof(float)); break;
             default: quant_bytes(sp, out, nbytes);
             }
             done += nbytes;

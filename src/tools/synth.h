@@ -20,6 +20,7 @@ struct SynthOptions {
     uint64_t shard_bytes = 4000000000ull;  // the hub's Qwen2.5 shards are about 4 GB
     bool quiet = false;
     SynthQuant quant;  // kind empty: dense
+    float kv_scale = 0;  // > 0: every layer also stores fp8 KV-cache scales k_scale = v_scale = kv_scale (fp32 scalars)
 };
 
 // Writes the folder; returns the total tensor bytes written.

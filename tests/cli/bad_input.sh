@@ -66,6 +66,15 @@ expect prompt-too-long "exceeds the model's context" "$q" run --model "$good" --
 expect unknown-option "unknown option --frobnicate" "$q" info --model "$good" --frobnicate 1
 expect unknown-preset "unknown preset 'qwen9'" "$q" synth --preset qwen9 --out "$tmp/z"
 expect bad-top-p "top_p must be in" "$q" run --model "$good" --tokens 1 --temperature 1 --top-p 0
+rm -rf "$tmp/ks"; "$q" synth --preset tiny-qwen2 --out "$tmp/ks" --kv-scale 0.5 >/dev/null
+python3 - "$tmp/ks/model.safetensors" <<'PY' || echo "FAIL kv-scale-negative: could not patch the checkpoint"
+import json, struct, sys
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(bytes(b[8:8 + n])); begin = h['model.layers.1.self_attn.v_scale']['data_offsets'][0]
+b[8 + n + begin:8 + n + begin + 4] = struct.pack('<f', -1.0)
+open(p, 'wb').write(bytes(b))
+PY
+expect kv-scale-negative "v_scale' is -1; an fp8 KV scale must be positive" "$q" info --model "$tmp/ks"
 expect bad-batch "--batch entries must be in 1..4096" "$q" bench --preset tiny-qwen2 --batch 0 --input-lens 1 --gen 1
 
 # Plots of benchmark JSON.

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "model/qwen.h"
 #include "runtime/engine.h"
 #include "tools/synth.h"
 #include "../unit/test_helpers.h"
@@ -33,20 +34,54 @@ std::vector<float> run(const std::string & dir, const std::string & backend, con
     return all;
 }
 
-}  // namespace
-
-TEST(KvBackends, CudaQuantizedCacheMatchesCpu) {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+SynthOptions tiny_bf16(const std::string & name, float kv_scale = 0) {
     SynthOptions o;
     o.preset = "tiny-qwen2";
-    o.out_dir = test::temp_dir("kv-backends");
+    o.out_dir = test::temp_dir(name);
     o.seed = 5;
     o.dtype = DType::BF16;
     o.dtype_given = true;
     o.quiet = true;
+    o.kv_scale = kv_scale;
     synthesize(o);
-    for (const char * kv : {"fp8", "int8", "int4"}) {
-        const std::vector<float> cpu = run(o.out_dir, "cpu", kv), gpu = run(o.out_dir, "cuda", kv);
+    return o;
+}
+
+}  // namespace
+
+// A checkpoint's k_scale / v_scale (vLLM's fp8 KV scales) are the cache's scales; without them, amax / 448 of the
+// first forward's values.
+TEST(KvBackends, CheckpointFp8Scales) {
+    const SynthOptions with = tiny_bf16("kv-scales", 0.0123f), without = tiny_bf16("kv-no-scales");
+    EngineOptions eo;
+    eo.backend = "cpu";
+    eo.kv_dtype = "fp8";
+    eo.max_context = 16;
+    for (const SynthOptions * o : {&with, &without}) {
+        CpuQwenEngine e(load_model(o->out_dir), eo);
+        const int s = e.new_sequence(16);
+        std::vector<float> logits;
+        e.forward(s, {3, 1, 4, 1, 5}, false, logits);
+        for (int l = 0; l < e.config().num_hidden_layers; l++) {
+            for (bool value : {false, true}) {
+                if (o == &with) {
+                    EXPECT_EQ(e.kv_cache().fp8_scale(l, value), 0.0123f) << "layer " << l;
+                } else {
+                    EXPECT_GT(e.kv_cache().fp8_scale(l, value), 0.0f);
+                    EXPECT_NE(e.kv_cache().fp8_scale(l, value), 0.0123f);
+                }
+            }
+        }
+    }
+}
+
+TEST(KvBackends, CudaQuantizedCacheMatchesCpu) {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+    const SynthOptions o = tiny_bf16("kv-backends"), scaled = tiny_bf16("kv-backends-scaled", 0.05f);
+    for (const char * kv : {"fp8", "fp8 (checkpoint scales)", "int8", "int4"}) {
+        const bool ck = std::string(kv).find("checkpoint") != std::string::npos;
+        const std::string dir = ck ? scaled.out_dir : o.out_dir, dtype = ck ? "fp8" : kv;
+        const std::vector<float> cpu = run(dir, "cpu", dtype), gpu = run(dir, "cuda", dtype);
         ASSERT_EQ(cpu.size(), gpu.size());
         double num = 0, den = 0;
         for (size_t i = 0; i < cpu.size(); i++) {
@@ -54,7 +89,7 @@ TEST(KvBackends, CudaQuantizedCacheMatchesCpu) {
             den = std::max(den, double(std::fabs(cpu[i])));
         }
         const double err = num / den, tol = std::string(kv) == "int4" ? 1e-1 : 5e-2;
-        std::printf("[ kv ] %-4s CUDA vs CPU cache: relative logit error %.2e (tolerance %.0e)\n", kv, err, tol);
+        std::printf("[ kv ] %-24s CUDA vs CPU cache: relative logit error %.2e (tolerance %.0e)\n", kv, err, tol);
         // bf16 activations on the GPU against fp32 on the CPU, and codes of slightly different K/V values.
         EXPECT_LT(err, tol) << kv;
     }

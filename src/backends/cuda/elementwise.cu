@@ -177,7 +177,7 @@ __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
 
 __global__ void fp8_scales_kernel(const float * amax, float * scale) {
     const int i = threadIdx.x;
-    if (i < 2) scale[i] = amax[i] > 0 ? __fdiv_rn(amax[i], 448.0f) : 1.0f;
+    if (i < 2 && !(scale[i] > 0)) scale[i] = amax[i] > 0 ? __fdiv_rn(amax[i], 448.0f) : 1.0f;  // a checkpoint's scale stays
 }
 
 constexpr int k_argmax_threads = 256;

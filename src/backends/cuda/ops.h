@@ -118,7 +118,8 @@ struct QkvRopeArgs {
     bf16 * q_out = nullptr;  // [n, n_head, d]
 };
 void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
-// scale[i] = amax[i] / 448 (1 where amax is 0), i = 0 (K), 1 (V): the fp8 rule of the CPU cache.
+// scale[i] = amax[i] / 448 (1 where amax is 0), i = 0 (K), 1 (V): the fp8 rule of the CPU cache. A scale already
+// set (> 0, from the checkpoint) is kept.
 void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream);
 
 // Causal prefill attention (FlashAttention-2 style on tensor cores): n queries at positions pos0..pos0+n-1 over
