@@ -13,6 +13,12 @@ public:
     explicit Error(const std::string & msg) : std::runtime_error(msg) {}
 };
 
+// A device allocation that the card cannot hold: callers that try sizes (the benchmark) report it and go on.
+class OutOfMemory : public Error {
+public:
+    using Error::Error;
+};
+
 namespace detail {
 // Collects a message through operator<<; Thrower's assignment (which binds after every <<) throws it.
 class ErrorBuilder {

@@ -409,6 +409,7 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const int blocks = n_sequences * per_seq;
     if (kv_seqs_ != n_sequences || kv_tokens_ != per_seq * block_size_) {
         const size_t rows = size_t(c.num_hidden_layers) * blocks * c.num_key_value_heads * block_size_;
+        kv_seqs_ = kv_tokens_ = 0;  // until every buffer below exists (an allocation may fail: the next call starts over)
         for (DeviceBuffer * b : {&k_cache_, &v_cache_, &k_sz_, &v_sz_}) *b = DeviceBuffer();
         k_cache_ = DeviceBuffer(rows * kv_row_bytes_, "KV cache");
         v_cache_ = DeviceBuffer(rows * kv_row_bytes_, "KV cache");

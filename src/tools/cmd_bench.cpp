@@ -1,6 +1,7 @@
 // qinfer bench: the Qwen speed table (batch 1, fixed generated length, speed incl. prefill), plus time to first
 // token, decode-only tokens/s and the share of the memory-bandwidth limit; JSON and CSV for scripts.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -130,61 +131,77 @@ int cmd_bench(int argc, char ** argv) {
     std::vector<Row> rows;
     Progress bar("bench", int64_t(lens.size() * batches.size()) * repeat);
     int done = 0;
-    for (int batch : batches)
-    for (int len : lens) {
-        Row r;
-        r.batch = batch;
-        r.model = model_name;
-        r.quant = c.quant.quantized() ? c.quant.label : c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
-        r.kv_dtype = eo.kv_dtype != "auto" ? eo.kv_dtype : kv_bf16 ? "bf16" : "fp32";
-        r.input_len = len;
-        r.gen_len = gen;
-        if (int64_t(len) + gen > c.max_context()) {
-            r.note = "exceeds the model's context of " + std::to_string(c.max_context());
-            rows.push_back(r);
-            done += repeat;
-            continue;
+    // One request (or static batch) of `batch` prompts of `len` tokens: {tokens/s incl. prefill, decode tokens/s, TTFT}.
+    auto run_once = [&](int batch, int len) {
+        GenerateOptions g;
+        g.max_new_tokens = gen;
+        g.ignore_eos = true;
+        g.prefill_chunk = engine->backend_name() == "cuda" ? 0 : 512;
+        g.on_prefill_progress = [&](int d, int t) { bar.update(done, "prefill " + std::to_string(d) + "/" + std::to_string(t)); };
+        g.on_token = [&](int) { return true; };
+        double prefill_s = 0, decode_s = 0;
+        if (batch == 1) {
+            GenerateResult res = generate(*engine, bench_prompt(len, c.vocab_size, 0), g);
+            prefill_s = res.prefill_seconds;
+            decode_s = res.decode_seconds;
+        } else {
+            std::vector<std::vector<int>> prompts;
+            for (int i = 0; i < batch; i++) prompts.push_back(bench_prompt(len, c.vocab_size, i));
+            BatchGenerateResult res = generate_batch(*engine, prompts, g);
+            prefill_s = res.prefill_seconds;
+            decode_s = res.decode_seconds;
         }
-        std::vector<double> speeds, decodes, ttfts;
-        for (int rep = 0; rep < repeat; rep++) {
-            GenerateOptions g;
-            g.max_new_tokens = gen;
-            g.ignore_eos = true;
-            g.prefill_chunk = engine->backend_name() == "cuda" ? 0 : 512;
-            g.on_prefill_progress = [&](int d, int t) { bar.update(done, "prefill " + std::to_string(d) + "/" + std::to_string(t)); };
-            g.on_token = [&](int) { return true; };
-            double prefill_s = 0, decode_s = 0;
-            if (batch == 1) {
-                GenerateResult res = generate(*engine, bench_prompt(len, c.vocab_size, 0), g);
-                prefill_s = res.prefill_seconds;
-                decode_s = res.decode_seconds;
-            } else {
-                std::vector<std::vector<int>> prompts;
-                for (int i = 0; i < batch; i++) prompts.push_back(bench_prompt(len, c.vocab_size, i));
-                BatchGenerateResult res = generate_batch(*engine, prompts, g);
-                prefill_s = res.prefill_seconds;
-                decode_s = res.decode_seconds;
+        return std::array<double, 3>{double(batch) * gen / (prefill_s + decode_s), gen > 1 ? double(batch) * (gen - 1) / decode_s : 0,
+                                     prefill_s};
+    };
+    for (int batch : batches) {
+        for (int len : lens) {
+            Row r;
+            r.batch = batch;
+            r.model = model_name;
+            r.quant = c.quant.quantized() ? c.quant.label : c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
+            r.kv_dtype = eo.kv_dtype != "auto" ? eo.kv_dtype : kv_bf16 ? "bf16" : "fp32";
+            r.input_len = len;
+            r.gen_len = gen;
+            const int row_end = done + repeat;
+            if (int64_t(len) + gen > c.max_context()) {
+                r.note = "exceeds the model's context of " + std::to_string(c.max_context());
+                rows.push_back(r);
+                done = row_end;
+                continue;
             }
-            speeds.push_back(double(batch) * gen / (prefill_s + decode_s));
-            decodes.push_back(gen > 1 ? double(batch) * (gen - 1) / decode_s : 0);
-            ttfts.push_back(prefill_s);
-            bar.update(++done);
+            std::vector<double> speeds, decodes, ttfts;
+            try {
+                for (int rep = 0; rep < repeat; rep++) {
+                    const auto [speed, decode, ttft] = run_once(batch, len);
+                    speeds.push_back(speed);
+                    decodes.push_back(decode);
+                    ttfts.push_back(ttft);
+                    bar.update(++done);
+                }
+            } catch (const OutOfMemory & e) {
+                // The row does not fit the card: say so and go on with the others.
+                r.note = std::string("does not fit in GPU memory: ") + e.what();
+                rows.push_back(r);
+                done = row_end;
+                continue;
+            }
+            auto mean = [](const std::vector<double> & v) { return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); };
+            r.tok_s = mean(speeds);
+            for (double v : speeds) r.tok_s_std += (v - r.tok_s) * (v - r.tok_s);
+            r.tok_s_std = speeds.size() > 1 ? std::sqrt(r.tok_s_std / double(speeds.size() - 1)) : 0.0;
+            r.decode_tok_s = mean(decodes);
+            r.ttft_s = mean(ttfts);
+            r.peak_gb = double(engine->peak_memory_bytes()) / 1e9;
+            // Bytes one decode step must read: the weights once plus every sequence's KV cache at the mean context.
+            double ctx = len + gen / 2.0;
+            const KVDType kv = parse_kv_dtype(r.kv_dtype);
+            double kv_token = double(c.kv_bytes_per_token(1)) * kv_dtype_bytes_per_element(kv);
+            if (kv == KVDType::INT8 || kv == KVDType::INT4) kv_token += 2.0 * c.num_hidden_layers * c.num_key_value_heads * 8;  // scale, zero
+            double step_bytes = weight_bytes + kv_token * ctx * batch;
+            r.bw_frac = r.decode_tok_s / batch * step_bytes / sys.bandwidth;
+            rows.push_back(r);
         }
-        auto mean = [](const std::vector<double> & v) { return std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); };
-        r.tok_s = mean(speeds);
-        for (double v : speeds) r.tok_s_std += (v - r.tok_s) * (v - r.tok_s);
-        r.tok_s_std = speeds.size() > 1 ? std::sqrt(r.tok_s_std / double(speeds.size() - 1)) : 0.0;
-        r.decode_tok_s = mean(decodes);
-        r.ttft_s = mean(ttfts);
-        r.peak_gb = double(engine->peak_memory_bytes()) / 1e9;
-        // Bytes one decode step must read: the weights once plus the KV cache at the mean context of the decode.
-        double ctx = len + gen / 2.0;
-        const KVDType kv = parse_kv_dtype(r.kv_dtype);
-        double kv_token = double(c.kv_bytes_per_token(1)) * kv_dtype_bytes_per_element(kv);
-        if (kv == KVDType::INT8 || kv == KVDType::INT4) kv_token += 2.0 * c.num_hidden_layers * c.num_key_value_heads * 8;  // scale, zero
-        double step_bytes = weight_bytes + kv_token * ctx * batch;
-        r.bw_frac = r.decode_tok_s / batch * step_bytes / sys.bandwidth;
-        rows.push_back(r);
     }
     bar.finish();
 

@@ -1,4 +1,7 @@
 #include "backends/cuda/allocator.h"
+
+#include <sstream>
+
 #include "backends/cuda/common.cuh"
 
 namespace qinfer::cuda {
@@ -16,8 +19,10 @@ void * DeviceAllocator::alloc(size_t bytes, const char * what) {
         cudaGetLastError();
         size_t free_b = 0, total_b = 0;
         cudaMemGetInfo(&free_b, &total_b);
-        QINFER_FAIL() << "out of GPU memory allocating " << double(bytes) / 1e9 << " GB for " << what << " (" << double(free_b) / 1e9
-                      << " GB free of " << double(total_b) / 1e9 << ")";
+        std::ostringstream msg;
+        msg << "out of GPU memory allocating " << double(bytes) / 1e9 << " GB for " << what << " (" << double(free_b) / 1e9 << " GB free of "
+            << double(total_b) / 1e9 << ")";
+        throw OutOfMemory(msg.str());
     }
     in_use_ += bytes;
     if (in_use_ > peak_) peak_ = in_use_;
