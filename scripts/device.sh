@@ -3,7 +3,7 @@
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
-#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab]
+#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
@@ -161,6 +161,15 @@ if has long; then
             tee -a "$OUT/long.log" | grep -E "^\| qwen"
     done
     rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
+fi
+# The largest batch of Qwen2.5-7B at 8192 + 16 tokens per KV dtype and weight format (buffers allocated, nothing run).
+if has max-batch; then
+    for q in bf16 gptq-int4; do
+        for kv in bf16 fp8 int8 int4; do
+            "$Q" bench --preset qwen2.5-7b --quant $q --kv-dtype $kv --max-batch --input-lens 8192 --gen 16 \
+                --json "$OUT/max-batch-7b-$q-kv$kv.json" 2>&1 | tee -a "$OUT/max-batch.log" | grep -E "^\| qwen"
+        done
+    done
 fi
 # Decode attention A/B: the SIMT kernel (default) against the tensor-core one (QINFER_DECODE_ATTN=tc), same run.
 if has decode-ab; then

@@ -152,6 +152,7 @@ public:
     int new_sequence(int max_tokens) override;
     void free_sequence(int seq) override;
     void plan_batch(int n_sequences, int max_tokens) override;
+    uint64_t reserve_batch(int n_sequences, int max_tokens, int prompt_tokens) override;
     void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override;
     bool decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) override;
     void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override;
@@ -436,6 +437,23 @@ void CudaQwenEngine::plan_batch(int n_sequences, int max_tokens) {
     if (n_sequences < 1 || max_tokens < 1) QINFER_FAIL() << "plan_batch: " << n_sequences << " sequences of " << max_tokens << " tokens";
     reset_cache(n_sequences, max_tokens);
     planned_ = true;
+}
+
+uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prompt_tokens) {
+    plan_batch(n_sequences, max_tokens);
+    // Prefill runs one prompt at a time in chunks; decode runs all rows (workspaces, logits, the dequantized weight
+    // of the largest quantized projection once more than the GEMVs' rows go through cuBLASLt).
+    const int rows = std::max(std::min(prompt_tokens, k_prefill_chunk), n_sequences);
+    ensure_workspace(rows);
+    logits_.ensure(size_t(std::max(n_sequences, 1)) * model_->config.vocab_size * sizeof(float), "logits");
+    size_t largest = 0;
+    for (const DevLayer & L : layers_) {
+        for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
+            if (l->quantized) largest = std::max(largest, size_t(l->n) * l->k);
+        }
+    }
+    if (largest > 0 && rows > k_gemv_max_m) dequant_.ensure(largest * sizeof(bf16), "dequantized weights");
+    return cuda::DeviceAllocator::instance().in_use();
 }
 
 int CudaQwenEngine::new_sequence(int max_tokens) {

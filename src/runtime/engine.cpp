@@ -13,6 +13,8 @@ void check_batch(const std::vector<int> & seqs, const std::vector<int> & tokens)
     if (std::set<int>(seqs.begin(), seqs.end()).size() != seqs.size()) QINFER_FAIL() << "a batch names the same sequence twice";
 }
 
+uint64_t Engine::reserve_batch(int, int, int) { QINFER_FAIL() << "the " << backend_name() << " backend holds no device memory to reserve"; }
+
 void Engine::forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) {
     check_batch(seqs, tokens);
     const size_t V = size_t(config().vocab_size);

@@ -17,6 +17,10 @@ public:
     // Announces a static batch: n sequences of up to max_tokens each are about to be created (no sequence alive).
     // Backends that size their cache per request size it here; the CPU's is sized by EngineOptions.
     virtual void plan_batch(int n_sequences, int max_tokens) {}
+    // Allocates, without computing, everything a static batch of n sequences of max_tokens (prompts of prompt_tokens)
+    // will hold on the device, and returns the device bytes then in use; throws OutOfMemory when the card cannot.
+    // Backends without device memory throw qinfer::Error.
+    virtual uint64_t reserve_batch(int n_sequences, int max_tokens, int prompt_tokens);
     // A new sequence with KV cache room for `max_tokens`; throws when the cache cannot hold it.
     virtual int new_sequence(int max_tokens) = 0;
     virtual void free_sequence(int seq) = 0;

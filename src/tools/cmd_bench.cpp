@@ -21,6 +21,7 @@
 #include "runtime/kv_cache.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "tools/plan.h"
 #include "tools/plot.h"
 #include "tools/synth.h"
 #include "tools/sysinfo.h"
@@ -40,6 +41,58 @@ struct Row {
 };
 
 // Prompt `which` of a batch: random regular tokens, different for every sequence.
+// --max-batch: for each input length, the largest static batch whose every device buffer the card can hold
+// (Engine::reserve_batch: allocated, not computed), found by doubling then bisection, beside the memory model's
+// estimate for that batch. A table, and JSON rows when asked.
+void max_batch_table(Engine & engine, const std::string & model_name, const std::string & quant, const std::string & kv_dtype,
+                     const std::vector<int> & lens, int gen, const std::string & json_path) {
+    const ModelConfig & c = engine.config();
+    const SystemInfo sys = system_info(true);
+    json out = json::array();
+    std::printf("| Model | Quantization | KV cache | Input Length | Generated | Largest batch | GPU Memory(GB) at it | memory model(GB) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
+    for (int len : lens) {
+        const int tokens = len + gen;
+        if (tokens > c.max_context()) {
+            std::printf("| %s | %s | %s | %d | %d | - | - | exceeds the model's context of %d |\n", model_name.c_str(), quant.c_str(),
+                        kv_dtype.c_str(), len, gen, c.max_context());
+            continue;
+        }
+        auto fits = [&](int b) {
+            try {
+                engine.reserve_batch(b, tokens, len);
+                return true;
+            } catch (const OutOfMemory &) {
+                return false;
+            }
+        };
+        constexpr int k_cap = 65535;  // the decode grid's limit
+        int lo = 0, hi = 1;  // lo fits (0 trivially); hi is the next size to try
+        while (hi <= k_cap && fits(hi)) {
+            lo = hi;
+            hi *= 2;
+        }
+        hi = std::min(hi, k_cap + 1);
+        while (hi - lo > 1) {
+            const int mid = lo + (hi - lo) / 2;
+            if (fits(mid)) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const double gb = lo > 0 ? double(engine.reserve_batch(lo, tokens, len)) / 1e9 : 0;
+        const double model_gb = lo > 0 ? estimate_cuda_memory(c, parse_kv_dtype(kv_dtype), lo, len, tokens).total() / 1e9 : 0;
+        std::printf("| %s | %s | %s | %d | %d | %d | %.2f | %.2f |\n", model_name.c_str(), quant.c_str(), kv_dtype.c_str(), len, gen, lo, gb,
+                    model_gb);
+        out.push_back({{"model", model_name}, {"quant", quant}, {"kv_dtype", kv_dtype}, {"input_len", len}, {"gen_len", gen},
+                       {"max_batch", lo}, {"allocated_gb", gb}, {"model_gb", model_gb}, {"card", sys.card}, {"commit", git_commit()}});
+    }
+    std::printf("card: %s | %s | largest batch = every buffer of the batch allocated on the card (nothing computed)\n", sys.card.c_str(),
+                sys.software.c_str());
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+}
+
 std::vector<int> bench_prompt(int n, int vocab, int which) {
     std::vector<int> p(static_cast<size_t>(n));
     const int limit = std::min(vocab, 151643);  // regular tokens only
@@ -58,6 +111,7 @@ int cmd_bench(int argc, char ** argv) {
                 "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png]\n"
                 "--batch: static batches of that many sequences of the same input length, all decoding together; speed is then\n"
                 "         the batch's generated tokens / whole time, and GPU memory the peak for the whole batch\n"
+                "--max-batch: instead of timing, the largest batch of each input length (+ --gen) whose buffers fit the card\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
                 "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
@@ -67,7 +121,7 @@ int cmd_bench(int argc, char ** argv) {
             return 0;
         }
     }
-    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant"});
+    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant", "max-batch"});
     std::string backend = a.str("backend", "auto");
     const bool gpu = backend == "cuda" || (backend == "auto" && cuda_available());
     std::string model_dir = a.str("model");
@@ -92,7 +146,10 @@ int cmd_bench(int argc, char ** argv) {
     eo.kv_dtype = a.str("kv-dtype", "auto");
     if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
     const SynthQuant quant = synth_quant_from_args(a);
+    const bool max_batch = a.flag("max-batch");
     a.check_unused();
+    if (max_batch && !gpu) QINFER_FAIL() << "--max-batch measures the GPU's memory: it needs the CUDA backend";
+    if (max_batch && a.has("batch")) QINFER_FAIL() << "--max-batch searches the batch size itself: leave out --batch";
     if (!quant.kind.empty() && !model_dir.empty()) QINFER_FAIL() << "--quant synthesizes a preset; with --model the checkpoint's own format is used";
     if (lens.empty()) QINFER_FAIL() << "--input-lens is empty";
     if (!plot_path.empty() && !plot_available()) QINFER_FAIL() << "--plot: this qinfer was built without libgd (apt-get install libgd-dev, rebuild)";
@@ -127,6 +184,12 @@ int cmd_bench(int argc, char ** argv) {
     const bool kv_bf16 = engine->backend_name() == "cuda";
     std::fprintf(stderr, "bench: %s on %s, memory bandwidth %.1f GB/s (%s)\n", model_name.c_str(), sys.card.c_str(),
                  sys.bandwidth / 1e9, sys.bandwidth_source.c_str());
+    const std::string quant_label =
+        c.quant.quantized() ? c.quant.label : c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
+    if (max_batch) {
+        max_batch_table(*engine, model_name, quant_label, eo.kv_dtype != "auto" ? eo.kv_dtype : "bf16", lens, gen, json_path);
+        return 0;
+    }
 
     std::vector<Row> rows;
     Progress bar("bench", int64_t(lens.size() * batches.size()) * repeat);
@@ -159,7 +222,7 @@ int cmd_bench(int argc, char ** argv) {
             Row r;
             r.batch = batch;
             r.model = model_name;
-            r.quant = c.quant.quantized() ? c.quant.label : c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
+            r.quant = quant_label;
             r.kv_dtype = eo.kv_dtype != "auto" ? eo.kv_dtype : kv_bf16 ? "bf16" : "fp32";
             r.input_len = len;
             r.gen_len = gen;

@@ -75,6 +75,8 @@ b[8 + n + begin:8 + n + begin + 4] = struct.pack('<f', -1.0)
 open(p, 'wb').write(bytes(b))
 PY
 expect kv-scale-negative "v_scale' is -1; an fp8 KV scale must be positive" "$q" info --model "$tmp/ks"
+if ! "$q" bench --help | grep -q max-batch; then echo "FAIL bench --help: no --max-batch"; fails=$((fails + 1)); fi
+expect max-batch-cpu "needs the CUDA backend" "$q" bench --preset tiny-qwen2 --backend cpu --max-batch --input-lens 8 --gen 1
 expect bad-batch "--batch entries must be in 1..4096" "$q" bench --preset tiny-qwen2 --batch 0 --input-lens 1 --gen 1
 
 # Plots of benchmark JSON.
