@@ -14,6 +14,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/elementwise.cu
   src/backends/cuda/attention.cu
   src/backends/cuda/attention_decode_tc.cu
+  src/backends/cuda/attention_prefill_pipelined.cu
   src/backends/cuda/gemm.cpp
   src/model/qwen_cuda.cpp)
 target_compile_definitions(qinfer_lib PUBLIC QINFER_CUDA)

@@ -171,14 +171,15 @@ if has max-batch; then
         done
     done
 fi
-# Decode attention A/B: the SIMT kernel (default) against the tensor-core one (QINFER_DECODE_ATTN=tc), same run.
+# Attention A/B: decode SIMT (default) against tensor cores (QINFER_DECODE_ATTN=tc), prefill tiled (default) against
+# pipelined (QINFER_PREFILL_ATTN=pipelined), kernels and end to end, same run.
 if has decode-ab; then
     build-device/tests/qinfer_tests --gtest_filter='*Attention*' 2>&1 | grep -E "^\[ kernel \]|FAILED|PASSED" | tee "$OUT/decode-ab-kernels.log"
     for p in qwen2.5-0.5b qwen2.5-7b; do
-        for k in simt tc; do
-            echo "-- $p decode attention $k"
-            QINFER_DECODE_ATTN=$k "$Q" bench --preset $p --input-lens 1,6144,30720 --gen 256 --json "$OUT/decode-ab-$p-$k.json" 2>&1 |
-                tee -a "$OUT/decode-ab.log" | grep -E "^\| qwen"
+        for k in simt:tiled tc:pipelined; do
+            echo "-- $p attention ${k%%:*} / ${k##*:}"
+            QINFER_DECODE_ATTN=${k%%:*} QINFER_PREFILL_ATTN=${k##*:} "$Q" bench --preset $p --input-lens 1,6144,30720 --gen 256 \
+                --json "$OUT/attn-ab-$p-${k%%:*}.json" 2>&1 | tee -a "$OUT/decode-ab.log" | grep -E "^\| qwen"
         done
     done
 fi

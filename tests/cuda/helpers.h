@@ -103,6 +103,12 @@ inline std::vector<float> norm_rows(const std::vector<float> & x, const std::vec
     return y;
 }
 
+// The prefill attention kernels that take this head_dim (the pipelined one: 64 and 128).
+inline std::vector<cuda::PrefillKernel> prefill_kernels(int head_dim) {
+    if (head_dim == 64 || head_dim == 128) return {cuda::PrefillKernel::Tiled, cuda::PrefillKernel::Pipelined};
+    return {cuda::PrefillKernel::Tiled};
+}
+
 // The decode attention kernels that take this head_dim (the tensor-core one: 64 and 128).
 inline std::vector<cuda::DecodeKernel> decode_kernels(int head_dim) {
     if (head_dim == 64 || head_dim == 128) return {cuda::DecodeKernel::Simt, cuda::DecodeKernel::TensorCore};

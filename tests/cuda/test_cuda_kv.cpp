@@ -122,13 +122,17 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
     // Prefill of the last n queries; tiles are rounded to bf16 on their way to the tensor cores.
     const int n = std::min(len, 37), pos0 = len - n;
     std::vector<float> qp = randn(size_t(n) * n_head * d, 2.0f);
-    DeviceBuffer dqp = upload_bf16(qp), dop = poisoned(size_t(n) * n_head * d * 2);
-    cuda::attention_prefill(dqp.as<bf16>(), cache.layer(), n, pos0, n_head, n_kv, d, dop.as<bf16>(), nullptr);
+    DeviceBuffer dqp = upload_bf16(qp), dop(size_t(n) * n_head * d * 2, "test");
     std::vector<float> wp(qp.size());
     for (int i = 0; i < n; i++) {
         cpu::attention(qp.data() + size_t(i) * n_head * d, 1, pos0 + i, n_head, n_kv, d, k_row, v_row, wp.data() + size_t(i) * n_head * d);
     }
-    EXPECT_LT(rel_err(download_bf16(dop, wp.size()), wp), 2e-2) << name << " prefill len " << len << " d " << d << " rep " << n_rep;
+    for (cuda::PrefillKernel kernel : prefill_kernels(d)) {
+        cudaMemset(dop.get(), 0xff, dop.bytes());
+        cuda::attention_prefill(dqp.as<bf16>(), cache.layer(), n, pos0, n_head, n_kv, d, dop.as<bf16>(), nullptr, kernel);
+        EXPECT_LT(rel_err(download_bf16(dop, wp.size()), wp), 2e-2)
+            << name << " prefill len " << len << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, QuantAttention,

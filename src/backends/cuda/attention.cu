@@ -22,14 +22,6 @@ namespace {
 constexpr int k_br = 64;  // queries per block (16 per warp)
 constexpr int k_bc = 64;  // keys per tile
 
-struct PrefillArgs {
-    const bf16 * q;
-    KVLayer cache;
-    bf16 * out;
-    int n, pos0, n_head, n_kv, d;
-    float scale_log2;  // head_dim^-0.5 * log2(e)
-};
-
 // D: head_dim padded to a multiple of 16 (32, 64, 128); the real head_dim a.d is a multiple of 8. K: the cache's
 // kind; quantized tiles are dequantized to bf16 on their way into shared memory.
 template <int D, KVKind K> __global__ void __launch_bounds__(128) attention_prefill_kernel(PrefillArgs a) {
@@ -410,11 +402,22 @@ __global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(Dec
 }  // namespace
 
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, PrefillKernel kernel) {
     if (n == 0) return;
     if (head_dim % 8 != 0) QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " must be a multiple of 8";
     PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
     if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
+    if (kernel == PrefillKernel::Auto) {
+        static const bool pipelined = [] {
+            const char * e = std::getenv("QINFER_PREFILL_ATTN");
+            return e && std::string(e) == "pipelined";
+        }();
+        kernel = pipelined ? PrefillKernel::Pipelined : PrefillKernel::Tiled;
+    }
+    if (kernel == PrefillKernel::Pipelined) {
+        if (launch_attention_prefill_pipelined(a, stream)) return;
+        QINFER_FAIL() << "attention_prefill: the pipelined kernel takes head_dim 64 or 128 (got " << head_dim << ")";
+    }
     dim3 grid(n_head, (n + k_br - 1) / k_br);
     auto run = [&](auto d_const) {
         constexpr int D = decltype(d_const)::value;

@@ -25,6 +25,26 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 __device__ __forceinline__ uint32_t load_pair(const bf16 * p) { return *reinterpret_cast<const uint32_t *>(p); }
 
+// 16 bytes global -> shared without registers; valid false zero-fills them.
+__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool valid) {
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+    const int bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+struct PrefillArgs {
+    const bf16 * q;  // [n, n_head, d]
+    KVLayer cache;
+    bf16 * out;  // [n, n_head, d]
+    int n, pos0, n_head, n_kv, d;
+    float scale_log2;  // head_dim^-0.5 * log2(e)
+};
+
+// The pipelined prefill kernel (attention_prefill_pipelined.cu) for head_dim 64 and 128; false for others.
+bool launch_attention_prefill_pipelined(const PrefillArgs & a, cudaStream_t stream);
+
 // Dims [col, col + 8) of a quantized cache row as 8 bf16 (one 16-byte shared-memory store).
 template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant & q, bool value, int64_t row, int d, int col) {
     uint32_t w[2];

@@ -19,14 +19,6 @@ namespace {
 
 constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
 
-__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool valid) {
-    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
-    const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
 template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
     constexpr int ld = D + 8;                       // padded smem rows (16 bytes): conflict-free fragments and ldmatrix
     constexpr int tile_elems = k_tile * ld;         // one K or V tile

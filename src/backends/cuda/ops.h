@@ -125,8 +125,13 @@ void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream
 // Causal prefill attention (FlashAttention-2 style on tensor cores): n queries at positions pos0..pos0+n-1 over
 // cached keys 0..pos0+n-1. q bf16 [n, n_head, d]; out bf16 [n, n_head, d]. d in {16, 24, 32, 64, 128}. Quantized caches
 // are dequantized (to bf16) as their tiles are loaded.
+// Two implementations: 64 queries per block with each K/V tile loaded then used (any head_dim above), and 128 queries
+// per block with the next tile in flight through cp.async while the current one is used (head_dim 64 and 128;
+// attention_prefill_pipelined.cu). Auto: the first unless QINFER_PREFILL_ATTN=pipelined (the second has not been
+// timed yet).
+enum class PrefillKernel { Auto, Tiled, Pipelined };
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
-                       cudaStream_t stream);
+                       cudaStream_t stream, PrefillKernel kernel = PrefillKernel::Auto);
 
 // Decode attention for one token of each of `batch` sequences (flash-decoding): the keys of each KV head are spread
 // over max_splits blocks (at most k_decode_max_split keys each), then combined. The grid is fixed (graph capture)

@@ -1,0 +1,232 @@
+// Causal prefill attention, pipelined (FlashAttention-2 on mma.sync m16n8k16), for head_dim 64 and 128.
+//
+// The first prefill kernel (attention.cu) loads each 64-key tile synchronously and then computes, with 64 queries
+// per block. This one keeps two tiles in flight: while the warps multiply tile t, cp.async brings tile t + 1 into the
+// other half of shared memory (a quantized cache is dequantized into it instead). A block owns 128 queries of one
+// head (8 warps of 16 rows), so each K/V tile serves twice the queries; K fragments come from ldmatrix.x4 (two n-tiles
+// per instruction) and V fragments from ldmatrix.x4.trans (two d-tiles per instruction); a warp skips the tiles its
+// causal window does not reach. Same online softmax in the log2 domain, same outputs as the first kernel.
+#include <cmath>
+
+#include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kv_quant.cuh"
+
+namespace qinfer::cuda {
+
+namespace {
+
+constexpr int k_warps = 8;
+constexpr int k_threads = k_warps * 32;
+constexpr int k_rows = k_warps * 16;  // queries per block
+constexpr int k_keys = 64;            // keys per tile
+
+__device__ __forceinline__ void ldmatrix_x4(const bf16 * p, uint32_t & r0, uint32_t & r1, uint32_t & r2, uint32_t & r3) {
+    const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(const bf16 * p, uint32_t & r0, uint32_t & r1, uint32_t & r2, uint32_t & r3) {
+    const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// grid (n_head, query tiles): heads vary fastest so the heads of a KV group read its tiles from L2 together; query
+// tiles run last-first, the causal ones with the most keys before the light ones.
+template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attention_prefill_pipelined_kernel(PrefillArgs a) {
+    constexpr int ld = D + 8;  // padded rows (16 bytes): conflict-free ldmatrix
+    constexpr int tile_elems = k_keys * ld;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 * smem = reinterpret_cast<bf16 *>(smem_raw);  // [2 stages][K, V][k_keys][ld]
+
+    const int head = blockIdx.x, kvh = head / (a.n_head / a.n_kv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    const int q_tile = (gridDim.y - 1 - blockIdx.y) * k_rows;
+    const int warp_row = q_tile + warp * 16;  // the warp's first query row (relative to the chunk)
+    const int row0 = warp_row + g, row1 = row0 + 8;
+    const int last_row = min(q_tile + k_rows, a.n) - 1;
+    const int n_keys = a.pos0 + last_row + 1;  // causal: keys this block needs
+    // The last key any row of this warp sees; -1 when the warp's rows all lie past the chunk.
+    const int warp_last_key = warp_row < a.n ? a.pos0 + min(warp_row + 15, a.n - 1) : -1;
+
+    uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+        const int c0 = kc * 16 + 2 * tq, c1 = c0 + 8;
+        auto ld_q = [&](int row, int col) -> uint32_t {
+            return row < a.n ? load_pair(a.q + (int64_t(row) * a.n_head + head) * D + col) : 0u;
+        };
+        qf[kc][0] = ld_q(row0, c0);
+        qf[kc][1] = ld_q(row1, c0);
+        qf[kc][2] = ld_q(row0, c1);
+        qf[kc][3] = ld_q(row1, c1);
+    }
+
+    const int bs = a.cache.block_size;
+    auto load_tile = [&](int t) {
+        bf16 * ks = smem + (t % 2) * 2 * tile_elems, * vs = ks + tile_elems;
+        const int k0 = t * k_keys;
+        for (int c = threadIdx.x; c < k_keys * (D / 8); c += k_threads) {
+            const int key = c / (D / 8), col = (c % (D / 8)) * 8, j = k0 + key;
+            const bool valid = j < n_keys;
+            const int64_t row = valid ? (int64_t(a.cache.block_table[j / bs]) * a.n_kv + kvh) * bs + j % bs : 0;
+            if constexpr (K == KVKind::BF16) {
+                cp_async16(&ks[key * ld + col], a.cache.k + row * D + col, valid);
+                cp_async16(&vs[key * ld + col], a.cache.v + row * D + col, valid);
+            } else {
+                const uint4 zero = make_uint4(0, 0, 0, 0);
+                *reinterpret_cast<uint4 *>(&ks[key * ld + col]) = valid ? dequant8_bf16<K>(a.cache.quant, false, row, D, col) : zero;
+                *reinterpret_cast<uint4 *>(&vs[key * ld + col]) = valid ? dequant8_bf16<K>(a.cache.quant, true, row, D, col) : zero;
+            }
+        }
+        cp_async_commit();
+    };
+
+    float o[D / 8][4] = {};
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
+    const int n_tiles = (n_keys + k_keys - 1) / k_keys;
+    load_tile(0);
+    for (int t = 0; t < n_tiles; t++) {
+        if (t + 1 < n_tiles) {
+            load_tile(t + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int k0 = t * k_keys;
+        if (k0 <= warp_last_key) {
+            const bf16 * ks = smem + (t % 2) * 2 * tile_elems, * vs = ks + tile_elems;
+            // S = Q K^T: 16 rows x 64 keys, as 8 n-tiles; one ldmatrix.x4 gives the B fragments of two n-tiles.
+            float s[k_keys / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < k_keys / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0;
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++) {
+#pragma unroll
+                for (int np = 0; np < k_keys / 16; np++) {
+                    const int key = np * 16 + (lane % 8) + (lane / 16) * 8, col = kc * 16 + ((lane / 8) % 2) * 8;
+                    uint32_t b0, b1, b2, b3;
+                    ldmatrix_x4(&ks[key * ld + col], b0, b1, b2, b3);
+                    mma_16816(s[2 * np], qf[kc], b0, b1);
+                    mma_16816(s[2 * np + 1], qf[kc], b2, b3);
+                }
+            }
+            // Scale into the log2 domain and mask (causal, and rows past the chunk).
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < k_keys / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + nt * 8 + 2 * tq + (e & 1);
+                    const int row = e < 2 ? row0 : row1;
+                    const bool ok = row < a.n && key <= a.pos0 + row;
+                    s[nt][e] = ok ? s[nt][e] * a.scale_log2 : -INFINITY;
+                }
+                mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float new_m0 = fmaxf(m0, mx0), new_m1 = fmaxf(m1, mx1);
+            // A fully masked row keeps reference 0 so exp2 never sees (-inf) - (-inf).
+            const float ref0 = new_m0 == -INFINITY ? 0.f : new_m0, ref1 = new_m1 == -INFINITY ? 0.f : new_m1;
+            const float alpha0 = exp2f(m0 - ref0), alpha1 = exp2f(m1 - ref1);
+            m0 = new_m0;
+            m1 = new_m1;
+            l0 *= alpha0;
+            l1 *= alpha1;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; dt++) {
+                o[dt][0] *= alpha0;
+                o[dt][1] *= alpha0;
+                o[dt][2] *= alpha1;
+                o[dt][3] *= alpha1;
+            }
+            // P = exp2(S - m) as bf16 A fragments (16 keys each).
+            uint32_t pf[k_keys / 16][4];
+#pragma unroll
+            for (int nt = 0; nt < k_keys / 8; nt++) {
+                const float p0 = exp2f(s[nt][0] - ref0), p1 = exp2f(s[nt][1] - ref0);
+                const float p2 = exp2f(s[nt][2] - ref1), p3 = exp2f(s[nt][3] - ref1);
+                l0 += p0 + p1;
+                l1 += p2 + p3;
+                pf[nt / 2][(nt % 2) * 2 + 0] = pack_bf16(p0, p1);
+                pf[nt / 2][(nt % 2) * 2 + 1] = pack_bf16(p2, p3);
+            }
+            // O += P V: ldmatrix.x4.trans gives the B fragments of d-tiles dt and dt + 1 for 16 keys (lanes 0-15 address
+            // the keys at column dt * 8, lanes 16-31 at (dt + 1) * 8).
+#pragma unroll
+            for (int kc = 0; kc < k_keys / 16; kc++) {
+#pragma unroll
+                for (int dt = 0; dt < D / 8; dt += 2) {
+                    uint32_t b0, b1, b2, b3;
+                    ldmatrix_x4_trans(&vs[(kc * 16 + (lane % 16)) * ld + (dt + lane / 16) * 8], b0, b1, b2, b3);
+                    mma_16816(o[dt], pf[kc], b0, b1);
+                    mma_16816(o[dt + 1], pf[kc], b2, b3);
+                }
+            }
+        }
+        __syncthreads();  // the stage is overwritten by the load two tiles on
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0 ? 1.0f / l0 : 0.f, inv1 = l1 > 0 ? 1.0f / l1 : 0.f;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+        const int col = dt * 8 + 2 * tq;
+        if (row0 < a.n) {
+            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row0) * a.n_head + head) * D + col) =
+                __floats2bfloat162_rn(o[dt][0] * inv0, o[dt][1] * inv0);
+        }
+        if (row1 < a.n) {
+            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row1) * a.n_head + head) * D + col) =
+                __floats2bfloat162_rn(o[dt][2] * inv1, o[dt][3] * inv1);
+        }
+    }
+}
+
+template <int D, KVKind K> void launch(const PrefillArgs & a, cudaStream_t stream) {
+    constexpr size_t smem = size_t(2) * 2 * k_keys * (D + 8) * sizeof(bf16);
+    static bool configured = false;  // once per instantiation
+    if (!configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_pipelined_kernel<D, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = true;
+    }
+    const dim3 grid(a.n_head, (a.n + k_rows - 1) / k_rows);
+    attention_prefill_pipelined_kernel<D, K><<<grid, k_threads, smem, stream>>>(a);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D> void launch_kind(const PrefillArgs & a, cudaStream_t stream) {
+    switch (a.cache.quant.kind) {
+    case KVKind::BF16: return launch<D, KVKind::BF16>(a, stream);
+    case KVKind::FP8: return launch<D, KVKind::FP8>(a, stream);
+    case KVKind::INT8: return launch<D, KVKind::INT8>(a, stream);
+    case KVKind::INT4: return launch<D, KVKind::INT4>(a, stream);
+    }
+}
+
+}  // namespace
+
+bool launch_attention_prefill_pipelined(const PrefillArgs & a, cudaStream_t stream) {
+    if (a.d == 64) {
+        launch_kind<64>(a, stream);
+        return true;
+    }
+    if (a.d == 128) {
+        launch_kind<128>(a, stream);
+        return true;
+    }
+    return false;
+}
+
+}  // namespace qinfer::cuda
