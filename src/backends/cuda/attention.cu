@@ -3,6 +3,8 @@
 //            head; K/V tiles of 64 keys go through shared memory; online softmax in fp32 registers; no n^2 memory.
 //   decode:  flash-decoding: the keys of one KV head are spread over a fixed grid of splits, each block reads its
 //            keys once for all query heads sharing that KV head (GQA), and a second kernel combines the partial results.
+// The launchers here also dispatch to the pipelined prefill kernel (attention_prefill_pipelined.cu) and the
+// tensor-core decode kernel (attention_decode_tc.cu), which share this file's combine kernel and argument structs.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
