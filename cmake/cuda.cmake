@@ -12,6 +12,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/gemv.cu
   src/backends/cuda/qgemv.cu
   src/backends/cuda/elementwise.cu
+  src/backends/cuda/sampling.cu
   src/backends/cuda/attention.cu
   src/backends/cuda/attention_decode_tc.cu
   src/backends/cuda/attention_prefill_pipelined.cu

@@ -158,6 +158,8 @@ public:
     void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override;
     bool decode_greedy_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
                              std::vector<int> & out) override;
+    bool decode_sampled(int seq, int token, int n_steps, int n_valid, const SamplingParams & p, const std::vector<int> & prompt,
+                        const std::vector<int> & output, std::vector<int> & out) override;
     uint64_t peak_memory_bytes() const override { return cuda::DeviceAllocator::instance().peak(); }
 
 private:
@@ -175,7 +177,11 @@ private:
     void linear(const bf16 * x, int m, const DevLinear & l, bf16 * y);
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     void moe(const DevLayer & L, int c, const bf16 * xn, float * x);
-    void decode_step(int batch, bool greedy);
+    // How a decode step ends: logits left in logits_, or the next token picked on the device (state advanced).
+    enum class StepEnd { Logits, Argmax, Sample };
+    void decode_step(int batch, StepEnd end);
+    bool run_decode_graph(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid, StepEnd end,
+                          std::vector<int> & out);
 
     std::unique_ptr<Model> model_;
     EngineOptions opt_;
@@ -220,6 +226,11 @@ private:
     std::vector<int> graph_seqs_;  // the batch the graph was captured for (empty: none)
     const void * graph_logits_ = nullptr;  // logits_ when captured (forward() may have grown it since)
     int graph_valid_ = 0;
+    StepEnd graph_end_ = StepEnd::Argmax;
+    cuda::SampleParams graph_sample_;  // the sampling parameters captured (StepEnd::Sample)
+    // Sampling state of the decoding sequence: ids seen (prompt and output), output counts, penalised logits.
+    cuda::SampleParams sample_params_;
+    DeviceBuffer sample_seen_, sample_counts_, sample_work_;
     StepProfiler prof_;
     bool profiled_ = false;
 };
@@ -399,7 +410,7 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const ModelConfig & c = model_->config;
     ws_tokens_ = 0;
     for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &moe_rows_, &moe_scale_, &moe_in_,
-                             &moe_gu_, &moe_act_, &moe_out_, &router_logits_}) {
+                             &moe_gu_, &moe_act_, &moe_out_, &router_logits_, &sample_seen_, &sample_counts_, &sample_work_}) {
         *b = DeviceBuffer();
     }
     if (graph_) cudaGraphExecDestroy(graph_);
@@ -789,9 +800,9 @@ bool CudaQwenEngine::prepare_batch(const std::vector<int> & seqs, const std::vec
 
 // One decode step of the prepared batch (B tokens, one per sequence), entirely on the device, so it can be captured
 // into a graph. Up to k_gemv_max_m rows the projections are GEMVs with RMSNorm and their epilogues fused (the batch-1
-// path); larger batches run the prefill ops (RMSNorm, cuBLASLt, SiLU-mul) on all rows. greedy: the argmax advances
-// the decode state; else the logits are left in logits_ (fp32 [B, vocab]).
-void CudaQwenEngine::decode_step(int B, bool greedy) {
+// path); larger batches run the prefill ops (RMSNorm, cuBLASLt, SiLU-mul) on all rows. `end`: the logits are left in
+// logits_ (fp32 [B, vocab]), or the argmax or a sampled token advances the decode state.
+void CudaQwenEngine::decode_step(int B, StepEnd end) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size;
     const float eps = float(cfg.rms_norm_eps);
@@ -891,8 +902,11 @@ void CudaQwenEngine::decode_step(int B, bool greedy) {
         cuda::gemm(xn, lm_head_, B, cfg.vocab_size, H, logits_.get(), true, stream_);
     }
     prof_.mark("lm_head gemv");
-    if (!greedy) return;
-    if (B == 1) {
+    if (end == StepEnd::Logits) return;
+    if (end == StepEnd::Sample) {
+        cuda::sample_rows_advance(logits_.as<float>(), B, cfg.vocab_size, graph_valid_, sample_params_, sample_seen_.as<uint8_t>(),
+                                  sample_counts_.as<int>(), sample_work_.as<float>(), tokens, pos, step, len, tokens_out_.as<int>(), stream_);
+    } else if (B == 1) {
         cuda::argmax_advance(logits_.as<float>(), graph_valid_, argmax_scratch_.as<float>(), tokens, tokens_out_.as<int>(), stream_);
     } else {
         cuda::argmax_rows_advance(logits_.as<float>(), B, cfg.vocab_size, graph_valid_, tokens, pos, step, len, tokens_out_.as<int>(), stream_);
@@ -910,7 +924,7 @@ void CudaQwenEngine::forward_batch(const std::vector<int> & seqs, const std::vec
     if (cfg.rope_scaling.type == RopeType::Dynamic) return Engine::forward_batch(seqs, tokens, logits);
     if (!prepare_batch(seqs, tokens, 1)) QINFER_FAIL() << "CUDA backend: a sequence of the batch outgrew the KV cache reserved for it";
     const int B = int(seqs.size());
-    decode_step(B, false);
+    decode_step(B, StepEnd::Logits);
     logits.resize(size_t(B) * cfg.vocab_size);
     CUDA_CHECK(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -921,9 +935,39 @@ bool CudaQwenEngine::decode_greedy(int seq, int token, int n_steps, int n_valid,
     return decode_greedy_batch({seq}, {token}, n_steps, n_valid, out);
 }
 
-// Greedy decoding of a batch on the device: the step is captured once per batch into a CUDA graph and replayed.
 bool CudaQwenEngine::decode_greedy_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
                                          std::vector<int> & out) {
+    return run_decode_graph(seqs, tokens, n_steps, n_valid, StepEnd::Argmax, out);
+}
+
+// Sampling needs top_k in 1..64 and temperature > 0 (else the host samples); penalties start from the sequence so far.
+bool CudaQwenEngine::decode_sampled(int seq, int token, int n_steps, int n_valid, const SamplingParams & p, const std::vector<int> & prompt,
+                                    const std::vector<int> & output, std::vector<int> & out) {
+    if (!(p.temperature > 0) || p.top_k < 1 || p.top_k > cuda::k_sample_max_k) return false;
+    const int V = model_->config.vocab_size;
+    std::vector<uint8_t> seen(static_cast<size_t>(V), 0);
+    std::vector<int> counts(static_cast<size_t>(V), 0);
+    for (int t : prompt) {
+        if (t >= 0 && t < V) seen[size_t(t)] = 1;
+    }
+    for (int t : output) {
+        if (t < 0 || t >= V) continue;
+        seen[size_t(t)] = 1;
+        counts[size_t(t)]++;
+    }
+    sample_seen_.ensure(seen.size(), "sampling");
+    sample_counts_.ensure(counts.size() * sizeof(int), "sampling");
+    sample_work_.ensure(size_t(V) * sizeof(float), "sampling");
+    CUDA_CHECK(cudaMemcpy(sample_seen_.get(), seen.data(), seen.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(sample_counts_.get(), counts.data(), counts.size() * sizeof(int), cudaMemcpyHostToDevice));
+    sample_params_ = {p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.top_k, p.seed};
+    return run_decode_graph({seq}, {token}, n_steps, n_valid, StepEnd::Sample, out);
+}
+
+// Decoding a batch on the device: the step is captured once per batch (and way of picking tokens) into a CUDA graph
+// and replayed.
+bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
+                                      StepEnd end, std::vector<int> & out) {
     const ModelConfig & cfg = model_->config;
     for (const auto & L : layers_) {
         if (L.moe) return false;  // host routing: the per-token path
@@ -931,17 +975,23 @@ bool CudaQwenEngine::decode_greedy_batch(const std::vector<int> & seqs, const st
     if (cfg.rope_scaling.type == RopeType::Dynamic) return false;
     if (!prepare_batch(seqs, tokens, n_steps)) return false;
     const int B = int(seqs.size());
-    if (!graph_ || graph_seqs_ != seqs || graph_valid_ != n_valid || graph_logits_ != logits_.get()) {
+    const cuda::SampleParams & a = graph_sample_, & b = sample_params_;
+    const bool same_sampling = end != StepEnd::Sample ||
+                               (a.temperature == b.temperature && a.top_p == b.top_p && a.min_p == b.min_p && a.repetition_penalty == b.repetition_penalty &&
+                                a.presence_penalty == b.presence_penalty && a.frequency_penalty == b.frequency_penalty && a.top_k == b.top_k && a.seed == b.seed);
+    if (!graph_ || graph_seqs_ != seqs || graph_valid_ != n_valid || graph_logits_ != logits_.get() || graph_end_ != end || !same_sampling) {
         if (graph_) cudaGraphExecDestroy(graph_);
         graph_ = nullptr;
         graph_valid_ = n_valid;
+        graph_end_ = end;
+        graph_sample_ = sample_params_;
         // One eager step first, so that cuBLASLt's handle, plans and workspace and the dequantization buffer exist
         // before capture (no allocation inside it). It writes this step's K/V, which the first replay writes again.
-        decode_step(B, false);
+        decode_step(B, StepEnd::Logits);
         graph_logits_ = logits_.get();
         cudaGraph_t g;
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-        decode_step(B, true);
+        decode_step(B, end);
         CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
         CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
         CUDA_CHECK(cudaGraphDestroy(g));
@@ -951,7 +1001,7 @@ bool CudaQwenEngine::decode_greedy_batch(const std::vector<int> & seqs, const st
     if (!profiled_ && std::getenv("QINFER_PROFILE")) {
         profiled_ = true;
         prof_.begin(stream_);
-        decode_step(B, true);
+        decode_step(B, end);
         prof_.report();
         first = 1;
     }

@@ -57,7 +57,8 @@ GenerateResult generate(Engine & engine, const std::vector<int> & prompt, const 
     const int vocab = c.vocab_size;
     const int n_valid = valid_ids(c, opt);
     Sampler sampler(opt.sampling, n_valid);
-    const bool device_greedy = plain_greedy(opt.sampling);
+    const SamplingParams & sp = opt.sampling;
+    const bool device_greedy = plain_greedy(sp);
 
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
@@ -85,9 +86,11 @@ GenerateResult generate(Engine & engine, const std::vector<int> & prompt, const 
         while (!stopped && int(res.tokens.size()) < opt.max_new_tokens) {
             const int remaining = opt.max_new_tokens - int(res.tokens.size());
             std::vector<int> more;
-            // Greedy steps run on the device in chunks; stop conditions are checked between chunks.
+            // Greedy (and sampled, where the backend can) steps run on the device in chunks; stop conditions are checked
+            // between chunks.
             const int chunk_steps = opt.ignore_eos && !opt.on_token ? remaining : std::min(remaining, 32);
-            if (device_greedy && engine.decode_greedy(seq, res.tokens.back(), chunk_steps, n_valid, more)) {
+            if ((device_greedy && engine.decode_greedy(seq, res.tokens.back(), chunk_steps, n_valid, more)) ||
+                (!device_greedy && engine.decode_sampled(seq, res.tokens.back(), chunk_steps, n_valid, sp, prompt, res.tokens, more))) {
                 for (int t : more) {
                     if (!accept(t)) {
                         stopped = true;

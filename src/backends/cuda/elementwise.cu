@@ -1,5 +1,5 @@
 // Small kernels: embedding gather, RMSNorm (with the residual add fused), SwiGLU, row gather/scatter for MoE,
-// q/k/v bias + q/k norm + RoPE + KV-cache write, and the greedy sampling step.
+// q/k/v bias + q/k norm + RoPE + KV-cache write (quantizing for quantized caches).
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
@@ -180,82 +180,6 @@ __global__ void fp8_scales_kernel(const float * amax, float * scale) {
     if (i < 2 && !(scale[i] > 0)) scale[i] = amax[i] > 0 ? __fdiv_rn(amax[i], 448.0f) : 1.0f;  // a checkpoint's scale stays
 }
 
-constexpr int k_argmax_threads = 256;
-constexpr int k_argmax_blocks = 128;
-
-// (value, id) pairs: the larger value wins, the lower id on ties.
-__device__ __forceinline__ void argmax_merge(float & bv, int & bi, float ov, int oi) {
-    if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-    }
-}
-
-__device__ __forceinline__ void block_argmax(float & bv, int & bi) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    for (int o = 16; o > 0; o >>= 1) argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-        sv[warp] = bv;
-        si[warp] = bi;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < int(blockDim.x / 32); w++) argmax_merge(bv, bi, sv[w], si[w]);
-    }
-}
-
-// Pass 1: each block reduces a strided slice of the logits to one (value, id) pair.
-__global__ void __launch_bounds__(k_argmax_threads) argmax_partial_kernel(const float * logits, int n, float * partial) {
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = blockIdx.x * k_argmax_threads + threadIdx.x; i < n; i += k_argmax_blocks * k_argmax_threads) {
-        argmax_merge(bv, bi, logits[i], i);
-    }
-    block_argmax(bv, bi);
-    if (threadIdx.x == 0) {
-        partial[2 * blockIdx.x] = bv;
-        reinterpret_cast<int *>(partial)[2 * blockIdx.x + 1] = bi;
-    }
-}
-
-// Pass 2: one block of k_argmax_blocks threads merges the pairs and advances the decode state.
-__global__ void argmax_final_kernel(const float * partial, int * state, int * out_tokens) {
-    float bv = partial[2 * threadIdx.x];
-    int bi = reinterpret_cast<const int *>(partial)[2 * threadIdx.x + 1];
-    block_argmax(bv, bi);
-    if (threadIdx.x == 0) {
-        if (bi == 0x7fffffff) bi = 0;  // all NaN: a defined token rather than garbage
-        state[0] = bi;
-        out_tokens[state[2]] = bi;
-        state[1] += 1;
-        state[2] += 1;
-        state[3] += 1;
-    }
-}
-
-// One block per row of a batch: the row's argmax over n_valid ids, written to the decode state of its sequence.
-__global__ void __launch_bounds__(k_argmax_threads)
-    argmax_rows_kernel(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, const int * step, int * len, int * out) {
-    const int r = blockIdx.x;
-    const float * row = logits + int64_t(r) * vocab;
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n_valid; i += k_argmax_threads) argmax_merge(bv, bi, row[i], i);
-    block_argmax(bv, bi);
-    if (threadIdx.x == 0) {
-        if (bi == 0x7fffffff) bi = 0;
-        tokens[r] = bi;
-        out[int64_t(*step) * rows + r] = bi;
-        pos[r] += 1;
-        len[r] += 1;
-    }
-}
-
-// After every row has read it: the step counter of a batch advances.
-__global__ void step_advance_kernel(int * step) { *step += 1; }
-
 __global__ void sleep_kernel(int64_t ns) {
     const int64_t start = clock64();
     // clock64 counts SM cycles; __nanosleep yields while waiting.
@@ -323,15 +247,6 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream) {
     CUDA_CHECK(cudaGetLastError());
 }
 
-void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, int * step, int * len,
-                         int * out_tokens, cudaStream_t stream) {
-    if (rows == 0) return;
-    argmax_rows_kernel<<<rows, k_argmax_threads, 0, stream>>>(logits, rows, vocab, n_valid, tokens, pos, step, len, out_tokens);
-    CUDA_CHECK(cudaGetLastError());
-    step_advance_kernel<<<1, 1, 0, stream>>>(step);
-    CUDA_CHECK(cudaGetLastError());
-}
-
 void gpu_sleep(int microseconds, cudaStream_t stream) {
     int clock_khz = 1500000;
     cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
@@ -339,11 +254,5 @@ void gpu_sleep(int microseconds, cudaStream_t stream) {
     CUDA_CHECK(cudaGetLastError());
 }
 
-void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream) {
-    argmax_partial_kernel<<<k_argmax_blocks, k_argmax_threads, 0, stream>>>(logits, n_valid, scratch);
-    CUDA_CHECK(cudaGetLastError());
-    argmax_final_kernel<<<1, k_argmax_blocks, 0, stream>>>(scratch, state, out_tokens);
-    CUDA_CHECK(cudaGetLastError());
-}
 
 }  // namespace qinfer::cuda

@@ -164,6 +164,20 @@ void argmax_advance(const float * logits, int n_valid, float * scratch, int * st
 // out_tokens[*step * rows + r] = tokens[r], pos[r] and len[r] advance by one, then *step. logits fp32 [rows, vocab].
 void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, int * step, int * len,
                          int * out_tokens, cudaStream_t stream);
+// Sampling step of a batch with the host Sampler's rules (runtime/sampler.h) for top_k in 1..k_sample_max_k and
+// temperature > 0: repetition penalty over the ids marked in `seen`, presence/frequency penalties from `counts`,
+// temperature, top-k, top-p, min-p, then a draw with the device's own random numbers (a hash of the seed, the token's
+// position and the row: a sequence's draws do not depend on how its steps are chunked; they differ from the host
+// Sampler's for the same seed). The chosen token is marked in seen/counts; the state advances as argmax_rows_advance.
+// seen uint8 [rows, vocab], counts int [rows, vocab], work fp32 [rows, vocab] on the device.
+constexpr int k_sample_max_k = 64;
+struct SampleParams {
+    float temperature = 1, top_p = 1, min_p = 0, repetition_penalty = 1, presence_penalty = 0, frequency_penalty = 0;
+    int top_k = 0;
+    uint64_t seed = 0;
+};
+void sample_rows_advance(const float * logits, int rows, int vocab, int n_valid, const SampleParams & p, uint8_t * seen, int * counts,
+                         float * work, int * tokens, int * pos, int * step, int * len, int * out_tokens, cudaStream_t stream);
 
 // ---- prefill GEMM (cuBLASLt) ----
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.

@@ -1,0 +1,216 @@
+// The next token on the device: greedy argmax (one sequence: two passes over the vocabulary; a batch: a block per row)
+// and sampling with the host Sampler's rules (runtime/sampler.h), so decode steps that pick tokens run inside the CUDA
+// graph with no logits leaving the card.
+#include <cstdint>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda {
+
+namespace {
+
+constexpr int k_argmax_threads = 256;
+constexpr int k_argmax_blocks = 128;
+
+// (value, id) pairs: the larger value wins, the lower id on ties.
+__device__ __forceinline__ void argmax_merge(float & bv, int & bi, float ov, int oi) {
+    if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+    }
+}
+
+__device__ __forceinline__ void block_argmax(float & bv, int & bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    for (int o = 16; o > 0; o >>= 1) argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < int(blockDim.x / 32); w++) argmax_merge(bv, bi, sv[w], si[w]);
+    }
+}
+
+// Pass 1: each block reduces a strided slice of the logits to one (value, id) pair.
+__global__ void __launch_bounds__(k_argmax_threads) argmax_partial_kernel(const float * logits, int n, float * partial) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = blockIdx.x * k_argmax_threads + threadIdx.x; i < n; i += k_argmax_blocks * k_argmax_threads) {
+        argmax_merge(bv, bi, logits[i], i);
+    }
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        partial[2 * blockIdx.x] = bv;
+        reinterpret_cast<int *>(partial)[2 * blockIdx.x + 1] = bi;
+    }
+}
+
+// Pass 2: one block of k_argmax_blocks threads merges the pairs and advances the decode state.
+__global__ void argmax_final_kernel(const float * partial, int * state, int * out_tokens) {
+    float bv = partial[2 * threadIdx.x];
+    int bi = reinterpret_cast<const int *>(partial)[2 * threadIdx.x + 1];
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        if (bi == 0x7fffffff) bi = 0;  // all NaN: a defined token rather than garbage
+        state[0] = bi;
+        out_tokens[state[2]] = bi;
+        state[1] += 1;
+        state[2] += 1;
+        state[3] += 1;
+    }
+}
+
+// One block per row of a batch: the row's argmax over n_valid ids, written to the decode state of its sequence.
+__global__ void __launch_bounds__(k_argmax_threads)
+    argmax_rows_kernel(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, const int * step, int * len, int * out) {
+    const int r = blockIdx.x;
+    const float * row = logits + int64_t(r) * vocab;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n_valid; i += k_argmax_threads) argmax_merge(bv, bi, row[i], i);
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        if (bi == 0x7fffffff) bi = 0;
+        tokens[r] = bi;
+        out[int64_t(*step) * rows + r] = bi;
+        pos[r] += 1;
+        len[r] += 1;
+    }
+}
+
+// After every row has read it: the step counter of a batch advances.
+__global__ void step_advance_kernel(int * step) { *step += 1; }
+
+constexpr int k_sample_threads = 256;
+
+// A uniform double in [0, 1) from the seed, the token's position and the row (splitmix64's finaliser).
+__device__ __forceinline__ double uniform01(uint64_t seed, uint64_t pos, uint64_t row) {
+    uint64_t z = seed ^ (pos * 0x9E3779B97F4A7C15ull) ^ (row * 0xD1B54A32D192ED03ull);
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return double(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+struct SampleArgs {
+    const float * logits;  // [rows, vocab]
+    int vocab, n_valid, rows;
+    SampleParams p;
+    uint8_t * seen;  // [rows, vocab]
+    int * counts;    // [rows, vocab]
+    float * work;    // [rows, vocab]
+    int *tokens, *pos, *step, *len, *out;
+};
+
+// One block per row: penalties and temperature into `work`, the top_k candidates by k block-wide argmax passes
+// (each winner is then marked NaN, which never wins again; ties go to the lower id, as the host's sort), then on one
+// thread the softmax over them, the top-p and min-p cuts and the draw.
+__global__ void __launch_bounds__(k_sample_threads) sample_rows_kernel(SampleArgs a) {
+    const int r = blockIdx.x;
+    const float * row = a.logits + int64_t(r) * a.vocab;
+    float * work = a.work + int64_t(r) * a.vocab;
+    uint8_t * seen = a.seen + int64_t(r) * a.vocab;
+    int * counts = a.counts + int64_t(r) * a.vocab;
+    const SampleParams & p = a.p;
+    for (int i = threadIdx.x; i < a.n_valid; i += k_sample_threads) {
+        float l = row[i];
+        if (p.repetition_penalty != 1.0f && seen[i]) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+        if (counts[i]) l -= p.presence_penalty + p.frequency_penalty * float(counts[i]);
+        work[i] = l / p.temperature;
+    }
+    __syncthreads();
+    __shared__ float cand_v[k_sample_max_k];
+    __shared__ int cand_i[k_sample_max_k];
+    const int k = min(p.top_k, a.n_valid);
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < a.n_valid; i += k_sample_threads) argmax_merge(bv, bi, work[i], i);
+        block_argmax(bv, bi);
+        if (threadIdx.x == 0) {
+            if (bi == 0x7fffffff) bi = 0;
+            cand_v[j] = bv;
+            cand_i[j] = bi;
+            work[bi] = NAN;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    double prob[k_sample_max_k];
+    double sum = 0;
+    for (int j = 0; j < k; j++) sum += (prob[j] = exp(double(cand_v[j]) - double(cand_v[0])));
+    for (int j = 0; j < k; j++) prob[j] /= sum;
+    int cut = k;
+    if (p.top_p < 1.0f) {
+        double cum = 0;  // the smallest prefix whose mass reaches top_p
+        for (int j = 0; j < k; j++) {
+            cum += prob[j];
+            if (cum >= p.top_p) {
+                cut = j + 1;
+                break;
+            }
+        }
+    }
+    if (p.min_p > 0.0f) {
+        const double threshold = p.min_p * prob[0];
+        int c = 1;
+        while (c < cut && prob[c] >= threshold) c++;
+        cut = c;
+    }
+    double total = 0;
+    for (int j = 0; j < cut; j++) total += prob[j];
+    const double u = uniform01(p.seed, uint64_t(a.pos[r]), uint64_t(r)) * total;
+    double acc = 0;
+    int tok = cand_i[cut - 1];
+    for (int j = 0; j < cut; j++) {
+        acc += prob[j];
+        if (u < acc) {
+            tok = cand_i[j];
+            break;
+        }
+    }
+    a.tokens[r] = tok;
+    a.out[int64_t(*a.step) * a.rows + r] = tok;
+    a.pos[r] += 1;
+    a.len[r] += 1;
+    seen[tok] = 1;
+    counts[tok] += 1;
+}
+
+}  // namespace
+
+void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream) {
+    argmax_partial_kernel<<<k_argmax_blocks, k_argmax_threads, 0, stream>>>(logits, n_valid, scratch);
+    CUDA_CHECK(cudaGetLastError());
+    argmax_final_kernel<<<1, k_argmax_blocks, 0, stream>>>(scratch, state, out_tokens);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, int * step, int * len,
+                         int * out_tokens, cudaStream_t stream) {
+    if (rows == 0) return;
+    argmax_rows_kernel<<<rows, k_argmax_threads, 0, stream>>>(logits, rows, vocab, n_valid, tokens, pos, step, len, out_tokens);
+    CUDA_CHECK(cudaGetLastError());
+    step_advance_kernel<<<1, 1, 0, stream>>>(step);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void sample_rows_advance(const float * logits, int rows, int vocab, int n_valid, const SampleParams & p, uint8_t * seen, int * counts,
+                         float * work, int * tokens, int * pos, int * step, int * len, int * out_tokens, cudaStream_t stream) {
+    if (rows == 0) return;
+    if (p.top_k < 1 || p.top_k > k_sample_max_k) QINFER_FAIL() << "sample_rows_advance: top_k " << p.top_k << " (1.." << k_sample_max_k << ")";
+    if (!(p.temperature > 0)) QINFER_FAIL() << "sample_rows_advance: temperature must be > 0 (greedy: argmax_rows_advance)";
+    const SampleArgs a{logits, vocab, n_valid, rows, p, seen, counts, work, tokens, pos, step, len, out_tokens};
+    sample_rows_kernel<<<rows, k_sample_threads, 0, stream>>>(a);
+    CUDA_CHECK(cudaGetLastError());
+    step_advance_kernel<<<1, 1, 0, stream>>>(step);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace qinfer::cuda
