@@ -3,7 +3,7 @@
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
-#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch]
+#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [qgemv-ab]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
@@ -161,6 +161,17 @@ if has long; then
             tee -a "$OUT/long.log" | grep -E "^\| qwen"
     done
     rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
+fi
+# The tiled 4-bit GEMV's weight pipeline: one batch in registers (default) against a 4-deep cp.async ring
+# (QINFER_QGEMV_STAGES=4), per-op decode profile and tokens/s, same run.
+if has qgemv-ab; then
+    for q in gptq-int4 awq; do
+        for st in 0 4; do
+            echo "-- 7B $q QINFER_QGEMV_STAGES=$st"
+            QINFER_QGEMV_STAGES=$st QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 256 \
+                --json "$OUT/qgemv-ab-$q-$st.json" 2>&1 | tee -a "$OUT/qgemv-ab.log" | grep -E "gemv|^\| qwen" | grep -v lm_head
+        done
+    done
 fi
 # The largest batch of Qwen2.5-7B at 8192 + 16 tokens per KV dtype and weight format (buffers allocated, nothing run).
 if has max-batch; then
