@@ -21,6 +21,7 @@ const char * k_usage =
     "  info     architecture, parameters, quantization, bytes by dtype, memory at a context\n"
     "  dequant  write a quantized checkpoint back in fp32 (the CPU reference's weights)\n"
     "  plot     PNG chart of bench JSON: speed or memory against input length or batch\n"
+    "  memory-table  the seed's KV-cache memory tables (batch / length scaling, bf16 vs quantized cache) from bench JSON\n"
     "  plan     which weight formats, KV dtypes, contexts and batches fit a card (memory model)\n"
     "  kv-fidelity  KL divergence and top-1 agreement of a quantized KV cache against bf16 (CPU)\n"
     "  synth    write a random-weight checkpoint in the published layout\n"
@@ -45,6 +46,7 @@ int main(int argc, char ** argv) {
         if (cmd == "plan") return qinfer::cmd_plan(argc, argv);
         if (cmd == "bench") return qinfer::cmd_bench(argc, argv);
         if (cmd == "plot") return qinfer::cmd_plot(argc, argv);
+        if (cmd == "memory-table") return qinfer::cmd_memory_table(argc, argv);
         if (cmd == "tokenize") return qinfer::cmd_tokenize(argc, argv);
         if (cmd == "detokenize") return qinfer::cmd_detokenize(argc, argv);
         if (cmd == "chat") return qinfer::cmd_chat(argc, argv);

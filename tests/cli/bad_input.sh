@@ -97,6 +97,17 @@ else
     expect plot-without-libgd "built without libgd" "$q" plot --json "$tmp/rows.json" --out "$tmp/p.png"
 fi
 
+# Memory tables from bench rows.
+echo '[{"model": "m", "quant": "BF16", "kv_dtype": "bf16", "batch": 4, "input_len": 1, "gen_len": 8, "peak_gb": 16.0},
+       {"model": "m", "quant": "BF16", "kv_dtype": "int8", "batch": 4, "input_len": 1, "gen_len": 8, "peak_gb": 15.5}]' >"$tmp/mem.json"
+if "$q" memory-table --json "$tmp/mem.json" | grep -q '| 4 | 16.00 | 15.50 | 0.50 | 3% |'; then
+    echo "ok   memory-table"; passes=$((passes + 1))
+else
+    echo "FAIL memory-table: $("$q" memory-table --json "$tmp/mem.json" 2>&1 | tail -3)"; fails=$((fails + 1))
+fi
+expect memory-table-no-rows "no bench rows with peak_gb and input_len" "$q" memory-table --json "$tmp/rows.json" --by input_len
+expect memory-table-bad-by "--by must be batch or input_len" "$q" memory-table --json "$tmp/mem.json" --by gen
+
 # Quantized checkpoints whose tensors or config are wrong.
 gq="$tmp/gq"
 "$q" synth --preset tiny-qwen2 --out "$gq" --quant gptq-int4 --group-size 32 >/dev/null || { echo "synth --quant failed"; exit 1; }
