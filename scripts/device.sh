@@ -206,6 +206,8 @@ if has memory-tables; then
         done
         rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
     done
+    "$Q" memory-table --json "$(ls "$OUT"/batch-7b-*.json | paste -sd,)" --by batch | tee "$OUT/memory-table-batch.md"
+    "$Q" memory-table --json "$(ls "$OUT"/length-7b-*.json | paste -sd,)" --by input_len | tee "$OUT/memory-table-length.md"
 fi
 # Everything in one archive: the device tool brings back at most eight files.
 (cd "$OUT" && tar -cf results.tar --exclude=results.tar --exclude=goldens.tar --exclude=final.tar . &&
