@@ -158,8 +158,8 @@ public:
     void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override;
     bool decode_greedy_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
                              std::vector<int> & out) override;
-    bool decode_sampled(int seq, int token, int n_steps, int n_valid, const SamplingParams & p, const std::vector<int> & prompt,
-                        const std::vector<int> & output, std::vector<int> & out) override;
+    bool decode_sampled(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid, const SamplingParams & p,
+                        const std::vector<History> & history, std::vector<int> & out) override;
     uint64_t peak_memory_bytes() const override { return cuda::DeviceAllocator::instance().peak(); }
 
 private:
@@ -941,27 +941,33 @@ bool CudaQwenEngine::decode_greedy_batch(const std::vector<int> & seqs, const st
 }
 
 // Sampling needs top_k in 1..64 and temperature > 0 (else the host samples); penalties start from the sequence so far.
-bool CudaQwenEngine::decode_sampled(int seq, int token, int n_steps, int n_valid, const SamplingParams & p, const std::vector<int> & prompt,
-                                    const std::vector<int> & output, std::vector<int> & out) {
+bool CudaQwenEngine::decode_sampled(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
+                                    const SamplingParams & p, const std::vector<History> & history, std::vector<int> & out) {
     if (!(p.temperature > 0) || p.top_k < 1 || p.top_k > cuda::k_sample_max_k) return false;
-    const int V = model_->config.vocab_size;
-    std::vector<uint8_t> seen(static_cast<size_t>(V), 0);
-    std::vector<int> counts(static_cast<size_t>(V), 0);
-    for (int t : prompt) {
-        if (t >= 0 && t < V) seen[size_t(t)] = 1;
+    if (history.size() != seqs.size()) QINFER_FAIL() << "decode_sampled: " << history.size() << " histories for " << seqs.size() << " sequences";
+    const size_t V = size_t(model_->config.vocab_size), B = seqs.size();
+    // Per row: ids seen in the prompt or the output (repetition penalty), counts in the output (presence/frequency).
+    std::vector<uint8_t> seen(B * V, 0);
+    std::vector<int> counts(B * V, 0);
+    for (size_t b = 0; b < B; b++) {
+        for (int t : *history[b].prompt) {
+            if (t >= 0 && size_t(t) < V) seen[b * V + size_t(t)] = 1;
+        }
+        for (int t : *history[b].output) {
+            if (t < 0 || size_t(t) >= V) continue;
+            seen[b * V + size_t(t)] = 1;
+            counts[b * V + size_t(t)]++;
+        }
     }
-    for (int t : output) {
-        if (t < 0 || t >= V) continue;
-        seen[size_t(t)] = 1;
-        counts[size_t(t)]++;
-    }
+    void * before[3] = {sample_seen_.get(), sample_counts_.get(), sample_work_.get()};
     sample_seen_.ensure(seen.size(), "sampling");
     sample_counts_.ensure(counts.size() * sizeof(int), "sampling");
-    sample_work_.ensure(size_t(V) * sizeof(float), "sampling");
+    sample_work_.ensure(B * V * sizeof(float), "sampling");
+    if (before[0] != sample_seen_.get() || before[1] != sample_counts_.get() || before[2] != sample_work_.get()) graph_seqs_.clear();
     CUDA_CHECK(cudaMemcpy(sample_seen_.get(), seen.data(), seen.size(), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(sample_counts_.get(), counts.data(), counts.size() * sizeof(int), cudaMemcpyHostToDevice));
     sample_params_ = {p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.top_k, p.seed};
-    return run_decode_graph({seq}, {token}, n_steps, n_valid, StepEnd::Sample, out);
+    return run_decode_graph(seqs, tokens, n_steps, n_valid, StepEnd::Sample, out);
 }
 
 // Decoding a batch on the device: the step is captured once per batch (and way of picking tokens) into a CUDA graph

@@ -31,12 +31,16 @@ public:
     // Greedy decoding on the device: feeds `token` (sampled, not yet in the cache) and runs `n_steps` steps, each
     // taking the argmax over ids below `n_valid`; returns the n_steps new tokens. Backends without it return false.
     virtual bool decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) { return false; }
-    // Sampled decoding on the device, decode_greedy's generalisation: the host Sampler's rules (runtime/sampler.h),
-    // penalties over `prompt` and `output` (the sequence's tokens so far, `token` last), with the device's own random
-    // numbers, so tokens differ from the host Sampler's for the same seed. Backends (or parameters, e.g. top_k 0)
-    // without it return false.
-    virtual bool decode_sampled(int seq, int token, int n_steps, int n_valid, const SamplingParams & p, const std::vector<int> & prompt,
-                                const std::vector<int> & output, std::vector<int> & out) {
+    // Sampled decoding on the device, decode_greedy_batch's generalisation: tokens[i] feeds seqs[i]; the host
+    // Sampler's rules (runtime/sampler.h) with penalties over each sequence's prompt and output so far (`token` last),
+    // and the device's own random numbers, so tokens differ from the host Sampler's for the same seed. out: n_steps x n,
+    // step-major. Backends (or parameters, e.g. top_k 0) without it return false.
+    struct History {
+        const std::vector<int> * prompt;
+        const std::vector<int> * output;
+    };
+    virtual bool decode_sampled(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
+                                const SamplingParams & p, const std::vector<History> & history, std::vector<int> & out) {
         return false;
     }
     // One decode step of a static batch: tokens[i] is appended to seqs[i] (distinct sequences); returns fp32 logits

@@ -90,7 +90,8 @@ GenerateResult generate(Engine & engine, const std::vector<int> & prompt, const 
             // between chunks.
             const int chunk_steps = opt.ignore_eos && !opt.on_token ? remaining : std::min(remaining, 32);
             if ((device_greedy && engine.decode_greedy(seq, res.tokens.back(), chunk_steps, n_valid, more)) ||
-                (!device_greedy && engine.decode_sampled(seq, res.tokens.back(), chunk_steps, n_valid, sp, prompt, res.tokens, more))) {
+                (!device_greedy &&
+                 engine.decode_sampled({seq}, {res.tokens.back()}, chunk_steps, n_valid, sp, {Engine::History{&prompt, &res.tokens}}, more))) {
                 for (int t : more) {
                     if (!accept(t)) {
                         stopped = true;
@@ -166,7 +167,10 @@ BatchGenerateResult generate_batch(Engine & engine, const std::vector<std::vecto
             const int chunk_steps = opt.ignore_eos && !opt.on_token ? remaining : std::min(remaining, 32);
             std::vector<int> more;
             std::vector<size_t> next;
-            if (device_greedy && engine.decode_greedy_batch(step_seqs, step_tokens, chunk_steps, n_valid, more)) {
+            std::vector<Engine::History> history;
+            for (size_t i : active) history.push_back({&prompts[i], &res.tokens[i]});
+            if ((device_greedy && engine.decode_greedy_batch(step_seqs, step_tokens, chunk_steps, n_valid, more)) ||
+                (!device_greedy && engine.decode_sampled(step_seqs, step_tokens, chunk_steps, n_valid, opt.sampling, history, more))) {
                 // Steps past a sequence's end are computed but dropped.
                 std::vector<bool> live(active.size(), true);
                 for (int s = 0; s < chunk_steps; s++) {

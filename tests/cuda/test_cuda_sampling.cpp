@@ -178,4 +178,14 @@ TEST(CudaSampling, GenerateIsReproducible) {
     EXPECT_EQ(a, b);
     EXPECT_NE(a, c);
     for (int t : a) EXPECT_LT(t, 250);
+    // A static batch samples on the device too: reproducible, every sequence its own tokens.
+    const std::vector<std::vector<int>> prompts = {{5, 9, 2}, {7}, {1, 2, 3, 4}};
+    g.sampling.seed = 7;
+    const BatchGenerateResult x = generate_batch(*engine, prompts, g), y = generate_batch(*engine, prompts, g);
+    EXPECT_EQ(x.tokens, y.tokens);
+    for (const auto & t : x.tokens) {
+        ASSERT_EQ(t.size(), 40u);
+        for (int id : t) EXPECT_LT(id, 250);
+    }
+    EXPECT_NE(x.tokens[0], x.tokens[1]);
 }
