@@ -3,7 +3,7 @@
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
-#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [qgemv-ab]
+#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [qgemv-ab] [pdl-ab]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
@@ -170,6 +170,18 @@ if has qgemv-ab; then
             echo "-- 7B $q QINFER_QGEMV_STAGES=$st"
             QINFER_QGEMV_STAGES=$st QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 256 \
                 --json "$OUT/qgemv-ab-$q-$st.json" 2>&1 | tee -a "$OUT/qgemv-ab.log" | grep -E "gemv|^\| qwen" | grep -v lm_head
+        done
+    done
+fi
+# Programmatic dependent launch (QINFER_PDL=1): the end-to-end GPU tests under it, then decode speed with and without.
+if has pdl-ab; then
+    QINFER_PDL=1 build-device/tests/qinfer_tests --gtest_filter='*GoldenCuda*:*Batch*:*CudaSampling*:*KvBackends*' 2>&1 |
+        tee "$OUT/pdl-test.log" | grep -E "FAILED|Failure|PASSED" | head -20
+    for p in qwen2.5-0.5b qwen2.5-7b; do
+        for pdl in 0 1; do
+            echo "-- $p QINFER_PDL=$pdl"
+            QINFER_PDL=$pdl "$Q" bench --preset $p --input-lens 1 --gen 512 --json "$OUT/pdl-ab-$p-$pdl.json" 2>&1 |
+                tee -a "$OUT/pdl-ab.log" | grep -E "^\| qwen"
         done
     done
 fi

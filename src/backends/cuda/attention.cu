@@ -178,6 +178,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(128) attention_pref
 // merged across lane groups by shuffles and across warps through shared memory into the split's partial result.
 // K: the cache's kind; quantized codes are dequantized in registers.
 template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) attention_decode_kernel(DecodeArgs a) {
+    pdl_wait();
     constexpr int LPK = D >= 128 ? 16 : D >= 64 ? 8 : 4;  // lanes per key
     constexpr int EPL = (D + LPK - 1) / LPK;              // dims per lane
     constexpr int KPW = 32 / LPK;                         // keys per warp step
@@ -353,6 +354,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
 // round-robin (lanes over dims) so the partial rows stream in parallel rather than one dependent load at a time.
 template <int D>
 __global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, int min_split, bf16 * out) {
+    pdl_wait();
     __shared__ float weight[1024];
     __shared__ float red[k_decode_warps];
     __shared__ float part[k_decode_warps][D];
@@ -464,7 +466,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
         a.min_split = 64;
         auto combine = [&](auto d_const) {
             constexpr int D = decltype(d_const)::value;
-            attention_combine_kernel<D><<<dim3(n_head, batch), k_decode_threads, 0, stream>>>(scratch, len_dev, a.min_split, out);
+            launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_decode_threads, 0, stream, scratch, len_dev, a.min_split, out);
         };
         if (head_dim == 64) combine(std::integral_constant<int, 64>{});
         else combine(std::integral_constant<int, 128>{});
@@ -477,17 +479,17 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     auto run = [&](auto d_const) {
         constexpr int D = decltype(d_const)::value;
         if constexpr (D == 24) {
-            attention_decode_kernel<D, KVKind::BF16><<<grid, k_decode_threads, 0, stream>>>(a);
+            launch_kernel(attention_decode_kernel<D, KVKind::BF16>, grid, k_decode_threads, 0, stream, a);
         } else {
             switch (kind) {
-            case KVKind::BF16: attention_decode_kernel<D, KVKind::BF16><<<grid, k_decode_threads, 0, stream>>>(a); break;
-            case KVKind::FP8: attention_decode_kernel<D, KVKind::FP8><<<grid, k_decode_threads, 0, stream>>>(a); break;
-            case KVKind::INT8: attention_decode_kernel<D, KVKind::INT8><<<grid, k_decode_threads, 0, stream>>>(a); break;
-            case KVKind::INT4: attention_decode_kernel<D, KVKind::INT4><<<grid, k_decode_threads, 0, stream>>>(a); break;
+            case KVKind::BF16: launch_kernel(attention_decode_kernel<D, KVKind::BF16>, grid, k_decode_threads, 0, stream, a); break;
+            case KVKind::FP8: launch_kernel(attention_decode_kernel<D, KVKind::FP8>, grid, k_decode_threads, 0, stream, a); break;
+            case KVKind::INT8: launch_kernel(attention_decode_kernel<D, KVKind::INT8>, grid, k_decode_threads, 0, stream, a); break;
+            case KVKind::INT4: launch_kernel(attention_decode_kernel<D, KVKind::INT4>, grid, k_decode_threads, 0, stream, a); break;
             }
         }
         CUDA_CHECK(cudaGetLastError());
-        attention_combine_kernel<D><<<dim3(n_head, batch), k_decode_threads, 0, stream>>>(scratch, len_dev, a.min_split, out);
+        launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_decode_threads, 0, stream, scratch, len_dev, a.min_split, out);
         CUDA_CHECK(cudaGetLastError());
     };
     switch (head_dim) {

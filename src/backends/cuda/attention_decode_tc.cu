@@ -20,6 +20,7 @@ namespace {
 constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
 
 template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
+    pdl_wait();
     constexpr int ld = D + 8;                       // padded smem rows (16 bytes): conflict-free fragments and ldmatrix
     constexpr int tile_elems = k_tile * ld;         // one K or V tile
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -185,7 +186,7 @@ template <int D, KVKind K> void launch(DecodeArgs a, dim3 grid, cudaStream_t str
         configured = true;
     }
     a.min_split = k_tile;
-    attention_decode_tc_kernel<D, K><<<grid, k_decode_threads, smem, stream>>>(a);
+    launch_kernel(attention_decode_tc_kernel<D, K>, grid, k_decode_threads, smem, stream, a);
     CUDA_CHECK(cudaGetLastError());
 }
 

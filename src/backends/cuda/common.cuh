@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "core/check.h"
 
 #define CUDA_CHECK(expr)                                                                                       \
@@ -13,6 +15,40 @@
     } while (0)
 
 namespace qinfer::cuda {
+
+// Programmatic dependent launch (Hopper): launch_kernel may let a kernel start before the kernel ahead of it in the
+// stream has finished (QINFER_PDL=1; off by default until timed). Every kernel it launches calls pdl_wait() first:
+// griddepcontrol.wait returns once the kernel ahead has completed and its writes are visible (at once when launched
+// normally, and a no-op below sm_90), and launch_dependents lets the next kernel's blocks be scheduled meanwhile.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when pdl_enabled().
+template <class... KernelArgs, class... Args>
+void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args &&... args) {
+    if (!pdl_enabled()) {
+        kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    } else {
+        cudaLaunchConfig_t config = {};
+        config.gridDim = grid;
+        config.blockDim = block;
+        config.dynamicSmemBytes = smem;
+        config.stream = stream;
+        cudaLaunchAttribute attribute[1];
+        attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute[0].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = attribute;
+        config.numAttrs = 1;
+        CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -13,6 +13,7 @@ namespace {
 constexpr int k_norm_threads = 256;
 
 __global__ void embedding_kernel(const bf16 * table, const int * ids, int hidden, float * x) {
+    pdl_wait();
     const int t = blockIdx.x;
     const bf16 * row = table + int64_t(ids[t]) * hidden;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) x[int64_t(t) * hidden + i] = __bfloat162float(row[i]);
@@ -21,6 +22,7 @@ __global__ void embedding_kernel(const bf16 * table, const int * ids, int hidden
 // One block per row. Optional residual add first (x += delta), then y = w * (x * rsqrt(mean(x^2) + eps)).
 __global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, const bf16 * delta, const bf16 * w, float eps,
                                                                  int hidden, bf16 * y) {
+    pdl_wait();
     __shared__ float red[k_norm_threads / 32];
     float * xr = x + int64_t(blockIdx.x) * hidden;
     float ss = 0;
@@ -39,12 +41,14 @@ __global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, con
 }
 
 __global__ void add_residual_kernel(float * x, const bf16 * delta, int64_t count) {
+    pdl_wait();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
         x[i] += __bfloat162float(delta[i]);
     }
 }
 
 __global__ void silu_mul_kernel(const bf16 * gate_up, int inter, bf16 * out) {
+    pdl_wait();
     const int t = blockIdx.y;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < inter; i += gridDim.x * blockDim.x) {
         float g = __bfloat162float(gate_up[int64_t(t) * 2 * inter + i]);
@@ -71,6 +75,7 @@ __global__ void gather_rows_kernel(const bf16 * in, const int * rows, int hidden
 // Thread j < head_dim / 2 owns the RoPE pair (j, j + d/2); the block is rounded up to whole warps. K and V rows of a
 // quantized cache are quantized here (kv_quant.cuh): the row's min and max (int8/int4) come from a block reduction.
 __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
+    pdl_wait();
     __shared__ float ss_red[32], min_red[32], max_red[32];
     const int t = blockIdx.x, head = blockIdx.y, j = threadIdx.x, half = a.head_dim / 2;
     const bool valid = j < half;
@@ -194,28 +199,28 @@ int grid_for(int64_t n, int threads) { return int(std::min<int64_t>((n + threads
 }  // namespace
 
 void embedding(const bf16 * table, const int * ids, int n, int hidden, float * x, cudaStream_t stream) {
-    embedding_kernel<<<n, 256, 0, stream>>>(table, ids, hidden, x);
+    launch_kernel(embedding_kernel, n, 256, 0, stream, table, ids, hidden, x);
     CUDA_CHECK(cudaGetLastError());
 }
 
 void rms_norm(const float * x, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
-    rms_norm_kernel<<<n, k_norm_threads, 0, stream>>>(const_cast<float *>(x), nullptr, w, eps, hidden, y);
+    launch_kernel(rms_norm_kernel, n, k_norm_threads, 0, stream, const_cast<float *>(x), nullptr, w, eps, hidden, y);
     CUDA_CHECK(cudaGetLastError());
 }
 
 void add_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
-    rms_norm_kernel<<<n, k_norm_threads, 0, stream>>>(x, delta, w, eps, hidden, y);
+    launch_kernel(rms_norm_kernel, n, k_norm_threads, 0, stream, x, delta, w, eps, hidden, y);
     CUDA_CHECK(cudaGetLastError());
 }
 
 void add_residual(float * x, const bf16 * delta, int64_t count, cudaStream_t stream) {
-    add_residual_kernel<<<grid_for(count, 256), 256, 0, stream>>>(x, delta, count);
+    launch_kernel(add_residual_kernel, grid_for(count, 256), 256, 0, stream, x, delta, count);
     CUDA_CHECK(cudaGetLastError());
 }
 
 void silu_mul(const bf16 * gate_up, int n, int inter, bf16 * out, cudaStream_t stream) {
     dim3 grid((inter + 255) / 256, n);
-    silu_mul_kernel<<<grid, 256, 0, stream>>>(gate_up, inter, out);
+    launch_kernel(silu_mul_kernel, grid, 256, 0, stream, gate_up, inter, out);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -243,7 +248,7 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream) {
     if (a.n == 0) return;
     dim3 grid(a.n, a.n_head + 2 * a.n_kv);
     const int threads = (a.head_dim / 2 + 31) / 32 * 32;
-    qkv_rope_cache_kernel<<<grid, threads, 0, stream>>>(a);
+    launch_kernel(qkv_rope_cache_kernel, grid, threads, 0, stream, a);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -3,6 +3,8 @@
 // shared memory by every block (RMSNorm fused into the projection). Each output row is computed by `wpr` warps
 // that split k (reduced through shared memory), enough to fill the GPU when n is small.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -35,6 +37,7 @@ __device__ __forceinline__ float dot8(const uint4 & w, const uint4 & x) {
 }
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
+    pdl_wait();
     extern __shared__ uint4 smem_raw[];
     bf16 * xs = reinterpret_cast<bf16 *>(smem_raw);  // bf16 [M, k]
     __shared__ float red[k_warps][M][2];
@@ -150,7 +153,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
     // One block per row group (the scheduler balances the waves); only very tall matrices (lm_head) stride.
     const int needed = (a.n + rows_per_block - 1) / rows_per_block;
     const int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
-    kernel<<<blocks, k_threads, smem, stream>>>(a);
+    launch_kernel(kernel, blocks, k_threads, smem, stream, a);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -187,6 +190,18 @@ template <int M> void dispatch_io(const GemvArgs & a, GemvIn in, GemvOut out, cu
 }
 
 }  // namespace
+
+bool pdl_enabled() {
+    static const bool on = [] {
+        const char * e = std::getenv("QINFER_PDL");
+        if (!e || std::string(e) != "1") return false;
+        int dev = 0, major = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        return major >= 9;  // griddepcontrol needs Hopper
+    }();
+    return on;
+}
 
 int sm_count() {
     static int n = [] {

@@ -75,6 +75,7 @@ __device__ __forceinline__ float dot_word_lut(uint32_t w, const float * x, const
 // KS warps share each group of rows (splitting k); a block holds k_warps / KS row groups.
 template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> __global__ void __launch_bounds__(k_threads)
     qgemv_kernel(QuantMatrix w, GemvArgs a, int m_row) {
+    pdl_wait();
     constexpr int CV = 128 / BITS;       // values per 16-byte chunk
     constexpr int PER_WORD = 32 / BITS;  // values per 32-bit word
     constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
@@ -210,7 +211,7 @@ template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> void launch(const 
     const int per_block = k_warps / KS;
     const int blocks = std::min((n_groups + per_block - 1) / per_block, sm_count() * 16);
     for (int m = 0; m < a.m; m++) {
-        kernel<<<blocks, k_threads, smem, s>>>(w, a, m);
+        launch_kernel(kernel, blocks, k_threads, smem, s, w, a, m);
         CUDA_CHECK(cudaGetLastError());
     }
 }
@@ -294,7 +295,7 @@ template <GemvOut OUT, int KS, int STAGES> void launch_mma_stages(const QuantMat
             configured = true;
         }
     }
-    mma4::qgemv_mma_kernel<OUT, KS, STAGES><<<(n_rb + RBPB - 1) / RBPB, mma4::k_threads, smem, s>>>(w, x, ldx, a);
+    launch_kernel(mma4::qgemv_mma_kernel<OUT, KS, STAGES>, (n_rb + RBPB - 1) / RBPB, mma4::k_threads, smem, s, w, x, ldx, a);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -321,9 +322,9 @@ void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut o
     if (in == GemvIn::NormF32 || w.perm || a.k != w.k_padded) {
         if (!scratch) QINFER_FAIL() << "qgemv: the tiled layout needs a staging buffer here";
         if (in == GemvIn::NormF32) {
-            mma4::stage_inputs_kernel<GemvIn::NormF32><<<a.m, mma4::k_threads, 0, s>>>(w, a, static_cast<bf16 *>(scratch));
+            launch_kernel(mma4::stage_inputs_kernel<GemvIn::NormF32>, a.m, mma4::k_threads, 0, s, w, a, static_cast<bf16 *>(scratch));
         } else {
-            mma4::stage_inputs_kernel<GemvIn::Bf16><<<a.m, mma4::k_threads, 0, s>>>(w, a, static_cast<bf16 *>(scratch));
+            launch_kernel(mma4::stage_inputs_kernel<GemvIn::Bf16>, a.m, mma4::k_threads, 0, s, w, a, static_cast<bf16 *>(scratch));
         }
         CUDA_CHECK(cudaGetLastError());
         x = static_cast<const bf16 *>(scratch);

@@ -65,6 +65,7 @@ template <GemvOut OUT> constexpr size_t pipeline_smem(int stages) {
 // each lane reading back only the 16 bytes it copied, so no barrier is needed.
 template <GemvOut OUT, int KS, int STAGES> __global__ void __launch_bounds__(k_threads, STAGES == 0 ? 2 : 1)
     qgemv_mma_kernel(QuantMatrix w, const bf16 * x, int ldx, GemvArgs a) {
+    pdl_wait();
     constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     constexpr int RBPB = k_warps / KS;
     const int K64 = w.k_padded, nkb = K64 / 64, m = a.m, G = w.groups;
@@ -260,6 +261,7 @@ template <GemvOut OUT, int KS, int STAGES> __global__ void __launch_bounds__(k_t
 
 // Inputs of the tensor-core GEMV: out bf16 [m, k_padded] = RMSNorm(x) or x, in act-order, zero beyond k. One block per token.
 template <GemvIn IN> __global__ void __launch_bounds__(k_threads) stage_inputs_kernel(QuantMatrix w, GemvArgs a, bf16 * out) {
+    pdl_wait();
     __shared__ float red[k_warps];
     const int tok = blockIdx.x;
     qstage::for_each_input<IN>(a, w.perm, tok, a.k, w.k_padded, red, [&](int i, float v) {

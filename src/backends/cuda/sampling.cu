@@ -38,6 +38,7 @@ __device__ __forceinline__ void block_argmax(float & bv, int & bi) {
 
 // Pass 1: each block reduces a strided slice of the logits to one (value, id) pair.
 __global__ void __launch_bounds__(k_argmax_threads) argmax_partial_kernel(const float * logits, int n, float * partial) {
+    pdl_wait();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = blockIdx.x * k_argmax_threads + threadIdx.x; i < n; i += k_argmax_blocks * k_argmax_threads) {
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(k_argmax_threads) argmax_partial_kernel(const 
 
 // Pass 2: one block of k_argmax_blocks threads merges the pairs and advances the decode state.
 __global__ void argmax_final_kernel(const float * partial, int * state, int * out_tokens) {
+    pdl_wait();
     float bv = partial[2 * threadIdx.x];
     int bi = reinterpret_cast<const int *>(partial)[2 * threadIdx.x + 1];
     block_argmax(bv, bi);
@@ -68,6 +70,7 @@ __global__ void argmax_final_kernel(const float * partial, int * state, int * ou
 // One block per row of a batch: the row's argmax over n_valid ids, written to the decode state of its sequence.
 __global__ void __launch_bounds__(k_argmax_threads)
     argmax_rows_kernel(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, const int * step, int * len, int * out) {
+    pdl_wait();
     const int r = blockIdx.x;
     const float * row = logits + int64_t(r) * vocab;
     float bv = -INFINITY;
@@ -84,7 +87,10 @@ __global__ void __launch_bounds__(k_argmax_threads)
 }
 
 // After every row has read it: the step counter of a batch advances.
-__global__ void step_advance_kernel(int * step) { *step += 1; }
+__global__ void step_advance_kernel(int * step) {
+    pdl_wait();
+    *step += 1;
+}
 
 constexpr int k_sample_threads = 256;
 
@@ -112,6 +118,7 @@ struct SampleArgs {
 // (each winner is then marked NaN, which never wins again; ties go to the lower id, as the host's sort), then on one
 // thread the softmax over them, the top-p and min-p cuts and the draw.
 __global__ void __launch_bounds__(k_sample_threads) sample_rows_kernel(SampleArgs a) {
+    pdl_wait();
     const int r = blockIdx.x;
     const float * row = a.logits + int64_t(r) * a.vocab;
     float * work = a.work + int64_t(r) * a.vocab;
@@ -186,18 +193,18 @@ __global__ void __launch_bounds__(k_sample_threads) sample_rows_kernel(SampleArg
 }  // namespace
 
 void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream) {
-    argmax_partial_kernel<<<k_argmax_blocks, k_argmax_threads, 0, stream>>>(logits, n_valid, scratch);
+    launch_kernel(argmax_partial_kernel, k_argmax_blocks, k_argmax_threads, 0, stream, logits, n_valid, scratch);
     CUDA_CHECK(cudaGetLastError());
-    argmax_final_kernel<<<1, k_argmax_blocks, 0, stream>>>(scratch, state, out_tokens);
+    launch_kernel(argmax_final_kernel, 1, k_argmax_blocks, 0, stream, scratch, state, out_tokens);
     CUDA_CHECK(cudaGetLastError());
 }
 
 void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, int * step, int * len,
                          int * out_tokens, cudaStream_t stream) {
     if (rows == 0) return;
-    argmax_rows_kernel<<<rows, k_argmax_threads, 0, stream>>>(logits, rows, vocab, n_valid, tokens, pos, step, len, out_tokens);
+    launch_kernel(argmax_rows_kernel, rows, k_argmax_threads, 0, stream, logits, rows, vocab, n_valid, tokens, pos, step, len, out_tokens);
     CUDA_CHECK(cudaGetLastError());
-    step_advance_kernel<<<1, 1, 0, stream>>>(step);
+    launch_kernel(step_advance_kernel, 1, 1, 0, stream, step);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -207,9 +214,9 @@ void sample_rows_advance(const float * logits, int rows, int vocab, int n_valid,
     if (p.top_k < 1 || p.top_k > k_sample_max_k) QINFER_FAIL() << "sample_rows_advance: top_k " << p.top_k << " (1.." << k_sample_max_k << ")";
     if (!(p.temperature > 0)) QINFER_FAIL() << "sample_rows_advance: temperature must be > 0 (greedy: argmax_rows_advance)";
     const SampleArgs a{logits, vocab, n_valid, rows, p, seen, counts, work, tokens, pos, step, len, out_tokens};
-    sample_rows_kernel<<<rows, k_sample_threads, 0, stream>>>(a);
+    launch_kernel(sample_rows_kernel, rows, k_sample_threads, 0, stream, a);
     CUDA_CHECK(cudaGetLastError());
-    step_advance_kernel<<<1, 1, 0, stream>>>(step);
+    launch_kernel(step_advance_kernel, 1, 1, 0, stream, step);
     CUDA_CHECK(cudaGetLastError());
 }
 
