@@ -17,7 +17,8 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/attention_decode_tc.cu
   src/backends/cuda/attention_prefill_pipelined.cu
   src/backends/cuda/gemm.cpp
-  src/model/qwen_cuda.cpp)
+  src/model/qwen_cuda.cpp
+  src/model/qwen_cuda_decode.cpp)
 target_compile_definitions(qinfer_lib PUBLIC QINFER_CUDA)
 target_compile_options(qinfer_lib PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
 target_link_libraries(qinfer_lib PUBLIC CUDA::cudart CUDA::cublasLt)

@@ -1,0 +1,217 @@
+// The CUDA engine's class and device-side weight structs, shared by its two source files: qwen_cuda.cpp (loading,
+// the KV cache and workspaces, prefill) and qwen_cuda_decode.cpp (decode steps of one sequence or a static batch, and
+// their CUDA graphs). See qwen_cuda.cpp for what the engine does.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <numeric>
+
+#include "backends/cuda/allocator.h"
+#include "backends/cuda/ops.h"
+#include "core/check.h"
+#include "core/progress.h"
+#include "model/quant_repack.h"
+#include "model/rope.h"
+#include "model/weights.h"
+#include "runtime/engine.h"
+#include "runtime/kv_cache.h"
+#include "tools/sysinfo.h"
+
+#define CUDA_CHECK(expr)                                                                                       \
+    do {                                                                                                       \
+        cudaError_t err_ = (expr);                                                                             \
+        if (err_ != cudaSuccess) QINFER_FAIL() << "CUDA error " << cudaGetErrorString(err_) << " at " #expr; \
+    } while (0)
+
+namespace qinfer::cuda_engine {
+
+using cuda::bf16;
+using cuda::DeviceBuffer;
+
+constexpr int k_prefill_chunk = 1024;  // tokens per prefill pass: bounds activation memory at any length
+constexpr int k_gemv_max_m = 4;        // up to this many tokens go through the GEMV kernels
+constexpr int k_qgemv_max_m = 8;       // and through the tiled 4-bit GEMV, which takes 8 in one pass (the other
+                                       // quantized GEMVs run once per row); beyond: dequantize, then cuBLASLt
+
+// Per-op GPU time of one eager decode step (QINFER_PROFILE=1): events between ops, summed by op name.
+class StepProfiler {
+public:
+    void begin(cudaStream_t s) {
+        stream_ = s;
+        on_ = true;
+        marks_.clear();
+        cuda::gpu_sleep(50000, s);
+        add("start");
+    }
+    void mark(const char * what) {
+        if (on_) add(what);
+    }
+    void report() {
+        if (!on_) return;
+        on_ = false;
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        std::map<std::string, std::pair<float, int>> by_name;
+        float total = 0;
+        for (size_t i = 1; i < marks_.size(); i++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, marks_[i - 1].second, marks_[i].second);
+            by_name[marks_[i].first].first += ms;
+            by_name[marks_[i].first].second++;
+            total += ms;
+        }
+        std::fprintf(stderr, "decode step profile (one step queued behind a sleep, %.3f ms of GPU time):\n", total);
+        for (const auto & [name, v] : by_name) {
+            std::fprintf(stderr, "  %-22s %8.1f us %5.1f%%  (%d launches)\n", name.c_str(), v.first * 1e3, 100 * v.first / total, v.second);
+        }
+        for (auto & m : marks_) cudaEventDestroy(m.second);
+        marks_.clear();
+    }
+
+private:
+    void add(const char * what) {
+        cudaEvent_t e;
+        CUDA_CHECK(cudaEventCreate(&e));
+        CUDA_CHECK(cudaEventRecord(e, stream_));
+        marks_.emplace_back(what, e);
+    }
+    cudaStream_t stream_ = nullptr;
+    bool on_ = false;
+    std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+};
+
+struct DevLinear {
+    DeviceBuffer w;  // bf16 [n, k] (dense)
+    int n = 0, k = 0;
+    // Quantized: the kernels' layout (model/quant_repack.h) and its view.
+    bool quantized = false;
+    DeviceBuffer codes, scales, zeros, absmax, table, perm;
+    cuda::QuantMatrix q;
+    const bf16 * ptr() const { return w.as<bf16>(); }
+};
+
+template <class T> DeviceBuffer upload_vector(const std::vector<T> & v, const char * what) {
+    if (v.empty()) return DeviceBuffer();
+    DeviceBuffer b(v.size() * sizeof(T), what);
+    CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return b;
+}
+
+struct DevMlp {
+    DevLinear gate_up;  // bf16 [2 inter, hidden]: gate rows, then up rows
+    DevLinear down;     // bf16 [hidden, inter]
+};
+
+struct DevLayer {
+    DeviceBuffer input_norm, post_norm, q_norm, k_norm;  // bf16 [hidden] / [head_dim]
+    DevLinear qkv;                                       // bf16 [(n_head + 2 n_kv) d, hidden]
+    DeviceBuffer qkv_bias;                               // bf16 [(n_head + 2 n_kv) d] or empty
+    DevLinear o;                                         // bf16 [hidden, n_head d]
+    bool moe = false;
+    DevMlp mlp;
+    DevLinear router;  // bf16 [n_experts, hidden]
+    std::vector<DevMlp> experts;
+    bool has_shared = false;
+    DevMlp shared;
+    DevLinear shared_gate;  // bf16 [1, hidden]
+};
+
+class CudaQwenEngine : public Engine {
+public:
+    CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt);
+    ~CudaQwenEngine() override;
+    const ModelConfig & config() const override { return model_->config; }
+    std::string backend_name() const override { return "cuda"; }
+    int new_sequence(int max_tokens) override;
+    void free_sequence(int seq) override;
+    void plan_batch(int n_sequences, int max_tokens) override;
+    uint64_t reserve_batch(int n_sequences, int max_tokens, int prompt_tokens) override;
+    void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override;
+    bool decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) override;
+    void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override;
+    bool decode_greedy_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
+                             std::vector<int> & out) override;
+    bool decode_sampled(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid, const SamplingParams & p,
+                        const std::vector<History> & history, std::vector<int> & out) override;
+    uint64_t peak_memory_bytes() const override { return cuda::DeviceAllocator::instance().peak(); }
+
+private:
+    void upload_weights();
+    DeviceBuffer upload(const std::vector<const Weight *> & parts, const char * what, uint64_t * done, Progress & bar);
+    DevLinear upload_dense(const std::vector<const Weight *> & parts, uint64_t * done, Progress & bar);
+    DevLinear upload_linear(const std::vector<const Linear *> & parts, uint64_t * done, Progress & bar);
+    DevMlp upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar);
+    void reset_cache(int n_sequences, int tokens_per_sequence);
+    void ensure_workspace(int c);
+    cuda::KVLayer kv_layer(int layer, int seq) const;
+    cuda::KVLayer kv_layer_batch(int layer) const;
+    cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
+    bool prepare_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps);
+    void linear(const bf16 * x, int m, const DevLinear & l, bf16 * y);
+    void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
+    void moe(const DevLayer & L, int c, const bf16 * xn, float * x);
+    // How a decode step ends: logits left in logits_, or the next token picked on the device (state advanced).
+    enum class StepEnd { Logits, Argmax, Sample };
+    void decode_step(int batch, StepEnd end);
+    bool run_decode_graph(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid, StepEnd end,
+                          std::vector<int> & out);
+
+    std::unique_ptr<Model> model_;
+    EngineOptions opt_;
+    cudaStream_t stream_ = nullptr;
+    DeviceBuffer embed_, final_norm_, lm_head_storage_;
+    const bf16 * lm_head_ = nullptr;
+    std::vector<DevLayer> layers_;
+    RopeFreqs rope_;
+    DeviceBuffer inv_freq_;
+
+    // KV cache: bf16 [layer][block][kv_head][block_size][head_dim], sized for kv_seqs_ sequences of kv_tokens_
+    // tokens: one request at a time unless plan_batch asked for a batch.
+    int block_size_ = 16;
+    int kv_seqs_ = 0, kv_tokens_ = 0;
+    bool planned_ = false;
+    std::unique_ptr<BlockTable> table_;
+    cuda::KVKind kv_kind_ = cuda::KVKind::BF16;
+    size_t kv_row_bytes_ = 0;            // bytes of one token's head: bf16 values or codes
+    DeviceBuffer k_cache_, v_cache_;     // [layer][block][kv_head][slot][kv_row_bytes_]
+    DeviceBuffer k_sz_, v_sz_;           // int8/int4: float2 (scale, zero) [layer][block][kv_head][slot]
+    // fp8: {K, V} scales per layer, set from the first forward's values (amax / 448) and kept for the engine's life,
+    // like the CPU cache; fp8_amax_ is the range pass's scratch.
+    DeviceBuffer fp8_scale_, fp8_amax_;
+    std::vector<bool> fp8_ready_;
+    std::map<int, DeviceBuffer> block_tables_;  // per sequence: int [blocks] on the device
+    // The decoding batch: its sequences, their block tables side by side (int [batch, stride]).
+    std::vector<int> batch_seqs_;
+    DeviceBuffer batch_tables_;
+    int batch_stride_ = 0;
+
+    // Workspaces for `ws_tokens_` tokens at a time.
+    int ws_tokens_ = 0;
+    DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
+    DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
+    DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_qgemv_max_m, largest padded k]
+    DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
+    // Decode state of a batch of B on the device: int tokens [B], positions [B], step, context lengths [B] (for B = 1
+    // the layout argmax_advance expects); tokens_out_ int [steps, B] produced by the graph.
+    DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;
+    int max_splits_ = 0;
+    cudaGraphExec_t graph_ = nullptr;
+    std::vector<int> graph_seqs_;  // the batch the graph was captured for (empty: none)
+    const void * graph_logits_ = nullptr;  // logits_ when captured (forward() may have grown it since)
+    int graph_valid_ = 0;
+    StepEnd graph_end_ = StepEnd::Argmax;
+    cuda::SampleParams graph_sample_;  // the sampling parameters captured (StepEnd::Sample)
+    // Sampling state of the decoding sequence: ids seen (prompt and output), output counts, penalised logits.
+    cuda::SampleParams sample_params_;
+    DeviceBuffer sample_seen_, sample_counts_, sample_work_;
+    StepProfiler prof_;
+    bool profiled_ = false;
+};
+
+}  // namespace qinfer::cuda_engine
