@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "backends/cuda/allocator.h"
+#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/ops.h"
 #include "core/check.h"
 #include "core/progress.h"
@@ -24,11 +25,6 @@
 #include "runtime/kv_cache.h"
 #include "tools/sysinfo.h"
 
-#define CUDA_CHECK(expr)                                                                                       \
-    do {                                                                                                       \
-        cudaError_t err_ = (expr);                                                                             \
-        if (err_ != cudaSuccess) QINFER_FAIL() << "CUDA error " << cudaGetErrorString(err_) << " at " #expr; \
-    } while (0)
 
 namespace qinfer::cuda_engine {
 

@@ -134,12 +134,7 @@ int cmd_bench(int argc, char ** argv) {
     std::vector<int> batches = a.has("batch") ? a.int_list("batch") : std::vector<int>{1};
     int repeat = int(a.integer("repeat", 1));
     std::string json_path = a.str("json"), csv_path = a.str("csv"), plot_path = a.str("plot");
-    std::vector<std::string> baselines;
-    for (std::string b = a.str("baseline"); !b.empty();) {
-        const size_t comma = b.find(',');
-        baselines.push_back(b.substr(0, comma));
-        b = comma == std::string::npos ? "" : b.substr(comma + 1);
-    }
+    const std::string baseline_paths = a.str("baseline");
     EngineOptions eo;
     eo.backend = backend;
     eo.threads = int(a.integer("threads", 0));
@@ -148,6 +143,8 @@ int cmd_bench(int argc, char ** argv) {
     const SynthQuant quant = synth_quant_from_args(a);
     const bool max_batch = a.flag("max-batch");
     a.check_unused();
+    // Baseline files are read before any work, so a wrong path fails at once.
+    const json baseline_rows = baseline_paths.empty() ? json::array() : read_bench_rows(baseline_paths, "--baseline");
     if (max_batch && !gpu) QINFER_FAIL() << "--max-batch measures the GPU's memory: it needs the CUDA backend";
     if (max_batch && a.has("batch")) QINFER_FAIL() << "--max-batch searches the batch size itself: leave out --batch";
     if (!quant.kind.empty() && !model_dir.empty()) QINFER_FAIL() << "--quant synthesizes a preset; with --model the checkpoint's own format is used";
@@ -275,16 +272,9 @@ int cmd_bench(int argc, char ** argv) {
         double tok_s, peak_gb;
     };
     std::vector<Base> bases;
-    for (const auto & path : baselines) {
-        std::ifstream in(path);
-        if (!in) QINFER_FAIL() << "--baseline " << path << ": cannot open";
-        json j = json::parse(in, nullptr, false);
-        if (j.is_discarded() || !j.is_array()) QINFER_FAIL() << "--baseline " << path << ": not a JSON array";
-        for (const auto & r : j) {
-            if (r.value("model", "") != model_name) continue;
-            bases.push_back({r.value("engine", "?"), r.value("input_len", 0), r.value("gen_len", 0), r.value("tok_s", 0.0),
-                             r.value("peak_gb", 0.0)});
-        }
+    for (const auto & r : baseline_rows) {
+        if (r.value("model", "") != model_name) continue;
+        bases.push_back({r.value("engine", "?"), r.value("input_len", 0), r.value("gen_len", 0), r.value("tok_s", 0.0), r.value("peak_gb", 0.0)});
     }
     const std::string commit = git_commit();
     std::printf("| Model | Input Length | Quantization | GPU Num | Speed(tokens/s) | GPU Memory(GB) | TTFT(s) | Decode(tokens/s) | BW share "

@@ -2,7 +2,6 @@
 // and sequence-length scaling, without and with a quantized cache) from `qinfer bench --json` rows.
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -10,6 +9,7 @@
 #include "core/check.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "tools/plot.h"
 
 namespace qinfer {
 
@@ -33,22 +33,13 @@ int cmd_memory_table(int argc, char ** argv) {
     // (model, quant) -> x -> kv dtype -> peak GB
     std::map<std::pair<std::string, std::string>, std::map<int, std::map<std::string, double>>> peaks;
     std::map<std::pair<std::string, std::string>, std::set<std::string>> fixed;  // the other axis's values, to name them
-    for (std::string rest = files; !rest.empty();) {
-        const size_t comma = rest.find(',');
-        const std::string path = rest.substr(0, comma);
-        rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-        std::ifstream in(path);
-        if (!in) QINFER_FAIL() << "--json " << path << ": cannot open";
-        json rows = json::parse(in, nullptr, false);
-        if (rows.is_discarded() || !rows.is_array()) QINFER_FAIL() << "--json " << path << ": not a JSON array of bench rows";
-        for (const auto & r : rows) {
-            if (!r.is_object() || !r.contains("peak_gb") || !r["peak_gb"].is_number() || !r.contains(by) || !r[by].is_number_integer()) continue;
-            const auto key = std::make_pair(r.value("model", "?"), r.value("quant", "?"));
-            peaks[key][r[by].get<int>()][r.value("kv_dtype", "?")] = r["peak_gb"].get<double>();
-            const std::string other = by == "batch" ? "input " + std::to_string(r.value("input_len", 0)) + ", " + std::to_string(r.value("gen_len", 0)) + " generated"
-                                                    : "batch " + std::to_string(r.value("batch", 1)) + ", " + std::to_string(r.value("gen_len", 0)) + " generated";
-            fixed[key].insert(other);
-        }
+    for (const auto & r : read_bench_rows(files, "--json")) {
+        if (!r.is_object() || !r.contains("peak_gb") || !r["peak_gb"].is_number() || !r.contains(by) || !r[by].is_number_integer()) continue;
+        const auto key = std::make_pair(r.value("model", "?"), r.value("quant", "?"));
+        peaks[key][r[by].get<int>()][r.value("kv_dtype", "?")] = r["peak_gb"].get<double>();
+        const std::string gen = std::to_string(r.value("gen_len", 0)) + " generated";
+        fixed[key].insert(by == "batch" ? "input " + std::to_string(r.value("input_len", 0)) + ", " + gen
+                                        : "batch " + std::to_string(r.value("batch", 1)) + ", " + gen);
     }
     if (peaks.empty()) QINFER_FAIL() << "no bench rows with peak_gb and " << by << " in " << files;
     for (const auto & [key, by_x] : peaks) {

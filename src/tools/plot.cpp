@@ -197,6 +197,21 @@ void plot_rows(const nlohmann::json &, const PlotOptions &, const std::string & 
 
 #endif
 
+nlohmann::json read_bench_rows(const std::string & paths, const std::string & option) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (std::string rest = paths; !rest.empty();) {
+        const size_t comma = rest.find(',');
+        const std::string path = rest.substr(0, comma);
+        rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+        std::ifstream in(path);
+        if (!in) QINFER_FAIL() << option << " " << path << ": cannot open";
+        nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+        if (j.is_discarded() || !j.is_array()) QINFER_FAIL() << option << " " << path << ": not a JSON array of bench rows";
+        for (auto & r : j) rows.push_back(std::move(r));
+    }
+    return rows;
+}
+
 int cmd_plot(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
@@ -215,18 +230,7 @@ int cmd_plot(int argc, char ** argv) {
     opt.title = a.str("title");
     const std::string files = a.required("json"), out = a.required("out");
     a.check_unused();
-    nlohmann::json rows = nlohmann::json::array();
-    for (std::string rest = files; !rest.empty();) {
-        const size_t comma = rest.find(',');
-        const std::string path = rest.substr(0, comma);
-        rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-        std::ifstream in(path);
-        if (!in) QINFER_FAIL() << "--json " << path << ": cannot open";
-        nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-        if (j.is_discarded() || !j.is_array()) QINFER_FAIL() << "--json " << path << ": not a JSON array of bench rows";
-        for (auto & r : j) rows.push_back(std::move(r));
-    }
-    plot_rows(rows, opt, out);
+    plot_rows(read_bench_rows(files, "--json"), opt, out);
     std::fprintf(stderr, "plot: %s\n", out.c_str());
     return 0;
 }

@@ -19,4 +19,7 @@ void plot_rows(const nlohmann::json & rows, const PlotOptions & opt, const std::
 
 bool plot_available();
 
+// The rows of bench JSON files ("a.json,b.json": each a JSON array), concatenated; `option` names the flag in errors.
+nlohmann::json read_bench_rows(const std::string & paths, const std::string & option);
+
 }  // namespace qinfer

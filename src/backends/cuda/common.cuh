@@ -6,13 +6,8 @@
 
 #include <utility>
 
+#include "backends/cuda/cuda_check.h"
 #include "core/check.h"
-
-#define CUDA_CHECK(expr)                                                                                       \
-    do {                                                                                                       \
-        cudaError_t err_ = (expr);                                                                             \
-        if (err_ != cudaSuccess) QINFER_FAIL() << "CUDA error " << cudaGetErrorString(err_) << " at " #expr; \
-    } while (0)
 
 namespace qinfer::cuda {
 
