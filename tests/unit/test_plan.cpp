@@ -35,4 +35,28 @@ TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
     }
 }
 
+// The shape of the model where no measurement exists yet: memory grows with batch and context, a quantized cache
+// holds less (int4 least), and at 8192 + 16 tokens on 80 GB the int4 cache allows at least 3x the bf16 batch.
+TEST(Plan, BatchesAndCacheDtypes) {
+    const ModelConfig c = parse_model_config(find_preset("qwen2.5-7b").config.dump(), "7b");
+    auto gb = [&](KVDType kv, int batch, int context) { return estimate_cuda_memory(c, kv, batch, 1, context).total() / 1e9; };
+    for (KVDType kv : {KVDType::BF16, KVDType::FP8, KVDType::INT8, KVDType::INT4}) {
+        EXPECT_LT(gb(kv, 1, 1025), gb(kv, 4, 1025));
+        EXPECT_LT(gb(kv, 4, 1025), gb(kv, 100, 1025));
+        EXPECT_LT(gb(kv, 1, 1025), gb(kv, 1, 8192));
+    }
+    EXPECT_LT(gb(KVDType::INT8, 64, 1025), gb(KVDType::BF16, 64, 1025));
+    EXPECT_LT(gb(KVDType::INT4, 64, 1025), gb(KVDType::INT8, 64, 1025));
+    // KV bytes per token and layer and KV head: bf16 2 d, int8 d + 8 (scale, zero), int4 d / 2 + 8.
+    const double d = c.head_dim, per_bf16 = 2 * d, per_int4 = d / 2 + 8;
+    const double kv_bf16 = estimate_cuda_memory(c, KVDType::BF16, 10, 1, 1024).kv, kv_int4 = estimate_cuda_memory(c, KVDType::INT4, 10, 1, 1024).kv;
+    EXPECT_NEAR(kv_int4 / kv_bf16, per_int4 / per_bf16, 1e-9);
+    auto max_batch = [&](KVDType kv) {
+        int b = 0;
+        while (estimate_cuda_memory(c, kv, b + 1, 8192, 8208).total() <= 79e9) b++;
+        return b;
+    };
+    EXPECT_GE(max_batch(KVDType::INT4), 3 * max_batch(KVDType::BF16));
+}
+
 }  // namespace qinfer
