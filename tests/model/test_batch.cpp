@@ -2,6 +2,7 @@
 // cache dtype, and generate_batch's greedy tokens equal generate()'s per prompt.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -176,6 +177,33 @@ std::string case_name(const ::testing::TestParamInfo<Case> & info) {
 }  // namespace
 
 INSTANTIATE_TEST_SUITE_P(Backends, Batch, ::testing::ValuesIn(k_cases), case_name);
+
+// A sequence that reaches its end of sequence leaves the static batch; the others go on, each as it would alone.
+TEST(BatchGenerate, EosLeavesTheBatch) {
+    EngineOptions eo;
+    eo.backend = "cpu";
+    eo.max_context = 32;
+    eo.max_sequences = 3;
+    auto engine = make_engine(synth_once("tiny-qwen2"), eo);
+    const auto ps = prompts(engine->config().vocab_size);
+    const std::vector<std::vector<int>> three(ps.begin(), ps.begin() + 3);
+    GenerateOptions g;
+    g.max_new_tokens = 8;
+    g.ignore_eos = true;
+    const BatchGenerateResult free_run = generate_batch(*engine, three, g);
+    // The first sequence's third token becomes an end-of-sequence id: it stops there, the others run to 8 tokens.
+    g.ignore_eos = false;
+    g.eos_token_ids = {free_run.tokens[0][2]};
+    const BatchGenerateResult r = generate_batch(*engine, three, g);
+    for (size_t i = 0; i < three.size(); i++) {
+        std::vector<int> want = free_run.tokens[i];
+        const auto eos = std::find(want.begin(), want.end(), g.eos_token_ids[0]);
+        if (eos != want.end()) want.erase(eos + 1, want.end());
+        EXPECT_EQ(r.tokens[i], want) << "sequence " << i;
+        EXPECT_EQ(r.tokens[i], generate(*engine, three[i], g).tokens) << "sequence " << i;
+    }
+    EXPECT_LE(r.tokens[0].size(), 3u);
+}
 
 TEST(BatchErrors, BadBatchesAreRefused) {
     EngineOptions eo;
