@@ -58,6 +58,27 @@ template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant
     return make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
 }
 
+// Keys [k0, k0 + KEYS) of one KV head into a shared-memory tile pair (K, then V; rows of `ld` bf16), 16 bytes per
+// step: cp.async for a bf16 cache, dequantized through registers for a quantized one; keys at or past `end` are
+// zero. row_of(j) is the cache row of key j: (block * n_kv + kv_head) * block_size + slot. One cp.async group.
+template <int D, KVKind K, int THREADS, int KEYS, class RowOf>
+__device__ __forceinline__ void load_kv_tile(const KVLayer & cache, bf16 * ks, bf16 * vs, int ld, int k0, int end, RowOf row_of) {
+    for (int c = threadIdx.x; c < KEYS * (D / 8); c += THREADS) {
+        const int key = c / (D / 8), col = (c % (D / 8)) * 8, j = k0 + key;
+        const bool valid = j < end;
+        const int64_t row = valid ? row_of(j) : 0;
+        if constexpr (K == KVKind::BF16) {
+            cp_async16(&ks[key * ld + col], cache.k + row * D + col, valid);
+            cp_async16(&vs[key * ld + col], cache.v + row * D + col, valid);
+        } else {
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>(&ks[key * ld + col]) = valid ? dequant8_bf16<K>(cache.quant, false, row, D, col) : zero;
+            *reinterpret_cast<uint4 *>(&vs[key * ld + col]) = valid ? dequant8_bf16<K>(cache.quant, true, row, D, col) : zero;
+        }
+    }
+    cp_async_commit();
+}
+
 constexpr int k_decode_threads = 128;
 constexpr int k_decode_warps = k_decode_threads / 32;
 constexpr int k_max_rep = 8;  // query heads per KV head (7 for Qwen2.5-7B, 8 for 3B/72B and Qwen3-30B-A3B)

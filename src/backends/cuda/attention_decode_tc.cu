@@ -55,23 +55,10 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
     }
 
     // Tile t (keys begin + 64 t ..) into stage t % 2: 16-byte chunks, K then V.
+    auto row_of = [&](int j) { return (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs; };
     auto load_tile = [&](int t) {
-        bf16 * ks = smem + (t % 2) * 2 * tile_elems, * vs = ks + tile_elems;
-        const int k0 = begin + t * k_tile;
-        for (int c = threadIdx.x; c < k_tile * (D / 8); c += k_decode_threads) {
-            const int key = c / (D / 8), col = (c % (D / 8)) * 8, j = k0 + key;
-            const bool valid = j < end;
-            const int64_t row = valid ? (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs : 0;
-            if constexpr (K == KVKind::BF16) {
-                cp_async16(&ks[key * ld + col], a.cache.k + row * D + col, valid);
-                cp_async16(&vs[key * ld + col], a.cache.v + row * D + col, valid);
-            } else {
-                const uint4 zero = make_uint4(0, 0, 0, 0);
-                *reinterpret_cast<uint4 *>(&ks[key * ld + col]) = valid ? dequant8_bf16<K>(a.cache.quant, false, row, D, col) : zero;
-                *reinterpret_cast<uint4 *>(&vs[key * ld + col]) = valid ? dequant8_bf16<K>(a.cache.quant, true, row, D, col) : zero;
-            }
-        }
-        cp_async_commit();
+        bf16 * ks = smem + (t % 2) * 2 * tile_elems;
+        load_kv_tile<D, K, k_decode_threads, k_tile>(a.cache, ks, ks + tile_elems, ld, begin + t * k_tile, end, row_of);
     };
 
     const float scale_log2 = a.scale * float(M_LOG2E);
