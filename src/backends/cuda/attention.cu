@@ -490,7 +490,6 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
         }
         CUDA_CHECK(cudaGetLastError());
         launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_decode_threads, 0, stream, scratch, len_dev, a.min_split, out);
-        CUDA_CHECK(cudaGetLastError());
     };
     switch (head_dim) {
     case 16: return run(std::integral_constant<int, 16>{});

@@ -174,7 +174,6 @@ template <int D, KVKind K> void launch(DecodeArgs a, dim3 grid, cudaStream_t str
     }
     a.min_split = k_tile;
     launch_kernel(attention_decode_tc_kernel<D, K>, grid, k_decode_threads, smem, stream, a);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 template <int D> void launch_kind(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {

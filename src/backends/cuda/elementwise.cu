@@ -200,28 +200,23 @@ int grid_for(int64_t n, int threads) { return int(std::min<int64_t>((n + threads
 
 void embedding(const bf16 * table, const int * ids, int n, int hidden, float * x, cudaStream_t stream) {
     launch_kernel(embedding_kernel, n, 256, 0, stream, table, ids, hidden, x);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void rms_norm(const float * x, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
     launch_kernel(rms_norm_kernel, n, k_norm_threads, 0, stream, const_cast<float *>(x), nullptr, w, eps, hidden, y);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void add_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
     launch_kernel(rms_norm_kernel, n, k_norm_threads, 0, stream, x, delta, w, eps, hidden, y);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void add_residual(float * x, const bf16 * delta, int64_t count, cudaStream_t stream) {
     launch_kernel(add_residual_kernel, grid_for(count, 256), 256, 0, stream, x, delta, count);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void silu_mul(const bf16 * gate_up, int n, int inter, bf16 * out, cudaStream_t stream) {
     dim3 grid((inter + 255) / 256, n);
     launch_kernel(silu_mul_kernel, grid, 256, 0, stream, gate_up, inter, out);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void add_scaled_rows(float * x, const bf16 * y, const int * rows, const float * scale, bool sigmoid_scale, int m, int hidden,
@@ -249,7 +244,6 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream) {
     dim3 grid(a.n, a.n_head + 2 * a.n_kv);
     const int threads = (a.head_dim / 2 + 31) / 32 * 32;
     launch_kernel(qkv_rope_cache_kernel, grid, threads, 0, stream, a);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void gpu_sleep(int microseconds, cudaStream_t stream) {

@@ -154,7 +154,6 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
     const int needed = (a.n + rows_per_block - 1) / rows_per_block;
     const int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
     launch_kernel(kernel, blocks, k_threads, smem, stream, a);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 // Warps per row: one warp per row for tall matrices; short ones (o_proj/down of small models) split k over more

@@ -212,7 +212,6 @@ template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> void launch(const 
     const int blocks = std::min((n_groups + per_block - 1) / per_block, sm_count() * 16);
     for (int m = 0; m < a.m; m++) {
         launch_kernel(kernel, blocks, k_threads, smem, s, w, a, m);
-        CUDA_CHECK(cudaGetLastError());
     }
 }
 
@@ -296,7 +295,6 @@ template <GemvOut OUT, int KS, int STAGES> void launch_mma_stages(const QuantMat
         }
     }
     launch_kernel(mma4::qgemv_mma_kernel<OUT, KS, STAGES>, (n_rb + RBPB - 1) / RBPB, mma4::k_threads, smem, s, w, x, ldx, a);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 template <GemvOut OUT, int KS> void launch_mma(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {

@@ -194,18 +194,14 @@ __global__ void __launch_bounds__(k_sample_threads) sample_rows_kernel(SampleArg
 
 void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream) {
     launch_kernel(argmax_partial_kernel, k_argmax_blocks, k_argmax_threads, 0, stream, logits, n_valid, scratch);
-    CUDA_CHECK(cudaGetLastError());
     launch_kernel(argmax_final_kernel, 1, k_argmax_blocks, 0, stream, scratch, state, out_tokens);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, int * step, int * len,
                          int * out_tokens, cudaStream_t stream) {
     if (rows == 0) return;
     launch_kernel(argmax_rows_kernel, rows, k_argmax_threads, 0, stream, logits, rows, vocab, n_valid, tokens, pos, step, len, out_tokens);
-    CUDA_CHECK(cudaGetLastError());
     launch_kernel(step_advance_kernel, 1, 1, 0, stream, step);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void sample_rows_advance(const float * logits, int rows, int vocab, int n_valid, const SampleParams & p, uint8_t * seen, int * counts,
@@ -215,9 +211,7 @@ void sample_rows_advance(const float * logits, int rows, int vocab, int n_valid,
     if (!(p.temperature > 0)) QINFER_FAIL() << "sample_rows_advance: temperature must be > 0 (greedy: argmax_rows_advance)";
     const SampleArgs a{logits, vocab, n_valid, rows, p, seen, counts, work, tokens, pos, step, len, out_tokens};
     launch_kernel(sample_rows_kernel, rows, k_sample_threads, 0, stream, a);
-    CUDA_CHECK(cudaGetLastError());
     launch_kernel(step_advance_kernel, 1, 1, 0, stream, step);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace qinfer::cuda
