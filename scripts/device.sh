@@ -3,7 +3,8 @@
 # (the CUDA kernel tests included), optionally make the transformers goldens, run the benchmarks, print a table last.
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
-#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [qgemv-ab] [pdl-ab]
+#                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
+#                          [gpu-test] [tune]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
@@ -55,7 +56,8 @@ if has chat; then
     python3 scripts/make_chat_goldens.py "$OUT/chat_goldens.json" 2>&1 | tail -2
 fi
 if has test; then
-    (cd build-device && ctest --output-on-failure -j8 >"$OUT/ctest.log" 2>&1)
+    # Eight test processes at once: two OpenMP threads each, not sixteen (oversubscribed, the CPU suites took minutes).
+    (cd build-device && OMP_NUM_THREADS=2 ctest --output-on-failure -j8 >"$OUT/ctest.log" 2>&1)
     note "tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"
     build-device/tests/qinfer_tests --gtest_filter='*GoldenCuda*' 2>&1 | grep -E "^\[ golden \]" | head -40 || true
     grep -E "FAILED|Failure" -A4 "$OUT/ctest.log" | head -60 || true
@@ -162,17 +164,6 @@ if has long; then
     done
     rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
 fi
-# The tiled 4-bit GEMV's weight pipeline: one batch in registers (default) against a 4-deep cp.async ring
-# (QINFER_QGEMV_STAGES=4), per-op decode profile and tokens/s, same run.
-if has qgemv-ab; then
-    for q in gptq-int4 awq; do
-        for st in 0 4; do
-            echo "-- 7B $q QINFER_QGEMV_STAGES=$st"
-            QINFER_QGEMV_STAGES=$st QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 256 \
-                --json "$OUT/qgemv-ab-$q-$st.json" 2>&1 | tee -a "$OUT/qgemv-ab.log" | grep -E "gemv|^\| qwen" | grep -v lm_head
-        done
-    done
-fi
 # Programmatic dependent launch (QINFER_PDL=1): the end-to-end GPU tests under it, then decode speed with and without.
 if has pdl-ab; then
     QINFER_PDL=1 build-device/tests/qinfer_tests --gtest_filter='*GoldenCuda*:*Batch*:*CudaSampling*:*KvBackends*' 2>&1 |
@@ -194,8 +185,8 @@ if has max-batch; then
         done
     done
 fi
-# Attention A/B: decode SIMT (default) against tensor cores (QINFER_DECODE_ATTN=tc), prefill tiled (default) against
-# pipelined (QINFER_PREFILL_ATTN=pipelined), kernels and end to end, same run.
+# Attention A/B: the older kernels (QINFER_DECODE_ATTN=simt, QINFER_PREFILL_ATTN=tiled) against the defaults (tensor-core
+# decode, pipelined prefill), kernels and end to end, same run.
 if has decode-ab; then
     build-device/tests/qinfer_tests --gtest_filter='*Attention*' 2>&1 | grep -E "^\[ kernel \]|FAILED|PASSED" | tee "$OUT/decode-ab-kernels.log"
     for p in qwen2.5-0.5b qwen2.5-7b; do
@@ -204,6 +195,38 @@ if has decode-ab; then
             QINFER_DECODE_ATTN=${k%%:*} QINFER_PREFILL_ATTN=${k##*:} "$Q" bench --preset $p --input-lens 1,6144,30720 --gen 256 \
                 --json "$OUT/attn-ab-$p-${k%%:*}.json" 2>&1 | tee -a "$OUT/decode-ab.log" | grep -E "^\| qwen"
         done
+    done
+fi
+# Every GPU test (kernels against the CPU, end-to-end goldens, batches, KV dtypes) without the CPU-only suites, with
+# the failures' full messages; the kernel timing lines; then the quantized-attention tests repeated (a flaky case).
+if has gpu-test; then
+    build-device/tests/qinfer_tests --gtest_filter='Cuda*:*Attention*:*Gemv*:*GoldenCuda*:*cuda*:*KvBackends*:*ArgmaxRows*' \
+        >"$OUT/gpu-test.log" 2>&1
+    note "gpu tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/gpu-test.log" | tr '\n' ' ')"
+    grep -E "^\[ kernel \]|^\[ kv \]" "$OUT/gpu-test.log"
+    grep -E "Failure" -A6 "$OUT/gpu-test.log" | head -60
+    build-device/tests/qinfer_tests --gtest_filter='Kinds/QuantAttention.*' --gtest_repeat=${FLAKY_REPEAT:-5} >"$OUT/flaky.log" 2>&1
+    note "quant attention x${FLAKY_REPEAT:-5}: $(grep -c '^\[  FAILED  \].*GetParam' "$OUT/flaky.log") failures"
+    grep -E "Failure" -A6 "$OUT/flaky.log" | head -30
+fi
+# Knobs timed in one run: decode splits per SM (QINFER_DECODE_BLOCKS_PER_SM) on the kernels, the BF16 GEMV's weight
+# prefetch ahead of the fused RMSNorm (QINFER_GEMV_PREFETCH, alternated), prefill chunk size (QINFER_PREFILL_CHUNK) on
+# 7B's time to first token at 30720.
+if has tune; then
+    for b in ${TUNE_BLOCKS:-2 3 4 8}; do
+        echo "-- QINFER_DECODE_BLOCKS_PER_SM=$b"
+        QINFER_DECODE_BLOCKS_PER_SM=$b build-device/tests/qinfer_tests \
+            --gtest_filter='Lengths/Attention.*/15:Lengths/Attention.*/13:LongContext/*' 2>&1 | grep -E "attention_decode \(tensor" | tee -a "$OUT/tune.log"
+    done
+    for p in qwen2.5-0.5b qwen2.5-7b; do
+        for pf in 0 1 0 1; do
+            echo "-- $p QINFER_GEMV_PREFETCH=$pf"
+            QINFER_GEMV_PREFETCH=$pf "$Q" bench --preset $p --input-lens 1 --gen 512 2>&1 | tee -a "$OUT/tune.log" | grep -E "^\| qwen"
+        done
+    done
+    for ch in ${TUNE_CHUNKS:-1024 2048 4096}; do
+        echo "-- QINFER_PREFILL_CHUNK=$ch"
+        QINFER_PREFILL_CHUNK=$ch "$Q" bench --preset qwen2.5-7b --input-lens 30720 --gen 32 2>&1 | tee -a "$OUT/tune.log" | grep -E "^\| qwen"
     done
 fi
 # Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100 and batch 1 at

@@ -32,6 +32,8 @@ using cuda::bf16;
 using cuda::DeviceBuffer;
 
 constexpr int k_prefill_chunk = 1024;  // tokens per prefill pass: bounds activation memory at any length
+// k_prefill_chunk, or QINFER_PREFILL_CHUNK (a multiple of 128, for timing other chunk sizes).
+int prefill_chunk_tokens();
 constexpr int k_gemv_max_m = 4;        // up to this many tokens go through the GEMV kernels
 constexpr int k_qgemv_max_m = 8;       // and through the tiled 4-bit GEMV, which takes 8 in one pass (the other
                                        // quantized GEMVs run once per row); beyond: dequantize, then cuBLASLt

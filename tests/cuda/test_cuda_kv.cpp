@@ -133,14 +133,52 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
         EXPECT_LT(rel_err(download_bf16(dop, wp.size()), wp), 2e-2)
             << name << " prefill len " << len << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
     }
+
+    if ((len == 4097 || len == 129024) && n_rep == 7) {
+        // Timings for the perf log (not assertions): decode with each kernel, and one 1024-query prefill chunk at the
+        // end of the cache (what the engine runs per chunk of a long prompt).
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        auto time_ms = [&](int reps, auto && fn) {
+            cudaEventRecord(e0);
+            for (int i = 0; i < reps; i++) fn();
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            return double(ms) / reps;
+        };
+        const double kv_bytes = 2.0 * len * n_kv * (row_bytes(t, d) + (t == KVDType::FP8 ? 0 : 8));
+        for (cuda::DecodeKernel kernel : decode_kernels(d)) {
+            const double ms = time_ms(50, [&] {
+                cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
+            });
+            std::printf("[ kernel ] attention_decode (%s) %s len %d d %d heads %d/%d: %.1f us, %.0f GB/s of KV\n",
+                        kernel == cuda::DecodeKernel::TensorCore ? "tensor cores" : "simt", name, len, d, n_head, n_kv, ms * 1e3,
+                        kv_bytes / (ms * 1e-3) / 1e9);
+        }
+        const int nc = std::min(len, 1024);
+        std::vector<float> qc = randn(size_t(nc) * n_head * d);
+        DeviceBuffer dqc = upload_bf16(qc), doc(size_t(nc) * n_head * d * 2, "test");
+        for (cuda::PrefillKernel kernel : prefill_kernels(d)) {
+            const double ms = time_ms(5, [&] {
+                cuda::attention_prefill(dqc.as<bf16>(), cache.layer(), nc, len - nc, n_head, n_kv, d, doc.as<bf16>(), nullptr, kernel);
+            });
+            const double flops = 4.0 * nc * (len - nc / 2.0) * d * n_head;
+            std::printf("[ kernel ] attention_prefill (%s) %s chunk %d at %d d %d heads %d/%d: %.3f ms, %.1f TFLOP/s\n",
+                        kernel == cuda::PrefillKernel::Pipelined ? "pipelined" : "tiled", name, nc, len - nc, d, n_head, n_kv, ms,
+                        flops / (ms * 1e-3) / 1e12);
+        }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, QuantAttention,
                          ::testing::Combine(::testing::Values(KVDType::FP8, KVDType::INT8, KVDType::INT4), ::testing::Values(1, 17, 4097),
                                             ::testing::Values(64, 128), ::testing::Values(1, 7)));
 INSTANTIATE_TEST_SUITE_P(LongContext, QuantAttention,
-                         ::testing::Combine(::testing::Values(KVDType::INT8, KVDType::INT4), ::testing::Values(129024), ::testing::Values(128),
-                                            ::testing::Values(7)));
+                         ::testing::Combine(::testing::Values(KVDType::FP8, KVDType::INT8, KVDType::INT4), ::testing::Values(129024),
+                                            ::testing::Values(128), ::testing::Values(7)));
 INSTANTIATE_TEST_SUITE_P(TinyHeads, QuantAttention,
                          ::testing::Combine(::testing::Values(KVDType::FP8, KVDType::INT8, KVDType::INT4), ::testing::Values(70),
                                             ::testing::Values(16, 32), ::testing::Values(3)));

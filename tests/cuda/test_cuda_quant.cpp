@@ -64,7 +64,7 @@ std::vector<QuantScheme> cuda_schemes() {
 class QuantGemv : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 // Every format, m, input and output form of the quantized GEMV for one weight shape.
-static void check_quant_gemv(int n, int k, const char * stages) {
+static void check_quant_gemv(int n, int k) {
     for (const QuantScheme & s : cuda_schemes()) {
         for (int m : {1, 3, 8}) {
             for (int in = 0; in < 2; in++) {
@@ -109,7 +109,7 @@ static void check_quant_gemv(int n, int k, const char * stages) {
                     // output, and for silu the product of two such values.
                     const double tol = (out == 1 || out == 2) ? (in ? 2e-3 : 2e-5) : silu ? 2e-2 : 8e-3;
                     EXPECT_LT(rel_err(got, want), tol)
-                        << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in << " out " << out << " stages " << stages;
+                        << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in << " out " << out;
                 }
             }
         }
@@ -119,12 +119,7 @@ static void check_quant_gemv(int n, int k, const char * stages) {
 TEST_P(QuantGemv, MatchesCpu) {
     REQUIRE_GPU();
     const auto [n, k] = GetParam();
-    // The tiled 4-bit GEMV's two weight pipelines: one batch in registers, and the 4-deep cp.async ring.
-    for (const char * stages : {"0", "4"}) {
-        setenv("QINFER_QGEMV_STAGES", stages, 1);
-        check_quant_gemv(n, k, stages);
-    }
-    unsetenv("QINFER_QGEMV_STAGES");
+    check_quant_gemv(n, k);
 }
 
 // N = rows of the weight (a multiple of 8 for GPTQ packing), K a multiple of 64 but not of 128 where possible.

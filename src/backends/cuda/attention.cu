@@ -412,11 +412,11 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
     if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
     if (kernel == PrefillKernel::Auto) {
-        static const bool pipelined = [] {
+        static const bool tiled = [] {
             const char * e = std::getenv("QINFER_PREFILL_ATTN");
-            return e && std::string(e) == "pipelined";
+            return e && std::string(e) == "tiled";
         }();
-        kernel = pipelined ? PrefillKernel::Pipelined : PrefillKernel::Tiled;
+        kernel = !tiled && (head_dim == 64 || head_dim == 128) ? PrefillKernel::Pipelined : PrefillKernel::Tiled;
     }
     if (kernel == PrefillKernel::Pipelined) {
         if (launch_attention_prefill_pipelined(a, stream)) return;
@@ -439,8 +439,18 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " > 128 is not supported";
 }
 
+// Blocks per SM the splits aim for: 8, or QINFER_DECODE_BLOCKS_PER_SM (for timing other grids).
+static int decode_blocks_per_sm() {
+    static const int blocks = [] {
+        const char * e = std::getenv("QINFER_DECODE_BLOCKS_PER_SM");
+        const int v = e ? std::atoi(e) : 0;
+        return v >= 1 && v <= 32 ? v : 8;
+    }();
+    return blocks;
+}
+
 int decode_splits(int max_len, int n_kv, int batch) {
-    const int for_occupancy = (8 * sm_count() + n_kv * batch - 1) / (n_kv * batch);
+    const int for_occupancy = (decode_blocks_per_sm() * sm_count() + n_kv * batch - 1) / (n_kv * batch);
     const int for_length = (max_len + k_decode_max_split - 1) / k_decode_max_split;
     return std::min(1024, std::max({1, for_occupancy, for_length}));
 }
@@ -453,11 +463,11 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, 16};
     dim3 grid(scratch.max_splits, n_kv, batch);
     if (kernel == DecodeKernel::Auto) {
-        static const bool tc = [] {
+        static const bool simt = [] {
             const char * e = std::getenv("QINFER_DECODE_ATTN");
-            return e && std::string(e) == "tc";
+            return e && std::string(e) == "simt";
         }();
-        kernel = tc ? DecodeKernel::TensorCore : DecodeKernel::Simt;
+        kernel = !simt && (head_dim == 64 || head_dim == 128) ? DecodeKernel::TensorCore : DecodeKernel::Simt;
     }
     if (kernel == DecodeKernel::TensorCore) {
         if (!launch_attention_decode_tc(a, head_dim, grid, stream)) {

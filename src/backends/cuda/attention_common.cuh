@@ -58,26 +58,100 @@ template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant
     return make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
 }
 
-// Keys [k0, k0 + KEYS) of one KV head into a shared-memory tile pair (K, then V; rows of `ld` bf16), 16 bytes per
-// step: cp.async for a bf16 cache, dequantized through registers for a quantized one; keys at or past `end` are
-// zero. row_of(j) is the cache row of key j: (block * n_kv + kv_head) * block_size + slot. One cp.async group.
-template <int D, KVKind K, int THREADS, int KEYS, class RowOf>
-__device__ __forceinline__ void load_kv_tile(const KVLayer & cache, bf16 * ks, bf16 * vs, int ld, int k0, int end, RowOf row_of) {
-    for (int c = threadIdx.x; c < KEYS * (D / 8); c += THREADS) {
-        const int key = c / (D / 8), col = (c % (D / 8)) * 8, j = k0 + key;
-        const bool valid = j < end;
-        const int64_t row = valid ? row_of(j) : 0;
-        if constexpr (K == KVKind::BF16) {
-            cp_async16(&ks[key * ld + col], cache.k + row * D + col, valid);
-            cp_async16(&vs[key * ld + col], cache.v + row * D + col, valid);
+// 8 bytes global -> shared (cp.async.ca; the .cg form takes only 16); valid false zero-fills them.
+__device__ __forceinline__ void cp_async8(void * smem, const void * gmem, bool valid) {
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+    const int bytes = valid ? 8 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+
+// K/V tiles of KEYS keys of one KV head streaming through shared memory with the next tile in flight (cp.async).
+// A bf16 cache is copied into two bf16 tile stages. A quantized cache's codes and per-row (scale, zero) are copied
+// raw into two code stages and dequantized into one bf16 tile when that tile is used, so its global loads stay
+// asynchronous too (dequantizing on the way in through registers made the int8 cache slower than bf16).
+// Shared memory (smem_bytes): bf16 [2 stages][K, V][KEYS][ld]; quantized [K, V][KEYS][ld] bf16 and then
+// [2 stages][K codes, V codes][KEYS][row_bytes] + [K, V][KEYS] float2 (int8/int4). Keys at or past `end` are zero.
+// Use: load(0); per tile t: load(t + 1) if any, ready(t, t + 1 < n_tiles), compute, __syncthreads().
+template <int D, KVKind K, int THREADS, int KEYS> struct KVTilePipe {
+    static constexpr int ld = D + 8;  // padded bf16 rows (16 bytes): conflict-free fragments and ldmatrix
+    static constexpr int tile_elems = KEYS * ld;
+    static constexpr bool quantized = K != KVKind::BF16;
+    static constexpr bool has_sz = K == KVKind::INT8 || K == KVKind::INT4;
+    static constexpr int row_bytes = K == KVKind::INT4 ? D / 2 : D;
+    static constexpr int code_bytes = 2 * KEYS * row_bytes;
+    static constexpr int stage_bytes = quantized ? code_bytes + (has_sz ? 2 * KEYS * 8 : 0) : 2 * tile_elems * 2;
+    static constexpr int tiles_bytes = quantized ? 2 * tile_elems * 2 : 0;
+    static constexpr size_t smem_bytes = size_t(tiles_bytes) + 2 * size_t(stage_bytes);
+    static_assert(!quantized || row_bytes % 16 == 0, "whole 16-byte chunks per row");
+
+    // Tile t, keys [k0, k0 + KEYS): one cp.async group. row_of(j) is the cache row of key j:
+    // (block * n_kv + kv_head) * block_size + slot.
+    template <class RowOf>
+    __device__ __forceinline__ static void load(unsigned char * smem, const KVLayer & cache, int t, int k0, int end, RowOf row_of) {
+        unsigned char * st = smem + tiles_bytes + (t % 2) * stage_bytes;
+        if constexpr (!quantized) {
+            bf16 * ks = reinterpret_cast<bf16 *>(st), * vs = ks + tile_elems;
+            for (int c = threadIdx.x; c < KEYS * (D / 8); c += THREADS) {
+                const int key = c / (D / 8), col = (c % (D / 8)) * 8, j = k0 + key;
+                const bool valid = j < end;
+                const int64_t row = valid ? row_of(j) : 0;
+                cp_async16(&ks[key * ld + col], cache.k + row * D + col, valid);
+                cp_async16(&vs[key * ld + col], cache.v + row * D + col, valid);
+            }
         } else {
-            const uint4 zero = make_uint4(0, 0, 0, 0);
-            *reinterpret_cast<uint4 *>(&ks[key * ld + col]) = valid ? dequant8_bf16<K>(cache.quant, false, row, D, col) : zero;
-            *reinterpret_cast<uint4 *>(&vs[key * ld + col]) = valid ? dequant8_bf16<K>(cache.quant, true, row, D, col) : zero;
+            constexpr int chunks = row_bytes / 16;
+            for (int c = threadIdx.x; c < 2 * KEYS * chunks; c += THREADS) {
+                const int value = c / (KEYS * chunks), key = (c / chunks) % KEYS, ch = c % chunks, j = k0 + key;
+                const bool valid = j < end;
+                const int64_t row = valid ? row_of(j) : 0;
+                const uint8_t * src = (value ? cache.quant.v : cache.quant.k) + row * row_bytes + ch * 16;
+                cp_async16(st + (value * KEYS + key) * row_bytes + ch * 16, src, valid);
+            }
+            if constexpr (has_sz) {
+                for (int c = threadIdx.x; c < 2 * KEYS; c += THREADS) {
+                    const int value = c / KEYS, key = c % KEYS, j = k0 + key;
+                    const bool valid = j < end;
+                    const int64_t row = valid ? row_of(j) : 0;
+                    cp_async8(st + code_bytes + c * 8, (value ? cache.quant.v_sz : cache.quant.k_sz) + row, valid);
+                }
+            }
+        }
+        cp_async_commit();
+    }
+
+    // Waits for tile t (the one after it may stay in flight) and returns its K tile ([KEYS][ld] bf16; V follows at
+    // + tile_elems). Ends with a barrier: every thread may read the whole tile.
+    __device__ __forceinline__ static const bf16 * ready(unsigned char * smem, const KVLayer & cache, int t, bool next_in_flight) {
+        if (next_in_flight) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        __syncthreads();
+        const unsigned char * st = smem + tiles_bytes + (t % 2) * stage_bytes;
+        if constexpr (!quantized) {
+            return reinterpret_cast<const bf16 *>(st);
+        } else {
+            bf16 * tiles = reinterpret_cast<bf16 *>(smem);
+            float fp8_scale[2] = {0.f, 0.f};
+            if constexpr (K == KVKind::FP8) {
+                fp8_scale[0] = cache.quant.fp8_scale[0];
+                fp8_scale[1] = cache.quant.fp8_scale[1];
+            }
+            for (int c = threadIdx.x; c < 2 * KEYS * (D / 8); c += THREADS) {
+                const int value = c / (KEYS * (D / 8)), key = (c / (D / 8)) % KEYS, col = (c % (D / 8)) * 8;
+                const bool high = K == KVKind::INT4 && col >= D / 2;
+                const uint2 raw = *reinterpret_cast<const uint2 *>(st + (value * KEYS + key) * row_bytes + (high ? col - D / 2 : col));
+                const uint32_t w[2] = {raw.x, raw.y};
+                float2 sz = make_float2(0.f, 0.f);
+                if constexpr (has_sz) sz = reinterpret_cast<const float2 *>(st + code_bytes)[value * KEYS + key];
+                float x[8];
+                kv_dequant<K, 8>(w, high, sz, fp8_scale[value], x);
+                *reinterpret_cast<uint4 *>(&tiles[value * tile_elems + key * ld + col]) =
+                    make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
+            }
+            __syncthreads();
+            return tiles;
         }
     }
-    cp_async_commit();
-}
+};
 
 constexpr int k_decode_threads = 128;
 constexpr int k_decode_warps = k_decode_threads / 32;

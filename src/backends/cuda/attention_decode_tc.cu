@@ -2,8 +2,8 @@
 //
 // grid (max_splits, n_kv, batch), 4 warps per block. The n_rep query heads sharing KV head h are the rows of one
 // m16n8k16 tile (padded to 16 with zeros), so a key is read once for all of them and multiplied on tensor cores. The
-// split's keys stream through shared memory 64 at a time, double-buffered with cp.async (a quantized cache is
-// dequantized to bf16 on its way in instead); warp w takes keys [16w, 16w + 16) of each tile: S = Q K^T (two n-tiles),
+// split's keys stream through shared memory 64 at a time, double-buffered with cp.async (KVTilePipe: a quantized
+// cache's codes arrive raw and are dequantized to bf16 in shared memory); warp w takes keys [16w, 16w + 16) of each tile: S = Q K^T (two n-tiles),
 // online softmax per row in the log2 domain, O += P V with V fragments from ldmatrix.trans (the prefill kernel's
 // fragments, attention.cu). The warps' (m, l, O) merge through shared memory into the split's partial result, which
 // attention_combine_kernel reads as it reads the SIMT kernel's.
@@ -21,10 +21,9 @@ constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys
 
 template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
     pdl_wait();
-    constexpr int ld = D + 8;                       // padded smem rows (16 bytes): conflict-free fragments and ldmatrix
-    constexpr int tile_elems = k_tile * ld;         // one K or V tile
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 * smem = reinterpret_cast<bf16 *>(smem_raw);  // [2 stages][K, V][k_tile][ld]
+    using Pipe = KVTilePipe<D, K, k_decode_threads, k_tile>;
+    constexpr int ld = Pipe::ld;
+    extern __shared__ __align__(16) unsigned char smem_raw[];  // Pipe's tiles, then the warps' merge
     __shared__ int blocks[k_decode_max_split / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -54,12 +53,9 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
         qf[kc][3] = 0u;
     }
 
-    // Tile t (keys begin + 64 t ..) into stage t % 2: 16-byte chunks, K then V.
+    // Tile t: keys begin + 64 t ..
     auto row_of = [&](int j) { return (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs; };
-    auto load_tile = [&](int t) {
-        bf16 * ks = smem + (t % 2) * 2 * tile_elems;
-        load_kv_tile<D, K, k_decode_threads, k_tile>(a.cache, ks, ks + tile_elems, ld, begin + t * k_tile, end, row_of);
-    };
+    auto load_tile = [&](int t) { Pipe::load(smem_raw, a.cache, t, begin + t * k_tile, end, row_of); };
 
     const float scale_log2 = a.scale * float(M_LOG2E);
     float o[D / 8][4] = {};
@@ -67,14 +63,8 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
     load_tile(0);
     for (int t = 0; t < n_tiles; t++) {
-        if (t + 1 < n_tiles) {
-            load_tile(t + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const bf16 * ks = smem + (t % 2) * 2 * tile_elems, * vs = ks + tile_elems;
+        if (t + 1 < n_tiles) load_tile(t + 1);
+        const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, t + 1 < n_tiles), * vs = ks + Pipe::tile_elems;
         const int kw = warp * 16;  // this warp's keys within the tile
         float s[2][4];
 #pragma unroll
@@ -121,7 +111,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
             asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
             mma_16816(o[dt], pf, b0, b1);
         }
-        __syncthreads();  // the stage is overwritten by the load two tiles on
+        __syncthreads();  // the tile (and its stage) are overwritten next
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -165,7 +155,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
 }
 
 template <int D, KVKind K> void launch(DecodeArgs a, dim3 grid, cudaStream_t stream) {
-    constexpr size_t smem = size_t(2) * 2 * k_tile * (D + 8) * sizeof(bf16);
+    constexpr size_t smem = KVTilePipe<D, K, k_decode_threads, k_tile>::smem_bytes;
     static_assert(smem >= (2 * k_decode_warps * 8 + k_decode_warps * 8 * D) * sizeof(float), "the warp merge fits the tiles' memory");
     static bool configured = false;  // once per instantiation, before any graph capture (the engine warms up first)
     if (!configured) {

@@ -1,11 +1,12 @@
 // Causal prefill attention, pipelined (FlashAttention-2 on mma.sync m16n8k16), for head_dim 64 and 128.
 //
 // The first prefill kernel (attention.cu) loads each 64-key tile synchronously and then computes, with 64 queries
-// per block. This one keeps two tiles in flight: while the warps multiply tile t, cp.async brings tile t + 1 into the
-// other half of shared memory (a quantized cache is dequantized into it instead). A block owns 128 queries of one
-// head (8 warps of 16 rows), so each K/V tile serves twice the queries; K fragments come from ldmatrix.x4 (two n-tiles
-// per instruction) and V fragments from ldmatrix.x4.trans (two d-tiles per instruction); a warp skips the tiles its
-// causal window does not reach. Same online softmax in the log2 domain, same outputs as the first kernel.
+// per block. This one keeps two tiles in flight: while the warps multiply tile t, cp.async brings tile t + 1 into
+// shared memory (KVTilePipe: a quantized cache's codes arrive raw and are dequantized in shared memory). A block owns
+// 128 queries of one head (8 warps of 16 rows), so each K/V tile serves twice the queries; K fragments come from
+// ldmatrix.x4 (two n-tiles per instruction) and V fragments from ldmatrix.x4.trans (two d-tiles per instruction); a
+// warp skips the tiles its causal window does not reach. Same online softmax in the log2 domain, same outputs as the
+// first kernel.
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
@@ -38,10 +39,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(const bf16 * p, uint32_t & r0,
 // grid (n_head, query tiles): heads vary fastest so the heads of a KV group read its tiles from L2 together; query
 // tiles run last-first, the causal ones with the most keys before the light ones.
 template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attention_prefill_pipelined_kernel(PrefillArgs a) {
-    constexpr int ld = D + 8;  // padded rows (16 bytes): conflict-free ldmatrix
-    constexpr int tile_elems = k_keys * ld;
+    using Pipe = KVTilePipe<D, K, k_threads, k_keys>;
+    constexpr int ld = Pipe::ld;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 * smem = reinterpret_cast<bf16 *>(smem_raw);  // [2 stages][K, V][k_keys][ld]
 
     const int head = blockIdx.x, kvh = head / (a.n_head / a.n_kv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -68,26 +68,17 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attentio
 
     const int bs = a.cache.block_size;
     auto row_of = [&](int j) { return (int64_t(a.cache.block_table[j / bs]) * a.n_kv + kvh) * bs + j % bs; };
-    auto load_tile = [&](int t) {
-        bf16 * ks = smem + (t % 2) * 2 * tile_elems;
-        load_kv_tile<D, K, k_threads, k_keys>(a.cache, ks, ks + tile_elems, ld, t * k_keys, n_keys, row_of);
-    };
+    auto load_tile = [&](int t) { Pipe::load(smem_raw, a.cache, t, t * k_keys, n_keys, row_of); };
 
     float o[D / 8][4] = {};
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
     const int n_tiles = (n_keys + k_keys - 1) / k_keys;
     load_tile(0);
     for (int t = 0; t < n_tiles; t++) {
-        if (t + 1 < n_tiles) {
-            load_tile(t + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        if (t + 1 < n_tiles) load_tile(t + 1);
+        const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, t + 1 < n_tiles), * vs = ks + Pipe::tile_elems;
         const int k0 = t * k_keys;
         if (k0 <= warp_last_key) {
-            const bf16 * ks = smem + (t % 2) * 2 * tile_elems, * vs = ks + tile_elems;
             // S = Q K^T: 16 rows x 64 keys, as 8 n-tiles; one ldmatrix.x4 gives the B fragments of two n-tiles.
             float s[k_keys / 8][4];
 #pragma unroll
@@ -103,17 +94,23 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attentio
                     mma_16816(s[2 * np + 1], qf[kc], b2, b3);
                 }
             }
-            // Scale into the log2 domain and mask (causal, and rows past the chunk).
+            // Mask (causal, and rows past the chunk) only where the tile reaches past the warp's first row's last
+            // key or the warp holds rows past the chunk; the scale into the log2 domain is applied inside exp2's
+            // argument (max commutes with a positive scale).
+            if (k0 + k_keys - 1 > a.pos0 + warp_row || warp_row + 15 >= a.n) {
+#pragma unroll
+                for (int nt = 0; nt < k_keys / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int key = k0 + nt * 8 + 2 * tq + (e & 1);
+                        const int row = e < 2 ? row0 : row1;
+                        if (!(row < a.n && key <= a.pos0 + row)) s[nt][e] = -INFINITY;
+                    }
+                }
+            }
             float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
             for (int nt = 0; nt < k_keys / 8; nt++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = k0 + nt * 8 + 2 * tq + (e & 1);
-                    const int row = e < 2 ? row0 : row1;
-                    const bool ok = row < a.n && key <= a.pos0 + row;
-                    s[nt][e] = ok ? s[nt][e] * a.scale_log2 : -INFINITY;
-                }
                 mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
                 mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
             }
@@ -121,6 +118,8 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attentio
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            mx0 *= a.scale_log2;
+            mx1 *= a.scale_log2;
             const float new_m0 = fmaxf(m0, mx0), new_m1 = fmaxf(m1, mx1);
             // A fully masked row keeps reference 0 so exp2 never sees (-inf) - (-inf).
             const float ref0 = new_m0 == -INFINITY ? 0.f : new_m0, ref1 = new_m1 == -INFINITY ? 0.f : new_m1;
@@ -136,12 +135,12 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attentio
                 o[dt][2] *= alpha1;
                 o[dt][3] *= alpha1;
             }
-            // P = exp2(S - m) as bf16 A fragments (16 keys each).
+            // P = exp2(S * scale - m) as bf16 A fragments (16 keys each).
             uint32_t pf[k_keys / 16][4];
 #pragma unroll
             for (int nt = 0; nt < k_keys / 8; nt++) {
-                const float p0 = exp2f(s[nt][0] - ref0), p1 = exp2f(s[nt][1] - ref0);
-                const float p2 = exp2f(s[nt][2] - ref1), p3 = exp2f(s[nt][3] - ref1);
+                const float p0 = exp2f(fmaf(s[nt][0], a.scale_log2, -ref0)), p1 = exp2f(fmaf(s[nt][1], a.scale_log2, -ref0));
+                const float p2 = exp2f(fmaf(s[nt][2], a.scale_log2, -ref1)), p3 = exp2f(fmaf(s[nt][3], a.scale_log2, -ref1));
                 l0 += p0 + p1;
                 l1 += p2 + p3;
                 pf[nt / 2][(nt % 2) * 2 + 0] = pack_bf16(p0, p1);
@@ -160,7 +159,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attentio
                 }
             }
         }
-        __syncthreads();  // the stage is overwritten by the load two tiles on
+        __syncthreads();  // the tile (and its stage) are overwritten next
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -182,7 +181,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attentio
 }
 
 template <int D, KVKind K> void launch(const PrefillArgs & a, cudaStream_t stream) {
-    constexpr size_t smem = size_t(2) * 2 * k_keys * (D + 8) * sizeof(bf16);
+    constexpr size_t smem = KVTilePipe<D, K, k_threads, k_keys>::smem_bytes;
     static bool configured = false;  // once per instantiation
     if (!configured) {
         CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_pipelined_kernel<D, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

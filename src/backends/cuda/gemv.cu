@@ -1,6 +1,6 @@
-// Decode GEMV: y = epilogue(W x), W bf16 [n, k] read once with 16-byte loads, four in flight per lane. A bf16 input
+// Decode GEMV: y = epilogue(W x), W bf16 [n, k] read once with 16-byte loads, eight in flight per lane. A bf16 input
 // is read from global memory (shared by all blocks, so L1/L2 hits); an fp32 residual input is RMS-normalised into
-// shared memory by every block (RMSNorm fused into the projection). Each output row is computed by `wpr` warps
+// shared memory by every block (RMSNorm fused into the projection), behind the block's first weight loads. Each output row is computed by `wpr` warps
 // that split k (reduced through shared memory), enough to fill the GPU when n is small.
 #include <algorithm>
 #include <cstdlib>
@@ -44,6 +44,29 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
     __shared__ float norm_red[k_warps];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int k = a.k;
+    constexpr int rows_per_block = k_warps / WPR;
+    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
+    constexpr int stride = WPR * 32;  // 16-byte chunks between a lane's loads
+    constexpr int batch = 8;          // loads in flight per lane
+    const int part = warp % WPR;
+    const int chunks = k / 8;
+
+    // The first batch of weights (first row, first matrix) is requested before the input is normalised, so the
+    // norm's reduction runs while those loads are in flight.
+    uint4 first[batch];
+    bool have_first = false;
+    if constexpr (IN == GemvIn::NormF32) {
+        const int row = blockIdx.x * rows_per_block + warp / WPR;
+        if (a.prefetch && row < a.n) {
+            const uint4 * w = reinterpret_cast<const uint4 *>(a.w + int64_t(row) * k);
+#pragma unroll
+            for (int u = 0; u < batch; u++) {
+                const int c = part * 32 + lane + u * stride;
+                first[u] = c < chunks ? load_stream(w + c) : make_uint4(0, 0, 0, 0);
+            }
+            have_first = true;
+        }
+    }
 
     // Prologue: stage the input rows.
     for (int m = 0; m < M; m++) {
@@ -61,10 +84,6 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
     // bf16 input is read straight from global memory: every block reads the same rows, so they stay in L1/L2.
     const bf16 * xsrc = IN == GemvIn::NormF32 ? xs : static_cast<const bf16 *>(a.x);
 
-    constexpr int rows_per_block = k_warps / WPR;
-    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
-    const int part = warp % WPR;
-    const int chunks = k / 8;
     for (int row0 = blockIdx.x * rows_per_block; row0 < a.n; row0 += gridDim.x * rows_per_block) {
         const int row = row0 + warp / WPR;
         float acc[M][2] = {};
@@ -72,15 +91,19 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
 #pragma unroll
             for (int mat = 0; mat < n_mats; mat++) {
                 const uint4 * w = reinterpret_cast<const uint4 *>(a.w + (int64_t(row) + int64_t(mat) * a.n) * k);
-                constexpr int stride = WPR * 32;
-                constexpr int batch = 8;
                 // Batches of eight predicated loads, all issued before any arithmetic.
                 for (int base = part * 32 + lane; base < chunks; base += batch * stride) {
                     uint4 wv[batch];
+                    if (have_first) {  // the prefetched batch is this one (first row, matrix 0, first base)
 #pragma unroll
-                    for (int u = 0; u < batch; u++) {
-                        const int c = base + u * stride;
-                        wv[u] = c < chunks ? load_stream(w + c) : make_uint4(0, 0, 0, 0);
+                        for (int u = 0; u < batch; u++) wv[u] = first[u];
+                        have_first = false;
+                    } else {
+#pragma unroll
+                        for (int u = 0; u < batch; u++) {
+                            const int c = base + u * stride;
+                            wv[u] = c < chunks ? load_stream(w + c) : make_uint4(0, 0, 0, 0);
+                        }
                     }
 #pragma unroll
                     for (int u = 0; u < batch; u++) {
@@ -212,7 +235,18 @@ int sm_count() {
     return n;
 }
 
-void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream) {
+// QINFER_GEMV_PREFETCH=0 turns the first-batch prefetch off (for timing it against the plain prologue).
+static bool gemv_prefetch() {
+    static const bool on = [] {
+        const char * e = std::getenv("QINFER_GEMV_PREFETCH");
+        return !(e && std::string(e) == "0");
+    }();
+    return on;
+}
+
+void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
+    GemvArgs a = args;
+    a.prefetch = gemv_prefetch();
     if (a.k % 8 != 0) QINFER_FAIL() << "gemv: k = " << a.k << " must be a multiple of 8";
     if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "gemv: NormF32 input needs norm weights";
     switch (a.m) {

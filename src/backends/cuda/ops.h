@@ -30,6 +30,7 @@ struct GemvArgs {
     const bf16 * norm_w = nullptr;  // [k] with NormF32
     float eps = 1e-6f;
     void * y = nullptr;             // see GemvOut
+    bool prefetch = true;           // NormF32: first weights requested before the norm (set by gemv(); see gemv.cu)
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 
@@ -127,8 +128,8 @@ void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream
 // are dequantized (to bf16) as their tiles are loaded.
 // Two implementations: 64 queries per block with each K/V tile loaded then used (any head_dim above), and 128 queries
 // per block with the next tile in flight through cp.async while the current one is used (head_dim 64 and 128;
-// attention_prefill_pipelined.cu). Auto: the first unless QINFER_PREFILL_ATTN=pipelined (the second has not been
-// timed yet).
+// attention_prefill_pipelined.cu). Auto: the second where it applies (1.3-2.2x faster on an H100, perf-log), unless
+// QINFER_PREFILL_ATTN=tiled.
 enum class PrefillKernel { Auto, Tiled, Pipelined };
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
                        cudaStream_t stream, PrefillKernel kernel = PrefillKernel::Auto);
@@ -147,8 +148,8 @@ struct DecodeScratch {
 // Splits for contexts up to max_len: enough blocks to fill the GPU, and enough that no split exceeds the maximum.
 int decode_splits(int max_len, int n_kv, int batch = 1);
 // Two implementations: SIMT lanes with an online softmax per lane group (any head_dim above), and tensor cores with
-// the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the SIMT kernel
-// unless QINFER_DECODE_ATTN=tc (the tensor-core kernel has not been timed yet).
+// the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the tensor-core
+// kernel where it applies (2-2.4x faster on an H100, perf-log), unless QINFER_DECODE_ATTN=simt.
 enum class DecodeKernel { Auto, Simt, TensorCore };
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1,

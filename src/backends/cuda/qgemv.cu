@@ -276,30 +276,10 @@ template <int BITS, bool LUT> __global__ void dequantize_kernel(QuantMatrix w, b
     }
 }
 
-// QINFER_QGEMV_STAGES=4 streams the tiled GEMV's weights through a 4-deep cp.async ring in shared memory instead of a
-// one-batch register prefetch (an experiment on memory-level parallelism; read at every launch so tests can switch).
-int qgemv_stages() {
-    const char * e = std::getenv("QINFER_QGEMV_STAGES");
-    return e && std::atoi(e) >= 2 ? 4 : 0;
-}
-
-template <GemvOut OUT, int KS, int STAGES> void launch_mma_stages(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
+template <GemvOut OUT, int KS> void launch_mma(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
     constexpr int RBPB = mma4::k_warps / KS;
     const int n_rb = (a.n + 15) / 16;
-    constexpr size_t smem = STAGES == 0 ? 0 : mma4::pipeline_smem<OUT>(STAGES);
-    if constexpr (smem > 48 * 1024) {
-        static bool configured = false;
-        if (!configured) {
-            CUDA_CHECK(cudaFuncSetAttribute(mma4::qgemv_mma_kernel<OUT, KS, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-            configured = true;
-        }
-    }
-    launch_kernel(mma4::qgemv_mma_kernel<OUT, KS, STAGES>, (n_rb + RBPB - 1) / RBPB, mma4::k_threads, smem, s, w, x, ldx, a);
-}
-
-template <GemvOut OUT, int KS> void launch_mma(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
-    if (qgemv_stages() == 4) return launch_mma_stages<OUT, KS, 4>(w, x, ldx, a, s);
-    launch_mma_stages<OUT, KS, 0>(w, x, ldx, a, s);
+    launch_kernel(mma4::qgemv_mma_kernel<OUT, KS>, (n_rb + RBPB - 1) / RBPB, mma4::k_threads, 0, s, w, x, ldx, a);
 }
 
 template <GemvOut OUT> void launch_mma_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {

@@ -50,20 +50,14 @@ __device__ __forceinline__ uint32_t zero_pair(float z) {
     return h | (h << 16);
 }
 
-// Shared memory of the STAGES-deep weight pipeline: per warp, STAGES batches of MATS x k_batch x 512 bytes.
-template <GemvOut OUT> constexpr size_t pipeline_smem(int stages) {
-    return size_t(k_warps) * stages * (OUT == GemvOut::SiluMulBf16 ? 2 : 1) * k_batch * 32 * sizeof(uint4);
-}
-
 // KS warps split K for the same rows; a block holds k_warps / KS row blocks. No per-block staging: inputs arrive as
 // bf16 rows [m, ldx] (normalised or gathered beforehand by stage_inputs_kernel when needed); each warp reads its B
 // fragments straight from global memory (L1/L2 hits) at the start of each batch; group scales and zeros are read from
 // global memory one group ahead. Blocks synchronise only to add up the KS partial sums. (A first version staged
 // inputs, scales and zeros per block: 1% slower, removed.)
-// Weights: STAGES = 0 keeps the next batch in registers (one batch, 4 KB per warp, in flight); STAGES >= 2 streams
-// them through a per-thread ring of STAGES batches in shared memory with cp.async (STAGES - 1 batches in flight),
-// each lane reading back only the 16 bytes it copied, so no barrier is needed.
-template <GemvOut OUT, int KS, int STAGES> __global__ void __launch_bounds__(k_threads, STAGES == 0 ? 2 : 1)
+// Weights: the next batch is loaded into registers while the current one is multiplied (4 KB per warp in flight). A
+// 4-deep cp.async ring in shared memory (12 KB in flight per warp, no spills) was 4% slower on an H100 (perf-log).
+template <GemvOut OUT, int KS> __global__ void __launch_bounds__(k_threads, 2)
     qgemv_mma_kernel(QuantMatrix w, const bf16 * x, int ldx, GemvArgs a) {
     pdl_wait();
     constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
@@ -80,25 +74,6 @@ template <GemvOut OUT, int KS, int STAGES> __global__ void __launch_bounds__(k_t
     const uint4 * codes = reinterpret_cast<const uint4 *>(w.codes);
     const uint32_t * xrow = reinterpret_cast<const uint32_t *>(x + size_t(min(g, m - 1)) * ldx);
 
-    extern __shared__ uint4 ring[];  // STAGES >= 2: [warp][stage][mat][u][lane]
-    auto ring_at = [&](int stage, int mat, int u) -> uint4 * {
-        return ring + ((((size_t(warp) * STAGES + stage) * MATS + mat) * k_batch + u) * 32 + lane);
-    };
-    // Batch kb0 into ring stage `stage` (zero-filled past kb_end), as one cp.async group.
-    auto issue_batch = [&](int kb0, int stage) {
-#pragma unroll
-        for (int mat = 0; mat < MATS; mat++) {
-#pragma unroll
-            for (int u = 0; u < k_batch; u++) {
-                const int kb = kb0 + u;
-                const bool in = active && kb < kb_end;
-                const uint4 * src = codes + (in ? (size_t(row_block(mat)) * nkb + kb) * 32 + lane : size_t(lane));
-                const uint32_t dst = uint32_t(__cvta_generic_to_shared(ring_at(stage, mat, u)));
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0));
-            }
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-    };
     uint4 next[MATS][k_batch];
     auto load_batch = [&](int kb0) {
 #pragma unroll
@@ -141,12 +116,7 @@ template <GemvOut OUT, int KS, int STAGES> __global__ void __launch_bounds__(k_t
         }
     };
     if (active && kb_begin < kb_end) {
-        if constexpr (STAGES == 0) {
-            load_batch(kb_begin);
-        } else {
-#pragma unroll
-            for (int s = 0; s < STAGES - 1; s++) issue_batch(kb_begin + s * k_batch, s);
-        }
+        load_batch(kb_begin);
         int cur_group = min((kb_begin * 64) / w.group, G - 1);
         GroupParams pending;
         fetch_group(cur_group, pending);
@@ -161,25 +131,14 @@ template <GemvOut OUT, int KS, int STAGES> __global__ void __launch_bounds__(k_t
         };
         take(pending);
         fetch_group(cur_group + 1, pending);
-        for (int kb0 = kb_begin, it = 0; kb0 < kb_end; kb0 += k_batch, it++) {
+        for (int kb0 = kb_begin; kb0 < kb_end; kb0 += k_batch) {
             uint4 cur[MATS][k_batch];
-            if constexpr (STAGES == 0) {
 #pragma unroll
-                for (int mat = 0; mat < MATS; mat++) {
+            for (int mat = 0; mat < MATS; mat++) {
 #pragma unroll
-                    for (int u = 0; u < k_batch; u++) cur[mat][u] = next[mat][u];
-                }
-                if (kb0 + k_batch < kb_end) load_batch(kb0 + k_batch);
-            } else {
-                // Keep STAGES - 1 batches in flight: issue the one STAGES - 1 ahead, then wait for this one.
-                issue_batch(kb0 + (STAGES - 1) * k_batch, (it + STAGES - 1) % STAGES);
-                asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1));
-#pragma unroll
-                for (int mat = 0; mat < MATS; mat++) {
-#pragma unroll
-                    for (int u = 0; u < k_batch; u++) cur[mat][u] = *ring_at(it % STAGES, mat, u);
-                }
+                for (int u = 0; u < k_batch; u++) cur[mat][u] = next[mat][u];
             }
+            if (kb0 + k_batch < kb_end) load_batch(kb0 + k_batch);
             uint32_t b[k_batch][4][2];
 #pragma unroll
             for (int u = 0; u < k_batch; u++) {
