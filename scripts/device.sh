@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune]
+#                          [gpu-test] [tune] [splits-ab]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
@@ -178,7 +178,7 @@ if has pdl-ab; then
 fi
 # The largest batch of Qwen2.5-7B at 8192 + 16 tokens per KV dtype and weight format (buffers allocated, nothing run).
 if has max-batch; then
-    for q in bf16 gptq-int4; do
+    for q in ${MAXB_QUANTS:-bf16 gptq-int4}; do
         for kv in bf16 fp8 int8 int4; do
             "$Q" bench --preset qwen2.5-7b --quant $q --kv-dtype $kv --max-batch --input-lens 8192 --gen 16 \
                 --json "$OUT/max-batch-7b-$q-kv$kv.json" 2>&1 | tee -a "$OUT/max-batch.log" | grep -E "^\| qwen"
@@ -227,6 +227,15 @@ if has tune; then
     for ch in ${TUNE_CHUNKS:-1024 2048 4096}; do
         echo "-- QINFER_PREFILL_CHUNK=$ch"
         QINFER_PREFILL_CHUNK=$ch "$Q" bench --preset qwen2.5-7b --input-lens 30720 --gen 32 2>&1 | tee -a "$OUT/tune.log" | grep -E "^\| qwen"
+    done
+fi
+# Decode grid in whole waves (QINFER_DECODE_SPLITS=waves) against the default, 7B with YaRN at 129024 (the row it is
+# for) and 30720, 256 generated, same run.
+if has splits-ab; then
+    for sp in default waves default waves; do
+        echo "-- QINFER_DECODE_SPLITS=$sp"
+        QINFER_DECODE_SPLITS=$sp "$Q" bench --preset qwen2.5-7b-yarn --input-lens 30720,129024 --gen 256 2>&1 |
+            tee -a "$OUT/splits-ab.log" | grep -E "^\| qwen"
     done
 fi
 # Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100 and batch 1 at

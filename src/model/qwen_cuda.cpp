@@ -241,13 +241,13 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     cuda::DeviceAllocator::instance().reset_peak();
 }
 
-int prefill_chunk_tokens() {
-    static const int chunk = [] {
+int prefill_chunk_tokens(int kv_tokens) {
+    static const int forced = [] {
         const char * e = std::getenv("QINFER_PREFILL_CHUNK");
         const int v = e ? std::atoi(e) : 0;
-        return v >= 128 && v % 128 == 0 ? v : k_prefill_chunk;
+        return v >= 128 && v % 128 == 0 ? v : 0;
     }();
-    return chunk;
+    return forced ? forced : prefill_chunk_for_cache(kv_tokens);
 }
 
 void CudaQwenEngine::plan_batch(int n_sequences, int max_tokens) {
@@ -261,7 +261,7 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
     plan_batch(n_sequences, max_tokens);
     // Prefill runs one prompt at a time in chunks; decode runs all rows (workspaces, logits, the dequantized weight
     // of the largest quantized projection once more than the GEMVs' rows go through cuBLASLt).
-    const int rows = std::max(std::min(prompt_tokens, prefill_chunk_tokens()), n_sequences);
+    const int rows = std::max(std::min(prompt_tokens, prefill_chunk_tokens(kv_tokens_)), n_sequences);
     ensure_workspace(rows);
     logits_.ensure(size_t(std::max(n_sequences, 1)) * model_->config.vocab_size * sizeof(float), "logits");
     size_t largest = 0;
@@ -496,7 +496,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     }
     const int H = cfg.hidden_size, V = cfg.vocab_size;
     const float eps = float(cfg.rms_norm_eps);
-    const int chunk = std::min(n, prefill_chunk_tokens());
+    const int chunk = std::min(n, prefill_chunk_tokens(kv_tokens_));
     ensure_workspace(chunk);
     const int n_out = all_logits ? n : 1;
     logits.resize(size_t(n_out) * V);

@@ -18,6 +18,7 @@
 #include "backends/cuda/ops.h"
 #include "core/check.h"
 #include "core/progress.h"
+#include "model/prefill_chunk.h"
 #include "model/quant_repack.h"
 #include "model/rope.h"
 #include "model/weights.h"
@@ -31,9 +32,10 @@ namespace qinfer::cuda_engine {
 using cuda::bf16;
 using cuda::DeviceBuffer;
 
-constexpr int k_prefill_chunk = 1024;  // tokens per prefill pass: bounds activation memory at any length
-// k_prefill_chunk, or QINFER_PREFILL_CHUNK (a multiple of 128, for timing other chunk sizes).
-int prefill_chunk_tokens();
+// Tokens per prefill pass (bounds activation memory at any length) for a cache of kv_tokens per sequence:
+// prefill_chunk_for_cache (model/prefill_chunk.h), or QINFER_PREFILL_CHUNK (a multiple of 128, for timing others).
+int prefill_chunk_tokens(int kv_tokens);
+
 constexpr int k_gemv_max_m = 4;        // up to this many tokens go through the GEMV kernels
 constexpr int k_qgemv_max_m = 8;       // and through the tiled 4-bit GEMV, which takes 8 in one pass (the other
                                        // quantized GEMVs run once per row); beyond: dequantize, then cuBLASLt

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "model/prefill_chunk.h"
 #include "model/weights.h"
 #include "tools/args.h"
 #include "tools/commands.h"
@@ -66,13 +67,15 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     if (kv == KVDType::INT8 || kv == KVDType::INT4) per_token += 2.0 * c.num_hidden_layers * c.num_key_value_heads * 8;
     m.kv = per_token * tokens * batch;
 
-    // Workspaces for the larger of one prefill chunk (up to 1024 tokens of one sequence: a batch's prompts are
-    // prefilled one after another) and one decode step of the batch; decode scratch and buffers (model/qwen_cuda.cpp).
-    const double ch = double(std::max(std::min(prompt, 1024), batch)), H = c.hidden_size, I = c.intermediate_size;
+    // Workspaces for the larger of one prefill chunk (prefill_chunk_for_cache tokens of one sequence: a batch's prompts
+    // are prefilled one after another) and one decode step of the batch; decode scratch and buffers
+    // (model/qwen_cuda.cpp).
+    const int chunk = prefill_chunk_for_cache(int(tokens));
+    const double ch = double(std::max(std::min(prompt, chunk), batch)), H = c.hidden_size, I = c.intermediate_size;
     m.workspace = ch * (4 + 4 * H + 2 * H + 2 * double(c.q_dim() + 2 * c.kv_dim()) + 4 * double(c.q_dim()) + 2 * H + 6 * I);
     m.workspace += 4.0 * c.vocab_size * batch + 4.0 * (tokens + 1) * batch;
     const double splits =
-        std::min(1024.0, std::max({1.0, std::ceil(1056.0 / (double(c.num_key_value_heads) * batch)), std::ceil(tokens / 1024)}));
+        std::min(1024.0, std::max({1.0, std::ceil(396.0 / (double(c.num_key_value_heads) * batch)), std::ceil(tokens / 1024)}));
     m.workspace += double(batch) * c.num_attention_heads * splits * (c.head_dim + 2) * 4;
     m.workspace += double(batch) * (tokens / 16) * 4;  // the batch's block tables
     if (prompt > 4 || batch > 4) m.workspace += largest_quant;  // (the tiled 4-bit GEMV takes up to 8 rows: an upper bound)

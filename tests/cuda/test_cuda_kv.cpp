@@ -114,8 +114,11 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
     for (cuda::DecodeKernel kernel : decode_kernels(d)) {
         cudaMemset(dout.get(), 0xff, dout.bytes());
         cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
-        // The tensor-core kernel rounds the dequantized K/V and the probabilities to bf16.
-        EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2)
+        // The tensor-core kernel rounds the dequantized K/V and the probabilities to bf16. This cache's int4 rows span
+        // up to +-9 (every 7th value x3), so logits reach tens and K's rounding (2^-9 relative) moves them by a few
+        // hundredths: one H100 run in 180 measured 0.0265 (int4, 4097 keys, d 64, tensor cores).
+        const double tol = t == KVDType::INT4 && kernel == cuda::DecodeKernel::TensorCore ? 4e-2 : 2e-2;
+        EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), tol)
             << name << " decode len " << len << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
     }
 

@@ -439,19 +439,38 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " > 128 is not supported";
 }
 
-// Blocks per SM the splits aim for: 8, or QINFER_DECODE_BLOCKS_PER_SM (for timing other grids).
+// Blocks per SM the splits aim for: 3, or QINFER_DECODE_BLOCKS_PER_SM (for timing other grids). Fewer, longer
+// splits pay the per-block start (block table, Q fragments, first tile) less often: the tensor-core kernel at 129024
+// keys (d 128, 14/2 heads, H100) took 91 us at 8 blocks per SM, 65 at 3, 64 at 2, 78 at 4; at 4097 keys 12.9 / 11.9
+// / 12.1 / 12.0 us (perf-log). tools/plan.cpp's memory model uses the same 3 x 132 blocks.
 static int decode_blocks_per_sm() {
     static const int blocks = [] {
         const char * e = std::getenv("QINFER_DECODE_BLOCKS_PER_SM");
         const int v = e ? std::atoi(e) : 0;
-        return v >= 1 && v <= 32 ? v : 8;
+        return v >= 1 && v <= 32 ? v : 3;
     }();
     return blocks;
 }
 
+// QINFER_DECODE_SPLITS=waves: when the length needs more blocks than one wave, round the grid up to whole waves
+// (opt-in until timed: 7B at 129024 tokens gets 128 splits x 4 KV heads = 512 blocks on 396 slots, 1.3 waves).
+static bool decode_whole_waves() {
+    static const bool on = [] {
+        const char * e = std::getenv("QINFER_DECODE_SPLITS");
+        return e && std::string(e) == "waves";
+    }();
+    return on;
+}
+
 int decode_splits(int max_len, int n_kv, int batch) {
-    const int for_occupancy = (decode_blocks_per_sm() * sm_count() + n_kv * batch - 1) / (n_kv * batch);
     const int for_length = (max_len + k_decode_max_split - 1) / k_decode_max_split;
+    if (decode_whole_waves()) {
+        const int per_split = n_kv * batch, slots = decode_blocks_per_sm() * sm_count();
+        const int blocks = std::max(for_length * per_split, slots);
+        const int waves = (blocks + slots - 1) / slots;
+        return std::min(1024, std::max(1, (waves * slots + per_split - 1) / per_split));
+    }
+    const int for_occupancy = (decode_blocks_per_sm() * sm_count() + n_kv * batch - 1) / (n_kv * batch);
     return std::min(1024, std::max({1, for_occupancy, for_length}));
 }
 
