@@ -35,6 +35,40 @@ TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
     }
 }
 
+// Batches, KV dtypes and the longest rows, measured at 50c8e40 (bench/results/2026-11-26-h100-50c8e40): the seed's
+// batch table (input 1, 1024 generated), the largest batch at 8192 + 16 tokens, and 129024 + 2048 with YaRN.
+TEST(Plan, MemoryModelMatchesBatchAndLongRows) {
+    struct Measured {
+        const char * preset;
+        const char * quant;  // "" for BF16
+        KVDType kv;
+        int batch, input, context;
+        double peak_gb;
+    };
+    const Measured rows[] = {
+        {"qwen2.5-7b", "", KVDType::BF16, 1, 1, 1025, 15.29},           {"qwen2.5-7b", "", KVDType::BF16, 16, 1, 1025, 16.22},
+        {"qwen2.5-7b", "", KVDType::BF16, 100, 1, 1025, 21.29},         {"qwen2.5-7b", "", KVDType::INT8, 100, 1, 1025, 18.50},
+        {"qwen2.5-7b", "gptq-int4", KVDType::BF16, 1, 1, 1025, 5.61},   {"qwen2.5-7b", "gptq-int4", KVDType::BF16, 100, 1, 1025, 11.91},
+        {"qwen2.5-7b", "gptq-int4", KVDType::INT8, 100, 1, 1025, 9.12}, {"qwen2.5-7b", "", KVDType::BF16, 146, 8192, 8208, 84.23},
+        {"qwen2.5-7b", "", KVDType::INT4, 517, 8192, 8208, 84.24},      {"qwen2.5-7b", "gptq-int4", KVDType::BF16, 164, 8192, 8208, 83.82},
+        {"qwen2.5-7b", "gptq-int4", KVDType::INT4, 583, 8192, 8208, 84.12},
+        {"qwen2.5-7b-yarn", "", KVDType::BF16, 1, 129024, 131072, 23.44}, {"qwen2.5-7b-yarn", "", KVDType::INT8, 1, 129024, 131072, 19.92},
+        {"qwen2.5-7b-yarn", "gptq-int4", KVDType::BF16, 1, 129024, 131072, 14.06},
+    };
+    for (const Measured & m : rows) {
+        ModelConfig c = parse_model_config(find_preset(m.preset).config.dump(), m.preset);
+        if (*m.quant) {
+            SynthQuant q;
+            q.kind = m.quant;
+            c.quant = parse_quant_config(synth_quant_config(q).dump(), m.quant);
+        }
+        const double est = estimate_cuda_memory(c, m.kv, m.batch, m.input, m.context).total() / 1e9;
+        EXPECT_NEAR(est, m.peak_gb, 0.02 * m.peak_gb) << m.preset << " " << m.quant << " kv " << int(m.kv) << " batch " << m.batch;
+        std::printf("[ plan ] %-15s %-10s kv %d batch %3d input %6d: model %.3f GB, measured %.3f GB\n", m.preset,
+                    *m.quant ? m.quant : "bf16", int(m.kv), m.batch, m.input, est, m.peak_gb);
+    }
+}
+
 // The shape of the model where no measurement exists yet: memory grows with batch and context, a quantized cache
 // holds less (int4 least), and at 8192 + 16 tokens on 80 GB the int4 cache allows at least 3x the bf16 batch.
 TEST(Plan, BatchesAndCacheDtypes) {
