@@ -105,6 +105,10 @@ int cmd_kv_fidelity(int argc, char ** argv) {
     Progress bar("kv-fidelity", int64_t(seq.size()));
     std::vector<float> lr, lq;
     std::vector<double> pr, pq;
+    // The reference distributions' mean entropy says what the numbers can show: near 0 (one-hot, as random tied
+    // embeddings give) every cache agrees; near ln(V) (flat) the top-1 token is a coin toss among near-ties.
+    double entropy_sum = 0;
+    int entropy_n = 0;
     for (size_t off = 0; off < seq.size(); off += k_chunk) {
         const std::vector<int> chunk(seq.begin() + long(off), seq.begin() + long(std::min(seq.size(), off + k_chunk)));
         ref->forward(ids[0], chunk, true, lr);
@@ -118,6 +122,13 @@ int cmd_kv_fidelity(int argc, char ** argv) {
                 log_softmax(q, V, pq);
                 double kl = 0;
                 for (int i = 0; i < V; i++) kl += std::exp(pr[size_t(i)]) * (pr[size_t(i)] - pq[size_t(i)]);
+                kl = std::max(kl, 0.0);  // >= 0 in exact arithmetic; one-hot rows can round below
+                if (e == 0) {
+                    double h = 0;
+                    for (int i = 0; i < V; i++) h -= std::exp(pr[size_t(i)]) * pr[size_t(i)];
+                    entropy_sum += h;
+                    entropy_n++;
+                }
                 Fidelity & f = out[e];
                 f.positions++;
                 f.mean_kl += kl;
@@ -141,6 +152,9 @@ int cmd_kv_fidelity(int argc, char ** argv) {
                         {"max_kl", f.max_kl}, {"top1_agreement", f.top1}, {"model", preset.empty() ? dir : preset},
                         {"prompt_len", prompt_len}});
     }
+    const double entropy = entropy_sum / std::max(1, entropy_n);
+    std::printf("reference distributions: mean entropy %.3f nats (flat over the vocabulary: %.3f)\n", entropy, std::log(double(V)));
+    for (auto & row : rows) row["reference_entropy"] = entropy;
     if (!json_path.empty()) {
         std::ofstream f(json_path);
         if (!f) QINFER_FAIL() << json_path << ": cannot open for writing";
