@@ -1,5 +1,5 @@
 // qinfer's memory model of the CUDA engine against peaks measured on an H100 (qinfer's allocator, 1 GB = 1e9 bytes,
-// 2048 generated): bench/results/2026-11-26-h100-bf16 and bench/results/2026-11-26-h100-quant.
+// 2048 generated): bench/results/2026-11-26-h100-bf16 and bench/results/2026-11-26-h100-quant; more rows below.
 #include <gtest/gtest.h>
 
 #include "tools/plan.h"
