@@ -40,6 +40,10 @@ __device__ __forceinline__ void kv_load_codes(const KVQuant & q, bool value, int
     for (int i = 0; i < N / 4; i++) w[i] = __ldg(p + i);
 }
 
+// A code (0..255) as an exact float without an int-to-float conversion (a quarter-rate instruction on sm_90): its
+// bits OR-ed into the mantissa of 2^23, minus 2^23.
+__device__ __forceinline__ float code_to_float(uint32_t code) { return __uint_as_float(0x4B000000u | code) - 8388608.0f; }
+
 // The N dims of kv_load_codes as fp32: sz = the row's (scale, zero) for int8/int4, fp8_scale the layer's for fp8.
 template <KVKind K, int N>
 __device__ __forceinline__ void kv_dequant(const uint32_t (&w)[N / 4], bool high_nibble, float2 sz, float fp8_scale, float * out) {
@@ -50,7 +54,7 @@ __device__ __forceinline__ void kv_dequant(const uint32_t (&w)[N / 4], bool high
             out[i] = e4m3_to_float(byte) * fp8_scale;
         } else {
             const uint32_t code = K == KVKind::INT4 ? (high_nibble ? byte >> 4 : byte & 15u) : byte;
-            out[i] = (float(code) - sz.y) * sz.x;
+            out[i] = (code_to_float(code) - sz.y) * sz.x;
         }
     }
 }
