@@ -2,6 +2,7 @@
 // 2048 generated): bench/results/2026-11-26-h100-bf16 and bench/results/2026-11-26-h100-quant; more rows below.
 #include <gtest/gtest.h>
 
+#include "model/prefill_chunk.h"
 #include "tools/plan.h"
 #include "tools/presets.h"
 #include "tools/synth_quant.h"
@@ -91,6 +92,17 @@ TEST(Plan, BatchesAndCacheDtypes) {
         return b;
     };
     EXPECT_GE(max_batch(KVDType::INT4), 3 * max_batch(KVDType::BF16));
+}
+
+// Prefill passes: a 32nd of the cache in multiples of 128 within [1024, 4096] (the seed's rows: 1024 up to 30720 + 2048
+// tokens, 2048 at 63488 + 2048, 4096 at 129024 + 2048).
+TEST(Plan, PrefillChunkFollowsTheCache) {
+    EXPECT_EQ(prefill_chunk_for_cache(16), 1024);
+    EXPECT_EQ(prefill_chunk_for_cache(32768), 1024);
+    EXPECT_EQ(prefill_chunk_for_cache(65536), 2048);
+    EXPECT_EQ(prefill_chunk_for_cache(100000), 3072);
+    EXPECT_EQ(prefill_chunk_for_cache(131072), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(1 << 30), 4096);
 }
 
 }  // namespace qinfer
