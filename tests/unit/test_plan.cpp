@@ -9,6 +9,17 @@
 
 namespace qinfer {
 
+// A preset's config.json, with `qinfer synth --quant QUANT`'s quantization_config unless quant is "".
+static ModelConfig preset_config(const char * preset, const char * quant) {
+    ModelConfig c = parse_model_config(find_preset(preset).config.dump(), preset);
+    if (*quant) {
+        SynthQuant q;
+        q.kind = quant;
+        c.quant = parse_quant_config(synth_quant_config(q).dump(), quant);
+    }
+    return c;
+}
+
 TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
     struct Measured {
         const char * preset;
@@ -23,12 +34,7 @@ TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
         {"qwen2.5-7b", "gptq-int8", 1, 8.931}, {"qwen2.5-0.5b", "gptq-int4", 1, 0.484},
     };
     for (const Measured & m : rows) {
-        ModelConfig c = parse_model_config(find_preset(m.preset).config.dump(), m.preset);
-        if (*m.quant) {
-            SynthQuant q;
-            q.kind = m.quant;
-            c.quant = parse_quant_config(synth_quant_config(q).dump(), m.quant);
-        }
+        const ModelConfig c = preset_config(m.preset, m.quant);
         const double est = estimate_cuda_memory(c, KVDType::BF16, 1, m.input, m.input + 2048).total() / 1e9;
         EXPECT_NEAR(est, m.peak_gb, 0.02 * m.peak_gb) << m.preset << " " << m.quant << " input " << m.input;
         std::printf("[ plan ] %-13s %-10s input %5d: model %.3f GB, measured %.3f GB\n", m.preset, *m.quant ? m.quant : "bf16", m.input,
@@ -57,12 +63,7 @@ TEST(Plan, MemoryModelMatchesBatchAndLongRows) {
         {"qwen2.5-7b-yarn", "gptq-int4", KVDType::BF16, 1, 129024, 131072, 14.06},
     };
     for (const Measured & m : rows) {
-        ModelConfig c = parse_model_config(find_preset(m.preset).config.dump(), m.preset);
-        if (*m.quant) {
-            SynthQuant q;
-            q.kind = m.quant;
-            c.quant = parse_quant_config(synth_quant_config(q).dump(), m.quant);
-        }
+        const ModelConfig c = preset_config(m.preset, m.quant);
         const double est = estimate_cuda_memory(c, m.kv, m.batch, m.input, m.context).total() / 1e9;
         EXPECT_NEAR(est, m.peak_gb, 0.02 * m.peak_gb) << m.preset << " " << m.quant << " kv " << int(m.kv) << " batch " << m.batch;
         std::printf("[ plan ] %-15s %-10s kv %d batch %3d input %6d: model %.3f GB, measured %.3f GB\n", m.preset,
