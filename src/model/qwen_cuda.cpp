@@ -8,6 +8,8 @@
 // prefill dequantizes each one to bf16 and multiplies with cuBLASLt.
 #include "model/qwen_cuda.h"
 
+#include "core/env.h"
+
 namespace qinfer {
 
 namespace cuda_engine {
@@ -243,8 +245,7 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
 
 int prefill_chunk_tokens(int kv_tokens) {
     static const int forced = [] {
-        const char * e = std::getenv("QINFER_PREFILL_CHUNK");
-        const int v = e ? std::atoi(e) : 0;
+        const int v = env_int("QINFER_PREFILL_CHUNK", 0);
         return v >= 128 && v % 128 == 0 ? v : 0;
     }();
     return forced ? forced : prefill_chunk_for_cache(kv_tokens);

@@ -8,13 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
+#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -412,10 +412,7 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
     if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
     if (kernel == PrefillKernel::Auto) {
-        static const bool tiled = [] {
-            const char * e = std::getenv("QINFER_PREFILL_ATTN");
-            return e && std::string(e) == "tiled";
-        }();
+        static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled");
         kernel = !tiled && (head_dim == 64 || head_dim == 128) ? PrefillKernel::Pipelined : PrefillKernel::Tiled;
     }
     if (kernel == PrefillKernel::Pipelined) {
@@ -445,8 +442,7 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
 // / 12.1 / 12.0 us (perf-log). tools/plan.cpp's memory model uses the same 3 x 132 blocks.
 static int decode_blocks_per_sm() {
     static const int blocks = [] {
-        const char * e = std::getenv("QINFER_DECODE_BLOCKS_PER_SM");
-        const int v = e ? std::atoi(e) : 0;
+        const int v = env_int("QINFER_DECODE_BLOCKS_PER_SM", 0);
         return v >= 1 && v <= 32 ? v : 3;
     }();
     return blocks;
@@ -455,10 +451,7 @@ static int decode_blocks_per_sm() {
 // QINFER_DECODE_SPLITS=waves: when the length needs more blocks than one wave, round the grid up to whole waves
 // (opt-in until timed: 7B at 129024 tokens gets 128 splits x 4 KV heads = 512 blocks on 396 slots, 1.3 waves).
 static bool decode_whole_waves() {
-    static const bool on = [] {
-        const char * e = std::getenv("QINFER_DECODE_SPLITS");
-        return e && std::string(e) == "waves";
-    }();
+    static const bool on = env_is("QINFER_DECODE_SPLITS", "waves");
     return on;
 }
 
@@ -482,10 +475,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, 16};
     dim3 grid(scratch.max_splits, n_kv, batch);
     if (kernel == DecodeKernel::Auto) {
-        static const bool simt = [] {
-            const char * e = std::getenv("QINFER_DECODE_ATTN");
-            return e && std::string(e) == "simt";
-        }();
+        static const bool simt = env_is("QINFER_DECODE_ATTN", "simt");
         kernel = !simt && (head_dim == 64 || head_dim == 128) ? DecodeKernel::TensorCore : DecodeKernel::Simt;
     }
     if (kernel == DecodeKernel::TensorCore) {

@@ -4,10 +4,10 @@
 // that split k (reduced through shared memory), enough to fill the GPU when n is small.
 #include <algorithm>
 #include <cstdlib>
-#include <string>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
+#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -215,8 +215,7 @@ template <int M> void dispatch_io(const GemvArgs & a, GemvIn in, GemvOut out, cu
 
 bool pdl_enabled() {
     static const bool on = [] {
-        const char * e = std::getenv("QINFER_PDL");
-        if (!e || std::string(e) != "1") return false;
+        if (!env_is("QINFER_PDL", "1")) return false;
         int dev = 0, major = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -237,10 +236,7 @@ int sm_count() {
 
 // QINFER_GEMV_PREFETCH=0 turns the first-batch prefetch off (for timing it against the plain prologue).
 static bool gemv_prefetch() {
-    static const bool on = [] {
-        const char * e = std::getenv("QINFER_GEMV_PREFETCH");
-        return !(e && std::string(e) == "0");
-    }();
+    static const bool on = !env_is("QINFER_GEMV_PREFETCH", "0");
     return on;
 }
 

@@ -13,6 +13,7 @@
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
 #include "backends/cuda/qstage.cuh"
+#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -217,10 +218,7 @@ template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> void launch(const 
 
 // QINFER_QKS=1|2|4|8 forces the warps per row group of both quantized GEMVs (tuning experiments).
 int forced_ks() {
-    static const int ks = [] {
-        const char * e = std::getenv("QINFER_QKS");
-        return e ? std::atoi(e) : 0;
-    }();
+    static const int ks = env_int("QINFER_QKS", 0);
     return ks;
 }
 
