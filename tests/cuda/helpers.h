@@ -54,6 +54,24 @@ template <typename T> DeviceBuffer upload(const std::vector<T> & v) {
 }
 inline DeviceBuffer upload_bf16(const std::vector<float> & v) { return upload(to_bf16(v)); }
 
+// Mean milliseconds per call of `reps` back-to-back calls of fn on the default stream, after `warmup` untimed calls
+// (CUDA events). For the timing lines tests print, never for assertions.
+template <class F> double time_ms(int reps, F && fn, int warmup = 0) {
+    for (int i = 0; i < warmup; i++) fn();
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaEventRecord(e0);
+    for (int i = 0; i < reps; i++) fn();
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return double(ms) / reps;
+}
+
 inline DeviceBuffer poisoned(size_t bytes) {
     DeviceBuffer b(bytes, "test");
     cudaMemset(b.get(), 0xff, bytes);  // NaN in bf16 and fp32

@@ -140,18 +140,6 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
     if ((len == 4097 || len == 129024) && n_rep == 7) {
         // Timings for the perf log (not assertions): decode with each kernel, and one 1024-query prefill chunk at the
         // end of the cache (what the engine runs per chunk of a long prompt).
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
-        auto time_ms = [&](int reps, auto && fn) {
-            cudaEventRecord(e0);
-            for (int i = 0; i < reps; i++) fn();
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            return double(ms) / reps;
-        };
         const double kv_bytes = 2.0 * len * n_kv * (row_bytes(t, d) + (t == KVDType::FP8 ? 0 : 8));
         for (cuda::DecodeKernel kernel : decode_kernels(d)) {
             const double ms = time_ms(50, [&] {

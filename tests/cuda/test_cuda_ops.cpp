@@ -225,53 +225,36 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
     }
     if ((len == 4097 || len == 129024) && n_rep == 7) {
         // Timings for the perf log (not assertions): decode (each kernel) and prefill over this cache.
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
-        float ms = 0;
         for (cuda::DecodeKernel kernel : decode_kernels(d)) {
-            cudaEventRecord(e0);
-            for (int i = 0; i < 50; i++) {
+            const double ms = time_ms(50, [&] {
                 cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
-            }
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            cudaEventElapsedTime(&ms, e0, e1);
+            });
             const double kv_bytes = 2.0 * len * n_kv * d * 2;
             std::printf("[ kernel ] attention_decode (%s) len %d d %d heads %d/%d: %.1f us, %.0f GB/s of KV\n",
-                        kernel == cuda::DecodeKernel::TensorCore ? "tensor cores" : "simt", len, d, n_head, n_kv, ms * 1e3 / 50,
-                        kv_bytes / (ms / 50 * 1e-3) / 1e9);
+                        kernel == cuda::DecodeKernel::TensorCore ? "tensor cores" : "simt", len, d, n_head, n_kv, ms * 1e3,
+                        kv_bytes / (ms * 1e-3) / 1e9);
         }
         const int reps = len > 10000 ? 1 : 5;
         std::vector<float> qp = randn(size_t(len) * n_head * d);
         DeviceBuffer dqp = upload_bf16(qp), dop(size_t(len) * n_head * d * 2, "test");
         for (cuda::PrefillKernel kernel : prefill_kernels(d)) {
-            cudaEventRecord(e0);
-            for (int i = 0; i < reps; i++) {
+            const double ms = time_ms(reps, [&] {
                 cuda::attention_prefill(dqp.as<bf16>(), cache.layer(), len, 0, n_head, n_kv, d, dop.as<bf16>(), nullptr, kernel);
-            }
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            cudaEventElapsedTime(&ms, e0, e1);
+            });
             const double flops = 4.0 * len * (len + 1) / 2 * d * n_head;
             std::printf("[ kernel ] attention_prefill (%s) len %d d %d heads %d/%d: %.3f ms, %.1f TFLOP/s\n",
-                        kernel == cuda::PrefillKernel::Pipelined ? "pipelined" : "tiled", len, d, n_head, n_kv, ms / reps,
-                        flops / (ms / reps * 1e-3) / 1e12);
+                        kernel == cuda::PrefillKernel::Pipelined ? "pipelined" : "tiled", len, d, n_head, n_kv, ms, flops / (ms * 1e-3) / 1e12);
         }
         // One 1024-query chunk at the end of the cache, as the engine prefills a long prompt.
         const int nc = 1024;
         for (cuda::PrefillKernel kernel : prefill_kernels(d)) {
-            cudaEventRecord(e0);
-            for (int i = 0; i < 5; i++) {
+            const double ms = time_ms(5, [&] {
                 cuda::attention_prefill(dqp.as<bf16>(), cache.layer(), nc, len - nc, n_head, n_kv, d, dop.as<bf16>(), nullptr, kernel);
-            }
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            cudaEventElapsedTime(&ms, e0, e1);
+            });
             const double flops = 4.0 * nc * (len - nc / 2.0) * d * n_head;
             std::printf("[ kernel ] attention_prefill (%s) chunk %d at %d d %d heads %d/%d: %.3f ms, %.1f TFLOP/s\n",
-                        kernel == cuda::PrefillKernel::Pipelined ? "pipelined" : "tiled", nc, len - nc, d, n_head, n_kv, ms / 5,
-                        flops / (ms / 5 * 1e-3) / 1e12);
+                        kernel == cuda::PrefillKernel::Pipelined ? "pipelined" : "tiled", nc, len - nc, d, n_head, n_kv, ms,
+                        flops / (ms * 1e-3) / 1e12);
         }
     }
 }

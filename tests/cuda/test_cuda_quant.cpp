@@ -154,34 +154,19 @@ TEST(CudaQuant, DequantizeThenGemmMatchesCpu) {
 TEST(CudaQuant, PrefillGemmTimings) {
     REQUIRE_GPU();
     const int m = 1024;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    auto time_ms = [&](auto && fn) {
-        fn();
-        cudaEventRecord(e0);
-        for (int i = 0; i < 10; i++) fn();
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        return ms / 10;
-    };
     for (auto [name, n, k] : {std::tuple{"qkv", 4608, 3584}, std::tuple{"o_proj", 3584, 3584}, std::tuple{"gate_up", 37888, 3584},
                               std::tuple{"down", 3584, 18944}}) {
         auto ql = make_quant_linear(gptq_scheme(4, 128, true, QuantPacking::GptqV1), n, k, 7);
         DevQuant dq = upload_quant(ql->l);
         DeviceBuffer w(size_t(n) * k * 2, "test"), x = upload_bf16(randn(size_t(m) * k)), y(size_t(m) * n * 2, "test");
         cudaMemset(w.get(), 0, w.bytes());
-        const float bf16_ms = time_ms([&] { cuda::gemm(x.as<bf16>(), w.as<bf16>(), m, n, k, y.get(), false, nullptr); });
-        const float quant_ms = time_ms([&] {
+        const double bf16_ms = time_ms(10, [&] { cuda::gemm(x.as<bf16>(), w.as<bf16>(), m, n, k, y.get(), false, nullptr); }, 1);
+        const double quant_ms = time_ms(10, [&] {
             cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
             cuda::gemm(x.as<bf16>(), w.as<bf16>(), m, n, k, y.get(), false, nullptr);
-        });
+        }, 1);
         const double flop = 2.0 * m * n * k;
         std::printf("[ kernel ] prefill GEMM %-7s m %d n %d k %d: bf16 %.3f ms (%.0f TFLOP/s), GPTQ-Int4 dequantize+GEMM %.3f ms (%.0f TFLOP/s, %.0f%%)\n",
                     name, m, n, k, bf16_ms, flop / bf16_ms / 1e9, quant_ms, flop / quant_ms / 1e9, 100.0 * bf16_ms / quant_ms);
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
 }
