@@ -99,15 +99,20 @@ double batch_vs_alone(Engine & engine, const std::vector<std::vector<int>> & ps)
 
 class Batch : public ::testing::TestWithParam<Case> {};
 
-TEST_P(Batch, StepEqualsSequencesAlone) {
-    const Case & c = GetParam();
-    if (c.backend == "cuda" && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+// The case's engine: contexts of 32 tokens, room for max_sequences at once.
+std::unique_ptr<Engine> case_engine(const Case & c, int max_sequences) {
     EngineOptions eo;
     eo.backend = c.backend;
     eo.kv_dtype = c.kv_dtype;
     eo.max_context = 32;
-    eo.max_sequences = 8;
-    auto engine = make_engine(synth_once(c.preset), eo);
+    eo.max_sequences = max_sequences;
+    return make_engine(synth_once(c.preset), eo);
+}
+
+TEST_P(Batch, StepEqualsSequencesAlone) {
+    const Case & c = GetParam();
+    if (c.backend == "cuda" && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+    auto engine = case_engine(c, 8);
     const auto ps = prompts(engine->config().vocab_size);
     // CPU: the same fp32 arithmetic row by row. CUDA: the batch goes through other kernels than one token alone
     // (fused GEMVs up to 4 rows, cuBLASLt beyond), so the sums are ordered differently (bf16 outputs).
@@ -120,12 +125,7 @@ TEST_P(Batch, StepEqualsSequencesAlone) {
 TEST_P(Batch, GenerateBatchEqualsGenerate) {
     const Case & c = GetParam();
     if (c.backend == "cuda" && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-    EngineOptions eo;
-    eo.backend = c.backend;
-    eo.kv_dtype = c.kv_dtype;
-    eo.max_context = 32;
-    eo.max_sequences = 6;
-    auto engine = make_engine(synth_once(c.preset), eo);
+    auto engine = case_engine(c, 6);
     const auto ps = prompts(engine->config().vocab_size);
     GenerateOptions g;
     g.max_new_tokens = 6;
