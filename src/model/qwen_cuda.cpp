@@ -419,6 +419,12 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
     }
 }
 
+void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out) {
+    linear(x, m, w.gate_up, gu);
+    cuda::silu_mul(gu, m, w.down.k, act, stream_);
+    linear(act, m, w.down, out);
+}
+
 // Sparse MoE block, routed on the host: softmax over experts in fp32, top-k, optional renormalisation; each expert
 // runs on the tokens routed to it; outputs and the sigmoid-gated shared expert are added into the residual x.
 void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) {
@@ -457,10 +463,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) 
     moe_act_.ensure(size_t(c) * inter * sizeof(bf16), "workspace");
     moe_out_.ensure(size_t(c) * H * sizeof(bf16), "workspace");
     auto run_mlp = [&](const DevMlp & m, const bf16 * in, int rows_n) {
-        const int mi = m.down.k;
-        linear(in, rows_n, m.gate_up, moe_gu_.as<bf16>());
-        cuda::silu_mul(moe_gu_.as<bf16>(), rows_n, mi, moe_act_.as<bf16>(), stream_);
-        linear(moe_act_.as<bf16>(), rows_n, m.down, moe_out_.as<bf16>());
+        mlp(m, in, rows_n, moe_gu_.as<bf16>(), moe_act_.as<bf16>(), moe_out_.as<bf16>());
     };
     for (int e = 0; e < E; e++) {
         const int m = int(rows[size_t(e)].size());
@@ -540,9 +543,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
                 moe(L, c, xn, x);
                 pending = false;
             } else {
-                linear(xn, c, L.mlp.gate_up, gu_.as<bf16>());
-                cuda::silu_mul(gu_.as<bf16>(), c, L.mlp.down.k, act_.as<bf16>(), stream_);
-                linear(act_.as<bf16>(), c, L.mlp.down, tmp_.as<bf16>());
+                mlp(L.mlp, xn, c, gu_.as<bf16>(), act_.as<bf16>(), tmp_.as<bf16>());
                 pending = true;
             }
         }

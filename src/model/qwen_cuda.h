@@ -154,6 +154,8 @@ private:
     cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
     bool prepare_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps);
     void linear(const bf16 * x, int m, const DevLinear & l, bf16 * y);
+    // SwiGLU MLP of m rows through linear(): gate_up into gu [m, 2I], silu(gate) * up into act [m, I], down into out.
+    void mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out);
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     void moe(const DevLayer & L, int c, const bf16 * xn, float * x);
     // How a decode step ends: logits left in logits_, or the next token picked on the device (state advanced).

@@ -120,9 +120,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             project(L.mlp.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
             prof_.mark("down gemv");
         } else {
-            linear(xn, B, L.mlp.gate_up, gu_.as<bf16>());
-            cuda::silu_mul(gu_.as<bf16>(), B, L.mlp.down.k, act_.as<bf16>(), stream_);
-            linear(act_.as<bf16>(), B, L.mlp.down, tmp_.as<bf16>());
+            mlp(L.mlp, xn, B, gu_.as<bf16>(), act_.as<bf16>(), tmp_.as<bf16>());
             pending = true;
         }
     }
