@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "model/decode_splits.h"
 #include "model/prefill_chunk.h"
 #include "model/weights.h"
 #include "tools/args.h"
@@ -74,8 +75,8 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     const double ch = double(std::max(std::min(prompt, chunk), batch)), H = c.hidden_size, I = c.intermediate_size;
     m.workspace = ch * (4 + 4 * H + 2 * H + 2 * double(c.q_dim() + 2 * c.kv_dim()) + 4 * double(c.q_dim()) + 2 * H + 6 * I);
     m.workspace += 4.0 * c.vocab_size * batch + 4.0 * (tokens + 1) * batch;
-    const double splits =
-        std::min(1024.0, std::max({1.0, std::ceil(396.0 / (double(c.num_key_value_heads) * batch)), std::ceil(tokens / 1024)}));
+    // 396 blocks a wave: 3 per SM (backends/cuda/attention.cu) on an H100's 132 SMs.
+    const double splits = decode_splits_for(int(tokens), c.num_key_value_heads, int(batch), 396);
     m.workspace += double(batch) * c.num_attention_heads * splits * (c.head_dim + 2) * 4;
     m.workspace += double(batch) * (tokens / 16) * 4;  // the batch's block tables
     if (prompt > 4 || batch > 4) m.workspace += largest_quant;  // (the tiled 4-bit GEMV takes up to 8 rows: an upper bound)

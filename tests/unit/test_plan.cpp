@@ -2,6 +2,7 @@
 // 2048 generated): bench/results/2026-11-26-h100-bf16 and bench/results/2026-11-26-h100-quant; more rows below.
 #include <gtest/gtest.h>
 
+#include "model/decode_splits.h"
 #include "model/prefill_chunk.h"
 #include "tools/plan.h"
 #include "tools/presets.h"
@@ -104,6 +105,20 @@ TEST(Plan, PrefillChunkFollowsTheCache) {
     EXPECT_EQ(prefill_chunk_for_cache(100000), 3072);
     EXPECT_EQ(prefill_chunk_for_cache(131072), 4096);
     EXPECT_EQ(prefill_chunk_for_cache(1 << 30), 4096);
+}
+
+// Decode splits in whole waves of 396 blocks (H100, 3 per SM): 7B (4 KV heads) at 129024 + 2048 keys needs 128
+// 1024-key splits = 512 blocks, rounded up to two waves (198 splits); short contexts fill one wave; the cap holds.
+TEST(DecodeSplits, WholeWaves) {
+    EXPECT_EQ(decode_splits_for(131072, 4, 1, 396), 198);
+    EXPECT_EQ(decode_splits_for(131072, 4, 1, 396, false), 128);
+    EXPECT_EQ(decode_splits_for(32768, 4, 1, 396), 99);
+    EXPECT_EQ(decode_splits_for(1, 2, 1, 396), 198);
+    EXPECT_EQ(decode_splits_for(1, 4, 100, 396), 1);
+    EXPECT_EQ(decode_splits_for(1 << 30, 1, 1, 396), 1024);
+    for (int len : {1, 17, 4097, 129024, 1 << 20})
+        for (int batch : {1, 3, 64})
+            EXPECT_GE(decode_splits_for(len, 4, batch, 396) * k_decode_max_split_keys, std::min(len, 1024 * 1024));
 }
 
 }  // namespace qinfer

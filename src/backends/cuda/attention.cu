@@ -448,23 +448,9 @@ static int decode_blocks_per_sm() {
     return blocks;
 }
 
-// QINFER_DECODE_SPLITS=waves: when the length needs more blocks than one wave, round the grid up to whole waves
-// (opt-in until timed: 7B at 129024 tokens gets 128 splits x 4 KV heads = 512 blocks on 396 slots, 1.3 waves).
-static bool decode_whole_waves() {
-    static const bool on = env_is("QINFER_DECODE_SPLITS", "waves");
-    return on;
-}
-
 int decode_splits(int max_len, int n_kv, int batch) {
-    const int for_length = (max_len + k_decode_max_split - 1) / k_decode_max_split;
-    if (decode_whole_waves()) {
-        const int per_split = n_kv * batch, slots = decode_blocks_per_sm() * sm_count();
-        const int blocks = std::max(for_length * per_split, slots);
-        const int waves = (blocks + slots - 1) / slots;
-        return std::min(1024, std::max(1, (waves * slots + per_split - 1) / per_split));
-    }
-    const int for_occupancy = (decode_blocks_per_sm() * sm_count() + n_kv * batch - 1) / (n_kv * batch);
-    return std::min(1024, std::max({1, for_occupancy, for_length}));
+    static const bool fill = env_is("QINFER_DECODE_SPLITS", "fill");
+    return decode_splits_for(max_len, n_kv, batch, decode_blocks_per_sm() * sm_count(), !fill);
 }
 
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,

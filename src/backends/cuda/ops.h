@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "model/decode_splits.h"
+
 namespace qinfer::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -139,13 +141,14 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
 // and the context lengths are read from len_dev (int [batch] on the device), so one captured graph serves every step.
 // q bf16 [batch, n_head, d]; out bf16 [batch, n_head, d]; sequence b's block table at cache.block_table +
 // b * cache.table_stride. Quantized caches are dequantized in registers (fp32); d in {16, 32, 64, 128} for them.
-constexpr int k_decode_max_split = 1024;
+constexpr int k_decode_max_split = k_decode_max_split_keys;  // model/decode_splits.h
 struct DecodeScratch {
     float * partial_out = nullptr;  // [batch, n_head, max_splits, d]
     float * partial_ml = nullptr;   // [batch, n_head, max_splits, 2]
     int max_splits = 0;
 };
-// Splits for contexts up to max_len: enough blocks to fill the GPU, and enough that no split exceeds the maximum.
+// Splits for contexts up to max_len: whole waves of blocks on this GPU, no split above the maximum
+// (model/decode_splits.h; QINFER_DECODE_SPLITS=fill for the previous one-wave-at-least rule).
 int decode_splits(int max_len, int n_kv, int batch = 1);
 // Two implementations: SIMT lanes with an online softmax per lane group (any head_dim above), and tensor cores with
 // the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the tensor-core
