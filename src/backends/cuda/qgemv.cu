@@ -12,6 +12,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
+#include "backends/cuda/qgemv_ring.cuh"
 #include "backends/cuda/qstage.cuh"
 #include "core/env.h"
 
@@ -290,22 +291,95 @@ template <GemvOut OUT> void launch_mma_ks(const QuantMatrix & w, const bf16 * x,
     return launch_mma<OUT, 8>(w, x, ldx, a, s);
 }
 
-// The tiled GEMV: inputs are normalised/gathered once by a small kernel when they need it, then read by every warp
-// directly.
+template <GemvOut OUT> constexpr int mats_of() { return OUT == GemvOut::SiluMulBf16 ? 2 : 1; }
+
+size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks) {
+    return (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4;
+}
+
+template <GemvOut OUT, int KS, ring4::XSrc XS>
+void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
+    constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
+    auto kernel = ring4::qgemv_ring_kernel<OUT, KS, XS>;
+    static size_t configured = 48 * 1024;
+    if (smem > configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = smem;
+    }
+    const int n_rb = (a.n + 15) / 16;
+    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, a);
+}
+
+// K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
+// split as row blocks x matrices x parts), with at least one 64-wide K block per part.
+template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n) {
+    constexpr int MATS = mats_of<OUT>();
+    const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64;
+    if (forced_ks()) return std::min(forced_ks(), ring4::k_warps / MATS);
+    const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
+    int ks = 1;
+    while (ks < ring4::k_warps / MATS && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    return ks;
+}
+
+template <GemvOut OUT, ring4::XSrc XS>
+void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
+    constexpr int MATS = mats_of<OUT>();
+    const int ks = ring_parts<OUT>(w, a.n);
+    const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks);
+    switch (ks) {
+    case 1: return launch_ring<OUT, 1, XS>(w, x, ldx, a, smem, s);
+    case 2: return launch_ring<OUT, 2, XS>(w, x, ldx, a, smem, s);
+    case 4: return launch_ring<OUT, 4, XS>(w, x, ldx, a, smem, s);
+    default:
+        if constexpr (MATS == 1) return launch_ring<OUT, 8, XS>(w, x, ldx, a, smem, s);
+        return launch_ring<OUT, 4, XS>(w, x, ldx, a, smem, s);
+    }
+}
+
+template <ring4::XSrc XS>
+void launch_ring_out(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (out) {
+    case GemvOut::Bf16: return launch_ring_ks<GemvOut::Bf16, XS>(w, x, ldx, a, s);
+    case GemvOut::F32: return launch_ring_ks<GemvOut::F32, XS>(w, x, ldx, a, s);
+    case GemvOut::AddF32: return launch_ring_ks<GemvOut::AddF32, XS>(w, x, ldx, a, s);
+    case GemvOut::SiluMulBf16: return launch_ring_ks<GemvOut::SiluMulBf16, XS>(w, x, ldx, a, s);
+    }
+}
+
+// QINFER_QGEMV=v2: the previous tiled kernel (per-warp batches of 4 K blocks, 2 blocks per SM), for A/B timing.
+bool ring_disabled() {
+    static const bool v2 = env_is("QINFER_QGEMV", "v2");
+    return v2;
+}
+
+// Inputs that need RMSNorm, an act-order gather or zero padding up to k_padded are staged: in the ring kernel's
+// shared memory when they fit, else once by a small kernel into `scratch`.
+void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void * scratch, cudaStream_t s) {
+    if (!scratch) QINFER_FAIL() << "qgemv: the tiled layout needs a staging buffer here";
+    if (in == GemvIn::NormF32) {
+        launch_kernel(mma4::stage_inputs_kernel<GemvIn::NormF32>, a.m, mma4::k_threads, 0, s, w, a, static_cast<bf16 *>(scratch));
+    } else {
+        launch_kernel(mma4::stage_inputs_kernel<GemvIn::Bf16>, a.m, mma4::k_threads, 0, s, w, a, static_cast<bf16 *>(scratch));
+    }
+}
+
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
+    const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
     const bf16 * x = static_cast<const bf16 *>(a.x);
     int ldx = a.k;
-    if (in == GemvIn::NormF32 || w.perm || a.k != w.k_padded) {
-        if (!scratch) QINFER_FAIL() << "qgemv: the tiled layout needs a staging buffer here";
-        if (in == GemvIn::NormF32) {
-            launch_kernel(mma4::stage_inputs_kernel<GemvIn::NormF32>, a.m, mma4::k_threads, 0, s, w, a, static_cast<bf16 *>(scratch));
-        } else {
-            launch_kernel(mma4::stage_inputs_kernel<GemvIn::Bf16>, a.m, mma4::k_threads, 0, s, w, a, static_cast<bf16 *>(scratch));
-        }
-        CUDA_CHECK(cudaGetLastError());
+    const bool stage_in_block = needs_stage && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes;
+    const bool ring = !ring_disabled() && ring_smem_bytes(w, a.m, stage_in_block, ring4::k_warps) <= 160 * 1024;
+    if (ring && stage_in_block) {
+        if (in == GemvIn::NormF32) return launch_ring_out<ring4::XSrc::StageNorm>(w, nullptr, 0, a, out, s);
+        return launch_ring_out<ring4::XSrc::StageBf16>(w, nullptr, 0, a, out, s);
+    }
+    if (needs_stage) {
+        stage_to_scratch(w, a, in, scratch, s);
         x = static_cast<const bf16 *>(scratch);
         ldx = w.k_padded;
     }
+    if (ring) return launch_ring_out<ring4::XSrc::Global>(w, x, ldx, a, out, s);
     switch (out) {
     case GemvOut::Bf16: return launch_mma_ks<GemvOut::Bf16>(w, x, ldx, a, s);
     case GemvOut::F32: return launch_mma_ks<GemvOut::F32>(w, x, ldx, a, s);

@@ -12,12 +12,13 @@ constexpr int k_reg_values = 32;  // normalised inputs of up to 8192 values are 
 
 // Calls f(i, value) for positions i = base + threadIdx.x over bases 0, 256, ... < n_pos, so the 32 lanes of a warp
 // hold 32 consecutive positions (f may reduce over a warp); value is 0 at positions >= K. All threads must call.
-template <GemvIn IN, class F>
+// ONE_PASS = false reads the row twice instead of holding 64 values per thread (for kernels short of registers).
+template <GemvIn IN, class F, bool ONE_PASS = true>
 __device__ __forceinline__ void for_each_input(const GemvArgs & a, const int * perm, int tok, int K, int n_pos, float * red, F f) {
     const float * xf = static_cast<const float *>(a.x) + size_t(tok) * K;
     const bf16 * xb = static_cast<const bf16 *>(a.x) + size_t(tok) * K;
     if constexpr (IN == GemvIn::NormF32) {
-        if (K <= k_reg_values * k_threads) {
+        if (ONE_PASS && K <= k_reg_values * k_threads) {
             float v[k_reg_values], nw[k_reg_values], sq = 0;
 #pragma unroll
             for (int u = 0; u < k_reg_values; u++) {
