@@ -241,9 +241,10 @@ fi
 # The 4-bit GEMV: the ring kernel (default) against the previous one (QINFER_QGEMV=v2), kernels on 7B shapes with the
 # bf16 GEMV for scale, hardware counters of the ring kernel (qkv and gate_up), then 7B/0.5B GPTQ-Int4 decode alternated.
 if has qgemv-ab; then
-    for v in ring v2; do
-        echo "-- QINFER_QGEMV=$v"
-        QINFER_QGEMV=$v build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 | grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/qgemv-ab.log"
+    for v in ring:0 v2:0 ring:2 ring:4; do
+        echo "-- QINFER_QGEMV=${v%%:*} QINFER_QKS=${v#*:}"
+        QINFER_QKS=${v#*:} QINFER_QGEMV=${v%%:*} build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 |
+            grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/qgemv-ab.log"
     done
     if command -v ncu >/dev/null; then
         for re in GemvOutE0 GemvOutE3; do
@@ -254,9 +255,10 @@ if has qgemv-ab; then
         done
     fi
     for p in qwen2.5-7b qwen2.5-0.5b; do
-        for v in ring v2 ring v2; do
-            echo "-- $p QINFER_QGEMV=$v"
-            QINFER_QGEMV=$v "$Q" bench --preset $p --quant gptq-int4 --input-lens 1 --gen 512 2>&1 | tee -a "$OUT/qgemv-ab.log" | grep -E "^\| qwen"
+        for v in ring:0 v2:0 ring:1 ring:0 v2:0 ring:1; do
+            echo "-- $p QINFER_QGEMV=${v%%:*} QINFER_PDL=${v#*:}"
+            QINFER_PDL=${v#*:} QINFER_QGEMV=${v%%:*} "$Q" bench --preset $p --quant gptq-int4 --input-lens 1 --gen 512 2>&1 |
+                tee -a "$OUT/qgemv-ab.log" | grep -E "^\| qwen"
         done
     done
     QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 1 --gen 256 2>&1 | tee "$OUT/profile-7b-int4.log" | grep -E "gemv|attention|norm|^\| qwen"

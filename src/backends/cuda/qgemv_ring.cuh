@@ -104,18 +104,18 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
         tot[3] = fmaf(s_hi, c[3], tot[3]);
         c[0] = c[1] = c[2] = c[3] = 0.0f;
     };
-    auto multiply = [&](const uint4 & codes, int kb) {
+    // One 64-wide K block: xk points at the lane's first B word of the block (input pair kb * 64 + 2t), pos0 = kb * 64.
+    auto multiply = [&](const uint4 & codes, const uint32_t * xk, int pos0) {
         uint32_t b[4][2];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int k0 = kb * 64 + j * 16;
-            b[j][0] = xrow[(k0 + 2 * t) / 2];
-            b[j][1] = xrow[(k0 + 2 * t + 8) / 2];
+            b[j][0] = xk[8 * j];      // inputs pos0 + 16j + 2t, + 1
+            b[j][1] = xk[8 * j + 4];  // inputs pos0 + 16j + 2t + 8, + 9
         }
         const uint32_t * words = reinterpret_cast<const uint32_t *>(&codes);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int pos = kb * 64 + j * 16;
+            const int pos = pos0 + j * 16;
             if (pos >= group_end) {
                 flush();
                 const int gi = min(pos / w.group, G - 1);
@@ -137,14 +137,20 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
         }
     };
     if (active) {
+        // Running pointers (no per-block address arithmetic): the codes k_ring blocks ahead, the lane's inputs.
+        const uint4 * ahead = src + size_t(kb_begin + k_ring) * 32;
+        const uint32_t * xk = xrow + size_t(kb_begin) * 32 + t;
+        int pos0 = kb_begin * 64;
         for (int kb0 = kb_begin; kb0 < kb_end; kb0 += k_ring) {
 #pragma unroll
             for (int u = 0; u < k_ring; u++) {
-                const int kb = kb0 + u;
-                if (kb >= kb_end) break;
+                if (kb0 + u >= kb_end) break;
                 const uint4 codes = ring[u];
-                if (kb + k_ring < kb_end) ring[u] = mma4::load_stream(src + size_t(kb + k_ring) * 32);
-                multiply(codes, kb);
+                if (kb0 + u + k_ring < kb_end) ring[u] = mma4::load_stream(ahead);
+                ahead += 32;
+                multiply(codes, xk, pos0);
+                xk += 32;
+                pos0 += 64;
             }
         }
         flush();
