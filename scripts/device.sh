@@ -166,12 +166,13 @@ if has long; then
 fi
 # Programmatic dependent launch (QINFER_PDL=1): the end-to-end GPU tests under it, then decode speed with and without.
 if has pdl-ab; then
-    QINFER_PDL=1 build-device/tests/qinfer_tests --gtest_filter='*GoldenCuda*:*Batch*:*CudaSampling*:*KvBackends*' 2>&1 |
+    QINFER_PDL=1 build-device/tests/qinfer_tests --gtest_filter='*GoldenCuda*:*Batch*:*CudaSampling*:*KvBackends*:*QuantGemv*' 2>&1 |
         tee "$OUT/pdl-test.log" | grep -E "FAILED|Failure|PASSED" | head -20
-    for p in qwen2.5-0.5b qwen2.5-7b; do
-        for pdl in 0 1; do
-            echo "-- $p QINFER_PDL=$pdl"
-            QINFER_PDL=$pdl "$Q" bench --preset $p --input-lens 1 --gen 512 --json "$OUT/pdl-ab-$p-$pdl.json" 2>&1 |
+    for spec in qwen2.5-0.5b:bf16 qwen2.5-7b:bf16 qwen2.5-0.5b:gptq-int4 qwen2.5-7b:gptq-int4; do
+        p=${spec%%:*} q=${spec##*:}
+        for pdl in 0 1 0 1; do
+            echo "-- $p $q QINFER_PDL=$pdl"
+            QINFER_PDL=$pdl "$Q" bench --preset $p --quant $q --input-lens 1 --gen 512 --json "$OUT/pdl-ab-$p-$q-$pdl.json" 2>&1 |
                 tee -a "$OUT/pdl-ab.log" | grep -E "^\| qwen"
         done
     done
@@ -241,7 +242,7 @@ fi
 # The 4-bit GEMV: the ring kernel (default) against the previous one (QINFER_QGEMV=v2), kernels on 7B shapes with the
 # bf16 GEMV for scale, hardware counters of the ring kernel (qkv and gate_up), then 7B/0.5B GPTQ-Int4 decode alternated.
 if has qgemv-ab; then
-    for v in ring:0 v2:0 ring:2 ring:4; do
+    for v in ${QGEMV_VARIANTS:-ring:0 v2:0}; do
         echo "-- QINFER_QGEMV=${v%%:*} QINFER_QKS=${v#*:}"
         QINFER_QKS=${v#*:} QINFER_QGEMV=${v%%:*} build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 |
             grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/qgemv-ab.log"
@@ -254,12 +255,9 @@ if has qgemv-ab; then
             grep -E "Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/ncu-ring-$re.txt" | head -14
         done
     fi
-    for p in qwen2.5-7b qwen2.5-0.5b; do
-        for v in ring:0 v2:0 ring:1 ring:0 v2:0 ring:1; do
-            echo "-- $p QINFER_QGEMV=${v%%:*} QINFER_PDL=${v#*:}"
-            QINFER_PDL=${v#*:} QINFER_QGEMV=${v%%:*} "$Q" bench --preset $p --quant gptq-int4 --input-lens 1 --gen 512 2>&1 |
-                tee -a "$OUT/qgemv-ab.log" | grep -E "^\| qwen"
-        done
+    for v in ring v2 ring v2; do
+        echo "-- qwen2.5-7b QINFER_QGEMV=$v"
+        QINFER_QGEMV=$v "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 1 --gen 512 2>&1 | tee -a "$OUT/qgemv-ab.log" | grep -E "^\| qwen"
     done
     QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 1 --gen 256 2>&1 | tee "$OUT/profile-7b-int4.log" | grep -E "gemv|attention|norm|^\| qwen"
 fi

@@ -37,7 +37,6 @@ __device__ __forceinline__ float dot8(const uint4 & w, const uint4 & x) {
 }
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
-    pdl_wait();
     extern __shared__ uint4 smem_raw[];
     bf16 * xs = reinterpret_cast<bf16 *>(smem_raw);  // bf16 [M, k]
     __shared__ float red[k_warps][M][2];
@@ -51,11 +50,12 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
     const int part = warp % WPR;
     const int chunks = k / 8;
 
-    // The first batch of weights (first row, first matrix) is requested before the input is normalised, so the
-    // norm's reduction runs while those loads are in flight.
+    // The first batch of weights (first row, first matrix) is requested before anything else: before pdl_wait() (the
+    // weights do not depend on the kernel ahead, which may still be running under programmatic dependent launch) and
+    // before the input is normalised, so the norm's reduction runs while those loads are in flight.
     uint4 first[batch];
     bool have_first = false;
-    if constexpr (IN == GemvIn::NormF32) {
+    {
         const int row = blockIdx.x * rows_per_block + warp / WPR;
         if (a.prefetch && row < a.n) {
             const uint4 * w = reinterpret_cast<const uint4 *>(a.w + int64_t(row) * k);
@@ -67,6 +67,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
             have_first = true;
         }
     }
+    pdl_wait();
 
     // Prologue: stage the input rows.
     for (int m = 0; m < M; m++) {

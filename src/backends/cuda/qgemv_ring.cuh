@@ -1,6 +1,6 @@
 // Tensor-core GEMV for 4-bit affine weights in the tile layout of model/quant_repack.h (up to 8 tokens), built for
 // memory-level parallelism: every warp keeps a ring of k_ring 64-wide K blocks of codes in flight (6 x 512 bytes),
-// requesting block kb + k_ring as soon as block kb is taken, so the loads never drain between batches.
+// requesting block kb + k_ring as soon as block kb is multiplied, so the loads never drain between batches.
 //
 // A warp owns one 16-row block of one matrix (gate or up for the fused SwiGLU projection) over 1/KS of K; a block of
 // 8 warps holds RBB row blocks x MATS matrices x KS parts and adds the parts up in shared memory. Few registers
@@ -94,9 +94,20 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
                                                                                   : sx + size_t(min(g, m - 1)) * kp);
     const uint32_t * q_lo = sq + (rbl * MATS + mat) * 16 * gs + g * gs, * q_hi = q_lo + 8 * gs;
     float tot[4] = {}, c[4] = {};
-    float s_lo = 0, s_hi = 0;
-    uint32_t zz_lo = 0, zz_hi = 0;
-    int group_end = -1;  // first position past the current group
+    // The current group's parameters. Groups are multiples of 32 positions (cuda_quant_unsupported), so a group can
+    // only start at j = 0 or j = 2 of a 64-wide block, and positions only move forward: no division in the loop.
+    int gi = min(kb_begin * 64 / w.group, G - 1);
+    int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
+    float s_lo, s_hi;
+    uint32_t zz_lo, zz_hi;
+    auto take = [&]() {
+        const uint32_t plo = q_lo[gi], phi = q_hi[gi];
+        s_lo = __half2float(__ushort_as_half(uint16_t(plo & 0xFFFFu)));
+        s_hi = __half2float(__ushort_as_half(uint16_t(phi & 0xFFFFu)));
+        zz_lo = __byte_perm(plo, 0, 0x3232);
+        zz_hi = __byte_perm(phi, 0, 0x3232);
+    };
+    take();
     auto flush = [&]() {
         tot[0] = fmaf(s_lo, c[0], tot[0]);
         tot[1] = fmaf(s_lo, c[1], tot[1]);
@@ -115,16 +126,11 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
         const uint32_t * words = reinterpret_cast<const uint32_t *>(&codes);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int pos = pos0 + j * 16;
-            if (pos >= group_end) {
+            if ((j == 0 || j == 2) && pos0 + j * 16 >= group_end) {
                 flush();
-                const int gi = min(pos / w.group, G - 1);
-                group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;
-                const uint32_t plo = q_lo[gi], phi = q_hi[gi];
-                s_lo = __half2float(__ushort_as_half(uint16_t(plo & 0xFFFFu)));
-                s_hi = __half2float(__ushort_as_half(uint16_t(phi & 0xFFFFu)));
-                zz_lo = __byte_perm(plo, 0, 0x3232);
-                zz_hi = __byte_perm(phi, 0, 0x3232);
+                gi++;
+                group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
+                take();
             }
             constexpr uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
             const uint32_t word = words[j];
@@ -137,7 +143,8 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
         }
     };
     if (active) {
-        // Running pointers (no per-block address arithmetic): the codes k_ring blocks ahead, the lane's inputs.
+        // Running pointers (no per-block address arithmetic): the codes k_ring blocks ahead, the lane's inputs. A ring
+        // slot is multiplied first and then refilled (no register copy of the codes).
         const uint4 * ahead = src + size_t(kb_begin + k_ring) * 32;
         const uint32_t * xk = xrow + size_t(kb_begin) * 32 + t;
         int pos0 = kb_begin * 64;
@@ -145,10 +152,9 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
 #pragma unroll
             for (int u = 0; u < k_ring; u++) {
                 if (kb0 + u >= kb_end) break;
-                const uint4 codes = ring[u];
+                multiply(ring[u], xk, pos0);
                 if (kb0 + u + k_ring < kb_end) ring[u] = mma4::load_stream(ahead);
                 ahead += 32;
-                multiply(codes, xk, pos0);
                 xk += 32;
                 pos0 += 64;
             }
