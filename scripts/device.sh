@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv-ab]
+#                          [gpu-test] [tune] [splits-ab] [qgemv]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 set -uo pipefail
@@ -239,26 +239,22 @@ if has splits-ab; then
             tee -a "$OUT/splits-ab.log" | grep -E "^\| qwen"
     done
 fi
-# The 4-bit GEMV: the ring kernel (default) against the previous one (QINFER_QGEMV=v2), kernels on 7B shapes with the
-# bf16 GEMV for scale, hardware counters of the ring kernel (qkv and gate_up), then 7B/0.5B GPTQ-Int4 decode alternated.
-if has qgemv-ab; then
-    for v in ${QGEMV_VARIANTS:-ring:0 v2:0}; do
-        echo "-- QINFER_QGEMV=${v%%:*} QINFER_QKS=${v#*:}"
-        QINFER_QKS=${v#*:} QINFER_QGEMV=${v%%:*} build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 |
-            grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/qgemv-ab.log"
+# The 4-bit GEMV: kernels on 7B shapes with the bf16 GEMV for scale (QGEMV_KS="0 2 4": forced K splits, 0 = the
+# default rule), hardware counters of the qkv and gate_up kernels, a decode-step profile of 7B GPTQ-Int4.
+if has qgemv; then
+    for ks in ${QGEMV_KS:-0}; do
+        echo "-- QINFER_QKS=$ks"
+        QINFER_QKS=$ks build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 |
+            grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/qgemv.log"
     done
     if command -v ncu >/dev/null; then
         for re in GemvOutE0 GemvOutE3; do
             timeout 120 ncu --clock-control none --kernel-name-base mangled -k "regex:qgemv_ring_kernel.*$re" --launch-count 1 \
                 --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
                 build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' >"$OUT/ncu-ring-$re.txt" 2>&1
-            grep -E "Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" "$OUT/ncu-ring-$re.txt" | head -14
+            grep -E "Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu-ring-$re.txt" | head -14
         done
     fi
-    for v in ring v2 ring v2; do
-        echo "-- qwen2.5-7b QINFER_QGEMV=$v"
-        QINFER_QGEMV=$v "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 1 --gen 512 2>&1 | tee -a "$OUT/qgemv-ab.log" | grep -E "^\| qwen"
-    done
     QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 1 --gen 256 2>&1 | tee "$OUT/profile-7b-int4.log" | grep -E "gemv|attention|norm|^\| qwen"
 fi
 # Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100 and batch 1 at

@@ -176,7 +176,7 @@ TEST(CudaQuant, PrefillGemmTimings) {
 // Timings for the record (not assertions): one decode step's GPTQ-Int4 (group 128) GEMVs of Qwen2.5-7B, each with the
 // input and output forms the engine uses (qkv and gate_up with the RMSNorm fused in), as GB/s of codes, scales and
 // zeros read. The codes are cycled through copies of at least 128 MB in all, so no call finds its weights in the
-// 50 MB L2. QINFER_QGEMV=v2 selects the previous kernel (scripts/device.sh qgemv-ab runs both).
+// 50 MB L2 (scripts/device.sh qgemv).
 TEST(CudaQuant, DecodeGemvTimings) {
     REQUIRE_GPU();
     struct Shape {

@@ -3,6 +3,7 @@
 // shared memory by every block (RMSNorm fused into the projection), behind the block's first weight loads. Each output row is computed by `wpr` warps
 // that split k (reduced through shared memory), enough to fill the GPU when n is small.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "backends/cuda/common.cuh"
@@ -214,15 +215,19 @@ template <int M> void dispatch_io(const GemvArgs & a, GemvIn in, GemvOut out, cu
 
 }  // namespace
 
+static std::atomic<bool> pdl_default{false};
+
+void set_pdl_default(bool on) { pdl_default = on; }
+
 bool pdl_enabled() {
-    static const bool on = [] {
-        if (!env_is("QINFER_PDL", "1")) return false;
+    static const bool hopper = [] {
         int dev = 0, major = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         return major >= 9;  // griddepcontrol needs Hopper
     }();
-    return on;
+    static const int forced = std::getenv("QINFER_PDL") ? int(env_is("QINFER_PDL", "1")) : -1;
+    return hopper && (forced >= 0 ? forced == 1 : pdl_default.load());
 }
 
 int sm_count() {

@@ -36,6 +36,9 @@ struct GemvArgs {
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 
+// Programmatic dependent launch for the kernels launched from now on (common.cuh; QINFER_PDL=1 / 0 overrides).
+void set_pdl_default(bool on);
+
 // ---- quantized weights (layout: model/quant_repack.h) ----
 struct QuantMatrix {
     const uint32_t * codes = nullptr;  // [rows, k bits / 32]: codes along k (in `perm` order), LSB first

@@ -275,22 +275,6 @@ template <int BITS, bool LUT> __global__ void dequantize_kernel(QuantMatrix w, b
     }
 }
 
-template <GemvOut OUT, int KS> void launch_mma(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
-    constexpr int RBPB = mma4::k_warps / KS;
-    const int n_rb = (a.n + 15) / 16;
-    launch_kernel(mma4::qgemv_mma_kernel<OUT, KS>, (n_rb + RBPB - 1) / RBPB, mma4::k_threads, 0, s, w, x, ldx, a);
-}
-
-template <GemvOut OUT> void launch_mma_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
-    const int n_rb = (a.n + 15) / 16, nkb = w.k_padded / 64;
-    int target = 16 * sm_count();
-    if (forced_ks()) target = forced_ks() >= 8 ? 1 << 30 : forced_ks() >= 4 ? 4 * n_rb : forced_ks() >= 2 ? 2 * n_rb : 0;
-    if (n_rb >= target || nkb < 2) return launch_mma<OUT, 1>(w, x, ldx, a, s);
-    if (2 * n_rb >= target || nkb < 4) return launch_mma<OUT, 2>(w, x, ldx, a, s);
-    if (4 * n_rb >= target || nkb < 8) return launch_mma<OUT, 4>(w, x, ldx, a, s);
-    return launch_mma<OUT, 8>(w, x, ldx, a, s);
-}
-
 template <GemvOut OUT> constexpr int mats_of() { return OUT == GemvOut::SiluMulBf16 ? 2 : 1; }
 
 size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks) {
@@ -310,22 +294,26 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, a);
 }
 
+constexpr size_t k_ring_max_smem = 160 * 1024;
+
 // K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
-// split as row blocks x matrices x parts), with at least one 64-wide K block per part.
-template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n) {
+// split as row blocks x matrices x parts), with at least one 64-wide K block per part; more where the block's group
+// parameters (rows x groups) would not fit in shared memory. 0: no split fits.
+template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
     constexpr int MATS = mats_of<OUT>();
-    const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64;
-    if (forced_ks()) return std::min(forced_ks(), ring4::k_warps / MATS);
+    const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
-    int ks = 1;
-    while (ks < ring4::k_warps / MATS && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
-    return ks;
+    int ks = forced_ks() ? std::min(forced_ks(), max_ks) : 1;
+    while (!forced_ks() && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
+    return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
 
 template <GemvOut OUT, ring4::XSrc XS>
 void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
     constexpr int MATS = mats_of<OUT>();
-    const int ks = ring_parts<OUT>(w, a.n);
+    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global);
+    if (ks == 0) QINFER_FAIL() << "qgemv: " << w.groups << " quantization groups per row do not fit in shared memory";
     const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks);
     switch (ks) {
     case 1: return launch_ring<OUT, 1, XS>(w, x, ldx, a, smem, s);
@@ -347,12 +335,6 @@ void launch_ring_out(const QuantMatrix & w, const bf16 * x, int ldx, const GemvA
     }
 }
 
-// QINFER_QGEMV=v2: the previous tiled kernel (per-warp batches of 4 K blocks, 2 blocks per SM), for A/B timing.
-bool ring_disabled() {
-    static const bool v2 = env_is("QINFER_QGEMV", "v2");
-    return v2;
-}
-
 // Inputs that need RMSNorm, an act-order gather or zero padding up to k_padded are staged: in the ring kernel's
 // shared memory when they fit, else once by a small kernel into `scratch`.
 void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void * scratch, cudaStream_t s) {
@@ -366,26 +348,18 @@ void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void
 
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
     const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
-    const bf16 * x = static_cast<const bf16 *>(a.x);
-    int ldx = a.k;
-    const bool stage_in_block = needs_stage && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes;
-    const bool ring = !ring_disabled() && ring_smem_bytes(w, a.m, stage_in_block, ring4::k_warps) <= 160 * 1024;
-    if (ring && stage_in_block) {
+    if (needs_stage && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes) {
         if (in == GemvIn::NormF32) return launch_ring_out<ring4::XSrc::StageNorm>(w, nullptr, 0, a, out, s);
         return launch_ring_out<ring4::XSrc::StageBf16>(w, nullptr, 0, a, out, s);
     }
+    const bf16 * x = static_cast<const bf16 *>(a.x);
+    int ldx = a.k;
     if (needs_stage) {
         stage_to_scratch(w, a, in, scratch, s);
         x = static_cast<const bf16 *>(scratch);
         ldx = w.k_padded;
     }
-    if (ring) return launch_ring_out<ring4::XSrc::Global>(w, x, ldx, a, out, s);
-    switch (out) {
-    case GemvOut::Bf16: return launch_mma_ks<GemvOut::Bf16>(w, x, ldx, a, s);
-    case GemvOut::F32: return launch_mma_ks<GemvOut::F32>(w, x, ldx, a, s);
-    case GemvOut::AddF32: return launch_mma_ks<GemvOut::AddF32>(w, x, ldx, a, s);
-    case GemvOut::SiluMulBf16: return launch_mma_ks<GemvOut::SiluMulBf16>(w, x, ldx, a, s);
-    }
+    launch_ring_out<ring4::XSrc::Global>(w, x, ldx, a, out, s);
 }
 
 }  // namespace
