@@ -7,6 +7,8 @@
 #                          [gpu-test] [tune] [splits-ab] [qgemv]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
+# Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
+# device's copy of the tree can carry a stale .git, so `git rev-parse` run there named an old commit (2026-11-26).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -23,6 +25,7 @@ if ls .deps/*.deb >/dev/null 2>&1; then
         if command -v dpkg >/dev/null; then dpkg -x "$f" .deps/root; else (cd .deps/root && ar p "../$(basename "$f")" data.tar.xz | tar xJ); fi
     done
 fi
+[ -n "${QINFER_COMMIT:-}" ] || echo "warning: QINFER_COMMIT is not set; results will name the device checkout's HEAD"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 | sed 's/^/gpu: /'
 nvcc --version | tail -1
 gen=Ninja; command -v ninja >/dev/null || gen="Unix Makefiles"
