@@ -68,7 +68,7 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     CUDA_CHECK(cudaSetDevice(0));
     // Programmatic dependent launch overlaps each kernel's start (the GEMVs request their first weights before waiting
     // for their inputs) with the end of the one ahead. Measured on an H100, 512 tokens decoded at input 1: 0.5B BF16
-    // +7%, 0.5B GPTQ-Int4 +19%, 7B GPTQ-Int4 +11%, but 7B BF16 -2.4% (bench/results/2026-11-26-h100-55bddd9): on for
+    // +7%, 0.5B GPTQ-Int4 +19%, 7B GPTQ-Int4 +11%, but 7B BF16 -2.4% (bench/results/2026-11-26-h100-qgemv-ring): on for
     // checkpoints under 8 GB, where a decode step is short enough for kernel starts to matter.
     cuda::set_pdl_default(model_->checkpoint->total_bytes() < 8'000'000'000ull);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

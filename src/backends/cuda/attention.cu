@@ -213,9 +213,9 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
 #pragma unroll
         for (int e = 0; e < EPL; e++) o[r][e] = 0;
     }
-    // The split's block-table entries, fetched once (a split spans at most k_decode_max_split / 16 + 1 blocks).
+    // The split's block-table entries, fetched once (a split spans at most k_decode_max_split_keys / 16 + 1 blocks).
     const int bs = a.cache.block_size;
-    __shared__ int blocks[k_decode_max_split / 16 + 2];
+    __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
     const int first_block = begin / bs;
     const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
     for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];

@@ -168,7 +168,7 @@ struct DecodeArgs {
 };
 
 // Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of
-// its blocks, in multiples of 16 and at least min_split; decode_splits keeps it at most k_decode_max_split.
+// its blocks, in multiples of 16 and at least min_split; decode_splits keeps it at most k_decode_max_split_keys.
 __device__ __forceinline__ int decode_split_size(int len, int max_splits, int min_split) {
     const int per = (len + max_splits - 1) / max_splits;
     return max(min_split, (per + 15) / 16 * 16);

@@ -24,7 +24,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
     using Pipe = KVTilePipe<D, K, k_decode_threads, k_tile>;
     constexpr int ld = Pipe::ld;
     extern __shared__ __align__(16) unsigned char smem_raw[];  // Pipe's tiles, then the warps' merge
-    __shared__ int blocks[k_decode_max_split / 16 + 2];
+    __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int len = a.len_dev[b];

@@ -32,7 +32,7 @@ struct GemvArgs {
     const bf16 * norm_w = nullptr;  // [k] with NormF32
     float eps = 1e-6f;
     void * y = nullptr;             // see GemvOut
-    bool prefetch = true;           // NormF32: first weights requested before the norm (set by gemv(); see gemv.cu)
+    bool prefetch = true;           // first weights requested before pdl_wait and the norm (set by gemv(); gemv.cu)
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 
@@ -140,11 +140,11 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
                        cudaStream_t stream, PrefillKernel kernel = PrefillKernel::Auto);
 
 // Decode attention for one token of each of `batch` sequences (flash-decoding): the keys of each KV head are spread
-// over max_splits blocks (at most k_decode_max_split keys each), then combined. The grid is fixed (graph capture)
-// and the context lengths are read from len_dev (int [batch] on the device), so one captured graph serves every step.
+// over max_splits blocks (at most k_decode_max_split_keys keys each, model/decode_splits.h), then combined. The grid
+// is fixed (graph capture) and the context lengths are read from len_dev (int [batch] on the device), so one
+// captured graph serves every step.
 // q bf16 [batch, n_head, d]; out bf16 [batch, n_head, d]; sequence b's block table at cache.block_table +
 // b * cache.table_stride. Quantized caches are dequantized in registers (fp32); d in {16, 32, 64, 128} for them.
-constexpr int k_decode_max_split = k_decode_max_split_keys;  // model/decode_splits.h
 struct DecodeScratch {
     float * partial_out = nullptr;  // [batch, n_head, max_splits, d]
     float * partial_ml = nullptr;   // [batch, n_head, max_splits, 2]

@@ -30,6 +30,8 @@ constexpr int k_ring = 6;             // 64-wide K blocks in flight per warp (8 
 constexpr int k_blocks_per_sm = 3;    // the launch bound the register budget is set for
 constexpr int k_max_stage_bytes = 48 * 1024;  // largest input staged in shared memory (bf16 [m, k_padded])
 
+static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over qstage::k_threads threads");
+
 enum class XSrc { Global, StageNorm, StageBf16 };
 
 __device__ __forceinline__ uint32_t pack_group(uint16_t scale, int zero) {
