@@ -233,10 +233,10 @@ if has tune; then
         QINFER_PREFILL_CHUNK=$ch "$Q" bench --preset qwen2.5-7b --input-lens 30720 --gen 32 2>&1 | tee -a "$OUT/tune.log" | grep -E "^\| qwen"
     done
 fi
-# Decode grid in whole waves (QINFER_DECODE_SPLITS=waves) against the default, 7B with YaRN at 129024 (the row it is
-# for) and 30720, 256 generated, same run.
+# Decode grid in whole waves (the default) against the previous rule (QINFER_DECODE_SPLITS=fill), 7B with YaRN at
+# 129024 (the row it is for) and 30720, 256 generated, same run.
 if has splits-ab; then
-    for sp in default waves default waves; do
+    for sp in fill waves fill waves; do
         echo "-- QINFER_DECODE_SPLITS=$sp"
         QINFER_DECODE_SPLITS=$sp "$Q" bench --preset qwen2.5-7b-yarn --input-lens 30720,129024 --gen 256 2>&1 |
             tee -a "$OUT/splits-ab.log" | grep -E "^\| qwen"
