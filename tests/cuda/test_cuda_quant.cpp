@@ -53,6 +53,20 @@ DevQuant upload_quant(const Linear & l, bool tile = true) {
     return d;
 }
 
+// The tiled GEMV's scratch for one matrix, counters zeroed as an engine allocates them.
+struct DevScratch {
+    DeviceBuffer stage, partial, counters;
+    cuda::QgemvScratch s;
+    DevScratch(const cuda::QuantMatrix & q, int m) {
+        const cuda::QgemvScratchSize z = cuda::qgemv_scratch_size(q, m);
+        stage = DeviceBuffer(std::max<size_t>(z.stage, 1), "test");
+        partial = DeviceBuffer(std::max<size_t>(z.partial, 1), "test");
+        counters = DeviceBuffer(std::max<size_t>(z.counters, 1), "test");
+        cudaMemset(counters.get(), 0, counters.bytes());
+        s = {stage.as<bf16>(), partial.as<float>(), counters.as<int>()};
+    }
+};
+
 std::vector<QuantScheme> cuda_schemes() {
     return {gptq_scheme(4, 128, true, QuantPacking::GptqV1),        gptq_scheme(4, 32, false, QuantPacking::GptqV2, true),
             gptq_scheme(4, -1, false, QuantPacking::GptqV1),        gptq_scheme(8, -1, true, QuantPacking::GptqV1),
@@ -88,8 +102,20 @@ static void check_quant_gemv(int n, int k) {
                     a.m = m;
                     a.norm_w = dnorm.as<bf16>();
                     a.y = dy.get();
-                    DeviceBuffer scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
-                    cuda::qgemv(dq.q, a, in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut(out), scratch.get(), nullptr);
+                    DevScratch scratch(dq.q, m);
+                    const cuda::GemvIn gin = in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16;
+                    cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.s, nullptr);
+                    if (out != 2) {
+                        // A second call on the same scratch gives the same bits: row blocks split across warps are
+                        // added in a fixed order, and the first call left its counters at zero.
+                        const size_t bytes = size_t(m) * n * (out == 1 ? 4 : 2);
+                        std::vector<char> first(bytes), second(bytes);
+                        cudaMemcpy(first.data(), dy.get(), bytes, cudaMemcpyDeviceToHost);
+                        cudaMemset(dy.get(), 0xFF, dy.bytes());
+                        cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.s, nullptr);
+                        cudaMemcpy(second.data(), dy.get(), bytes, cudaMemcpyDeviceToHost);
+                        EXPECT_TRUE(first == second) << s.describe() << " n " << n << " k " << k << " m " << m << ": second call differs";
+                    }
                     const std::vector<float> xin = in ? norm_rows(x, norm_w, m, k, 1e-6f) : x;
                     std::vector<float> ref(size_t(m) * rows);
                     cpu::linear(xin.data(), m, ql->l, ref.data());
@@ -126,7 +152,7 @@ TEST_P(QuantGemv, MatchesCpu) {
 
 // N = rows of the weight (a multiple of 8 for GPTQ packing), K a multiple of 64 but not of 128 where possible.
 INSTANTIATE_TEST_SUITE_P(OddShapes, QuantGemv,
-                         ::testing::Values(std::tuple{8, 192}, std::tuple{264, 4160}, std::tuple{1160, 896}, std::tuple{4864, 320}));
+                         ::testing::Values(std::tuple{8, 192}, std::tuple{264, 4160}, std::tuple{1160, 896}, std::tuple{4864, 320}, std::tuple{20000, 128}));
 
 TEST(CudaQuant, DequantizeThenGemmMatchesCpu) {
     REQUIRE_GPU();
@@ -204,7 +230,8 @@ TEST(CudaQuant, DecodeGemvTimings) {
             const bool norm = sh.in == cuda::GemvIn::NormF32;
             DeviceBuffer dx = norm ? upload(randn(size_t(m) * sh.k)) : upload_bf16(randn(size_t(m) * sh.k));
             DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
-            DeviceBuffer dy(size_t(m) * sh.n * 4, "test"), scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
+            DeviceBuffer dy(size_t(m) * sh.n * 4, "test");
+            DevScratch scratch(dq.q, m);
             cudaMemset(dy.get(), 0, dy.bytes());
             cuda::GemvArgs a;
             a.n = sh.n;
@@ -217,7 +244,7 @@ TEST(CudaQuant, DecodeGemvTimings) {
             int call = 0;
             const double us = 1e3 * time_ms(200, [&] {
                 q.codes = reinterpret_cast<const uint32_t *>(codes.as<char>() + (call++ % copies) * code_bytes);
-                cuda::qgemv(q, a, sh.in, sh.out, scratch.get(), nullptr);
+                cuda::qgemv(q, a, sh.in, sh.out, scratch.s, nullptr);
             }, 3);
             const double bytes = double(rows) * sh.k / 2 + double(rows) * dq.q.groups * 3;
             std::printf("[ kernel ] qgemv GPTQ-Int4 %-7s m %d n %d k %d: %.1f us, %.0f GB/s\n", sh.name, m, rows, sh.k, us, bytes / us / 1e3);
