@@ -19,7 +19,7 @@ namespace {
 
 template <GemvOut OUT> constexpr int mats_of() { return OUT == GemvOut::SiluMulBf16 ? 2 : 1; }
 
-constexpr size_t k_max_smem = 227 * 1024;
+constexpr size_t k_max_smem = 227 * 1024 - 256;  // the opt-in limit less the kernel's static shared memory
 
 // Blocks of `kernel` one SM holds with `smem` bytes of dynamic shared memory (cached per kernel and size).
 int resident_blocks(const void * kernel, size_t smem) {
@@ -34,15 +34,9 @@ int resident_blocks(const void * kernel, size_t smem) {
     return blocks;
 }
 
-// Most items (row blocks) a block's flat range touches, with W warps over T K blocks of nkb per item.
-int items_per_block(int64_t T, int64_t W, int nkb, int items) {
-    const int64_t span = streamk4::k_warps * ((T + W - 1) / W);
-    return int(std::min<int64_t>(items, (span + nkb - 2) / nkb + 1));
-}
-
-size_t streamk_smem(const QuantMatrix & w, int m, bool staged, int ipb) {
+size_t streamk_smem(const QuantMatrix & w, int m, bool staged, int mats, int rbs_per_block) {
     return streamk4::k_ring_bytes + (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) +
-           size_t(ipb) * 16 * streamk4::group_stride(w.groups) * sizeof(uint32_t);
+           streamk4::param_words(rbs_per_block, mats, w.groups) * sizeof(uint32_t) + streamk4::piece_floats(mats, m) * sizeof(float);
 }
 
 template <GemvOut OUT, streamk4::XSrc XS>
@@ -53,30 +47,34 @@ void launch_streamk(const QuantMatrix & w, const bf16 * x, int ldx, const GemvAr
     streamk4::Work wk;
     wk.n_rb = (a.n + 15) / 16;
     wk.nkb = w.k_padded / 64;
-    wk.total = int64_t(MATS) * wk.n_rb * wk.nkb;
-    const int items = MATS * wk.n_rb;
+    wk.rb_len = MATS * wk.nkb;
+    const int64_t total = int64_t(wk.n_rb) * wk.rb_len;
+    if (total >= (int64_t(1) << 30)) QINFER_FAIL() << "qgemv: a " << a.n << " x " << a.k << " weight is too large for one stream-K GEMV";
+    wk.total = int(total);
     // A full wave of blocks (fewer for small matrices: at least k_min_blocks_per_warp K blocks per warp). Fewer blocks
-    // stage more items each, so the shared memory is sized again until the residency holds.
-    int blocks = int(std::clamp<int64_t>(wk.total / (streamk4::k_warps * streamk4::k_min_blocks_per_warp), 1,
+    // stage more row blocks each, so the shared memory is sized again until the residency holds.
+    int blocks = int(std::clamp<int64_t>(total / (streamk4::k_warps * streamk4::k_min_blocks_per_warp), 1,
                                          int64_t(sm_count()) * streamk4::k_blocks_per_sm));
     size_t smem = 0;
     for (int pass = 0; pass < 4; pass++) {
-        wk.items_per_block = items_per_block(wk.total, int64_t(blocks) * streamk4::k_warps, wk.nkb, items);
-        smem = streamk_smem(w, a.m, staged, wk.items_per_block);
+        const int span = (wk.total + blocks - 1) / blocks;  // longest block range
+        wk.rbs_per_block = std::min(wk.n_rb, (span + wk.rb_len - 2) / wk.rb_len + 1);
+        smem = streamk_smem(w, a.m, staged, MATS, wk.rbs_per_block);
         if (smem > k_max_smem) {
             QINFER_FAIL() << "qgemv: " << w.groups << " quantization groups per row do not fit in shared memory";
         }
         static size_t configured = 48 * 1024;
         if (smem > configured) {
-            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k_max_smem)));
-            configured = k_max_smem;
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+            configured = smem;
         }
         const int resident = sm_count() * resident_blocks(reinterpret_cast<const void *>(kernel), smem);
         if (resident < 1) QINFER_FAIL() << "qgemv: the stream-K kernel does not fit on an SM with " << smem << " bytes of shared memory";
         if (blocks <= resident) break;
         blocks = resident;
     }
-    wk.warps = blocks * streamk4::k_warps;
+    wk.base = wk.total / blocks;
+    wk.rem = wk.total % blocks;
     launch_kernel(kernel, blocks, streamk4::k_threads, smem, s, w, x, ldx, a, scratch, wk);
 }
 
@@ -172,11 +170,11 @@ bool use_ring() {
 QgemvScratchSize qgemv_scratch_size(const QuantMatrix & w, int m) {
     QgemvScratchSize z;
     if (!w.tiled) return z;
-    const int items = w.rows_padded / 16;  // row blocks of the stacked weight: at least the matrices x output row blocks
-    const int64_t max_warps = int64_t(sm_count()) * streamk4::k_blocks_per_sm * streamk4::k_warps;
+    const int row_blocks = w.rows_padded / 16;  // of the stacked weight: at least the output's
+    const int64_t max_blocks = int64_t(sm_count()) * streamk4::k_blocks_per_sm;
     z.stage = size_t(m) * w.k_padded * sizeof(bf16);
-    z.partial = size_t(items + max_warps) * m * 16 * sizeof(float);  // piece index item + warp < items + warps
-    z.counters = size_t(items) * sizeof(int);
+    z.partial = size_t(row_blocks + max_blocks) * 2 * m * 16 * sizeof(float);  // piece row block + block, <= 2 matrices
+    z.counters = size_t(row_blocks) * sizeof(int);
     return z;
 }
 
