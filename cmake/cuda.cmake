@@ -11,7 +11,6 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/allocator.cu
   src/backends/cuda/gemv.cu
   src/backends/cuda/qgemv.cu
-  src/backends/cuda/qgemv_tiled.cu
   src/backends/cuda/elementwise.cu
   src/backends/cuda/sampling.cu
   src/backends/cuda/attention.cu

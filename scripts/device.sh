@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [streamk-ab]
+#                          [gpu-test] [tune] [splits-ab] [qgemv]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -262,32 +262,6 @@ if has qgemv; then
 fi
 # Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100 and batch 1 at
 # lengths 512..8192, BF16 and Int8/Int4 weights, without and with KV cache quantization (int8, as the seed).
-if has streamk-ab; then
-    # The stream-K 4-bit GEMV (default) against the ring kernel it replaces (QINFER_QGEMV=ring), in one run (the
-    # correctness tests are in gpu-test).
-    for impl in streamk ring streamk ring; do
-        echo "-- kernels $impl" | tee -a "$OUT/streamk-ab.log"
-        QINFER_QGEMV=$impl build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 |
-            grep -E "^\[ kernel \] qgemv|FAILED" | tee -a "$OUT/streamk-ab.log"
-    done
-    for spec in qwen2.5-7b:gptq-int4 qwen2.5-0.5b:gptq-int4 qwen2.5-7b:awq; do
-        p=${spec%%:*} q=${spec##*:}
-        for impl in ring streamk ring streamk; do
-            echo "-- $p $q $impl" >>"$OUT/streamk-ab.log"
-            QINFER_QGEMV=$impl "$Q" bench --preset $p --quant $q --input-lens 1 --gen 512 --json "$OUT/streamk-ab-$p-$q-$impl.json" 2>&1 |
-                tee -a "$OUT/streamk-ab.log" | grep -E "^\| qwen" | sed "s/^/$impl /"
-        done
-    done
-    if command -v ncu >/dev/null; then
-        for re in GemvOutE2 GemvOutE3; do
-            timeout 120 ncu --clock-control none --kernel-name-base mangled -k "regex:qgemv_streamk_kernel.*$re" --launch-count 1 \
-                --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
-                build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' >"$OUT/ncu-streamk-$re.txt" 2>&1
-            grep -E "Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy|Warp Cycles Per Issued|Grid Size|Dynamic Shared" "$OUT/ncu-streamk-$re.txt" | head -14
-        done
-    fi
-    QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 1 --gen 256 2>&1 | tee "$OUT/profile-7b-int4.log" | grep -E "gemv|attention|norm|^\| qwen"
-fi
 if has memory-tables; then
     for q in ${TABLE_QUANTS:-bf16 gptq-int8 gptq-int4}; do
         for kv in ${TABLE_KVS:-bf16 int8}; do

@@ -322,34 +322,15 @@ void CudaQwenEngine::ensure_workspace(int c) {
         gu_ = DeviceBuffer(size_t(c) * 2 * I * sizeof(bf16), "workspace");
         act_ = DeviceBuffer(size_t(c) * I * sizeof(bf16), "workspace");
     }
-    if (!qcounters_.bytes()) {
-        cuda::QgemvScratchSize need;
-        auto grow = [&](const DevLinear & l) {
-            if (!l.quantized) return;
-            const cuda::QgemvScratchSize z = cuda::qgemv_scratch_size(l.q, k_qgemv_max_m);
-            need.stage = std::max(need.stage, z.stage);
-            need.partial = std::max(need.partial, z.partial);
-            need.counters = std::max(need.counters, z.counters);
-        };
-        for (const auto & L : layers_) {
-            for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) grow(*l);
-            for (const DevMlp & e : L.experts) {
-                grow(e.gate_up);
-                grow(e.down);
-            }
-            if (L.has_shared) {
-                grow(L.shared.gate_up);
-                grow(L.shared.down);
-            }
+    int max_k = 0;
+    for (const auto & L : layers_) {
+        for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
+            if (l->quantized) max_k = std::max(max_k, l->q.k_padded);
         }
-        if (need.counters) {
-            qstage_ = DeviceBuffer(need.stage, "workspace");
-            qpartial_ = DeviceBuffer(need.partial, "workspace");
-            qcounters_ = DeviceBuffer(need.counters, "workspace");
-            CUDA_CHECK(cudaMemset(qcounters_.get(), 0, need.counters));  // the kernels leave them at zero
-            qscratch_ = {qstage_.as<bf16>(), qpartial_.as<float>(), qcounters_.as<int>()};
-        }
+        for (const DevMlp & e : L.experts) max_k = std::max({max_k, e.gate_up.quantized ? e.gate_up.q.k_padded : 0, e.down.quantized ? e.down.q.k_padded : 0});
+        if (L.has_shared) max_k = std::max({max_k, L.shared.gate_up.quantized ? L.shared.gate_up.q.k_padded : 0, L.shared.down.quantized ? L.shared.down.q.k_padded : 0});
     }
+    if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, k_qgemv_max_m), "workspace");
     ws_tokens_ = c;
     graph_seqs_.clear();  // buffers moved: the graph must be captured again
 }
@@ -408,7 +389,7 @@ cuda::QkvRopeArgs CudaQwenEngine::rope_args(int layer, const cuda::KVLayer & cac
 
 // One decode projection: the GEMV kernel of the weight's format.
 void CudaQwenEngine::project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out) {
-    if (l.quantized) return cuda::qgemv(l.q, a, in, out, qscratch_, stream_);
+    if (l.quantized) return cuda::qgemv(l.q, a, in, out, qscratch_.get(), stream_);
     a.w = l.ptr();
     cuda::gemv(a, in, out, stream_);
 }
@@ -423,7 +404,7 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
             a.x = x;
             a.m = m;
             a.y = y;
-            return cuda::qgemv(l.q, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, qscratch_, stream_);
+            return cuda::qgemv(l.q, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, qscratch_.get(), stream_);
         }
         dequant_.ensure(size_t(l.n) * l.k * sizeof(bf16), "dequantized weights");
         cuda::dequantize(l.q, dequant_.as<bf16>(), stream_);

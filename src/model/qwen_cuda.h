@@ -197,9 +197,7 @@ private:
     int ws_tokens_ = 0;
     DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
     DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
-    // Scratch of the tiled quantized GEMV (cuda::QgemvScratch), the largest over the model's matrices at k_qgemv_max_m.
-    DeviceBuffer qstage_, qpartial_, qcounters_;
-    cuda::QgemvScratch qscratch_;
+    DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_qgemv_max_m, largest padded k]
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
     // Decode state of a batch of B on the device: int tokens [B], positions [B], step, context lengths [B] (for B = 1
     // the layout argmax_advance expects); tokens_out_ int [steps, B] produced by the graph.

@@ -53,20 +53,6 @@ DevQuant upload_quant(const Linear & l, bool tile = true) {
     return d;
 }
 
-// The tiled GEMV's scratch for one matrix, counters zeroed as an engine allocates them.
-struct DevScratch {
-    DeviceBuffer stage, partial, counters;
-    cuda::QgemvScratch s;
-    DevScratch(const cuda::QuantMatrix & q, int m) {
-        const cuda::QgemvScratchSize z = cuda::qgemv_scratch_size(q, m);
-        stage = DeviceBuffer(std::max<size_t>(z.stage, 1), "test");
-        partial = DeviceBuffer(std::max<size_t>(z.partial, 1), "test");
-        counters = DeviceBuffer(std::max<size_t>(z.counters, 1), "test");
-        cudaMemset(counters.get(), 0, counters.bytes());
-        s = {stage.as<bf16>(), partial.as<float>(), counters.as<int>()};
-    }
-};
-
 std::vector<QuantScheme> cuda_schemes() {
     return {gptq_scheme(4, 128, true, QuantPacking::GptqV1),        gptq_scheme(4, 32, false, QuantPacking::GptqV2, true),
             gptq_scheme(4, -1, false, QuantPacking::GptqV1),        gptq_scheme(8, -1, true, QuantPacking::GptqV1),
@@ -102,17 +88,16 @@ static void check_quant_gemv(int n, int k) {
                     a.m = m;
                     a.norm_w = dnorm.as<bf16>();
                     a.y = dy.get();
-                    DevScratch scratch(dq.q, m);
+                    DeviceBuffer scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
                     const cuda::GemvIn gin = in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16;
-                    cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.s, nullptr);
+                    cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.get(), nullptr);
                     if (out != 2) {
-                        // A second call on the same scratch gives the same bits: row blocks split across warps are
-                        // added in a fixed order, and the first call left its counters at zero.
+                        // A second call gives the same bits (the K parts are added in a fixed order).
                         const size_t bytes = size_t(m) * n * (out == 1 ? 4 : 2);
                         std::vector<char> first(bytes), second(bytes);
                         cudaMemcpy(first.data(), dy.get(), bytes, cudaMemcpyDeviceToHost);
                         cudaMemset(dy.get(), 0xFF, dy.bytes());
-                        cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.s, nullptr);
+                        cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.get(), nullptr);
                         cudaMemcpy(second.data(), dy.get(), bytes, cudaMemcpyDeviceToHost);
                         EXPECT_TRUE(first == second) << s.describe() << " n " << n << " k " << k << " m " << m << ": second call differs";
                     }
@@ -230,8 +215,7 @@ TEST(CudaQuant, DecodeGemvTimings) {
             const bool norm = sh.in == cuda::GemvIn::NormF32;
             DeviceBuffer dx = norm ? upload(randn(size_t(m) * sh.k)) : upload_bf16(randn(size_t(m) * sh.k));
             DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
-            DeviceBuffer dy(size_t(m) * sh.n * 4, "test");
-            DevScratch scratch(dq.q, m);
+            DeviceBuffer dy(size_t(m) * sh.n * 4, "test"), scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
             cudaMemset(dy.get(), 0, dy.bytes());
             cuda::GemvArgs a;
             a.n = sh.n;
@@ -244,7 +228,7 @@ TEST(CudaQuant, DecodeGemvTimings) {
             int call = 0;
             const double us = 1e3 * time_ms(200, [&] {
                 q.codes = reinterpret_cast<const uint32_t *>(codes.as<char>() + (call++ % copies) * code_bytes);
-                cuda::qgemv(q, a, sh.in, sh.out, scratch.s, nullptr);
+                cuda::qgemv(q, a, sh.in, sh.out, scratch.get(), nullptr);
             }, 3);
             const double bytes = double(rows) * sh.k / 2 + double(rows) * dq.q.groups * 3;
             std::printf("[ kernel ] qgemv GPTQ-Int4 %-7s m %d n %d k %d: %.1f us, %.0f GB/s\n", sh.name, m, rows, sh.k, us, bytes / us / 1e3);

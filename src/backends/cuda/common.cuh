@@ -4,7 +4,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <utility>
 
 #include "backends/cuda/cuda_check.h"
@@ -46,16 +45,6 @@ void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t 
     }
     CUDA_CHECK(cudaGetLastError());
 }
-
-// 16 bytes global -> shared without registers (cp.async, L2 only); valid false zero-fills them. A thread sees its own
-// copies after cp_async_wait<N>() (at most N of its committed groups still pending); other threads after a barrier.
-__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool valid = true) {
-    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
-    const int bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -53,20 +53,11 @@ struct QuantMatrix {
     bool tiled = false;  // 4-bit affine codes in the tensor-core tile layout; rows and k padded as below
     int rows_padded = 0, k_padded = 0;
 };
-// Device scratch of the tiled quantized GEMV (qgemv_streamk.cuh); qgemv_scratch_size gives each part's bytes for a
-// matrix and m (an engine allocates the largest over its matrices).
-struct QgemvScratch {
-    bf16 * stage = nullptr;     // bf16 [m, k_padded]: inputs too long to stage in shared memory
-    float * partial = nullptr;  // fp32 partial sums of the K ranges that split a row block
-    int * counters = nullptr;   // per row block: zero when allocated, and every call leaves them at zero
-};
-struct QgemvScratchSize {
-    size_t stage = 0, partial = 0, counters = 0;
-};
-QgemvScratchSize qgemv_scratch_size(const QuantMatrix & w, int m);
 // The GEMV above with quantized weights (a.w unused): dequantized in registers, fp32 accumulation. Any m (1..8 for
-// the tiled layout, which needs `scratch`; other layouts ignore it).
-void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, const QgemvScratch & scratch, cudaStream_t stream);
+// the tiled layout). scratch: bf16 [m, w.k_padded] on the device, where the tiled kernel's normalised or gathered
+// inputs are staged (qgemv_scratch_bytes); may be null for other layouts.
+void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream);
+size_t qgemv_scratch_bytes(int k_padded, int m);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 

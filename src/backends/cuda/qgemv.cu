@@ -11,7 +11,8 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
-#include "backends/cuda/qgemv_tiled.h"
+#include "backends/cuda/qgemv_mma.cuh"
+#include "backends/cuda/qgemv_ring.cuh"
 #include "backends/cuda/qstage.cuh"
 #include "core/env.h"
 
@@ -274,9 +275,98 @@ template <int BITS, bool LUT> __global__ void dequantize_kernel(QuantMatrix w, b
     }
 }
 
+template <GemvOut OUT> constexpr int mats_of() { return OUT == GemvOut::SiluMulBf16 ? 2 : 1; }
+
+size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks) {
+    return (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4;
+}
+
+template <GemvOut OUT, int KS, ring4::XSrc XS>
+void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
+    constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
+    auto kernel = ring4::qgemv_ring_kernel<OUT, KS, XS>;
+    static size_t configured = 48 * 1024;
+    if (smem > configured) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = smem;
+    }
+    const int n_rb = (a.n + 15) / 16;
+    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, a);
+}
+
+constexpr size_t k_ring_max_smem = 160 * 1024;
+
+// K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
+// split as row blocks x matrices x parts), with at least one 64-wide K block per part; more where the block's group
+// parameters (rows x groups) would not fit in shared memory. 0: no split fits.
+template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
+    constexpr int MATS = mats_of<OUT>();
+    const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
+    const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
+    int ks = forced_ks() ? std::min(forced_ks(), max_ks) : 1;
+    while (!forced_ks() && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
+    return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
+}
+
+template <GemvOut OUT, ring4::XSrc XS>
+void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
+    constexpr int MATS = mats_of<OUT>();
+    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global);
+    if (ks == 0) QINFER_FAIL() << "qgemv: " << w.groups << " quantization groups per row do not fit in shared memory";
+    const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks);
+    switch (ks) {
+    case 1: return launch_ring<OUT, 1, XS>(w, x, ldx, a, smem, s);
+    case 2: return launch_ring<OUT, 2, XS>(w, x, ldx, a, smem, s);
+    case 4: return launch_ring<OUT, 4, XS>(w, x, ldx, a, smem, s);
+    default:
+        if constexpr (MATS == 1) return launch_ring<OUT, 8, XS>(w, x, ldx, a, smem, s);
+        return launch_ring<OUT, 4, XS>(w, x, ldx, a, smem, s);
+    }
+}
+
+template <ring4::XSrc XS>
+void launch_ring_out(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (out) {
+    case GemvOut::Bf16: return launch_ring_ks<GemvOut::Bf16, XS>(w, x, ldx, a, s);
+    case GemvOut::F32: return launch_ring_ks<GemvOut::F32, XS>(w, x, ldx, a, s);
+    case GemvOut::AddF32: return launch_ring_ks<GemvOut::AddF32, XS>(w, x, ldx, a, s);
+    case GemvOut::SiluMulBf16: return launch_ring_ks<GemvOut::SiluMulBf16, XS>(w, x, ldx, a, s);
+    }
+}
+
+// Inputs that need RMSNorm, an act-order gather or zero padding up to k_padded are staged: in the ring kernel's
+// shared memory when they fit, else once by a small kernel into `scratch`.
+void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void * scratch, cudaStream_t s) {
+    if (!scratch) QINFER_FAIL() << "qgemv: the tiled layout needs a staging buffer here";
+    if (in == GemvIn::NormF32) {
+        launch_kernel(mma4::stage_inputs_kernel<GemvIn::NormF32>, a.m, mma4::k_threads, 0, s, w, a, static_cast<bf16 *>(scratch));
+    } else {
+        launch_kernel(mma4::stage_inputs_kernel<GemvIn::Bf16>, a.m, mma4::k_threads, 0, s, w, a, static_cast<bf16 *>(scratch));
+    }
+}
+
+void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
+    const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
+    if (needs_stage && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes) {
+        if (in == GemvIn::NormF32) return launch_ring_out<ring4::XSrc::StageNorm>(w, nullptr, 0, a, out, s);
+        return launch_ring_out<ring4::XSrc::StageBf16>(w, nullptr, 0, a, out, s);
+    }
+    const bf16 * x = static_cast<const bf16 *>(a.x);
+    int ldx = a.k;
+    if (needs_stage) {
+        stage_to_scratch(w, a, in, scratch, s);
+        x = static_cast<const bf16 *>(scratch);
+        ldx = w.k_padded;
+    }
+    launch_ring_out<ring4::XSrc::Global>(w, x, ldx, a, out, s);
+}
+
 }  // namespace
 
-void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, const QgemvScratch & scratch, cudaStream_t stream) {
+size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
+
+void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream) {
     const int rows_needed = out == GemvOut::SiluMulBf16 ? 2 * a.n : a.n;
     if (w.rows != rows_needed || w.k != a.k) {
         QINFER_FAIL() << "qgemv: weight is [" << w.rows << ", " << w.k << "], the call needs [" << rows_needed << ", " << a.k << "]";
@@ -298,7 +388,12 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, co
 
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
     const int threads = 256;
-    if (w.tiled) return dequantize_tiled(w, out, stream);
+    if (w.tiled) {
+        const int64_t words = int64_t(w.rows_padded) * w.k_padded / 8;
+        mma4::dequantize_tiled_kernel<<<unsigned((words + threads - 1) / threads), threads, 0, stream>>>(w, out);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     const int64_t words = int64_t(w.rows) * (w.k * w.bits / 32);
     const unsigned blocks = unsigned((words + threads - 1) / threads);
     if (w.lut) {
