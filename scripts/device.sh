@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -262,6 +262,29 @@ if has qgemv; then
 fi
 # Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100 and batch 1 at
 # lengths 512..8192, BF16 and Int8/Int4 weights, without and with KV cache quantization (int8, as the seed).
+if has dequant-emb; then
+    # Row-coalesced dequantization (default) against the per-word kernel (QINFER_DEQUANT=scatter), and the untied
+    # token embedding in host memory (default) against --embedding-on-gpu, alternating in one run.
+    for impl in rows scatter rows scatter; do
+        echo "-- prefill GEMM, dequantization $impl" | tee -a "$OUT/dequant-emb.log"
+        QINFER_DEQUANT=$impl build-device/tests/qinfer_tests --gtest_filter='CudaQuant.PrefillGemmTimings' 2>&1 |
+            grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/dequant-emb.log"
+    done
+    for impl in rows scatter rows scatter; do
+        QINFER_DEQUANT=$impl "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 30720 --gen 2048 \
+            --json "$OUT/dequant-emb-7b-int4-30720-$impl.json" 2>&1 | tee -a "$OUT/dequant-emb.log" | grep -E "^\| qwen" | sed "s/^/$impl /"
+    done
+    for spec in qwen2.5-7b:gptq-int4 qwen2.5-7b:bf16; do
+        p=${spec%%:*} q=${spec##*:}
+        for emb in host gpu host gpu; do
+            flag=""; [ $emb = gpu ] && flag=--embedding-on-gpu
+            "$Q" bench --preset $p --quant $q --input-lens 1 --gen 2048 $flag --json "$OUT/dequant-emb-$p-$q-emb-$emb.json" 2>&1 |
+                tee -a "$OUT/dequant-emb.log" | grep -E "^\| qwen" | sed "s/^/emb-$emb /"
+        done
+    done
+    "$Q" bench --preset qwen2.5-7b --quant awq --input-lens 1,30720 --gen 2048 --json "$OUT/dequant-emb-7b-awq.json" 2>&1 |
+        tee -a "$OUT/dequant-emb.log" | grep -E "^\| qwen"
+fi
 if has memory-tables; then
     for q in ${TABLE_QUANTS:-bf16 gptq-int8 gptq-int4}; do
         for kv in ${TABLE_KVS:-bf16 int8}; do

@@ -8,6 +8,8 @@
 // prefill dequantizes each one to bf16 and multiplies with cuBLASLt.
 #include "model/qwen_cuda.h"
 
+#include <cstring>
+
 #include "core/env.h"
 
 namespace qinfer {
@@ -169,7 +171,18 @@ void CudaQwenEngine::upload_weights() {
     if (c.o_bias) QINFER_FAIL() << "CUDA backend: o_proj biases are not supported";
     Progress bar("loading", int64_t(model_->checkpoint->total_bytes()));
     uint64_t done = 0;
-    embed_ = upload({&W.embed_tokens}, "embedding", &done, bar);
+    if (!c.tie_word_embeddings && !opt_.embedding_on_gpu) {
+        // Read one row per token: the table stays in pinned host memory, read over PCIe (EngineOptions).
+        embed_host_ = HostMappedBuffer(size_t(W.embed_tokens.numel()) * 2, "embedding");
+        const std::vector<uint16_t> host = to_bf16_host(W.embed_tokens);
+        std::memcpy(embed_host_.host(), host.data(), host.size() * 2);
+        done += W.embed_tokens.nbytes();
+        bar.update(int64_t(done));
+        embed_table_ = static_cast<const bf16 *>(embed_host_.device());
+    } else {
+        embed_ = upload({&W.embed_tokens}, "embedding", &done, bar);
+        embed_table_ = embed_.as<bf16>();
+    }
     layers_.resize(size_t(c.num_hidden_layers));
     for (int l = 0; l < c.num_hidden_layers; l++) {
         const LayerWeights & L = W.layers[size_t(l)];
@@ -199,7 +212,7 @@ void CudaQwenEngine::upload_weights() {
     }
     final_norm_ = upload({&W.norm}, "norm", &done, bar);
     if (c.tie_word_embeddings) {
-        lm_head_ = embed_.as<bf16>();
+        lm_head_ = embed_table_;
     } else {
         lm_head_storage_ = upload({&W.lm_head}, "lm_head", &done, bar);
         lm_head_ = lm_head_storage_.as<bf16>();
@@ -518,7 +531,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
         CUDA_CHECK(cudaMemcpyAsync(ids_.get(), tokens.data() + off, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
         float * x = x_.as<float>();
         bf16 * xn = xn_.as<bf16>();
-        cuda::embedding(embed_.as<bf16>(), ids_.as<int>(), c, H, x, stream_);
+        cuda::embedding(embed_table_, ids_.as<int>(), c, H, x, stream_);
         bool pending = false;  // tmp_ holds an MLP output not yet added to x
         for (int l = 0; l < cfg.num_hidden_layers; l++) {
             const DevLayer & L = layers_[size_t(l)];

@@ -31,6 +31,7 @@ namespace qinfer::cuda_engine {
 
 using cuda::bf16;
 using cuda::DeviceBuffer;
+using cuda::HostMappedBuffer;
 
 // Tokens per prefill pass (bounds activation memory at any length) for a cache of kv_tokens per sequence:
 // prefill_chunk_for_cache (model/prefill_chunk.h), or QINFER_PREFILL_CHUNK (a multiple of 128, for timing others).
@@ -168,6 +169,8 @@ private:
     EngineOptions opt_;
     cudaStream_t stream_ = nullptr;
     DeviceBuffer embed_, final_norm_, lm_head_storage_;
+    HostMappedBuffer embed_host_;      // the token embedding in pinned host memory (EngineOptions::embedding_on_gpu)
+    const bf16 * embed_table_ = nullptr;  // [vocab, hidden]: embed_ or embed_host_, as the device addresses it
     const bf16 * lm_head_ = nullptr;
     std::vector<DevLayer> layers_;
     RopeFreqs rope_;

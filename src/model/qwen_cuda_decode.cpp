@@ -54,7 +54,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     float * x = x_.as<float>();
     bf16 * xn = xn_.as<bf16>();
     const bool fused = B <= k_gemv_max_m;
-    cuda::embedding(embed_.as<bf16>(), tokens, B, H, x, stream_);
+    cuda::embedding(embed_table_, tokens, B, H, x, stream_);
     prof_.mark("embedding");
     cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_};
     bool pending = false;  // unfused: tmp_ holds an MLP output not yet added to x

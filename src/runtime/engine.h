@@ -65,6 +65,10 @@ struct EngineOptions {
     int max_sequences = 1;         // sequences alive at once (a static batch); the cache holds max_context for each
     int threads = 0;               // CPU threads (0: all)
     std::string kv_dtype = "auto"; // auto (CPU fp32, CUDA bf16) | fp32 | bf16 | fp8 | int8 | int4 (runtime/kv_cache.h)
+    // CUDA: where the token embedding lives when lm_head is a separate matrix (it is read one row per token): pinned
+    // host memory mapped into the GPU's address space (false, as llama.cpp keeps token_embd on the CPU), or the GPU.
+    // A tied table is lm_head too and always stays on the GPU.
+    bool embedding_on_gpu = false;
 };
 
 std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt);

@@ -45,7 +45,7 @@ struct Row {
 // (Engine::reserve_batch: allocated, not computed), found by doubling then bisection, beside the memory model's
 // estimate for that batch. A table, and JSON rows when asked.
 void max_batch_table(Engine & engine, const std::string & model_name, const std::string & quant, const std::string & kv_dtype,
-                     const std::vector<int> & lens, int gen, const std::string & json_path) {
+                     const std::vector<int> & lens, int gen, const std::string & json_path, bool embedding_on_gpu) {
     const ModelConfig & c = engine.config();
     const SystemInfo sys = system_info(true);
     json out = json::array();
@@ -82,7 +82,7 @@ void max_batch_table(Engine & engine, const std::string & model_name, const std:
             }
         }
         const double gb = lo > 0 ? double(engine.reserve_batch(lo, tokens, len)) / 1e9 : 0;
-        const double model_gb = lo > 0 ? estimate_cuda_memory(c, parse_kv_dtype(kv_dtype), lo, len, tokens).total() / 1e9 : 0;
+        const double model_gb = lo > 0 ? estimate_cuda_memory(c, parse_kv_dtype(kv_dtype), lo, len, tokens, embedding_on_gpu).total() / 1e9 : 0;
         std::printf("| %s | %s | %s | %d | %d | %d | %.2f | %.2f |\n", model_name.c_str(), quant.c_str(), kv_dtype.c_str(), len, gen, lo, gb,
                     model_gb);
         out.push_back({{"model", model_name}, {"quant", quant}, {"kv_dtype", kv_dtype}, {"input_len", len}, {"gen_len", gen},
@@ -108,7 +108,9 @@ int cmd_bench(int argc, char ** argv) {
             std::printf(
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--batch 1,4,16,...] [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
-                "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png]\n"
+                "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png] [--embedding-on-gpu]\n"
+                "--embedding-on-gpu: keep the token embedding in GPU memory also when lm_head is a separate matrix (by default\n"
+                "         it stays in pinned host memory, one row read per token, and is not in the GPU memory column)\n"
                 "--batch: static batches of that many sequences of the same input length, all decoding together; speed is then\n"
                 "         the batch's generated tokens / whole time, and GPU memory the peak for the whole batch\n"
                 "--max-batch: instead of timing, the largest batch of each input length (+ --gen) whose buffers fit the card\n"
@@ -121,7 +123,7 @@ int cmd_bench(int argc, char ** argv) {
             return 0;
         }
     }
-    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant", "max-batch"});
+    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant", "max-batch", "embedding-on-gpu"});
     std::string backend = a.str("backend", "auto");
     const bool gpu = backend == "cuda" || (backend == "auto" && cuda_available());
     std::string model_dir = a.str("model");
@@ -140,6 +142,7 @@ int cmd_bench(int argc, char ** argv) {
     eo.threads = int(a.integer("threads", 0));
     eo.kv_dtype = a.str("kv-dtype", "auto");
     if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
+    eo.embedding_on_gpu = a.flag("embedding-on-gpu");
     const SynthQuant quant = synth_quant_from_args(a);
     const bool max_batch = a.flag("max-batch");
     a.check_unused();
@@ -184,7 +187,8 @@ int cmd_bench(int argc, char ** argv) {
     const std::string quant_label =
         c.quant.quantized() ? c.quant.label : c.torch_dtype == DType::BF16 ? "BF16" : c.torch_dtype == DType::F16 ? "FP16" : "FP32";
     if (max_batch) {
-        max_batch_table(*engine, model_name, quant_label, eo.kv_dtype != "auto" ? eo.kv_dtype : "bf16", lens, gen, json_path);
+        max_batch_table(*engine, model_name, quant_label, eo.kv_dtype != "auto" ? eo.kv_dtype : "bf16", lens, gen, json_path,
+                        eo.embedding_on_gpu);
         return 0;
     }
 

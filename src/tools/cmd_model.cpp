@@ -39,6 +39,7 @@ EngineOptions engine_options(const Args & a) {
     o.max_context = int(a.integer("context", 0));
     o.kv_dtype = a.str("kv-dtype", "auto");
     if (o.kv_dtype != "auto") parse_kv_dtype(o.kv_dtype);
+    o.embedding_on_gpu = a.flag("embedding-on-gpu");
     return o;
 }
 
@@ -103,11 +104,11 @@ int cmd_synth(int argc, char ** argv) {
 int cmd_logits(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
         std::printf("usage: qinfer logits --model DIR --tokens 1,2,3 --out FILE.npy [--backend cpu|cuda] [--threads N]\n"
-                    "                     [--kv-dtype fp32|bf16|fp8|int8|int4]\n"
+                    "                     [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu]\n"
                     "writes fp32 logits [n_tokens, vocab] of one forward pass over the tokens\n");
         return 0;
     }
-    Args a(argc, argv, 2, {});
+    Args a(argc, argv, 2, {"embedding-on-gpu"});
     std::string dir = a.required("model"), out = a.required("out");
     std::vector<int> tokens = a.int_list("tokens");
     EngineOptions eo = engine_options(a);
@@ -134,7 +135,7 @@ int cmd_run(int argc, char ** argv) {
         std::printf("usage: qinfer run --model DIR (--prompt TEXT | --tokens IDS) [-n N | --max-tokens N] [--greedy] [--temperature T]\n"
                     "                  [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]\n"
                     "                  [--frequency-penalty F] [--seed S] [--ignore-eos] [--backend cpu|cuda] [--threads N]\n"
-                    "                  [--kv-dtype fp32|bf16|fp8|int8|int4]\n"
+                    "                  [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu]\n"
                     "sampling defaults come from the checkpoint's generation_config.json; --greedy overrides them\n");
         return 0;
     }
@@ -143,7 +144,7 @@ int cmd_run(int argc, char ** argv) {
     for (auto & s : args) {
         if (!std::strcmp(s, "-n")) s = const_cast<char *>("--max-tokens");
     }
-    Args a(int(args.size()), args.data(), 2, {"greedy", "ignore-eos"});
+    Args a(int(args.size()), args.data(), 2, {"greedy", "ignore-eos", "embedding-on-gpu"});
     std::string dir = a.required("model");
     std::vector<int> prompt = a.int_list("tokens");
     std::unique_ptr<Tokenizer> tok;

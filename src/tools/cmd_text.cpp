@@ -95,10 +95,11 @@ int cmd_detokenize(int argc, char ** argv) {
 int cmd_chat(int argc, char ** argv) {
     if (help(argc, argv,
              "usage: qinfer chat --model DIR [--system TEXT] [--max-tokens N] [--no-think] [sampling flags as for run]\n"
+             "                   [--embedding-on-gpu]\n"
              "reads one user message per line from standard input; the reply streams to standard output\n")) {
         return 0;
     }
-    Args a(argc, argv, 2, {"greedy", "no-think"});
+    Args a(argc, argv, 2, {"greedy", "no-think", "embedding-on-gpu"});
     const std::string dir = a.required("model");
     auto tok = Tokenizer::load_dir(dir);
     GenerationConfig gc = load_generation_config(dir, load_model_config(dir));
@@ -115,6 +116,7 @@ int cmd_chat(int argc, char ** argv) {
     eo.backend = a.str("backend", "auto");
     eo.threads = int(a.integer("threads", 0));
     eo.max_context = int(a.integer("context", 0));
+    eo.embedding_on_gpu = a.flag("embedding-on-gpu");
     a.check_unused();
     bool recognised = true;
     const ChatStyle style = detect_chat_style(tok->chat_template(), &recognised);

@@ -39,12 +39,13 @@ double linear_bytes(const Linear & l) {
 
 }  // namespace
 
-MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch, int prompt, int context) {
+MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch, int prompt, int context, bool embedding_on_gpu) {
     MemoryEstimate m;
     ModelWeights w;
     double largest_quant = 0;  // bf16 bytes of the largest stacked projection (prefill dequantizes into it)
     int max_k = 0;
     visit_weights(c, w, [&](const std::string &, const std::vector<int64_t> & shape, WeightRole role, Weight &) {
+        if (role == WeightRole::Embedding && !c.tie_word_embeddings && !embedding_on_gpu) return;  // in host memory
         if (role == WeightRole::Norm || role == WeightRole::Bias || role == WeightRole::Embedding || role == WeightRole::Router) {
             double n = 1;
             for (auto d : shape) n *= double(d);
@@ -88,7 +89,7 @@ int cmd_plan(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
             std::printf("usage: qinfer plan --gpu-mem 24GB (--model DIR | --preset NAME) [--context 8192] [--prompt N]\n"
-                        "                   [--reserve 1GB] [--batches 1,4,16,...] [--json FILE]\n"
+                        "                   [--reserve 1GB] [--batches 1,4,16,...] [--json FILE] [--embedding-on-gpu]\n"
                         "for each weight format and KV dtype: weights, the longest context at batch 1 and the largest batch at\n"
                         "--context, from qinfer's memory model of the CUDA engine (1 GB = 1e9 bytes; --reserve: CUDA context etc.)\n"
                         "--batches: also the estimated peak at --context for each of those batch sizes (the seed's batch table;\n"
@@ -96,7 +97,7 @@ int cmd_plan(int argc, char ** argv) {
             return 0;
         }
     }
-    Args a(argc, argv, 2, {});
+    Args a(argc, argv, 2, {"embedding-on-gpu"});
     auto bytes_of = [](const std::string & s, const char * what) {
         char * end = nullptr;
         const double v = std::strtod(s.c_str(), &end);
@@ -113,6 +114,7 @@ int cmd_plan(int argc, char ** argv) {
     const std::string json_path = a.str("json");
     int prompt_opt = int(a.integer("prompt", 0));
     const std::vector<int> batches = a.has("batches") ? a.int_list("batches") : std::vector<int>{};
+    const bool emb_gpu = a.flag("embedding-on-gpu");
     a.check_unused();
     for (int b : batches) {
         if (b < 1) QINFER_FAIL() << "--batches entries must be >= 1, got " << b;
@@ -147,11 +149,11 @@ int cmd_plan(int argc, char ** argv) {
     nlohmann::json rows = nlohmann::json::array();
     for (const Format & f : formats) {
         for (KVDType kv : kvs) {
-            const MemoryEstimate one = estimate_cuda_memory(f.c, kv, 1, 1, 1);
+            const MemoryEstimate one = estimate_cuda_memory(f.c, kv, 1, 1, 1, emb_gpu);
             int max_ctx = 0;
             for (int lo = 0, hi = base.max_context(); lo <= hi;) {  // longest context that fits (prompt = context)
                 const int mid = lo + (hi - lo) / 2;
-                if (mid > 0 && estimate_cuda_memory(f.c, kv, 1, mid, mid).total() <= budget) {
+                if (mid > 0 && estimate_cuda_memory(f.c, kv, 1, mid, mid, emb_gpu).total() <= budget) {
                     max_ctx = mid;
                     lo = mid + 1;
                 } else if (mid == 0) {
@@ -161,7 +163,7 @@ int cmd_plan(int argc, char ** argv) {
                 }
             }
             int max_batch = 0;
-            while (max_batch < 4096 && estimate_cuda_memory(f.c, kv, max_batch + 1, std::min(prompt, context), context).total() <= budget) max_batch++;
+            while (max_batch < 4096 && estimate_cuda_memory(f.c, kv, max_batch + 1, std::min(prompt, context), context, emb_gpu).total() <= budget) max_batch++;
             std::printf("| %s | %.2f | %s | %s | %d |\n", f.name.c_str(), one.weights / 1e9, kv_dtype_name(kv),
                         max_ctx > 0 ? std::to_string(max_ctx).c_str() : "does not fit", max_batch);
             rows.push_back({{"weights", f.name}, {"weights_gb", one.weights / 1e9}, {"kv_dtype", kv_dtype_name(kv)}, {"max_context_batch1", max_ctx},
@@ -179,7 +181,7 @@ int cmd_plan(int argc, char ** argv) {
                 std::printf("| %s | %s |", f.name.c_str(), kv_dtype_name(kv));
                 nlohmann::json peaks = nlohmann::json::object();
                 for (int b : batches) {
-                    const double gb = estimate_cuda_memory(f.c, kv, b, std::min(prompt, context), context).total() / 1e9;
+                    const double gb = estimate_cuda_memory(f.c, kv, b, std::min(prompt, context), context, emb_gpu).total() / 1e9;
                     std::printf(gb <= budget / 1e9 ? " %.2f |" : " %.2f (over) |", gb);
                     peaks[std::to_string(b)] = gb;
                 }

@@ -17,7 +17,8 @@ struct MemoryEstimate {
 };
 
 // The device memory of the CUDA engine for `batch` sequences of `context` tokens whose prompts are `prompt` tokens,
-// with the weights of `c` (c.quant says how each projection is stored).
-MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch, int prompt, int context);
+// with the weights of `c` (c.quant says how each projection is stored). embedding_on_gpu: as EngineOptions (an
+// untied token embedding is otherwise in host memory).
+MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch, int prompt, int context, bool embedding_on_gpu = false);
 
 }  // namespace qinfer

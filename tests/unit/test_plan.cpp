@@ -1,5 +1,6 @@
 // qinfer's memory model of the CUDA engine against peaks measured on an H100 (qinfer's allocator, 1 GB = 1e9 bytes,
-// 2048 generated): bench/results/2026-11-26-h100-bf16 and bench/results/2026-11-26-h100-quant; more rows below.
+// 2048 generated): bench/results/2026-11-26-h100-bf16 and bench/results/2026-11-26-h100-quant; more rows below. These
+// were measured with the token embedding on the GPU (--embedding-on-gpu since it moved to host memory by default).
 #include <gtest/gtest.h>
 
 #include "model/decode_splits.h"
@@ -36,7 +37,7 @@ TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
     };
     for (const Measured & m : rows) {
         const ModelConfig c = preset_config(m.preset, m.quant);
-        const double est = estimate_cuda_memory(c, KVDType::BF16, 1, m.input, m.input + 2048).total() / 1e9;
+        const double est = estimate_cuda_memory(c, KVDType::BF16, 1, m.input, m.input + 2048, /*embedding_on_gpu=*/true).total() / 1e9;
         EXPECT_NEAR(est, m.peak_gb, 0.02 * m.peak_gb) << m.preset << " " << m.quant << " input " << m.input;
         std::printf("[ plan ] %-13s %-10s input %5d: model %.3f GB, measured %.3f GB\n", m.preset, *m.quant ? m.quant : "bf16", m.input,
                     est, m.peak_gb);
@@ -65,7 +66,7 @@ TEST(Plan, MemoryModelMatchesBatchAndLongRows) {
     };
     for (const Measured & m : rows) {
         const ModelConfig c = preset_config(m.preset, m.quant);
-        const double est = estimate_cuda_memory(c, m.kv, m.batch, m.input, m.context).total() / 1e9;
+        const double est = estimate_cuda_memory(c, m.kv, m.batch, m.input, m.context, /*embedding_on_gpu=*/true).total() / 1e9;
         EXPECT_NEAR(est, m.peak_gb, 0.02 * m.peak_gb) << m.preset << " " << m.quant << " kv " << int(m.kv) << " batch " << m.batch;
         std::printf("[ plan ] %-15s %-10s kv %d batch %3d input %6d: model %.3f GB, measured %.3f GB\n", m.preset,
                     *m.quant ? m.quant : "bf16", int(m.kv), m.batch, m.input, est, m.peak_gb);

@@ -55,6 +55,39 @@ DeviceBuffer & DeviceBuffer::operator=(DeviceBuffer && o) noexcept {
     return *this;
 }
 
+HostMappedBuffer::HostMappedBuffer(size_t bytes, const char * what) : bytes_(bytes) {
+    if (bytes == 0) return;
+    if (cudaHostAlloc(&host_, bytes, cudaHostAllocMapped) != cudaSuccess) {
+        cudaGetLastError();
+        host_ = nullptr;
+        std::ostringstream msg;
+        msg << "out of pinned host memory allocating " << double(bytes) / 1e9 << " GB for " << what;
+        throw OutOfMemory(msg.str());
+    }
+    CUDA_CHECK(cudaHostGetDevicePointer(&device_, host_, 0));
+}
+
+HostMappedBuffer::~HostMappedBuffer() {
+    if (host_) cudaFreeHost(host_);
+}
+
+HostMappedBuffer::HostMappedBuffer(HostMappedBuffer && o) noexcept : host_(o.host_), device_(o.device_), bytes_(o.bytes_) {
+    o.host_ = o.device_ = nullptr;
+    o.bytes_ = 0;
+}
+
+HostMappedBuffer & HostMappedBuffer::operator=(HostMappedBuffer && o) noexcept {
+    if (this != &o) {
+        if (host_) cudaFreeHost(host_);
+        host_ = o.host_;
+        device_ = o.device_;
+        bytes_ = o.bytes_;
+        o.host_ = o.device_ = nullptr;
+        o.bytes_ = 0;
+    }
+    return *this;
+}
+
 void DeviceBuffer::ensure(size_t bytes, const char * what) {
     if (bytes <= bytes_) return;
     *this = DeviceBuffer(bytes, what);

@@ -43,4 +43,26 @@ private:
     size_t bytes_ = 0;
 };
 
+// Pinned host memory mapped into the device's address space: kernels read it over PCIe. For tables read a row at a
+// time, such as the token embedding of a checkpoint whose lm_head is a separate matrix. Not device memory (not
+// counted by DeviceAllocator).
+class HostMappedBuffer {
+public:
+    HostMappedBuffer() = default;
+    HostMappedBuffer(size_t bytes, const char * what);
+    ~HostMappedBuffer();
+    HostMappedBuffer(HostMappedBuffer && o) noexcept;
+    HostMappedBuffer & operator=(HostMappedBuffer && o) noexcept;
+    HostMappedBuffer(const HostMappedBuffer &) = delete;
+    HostMappedBuffer & operator=(const HostMappedBuffer &) = delete;
+    void * host() const { return host_; }
+    void * device() const { return device_; }
+    size_t bytes() const { return bytes_; }
+
+private:
+    void * host_ = nullptr;
+    void * device_ = nullptr;
+    size_t bytes_ = 0;
+};
+
 }  // namespace qinfer::cuda

@@ -389,6 +389,14 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, vo
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
     const int threads = 256;
     if (w.tiled) {
+        // QINFER_DEQUANT=scatter: the per-word kernel for every tiled matrix (timing the two in one run).
+        static const bool scatter = env_is("QINFER_DEQUANT", "scatter");
+        if (!w.perm && w.k % 8 == 0 && !scatter) {
+            const int64_t tasks = int64_t(w.rows_padded / 16) * (w.k_padded / 64);
+            mma4::dequantize_tiled_rows_kernel<<<unsigned((tasks + mma4::k_warps - 1) / mma4::k_warps), mma4::k_threads, 0, stream>>>(w, out);
+            CUDA_CHECK(cudaGetLastError());
+            return;
+        }
         const int64_t words = int64_t(w.rows_padded) * w.k_padded / 8;
         mma4::dequantize_tiled_kernel<<<unsigned((words + threads - 1) / threads), threads, 0, stream>>>(w, out);
         CUDA_CHECK(cudaGetLastError());

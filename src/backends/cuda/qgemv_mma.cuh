@@ -52,7 +52,54 @@ template <GemvIn IN> __global__ void __launch_bounds__(k_threads) stage_inputs_k
     });
 }
 
-// The dequantized weight from the tile layout: bf16 [rows, k] in input-channel order.
+// The dequantized weight from the tile layout without act-order: bf16 [rows, k] (k a multiple of 8). Each warp
+// turns one 16 x 64 tile (one lane's 16 bytes of codes each) into bf16 in shared memory and writes it out as 16-byte
+// row chunks, so the stores are whole sectors; value = scale * (q - zero) rounded once, as below.
+__global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantMatrix w, bf16 * out) {
+    constexpr int ld = 72;  // tile row stride in bf16 (144 bytes: 16-byte aligned, conflict-free both ways)
+    __shared__ __align__(16) bf16 tile[k_warps][16 * ld];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int nkb = w.k_padded / 64;
+    const int64_t task = int64_t(blockIdx.x) * k_warps + warp;  // row block x K block
+    if (task >= int64_t(w.rows_padded / 16) * nkb) return;
+    const int kb = int(task % nkb);
+    const int64_t rb = task / nkb;
+    const uint4 v = reinterpret_cast<const uint4 *>(w.codes)[task * 32 + lane];
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    bf16 * tw = tile[warp];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        // Word j holds positions 16j + {2t, 2t + 1, 2t + 8, 2t + 9} of rows g and g + 8 (field p: row g + 8 (p & 1),
+        // position + 8 ((p >> 1) & 1) + (p >> 2)); 16 positions never straddle a group (groups are multiples of 32).
+        const int gi = min((kb * 64 + 16 * j) / w.group, w.groups - 1);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t gidx = (rb * 16 + g + 8 * h) * w.groups + gi;  // scales cover rows_padded
+            const float s = __half2float(__ushort_as_half(w.scales[gidx])), z = w.zeros ? float(w.zeros[gidx]) : float(w.const_zero);
+#pragma unroll
+            for (int second = 0; second < 2; second++) {
+                const int p = h + 2 * second;
+                const float lo = float((words[j] >> (4 * p)) & 0xFu), hi = float((words[j] >> (4 * (p + 4))) & 0xFu);
+                __nv_bfloat162 pair;
+                pair.x = __float2bfloat16(s * (lo - z));
+                pair.y = __float2bfloat16(s * (hi - z));
+                *reinterpret_cast<__nv_bfloat162 *>(tw + (g + 8 * h) * ld + 16 * j + 8 * second + 2 * t) = pair;
+            }
+        }
+    }
+    __syncwarp();
+    const int r = lane / 2, half = lane % 2;
+    const int64_t row = rb * 16 + r;
+    if (row >= w.rows) return;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int col = half * 32 + 8 * u, pos = kb * 64 + col;
+        if (pos < w.k) *reinterpret_cast<uint4 *>(out + row * w.k + pos) = *reinterpret_cast<const uint4 *>(tw + r * ld + col);
+    }
+}
+
+// The dequantized weight from the tile layout with act-order: bf16 [rows, k] in input-channel order, one thread per
+// code word (scattered 2-byte stores).
 __global__ void dequantize_tiled_kernel(QuantMatrix w, bf16 * out) {
     const int nkb = w.k_padded / 64;
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one 32-bit word
