@@ -44,6 +44,25 @@ TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
     }
 }
 
+// The default placement (an untied token embedding in pinned host memory), measured at cd6a074
+// (bench/results/2026-11-26-h100-cd6a074; batch 1, 2048 generated).
+TEST(Plan, MemoryModelMatchesHostEmbeddingPeaks) {
+    struct Measured {
+        const char * preset;
+        const char * quant;  // "" for BF16
+        int input;
+        double peak_gb;
+    };
+    const Measured rows[] = {{"qwen2.5-7b", "", 1, 14.262}, {"qwen2.5-7b", "gptq-int4", 1, 4.576}, {"qwen2.5-7b", "gptq-int4", 30720, 6.828}};
+    for (const Measured & m : rows) {
+        const ModelConfig c = preset_config(m.preset, m.quant);
+        const double est = estimate_cuda_memory(c, KVDType::BF16, 1, m.input, m.input + 2048).total() / 1e9;
+        EXPECT_NEAR(est, m.peak_gb, 0.02 * m.peak_gb) << m.preset << " " << m.quant << " input " << m.input;
+        std::printf("[ plan ] %-13s %-10s input %5d, embedding in host memory: model %.3f GB, measured %.3f GB\n", m.preset,
+                    *m.quant ? m.quant : "bf16", m.input, est, m.peak_gb);
+    }
+}
+
 // Batches, KV dtypes and the longest rows, measured at 50c8e40 (bench/results/2026-11-26-h100-50c8e40): the seed's
 // batch table (input 1, 1024 generated), the largest batch at 8192 + 16 tokens, and 129024 + 2048 with YaRN.
 TEST(Plan, MemoryModelMatchesBatchAndLongRows) {
