@@ -22,13 +22,15 @@ static ModelConfig preset_config(const char * preset, const char * quant) {
     return c;
 }
 
+// One measured peak at batch 1, 2048 generated.
+struct Measured {
+    const char * preset;
+    const char * quant;  // "" for BF16
+    int input;
+    double peak_gb;
+};
+
 TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
-    struct Measured {
-        const char * preset;
-        const char * quant;  // "" for BF16
-        int input;
-        double peak_gb;
-    };
     const Measured rows[] = {
         {"qwen2.5-7b", "", 1, 15.35},         {"qwen2.5-7b", "", 30720, 17.30},     {"qwen2.5-1.5b", "", 1, 3.150},
         {"qwen2.5-1.5b", "", 30720, 4.125},   {"qwen2.5-0.5b", "", 1, 1.016},       {"qwen2.5-0.5b", "", 30720, 1.453},
@@ -47,12 +49,6 @@ TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
 // The default placement (an untied token embedding in pinned host memory), measured at cd6a074
 // (bench/results/2026-11-26-h100-cd6a074; batch 1, 2048 generated).
 TEST(Plan, MemoryModelMatchesHostEmbeddingPeaks) {
-    struct Measured {
-        const char * preset;
-        const char * quant;  // "" for BF16
-        int input;
-        double peak_gb;
-    };
     const Measured rows[] = {{"qwen2.5-7b", "", 1, 14.262}, {"qwen2.5-7b", "gptq-int4", 1, 4.576}, {"qwen2.5-7b", "gptq-int4", 30720, 6.828}};
     for (const Measured & m : rows) {
         const ModelConfig c = preset_config(m.preset, m.quant);
