@@ -85,18 +85,27 @@ CudaQwenEngine::~CudaQwenEngine() {
     if (stream_) cudaStreamDestroy(stream_);
 }
 
-DeviceBuffer CudaQwenEngine::upload(const std::vector<const Weight *> & parts, const char * what, uint64_t * done, Progress & bar) {
+// The parts as bf16, one after another at dst (device memory or mapped host memory: cudaMemcpyDefault).
+static size_t bf16_bytes(const std::vector<const Weight *> & parts) {
     size_t total = 0;
     for (const Weight * w : parts) total += size_t(w->numel()) * 2;
-    DeviceBuffer buf(total, what);
+    return total;
+}
+
+static void copy_bf16(const std::vector<const Weight *> & parts, void * dst, uint64_t * done, Progress & bar) {
     size_t off = 0;
     for (const Weight * w : parts) {
         std::vector<uint16_t> host = to_bf16_host(*w);
-        CUDA_CHECK(cudaMemcpy(static_cast<uint8_t *>(buf.get()) + off, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(static_cast<uint8_t *>(dst) + off, host.data(), host.size() * 2, cudaMemcpyDefault));
         off += host.size() * 2;
         *done += w->nbytes();
         bar.update(int64_t(*done));
     }
+}
+
+DeviceBuffer CudaQwenEngine::upload(const std::vector<const Weight *> & parts, const char * what, uint64_t * done, Progress & bar) {
+    DeviceBuffer buf(bf16_bytes(parts), what);
+    copy_bf16(parts, buf.get(), done, bar);
     return buf;
 }
 
@@ -173,11 +182,8 @@ void CudaQwenEngine::upload_weights() {
     uint64_t done = 0;
     if (!c.tie_word_embeddings && !opt_.embedding_on_gpu) {
         // Read one row per token: the table stays in pinned host memory, read over PCIe (EngineOptions).
-        embed_host_ = HostMappedBuffer(size_t(W.embed_tokens.numel()) * 2, "embedding");
-        const std::vector<uint16_t> host = to_bf16_host(W.embed_tokens);
-        std::memcpy(embed_host_.host(), host.data(), host.size() * 2);
-        done += W.embed_tokens.nbytes();
-        bar.update(int64_t(done));
+        embed_host_ = HostMappedBuffer(bf16_bytes({&W.embed_tokens}), "embedding");
+        copy_bf16({&W.embed_tokens}, embed_host_.host(), &done, bar);
         embed_table_ = static_cast<const bf16 *>(embed_host_.device());
     } else {
         embed_ = upload({&W.embed_tokens}, "embedding", &done, bar);
