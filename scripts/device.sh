@@ -264,26 +264,35 @@ fi
 # lengths 512..8192, BF16 and Int8/Int4 weights, without and with KV cache quantization (int8, as the seed).
 if has dequant-emb; then
     # Row-coalesced dequantization (default) against the per-word kernel (QINFER_DEQUANT=scatter), and the untied
-    # token embedding in host memory (default) against --embedding-on-gpu, alternating in one run.
+    # token embedding in host memory (default) against --embedding-on-gpu, alternating in one run. Everything lands in
+    # one tar in $OUT (only 8 files come back), rewritten after each run so a call cut short keeps what it measured;
+    # every run's JSON is kept (-N suffix).
+    D="$PWD/build-device/dequant-emb"
+    rm -rf "$D" && mkdir -p "$D"
+    save() { tar -C build-device -cf "$OUT/dequant-emb.tar" dequant-emb; }
+    n=0
     for impl in rows scatter rows scatter; do
-        echo "-- prefill GEMM, dequantization $impl" | tee -a "$OUT/dequant-emb.log"
+        echo "-- prefill GEMM, dequantization $impl" | tee -a "$D/dequant-emb.log"
         QINFER_DEQUANT=$impl build-device/tests/qinfer_tests --gtest_filter='CudaQuant.PrefillGemmTimings' 2>&1 |
-            grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/dequant-emb.log"
+            grep -E "^\[ kernel \]|FAILED" | tee -a "$D/dequant-emb.log"
     done
     for impl in rows scatter rows scatter; do
         QINFER_DEQUANT=$impl "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 30720 --gen 2048 \
-            --json "$OUT/dequant-emb-7b-int4-30720-$impl.json" 2>&1 | tee -a "$OUT/dequant-emb.log" | grep -E "^\| qwen" | sed "s/^/$impl /"
+            --json "$D/7b-int4-30720-$impl-$((n += 1)).json" 2>&1 | tee -a "$D/dequant-emb.log" | grep -E "^\| qwen" | sed "s/^/$impl /"
+        save
     done
     for spec in qwen2.5-7b:gptq-int4 qwen2.5-7b:bf16; do
         p=${spec%%:*} q=${spec##*:}
         for emb in host gpu host gpu; do
             flag=""; [ $emb = gpu ] && flag=--embedding-on-gpu
-            "$Q" bench --preset $p --quant $q --input-lens 1 --gen 2048 $flag --json "$OUT/dequant-emb-$p-$q-emb-$emb.json" 2>&1 |
-                tee -a "$OUT/dequant-emb.log" | grep -E "^\| qwen" | sed "s/^/emb-$emb /"
+            "$Q" bench --preset $p --quant $q --input-lens 1 --gen 2048 $flag --json "$D/$p-$q-emb-$emb-$((n += 1)).json" 2>&1 |
+                tee -a "$D/dequant-emb.log" | grep -E "^\| qwen" | sed "s/^/emb-$emb /"
+            save
         done
     done
-    "$Q" bench --preset qwen2.5-7b --quant awq --input-lens 1,30720 --gen 2048 --json "$OUT/dequant-emb-7b-awq.json" 2>&1 |
-        tee -a "$OUT/dequant-emb.log" | grep -E "^\| qwen"
+    "$Q" bench --preset qwen2.5-7b --quant awq --input-lens 1,30720 --gen 2048 --json "$D/7b-awq.json" 2>&1 |
+        tee -a "$D/dequant-emb.log" | grep -E "^\| qwen"
+    save
 fi
 if has memory-tables; then
     for q in ${TABLE_QUANTS:-bf16 gptq-int8 gptq-int4}; do
