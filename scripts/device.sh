@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [final-small]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -259,6 +259,69 @@ if has qgemv; then
         done
     fi
     QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 1 --gen 256 2>&1 | tee "$OUT/profile-7b-int4.log" | grep -E "gemv|attention|norm|^\| qwen"
+fi
+# Where a batch-1 decode step of the small models goes: eager per-op profiles (0.5B/1.5B/7B BF16, 0.5B GPTQ-Int4),
+# the duration of every kernel of the captured 0.5B step (ncu, one graph node at a time), and per-instruction stall
+# samples of the 4-bit ring GEMV on 7B's gate_up shape.
+if has decode-profile; then
+    for spec in ${PROFILE_SPECS:-qwen2.5-0.5b:bf16 qwen2.5-1.5b:bf16 qwen2.5-7b:bf16 qwen2.5-0.5b:gptq-int4}; do
+        QINFER_PROFILE=1 "$Q" bench --preset ${spec%%:*} --quant ${spec##*:} --input-lens 1 --gen 256 2>&1 |
+            tee -a "$OUT/decode-profile.log" | grep -v "^bench:" | head -16
+    done
+    if command -v ncu >/dev/null; then
+        timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$Q" bench --preset qwen2.5-0.5b \
+            --input-lens 1 --gen 3 >"$OUT/ncu-0.5b-kernels.csv" 2>"$OUT/ncu-0.5b-kernels.err"
+        timeout 200 ncu --clock-control none --kernel-name-base mangled -k "regex:qgemv_ring_kernel.*GemvOutE3" --launch-count 1 \
+            --section WarpStateStats --section SourceCounters -o "$OUT/ring-gate-up" \
+            build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' >/dev/null 2>&1
+        ncu -i "$OUT/ring-gate-up.ncu-rep" --page source --csv --print-source sass >"$OUT/ring-gate-up-sass.csv" 2>&1
+        ncu -i "$OUT/ring-gate-up.ncu-rep" --page details >"$OUT/ring-gate-up-details.txt" 2>&1
+    fi
+fi
+# Decode GEMV prologue and codes prefetch: RMSNorm staging in float4 batches (default) vs the per-256 loop
+# (QINFER_QSTAGE=scalar), and 4-bit codes requested into L2 ahead of the ring kernel's registers
+# (QINFER_QGEMV_L2AHEAD blocks): kernel timings on 7B shapes, the quantized/GEMV tests with the prefetch on, and
+# decode speed of 7B/0.5B (Int4 and BF16), configurations alternated in the same run.
+if has ring-ab; then
+    for cfg in ${RING_CFGS:-scalar:0 vec:0 vec:6 vec:12 vec:24}; do
+        echo "-- stage ${cfg%%:*} l2-ahead ${cfg##*:}"
+        QINFER_QSTAGE=${cfg%%:*} QINFER_QGEMV_L2AHEAD=${cfg##*:} build-device/tests/qinfer_tests \
+            --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 | grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/ring-ab.log"
+    done
+    QINFER_QGEMV_L2AHEAD=${TEST_AHEAD:-12} build-device/tests/qinfer_tests --gtest_filter='*Quant*:*Gemv*:*GoldenCuda*' >"$OUT/ring-test.log" 2>&1
+    note "quant/gemv/golden tests (vec staging, l2 ahead ${TEST_AHEAD:-12}): $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/ring-test.log" | tr '\n' ' ')"
+    grep -E "Failure" -A6 "$OUT/ring-test.log" | head -40
+    for rep in 1 2; do
+        for spec in ${RING_BENCH:-qwen2.5-7b:gptq-int4 qwen2.5-0.5b:gptq-int4}; do
+            for cfg in ${RING_BENCH_CFGS:-scalar:0 vec:0 vec:12}; do
+                QINFER_QSTAGE=${cfg%%:*} QINFER_QGEMV_L2AHEAD=${cfg##*:} "$Q" bench --preset ${spec%%:*} --quant ${spec##*:} \
+                    --input-lens 1 --gen 512 2>&1 | grep -E "^\| qwen" | sed "s/^/$cfg /" | tee -a "$OUT/ring-ab.log"
+            done
+        done
+        for spec in ${BF16_BENCH:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b}; do
+            for st in scalar vec; do
+                QINFER_QSTAGE=$st "$Q" bench --preset $spec --input-lens 1 --gen 512 2>&1 | grep -E "^\| qwen" | sed "s/^/$st /" |
+                    tee -a "$OUT/ring-ab.log"
+            done
+        done
+    done
+fi
+# Gate and up in the same load batches of the BF16 GEMV (default) vs one matrix after the other (QINFER_GEMV_PAIR=0),
+# alternated twice at input 1; then the rows of this commit with 2048 generated (BF16 and 4-bit, short and long).
+if has final-small; then
+    for rep in 1 2; do
+        for p in ${PAIR_SPECS:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b}; do
+            for pair in 1 0; do
+                QINFER_GEMV_PAIR=$pair "$Q" bench --preset $p --input-lens 1 --gen 512 2>&1 | grep -E "^\| qwen" | sed "s/^/pair-$pair /" |
+                    tee -a "$OUT/pair-ab.log"
+            done
+        done
+    done
+    for spec in ${ROW_SPECS:-qwen2.5-0.5b:bf16:1,30720 qwen2.5-1.5b:bf16:1 qwen2.5-7b:bf16:1,30720 qwen2.5-0.5b:gptq-int4:1 qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:awq:1}; do
+        IFS=: read -r p q lens <<<"$spec"
+        "$Q" bench --preset $p --quant $q --input-lens $lens --gen 2048 --json "$OUT/row-$p-$q.json" 2>&1 | grep -E "^\| qwen" |
+            tee -a "$OUT/rows.log"
+    done
 fi
 # Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100 and batch 1 at
 # lengths 512..8192, BF16 and Int8/Int4 weights, without and with KV cache quantization (int8, as the seed).

@@ -1,6 +1,6 @@
 // Decode GEMV: y = epilogue(W x), W bf16 [n, k] read once with 16-byte loads, eight in flight per lane. A bf16 input
 // is read from global memory (shared by all blocks, so L1/L2 hits); an fp32 residual input is RMS-normalised into
-// shared memory by every block (RMSNorm fused into the projection), behind the block's first weight loads. Each output row is computed by `wpr` warps
+// shared memory by every block (RMSNorm fused into the projection, qstage.cuh), behind the block's first weight loads. Each output row is computed by `wpr` warps
 // that split k (reduced through shared memory), enough to fill the GPU when n is small.
 #include <algorithm>
 #include <atomic>
@@ -8,6 +8,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
+#include "backends/cuda/qstage.cuh"
 #include "core/env.h"
 
 namespace qinfer::cuda {
@@ -37,7 +38,7 @@ __device__ __forceinline__ float dot8(const uint4 & w, const uint4 & x) {
     return s;
 }
 
-template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
+template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
     extern __shared__ uint4 smem_raw[];
     bf16 * xs = reinterpret_cast<bf16 *>(smem_raw);  // bf16 [M, k]
     __shared__ float red[k_warps][M][2];
@@ -48,31 +49,43 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     constexpr int stride = WPR * 32;  // 16-byte chunks between a lane's loads
     constexpr int batch = 8;          // loads in flight per lane
+    constexpr int per_mat = PAIR ? batch / n_mats : batch;  // a batch takes the same chunks of gate and up (SiluMulBf16)
     const int part = warp % WPR;
     const int chunks = k / 8;
+    // Load u of a batch at `base`: matrix u / per_mat, chunk base + (u % per_mat) * stride.
+    auto row_ptrs = [&](int row, const uint4 * (&w)[2]) {
+#pragma unroll
+        for (int mat = 0; mat < n_mats; mat++) w[mat] = reinterpret_cast<const uint4 *>(a.w + (int64_t(row) + int64_t(mat) * a.n) * k);
+    };
 
-    // The first batch of weights (first row, first matrix) is requested before anything else: before pdl_wait() (the
-    // weights do not depend on the kernel ahead, which may still be running under programmatic dependent launch) and
-    // before the input is normalised, so the norm's reduction runs while those loads are in flight.
+    // The first batch of weights (first row) is requested before anything else: before pdl_wait() (the weights do
+    // not depend on the kernel ahead, which may still be running under programmatic dependent launch) and before the
+    // input is normalised, so the norm's reduction runs while those loads are in flight. For short rows (k <= 1024
+    // with one warp per row) that is the whole row, of both matrices for SiluMulBf16.
     uint4 first[batch];
     bool have_first = false;
     {
         const int row = blockIdx.x * rows_per_block + warp / WPR;
         if (a.prefetch && row < a.n) {
-            const uint4 * w = reinterpret_cast<const uint4 *>(a.w + int64_t(row) * k);
+            const uint4 * w[2] = {};
+            row_ptrs(row, w);
 #pragma unroll
             for (int u = 0; u < batch; u++) {
-                const int c = part * 32 + lane + u * stride;
-                first[u] = c < chunks ? load_stream(w + c) : make_uint4(0, 0, 0, 0);
+                const int c = part * 32 + lane + (u % per_mat) * stride;
+                first[u] = c < chunks ? load_stream(w[u / per_mat] + c) : make_uint4(0, 0, 0, 0);
             }
             have_first = true;
         }
     }
     pdl_wait();
 
-    // Prologue: stage the input rows.
+    // Prologue: stage the input rows (float4 batches when aligned: one round trip to memory per 4096 values).
     for (int m = 0; m < M; m++) {
         if constexpr (IN == GemvIn::NormF32) {
+            if (a.vec_norm) {
+                qstage::stage_norm_vec<4>(a, m, k, k, xs + int64_t(m) * k, norm_red);
+                continue;
+            }
             const float * x = static_cast<const float *>(a.x) + int64_t(m) * k;
             float ss = 0;
             for (int i = threadIdx.x; i < k; i += k_threads) ss += x[i] * x[i];
@@ -90,29 +103,33 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
         const int row = row0 + warp / WPR;
         float acc[M][2] = {};
         if (row < a.n) {
+            const uint4 * w[2] = {};
+            row_ptrs(row, w);
+            // Batches of eight predicated loads, all issued before any arithmetic. Each matrix still sums its chunks
+            // in the order lane, lane + stride, ... (PAIR false: one matrix after the other)
 #pragma unroll
-            for (int mat = 0; mat < n_mats; mat++) {
-                const uint4 * w = reinterpret_cast<const uint4 *>(a.w + (int64_t(row) + int64_t(mat) * a.n) * k);
-                // Batches of eight predicated loads, all issued before any arithmetic.
-                for (int base = part * 32 + lane; base < chunks; base += batch * stride) {
+            for (int mat0 = 0; mat0 < (PAIR ? 1 : n_mats); mat0++) {
+                for (int base = part * 32 + lane; base < chunks; base += per_mat * stride) {
                     uint4 wv[batch];
-                    if (have_first) {  // the prefetched batch is this one (first row, matrix 0, first base)
+                    if (have_first) {  // the prefetched batch is this one (first row, first base)
 #pragma unroll
                         for (int u = 0; u < batch; u++) wv[u] = first[u];
                         have_first = false;
                     } else {
 #pragma unroll
                         for (int u = 0; u < batch; u++) {
-                            const int c = base + u * stride;
-                            wv[u] = c < chunks ? load_stream(w + c) : make_uint4(0, 0, 0, 0);
+                            const int c = base + (u % per_mat) * stride;
+                            wv[u] = c < chunks ? load_stream(w[PAIR ? u / per_mat : mat0] + c) : make_uint4(0, 0, 0, 0);
                         }
                     }
 #pragma unroll
                     for (int u = 0; u < batch; u++) {
-                        const int c = base + u * stride;
+                        const int c = base + (u % per_mat) * stride;
                         if (c < chunks) {
 #pragma unroll
-                            for (int m = 0; m < M; m++) acc[m][mat] += dot8(wv[u], reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[c]);
+                            for (int m = 0; m < M; m++) {
+                                acc[m][PAIR ? u / per_mat : mat0] += dot8(wv[u], reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[c]);
+                            }
                         }
                     }
                 }
@@ -168,7 +185,8 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> __global__ void __launch_bound
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a, cudaStream_t stream) {
     const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
-    auto kernel = gemv_kernel<M, WPR, IN, OUT>;
+    static const bool unpaired = env_is("QINFER_GEMV_PAIR", "0");
+    auto kernel = OUT == GemvOut::SiluMulBf16 && unpaired ? gemv_kernel<M, WPR, IN, OUT, false> : gemv_kernel<M, WPR, IN, OUT>;
     static size_t configured = 48 * 1024;
     if (IN == GemvIn::NormF32 && smem > configured) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -249,6 +267,9 @@ static bool gemv_prefetch() {
 void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
     GemvArgs a = args;
     a.prefetch = gemv_prefetch();
+    static const bool scalar_stage = env_is("QINFER_QSTAGE", "scalar");
+    a.vec_norm = in == GemvIn::NormF32 && !scalar_stage && a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
     if (a.k % 8 != 0) QINFER_FAIL() << "gemv: k = " << a.k << " must be a multiple of 8";
     if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "gemv: NormF32 input needs norm weights";
     switch (a.m) {

@@ -281,6 +281,12 @@ size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_block
     return (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4;
 }
 
+// Codes requested into L2 beyond the ring kernel's register ring, in 64-wide K blocks (QINFER_QGEMV_L2AHEAD sets
+// both). On an H100 (7B GPTQ-Int4 shapes, m 1): down 29.4 -> 26.1 us with 6 blocks (27.9 with 12), o_proj unchanged,
+// but gate_up 34.9 -> 37.2 and qkv 9.4 -> 9.6: on for kernels reading their input from global memory (o_proj, down)
+// only (bench/results/2026-11-26-h100-ring-ab).
+constexpr int k_ring_l2_ahead_global = 6, k_ring_l2_ahead_staged = 0;
+
 template <GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
@@ -291,7 +297,13 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
         configured = smem;
     }
     const int n_rb = (a.n + 15) / 16;
-    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, a);
+    static const int forced_ahead = env_int("QINFER_QGEMV_L2AHEAD", -1);
+    static const bool scalar_stage = env_is("QINFER_QSTAGE", "scalar");
+    ring4::RingTune tune;
+    tune.l2_ahead = forced_ahead >= 0 ? forced_ahead : XS == ring4::XSrc::Global ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged;
+    tune.vec_stage = XS == ring4::XSrc::StageNorm && !scalar_stage && !w.perm && a.k % 4 == 0 &&
+                     reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
+    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, a, tune);
 }
 
 constexpr size_t k_ring_max_smem = 160 * 1024;

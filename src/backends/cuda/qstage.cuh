@@ -60,4 +60,73 @@ __device__ __forceinline__ void for_each_input(const GemvArgs & a, const int * p
     }
 }
 
+// RMSNorm of one fp32 row into bf16 dst [n_pos] (zero at positions >= K), without act-order, for K % 4 == 0: every
+// thread requests its float4 inputs and 4-value norm weights of a batch of up to R x 1024 positions at once, so a row
+// of up to R x 1024 costs one round trip to memory before the block sum instead of one per 256 positions (rows
+// longer than that are read twice, a batch at a time). All threads must call. Same rounding as for_each_input.
+template <int R>
+__device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int K, int n_pos, bf16 * dst, float * red) {
+    const float4 * x4 = reinterpret_cast<const float4 *>(static_cast<const float *>(a.x) + size_t(tok) * K);
+    const uint2 * w4 = reinterpret_cast<const uint2 *>(a.norm_w);  // 4 bf16 per uint2
+    const int n4 = K / 4;
+    constexpr int batch = R * k_threads;
+    auto scale_store = [&](int i4, const float4 & v, const uint2 & nw, float inv) {
+        const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.x), w23 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.y);
+        const __nv_bfloat162 y01 = __floats2bfloat162_rn(__low2float(w01) * (v.x * inv), __high2float(w01) * (v.y * inv));
+        const __nv_bfloat162 y23 = __floats2bfloat162_rn(__low2float(w23) * (v.z * inv), __high2float(w23) * (v.w * inv));
+        uint2 out;
+        out.x = *reinterpret_cast<const uint32_t *>(&y01);
+        out.y = *reinterpret_cast<const uint32_t *>(&y23);
+        *reinterpret_cast<uint2 *>(dst + size_t(i4) * 4) = out;
+    };
+    if (n4 <= batch) {
+        float4 v[R];
+        uint2 nw[R];
+        float sq = 0;
+#pragma unroll
+        for (int u = 0; u < R; u++) {
+            const int i4 = threadIdx.x + u * k_threads;
+            v[u] = i4 < n4 ? x4[i4] : make_float4(0, 0, 0, 0);
+            nw[u] = i4 < n4 ? w4[i4] : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < R; u++) sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+        const float inv = rsqrtf(block_sum<k_threads / 32>(sq, red) / K + a.eps);
+#pragma unroll
+        for (int u = 0; u < R; u++) {
+            const int i4 = threadIdx.x + u * k_threads;
+            if (i4 < n4) scale_store(i4, v[u], nw[u], inv);
+        }
+    } else {
+        float sq = 0;
+        for (int base = 0; base < n4; base += batch) {
+            float4 v[R];
+#pragma unroll
+            for (int u = 0; u < R; u++) {
+                const int i4 = base + threadIdx.x + u * k_threads;
+                v[u] = i4 < n4 ? x4[i4] : make_float4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < R; u++) sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+        }
+        const float inv = rsqrtf(block_sum<k_threads / 32>(sq, red) / K + a.eps);
+        for (int base = 0; base < n4; base += batch) {
+            float4 v[R];
+            uint2 nw[R];
+#pragma unroll
+            for (int u = 0; u < R; u++) {
+                const int i4 = base + threadIdx.x + u * k_threads;
+                v[u] = i4 < n4 ? x4[i4] : make_float4(0, 0, 0, 0);
+                nw[u] = i4 < n4 ? w4[i4] : make_uint2(0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < R; u++) {
+                const int i4 = base + threadIdx.x + u * k_threads;
+                if (i4 < n4) scale_store(i4, v[u], nw[u], inv);
+            }
+        }
+    }
+    for (int i = K + threadIdx.x; i < n_pos; i += k_threads) dst[i] = __float2bfloat16(0.0f);
+}
+
 }  // namespace qinfer::cuda::qstage
