@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [final-small]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -306,17 +306,8 @@ if has ring-ab; then
         done
     done
 fi
-# Gate and up in the same load batches of the BF16 GEMV (default) vs one matrix after the other (QINFER_GEMV_PAIR=0),
-# alternated twice at input 1; then the rows of this commit with 2048 generated (BF16 and 4-bit, short and long).
-if has final-small; then
-    for rep in 1 2; do
-        for p in ${PAIR_SPECS:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b}; do
-            for pair in 1 0; do
-                QINFER_GEMV_PAIR=$pair "$Q" bench --preset $p --input-lens 1 --gen 512 2>&1 | grep -E "^\| qwen" | sed "s/^/pair-$pair /" |
-                    tee -a "$OUT/pair-ab.log"
-            done
-        done
-    done
+# The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.
+if has rows; then
     for spec in ${ROW_SPECS:-qwen2.5-0.5b:bf16:1,30720 qwen2.5-1.5b:bf16:1 qwen2.5-7b:bf16:1,30720 qwen2.5-0.5b:gptq-int4:1 qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:awq:1}; do
         IFS=: read -r p q lens <<<"$spec"
         "$Q" bench --preset $p --quant $q --input-lens $lens --gen 2048 --json "$OUT/row-$p-$q.json" 2>&1 | grep -E "^\| qwen" |

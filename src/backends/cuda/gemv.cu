@@ -61,7 +61,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
     // The first batch of weights (first row) is requested before anything else: before pdl_wait() (the weights do
     // not depend on the kernel ahead, which may still be running under programmatic dependent launch) and before the
     // input is normalised, so the norm's reduction runs while those loads are in flight. For short rows (k <= 1024
-    // with one warp per row) that is the whole row, of both matrices for SiluMulBf16.
+    // with one warp per row) that is the whole row, of both matrices for SiluMulBf16 (PAIR, chosen in launch()).
     uint4 first[batch];
     bool have_first = false;
     {
@@ -185,12 +185,16 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a, cudaStream_t stream) {
     const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
-    static const bool unpaired = env_is("QINFER_GEMV_PAIR", "0");
-    auto kernel = OUT == GemvOut::SiluMulBf16 && unpaired ? gemv_kernel<M, WPR, IN, OUT, false> : gemv_kernel<M, WPR, IN, OUT>;
-    static size_t configured = 48 * 1024;
-    if (IN == GemvIn::NormF32 && smem > configured) {
+    // Gate and up share load batches only where that puts both whole rows into the first batch (k <= 1024 per warp
+    // of a row): 0.5B's gate_up, +5% decode; where rows are longer, two streams per batch were ~1% slower (1.5B,
+    // 7B; H100, bench/results/2026-11-26-h100-a050da2).
+    constexpr int pair_max_k = 1024 * WPR;
+    const bool pair = OUT != GemvOut::SiluMulBf16 || a.k <= pair_max_k;
+    auto kernel = pair ? gemv_kernel<M, WPR, IN, OUT> : gemv_kernel<M, WPR, IN, OUT, false>;
+    static size_t configured[2] = {48 * 1024, 48 * 1024};  // per kernel
+    if (IN == GemvIn::NormF32 && smem > configured[pair]) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        configured = smem;
+        configured[pair] = smem;
     }
     constexpr int rows_per_block = k_warps / WPR;
     // One block per row group (the scheduler balances the waves); only very tall matrices (lm_head) stride.
