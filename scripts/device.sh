@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [rows] [split-ab]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -303,23 +303,6 @@ if has ring-ab; then
                 QINFER_QSTAGE=$st "$Q" bench --preset $spec --input-lens 1 --gen 512 2>&1 | grep -E "^\| qwen" | sed "s/^/$st /" |
                     tee -a "$OUT/ring-ab.log"
             done
-        done
-    done
-fi
-# Warps per row of the BF16 GEMV: the one-wave balance rule (default) vs rows alone (QINFER_GEMV_SPLIT=rows): the
-# 7B-shape kernels, the GEMV/golden/batch tests under the default, 7B decode at input 1 alternated three times.
-if has split-ab; then
-    for rule in rows balance; do
-        QINFER_GEMV_SPLIT=$rule build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 |
-            grep -E "gemv BF16|FAILED" | sed "s/^/$rule /" | tee -a "$OUT/split-ab.log"
-    done
-    build-device/tests/qinfer_tests --gtest_filter='*Gemv*:*GoldenCuda*:*Batch*:CudaOps.*' >"$OUT/split-test.log" 2>&1
-    note "gemv/golden/batch tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/split-test.log" | tr '\n' ' ')"
-    grep -E "Failure" -A6 "$OUT/split-test.log" | head -30
-    for rep in 1 2 3; do
-        for rule in rows balance; do
-            QINFER_GEMV_SPLIT=$rule "$Q" bench --preset qwen2.5-7b --input-lens 1 --gen 512 2>&1 | grep -E "^\| qwen" |
-                sed "s/^/$rule /" | tee -a "$OUT/split-ab.log"
         done
     done
 fi

@@ -4,7 +4,6 @@
 // that split k (reduced through shared memory), enough to fill the GPU when n is small.
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdlib>
 
 #include "backends/cuda/common.cuh"
@@ -204,38 +203,13 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
     launch_kernel(kernel, blocks, k_threads, smem, stream, a);
 }
 
-// Blocks of gemv_kernel<M, WPR, IN, OUT> resident on one SM with `smem` bytes of dynamic shared memory.
-template <int M, int WPR, GemvIn IN, GemvOut OUT> int resident_blocks(size_t smem) {
-    int blocks = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<M, WPR, IN, OUT>, k_threads, smem));
-    return std::max(blocks, 1);
-}
-
 // Warps per row: one warp per row for tall matrices; short ones (o_proj/down of small models) split k over more
-// warps so that every SM still gets a couple of blocks. Then, where the whole grid is resident at once (one wave),
-// more warps per row while that spreads the rows more evenly over the SMs: 7B's down and o_proj (3584 rows) are 448
-// blocks of 8 rows, 3 or 4 per SM, so the 3-block SMs idle for a quarter of the kernel; 896 blocks of 4 rows are 6
-// or 7. QINFER_GEMV_SPLIT=rows keeps the first rule alone (for timing).
+// warps so that every SM still gets a couple of blocks.
 template <int M, GemvIn IN, GemvOut OUT> void launch_wpr(const GemvArgs & a, cudaStream_t stream) {
     const int rows_per_block = a.n / (2 * sm_count());
-    int wpr = rows_per_block >= 8 ? 1 : rows_per_block >= 4 ? 2 : rows_per_block >= 2 ? 4 : 8;
-    static const bool rows_rule = env_is("QINFER_GEMV_SPLIT", "rows");
-    if (!rows_rule) {
-        const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
-        auto balance = [&](int w) {
-            const int blocks = (a.n + k_warps / w - 1) / (k_warps / w);
-            const int resident = w == 1 ? resident_blocks<M, 1, IN, OUT>(smem) : w == 2 ? resident_blocks<M, 2, IN, OUT>(smem)
-                               : w == 4 ? resident_blocks<M, 4, IN, OUT>(smem) : resident_blocks<M, 8, IN, OUT>(smem);
-            if (blocks > resident * sm_count()) return 0.0;
-            const double per_sm = double(blocks) / sm_count();
-            return per_sm / std::ceil(per_sm);
-        };
-        // (while every lane of the row's warps keeps a 16-byte chunk of k: 256 values per warp)
-        while (wpr < k_warps && 2 * wpr * 256 <= a.k && balance(2 * wpr) > balance(wpr) + 0.05) wpr *= 2;
-    }
-    if (wpr == 1) return launch<M, 1, IN, OUT>(a, stream);
-    if (wpr == 2) return launch<M, 2, IN, OUT>(a, stream);
-    if (wpr == 4) return launch<M, 4, IN, OUT>(a, stream);
+    if (rows_per_block >= 8) return launch<M, 1, IN, OUT>(a, stream);
+    if (rows_per_block >= 4) return launch<M, 2, IN, OUT>(a, stream);
+    if (rows_per_block >= 2) return launch<M, 4, IN, OUT>(a, stream);
     return launch<M, 8, IN, OUT>(a, stream);
 }
 
