@@ -270,12 +270,13 @@ if has decode-profile; then
     done
     if command -v ncu >/dev/null; then
         timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$Q" bench --preset qwen2.5-0.5b \
-            --input-lens 1 --gen 3 >"$OUT/ncu-0.5b-kernels.csv" 2>"$OUT/ncu-0.5b-kernels.err"
+            --input-lens 1 --gen 3 2>"$OUT/ncu-0.5b-kernels.err" | gzip >"$OUT/ncu-0.5b-kernels.csv.gz"
         timeout 200 ncu --clock-control none --kernel-name-base mangled -k "regex:qgemv_ring_kernel.*GemvOutE3" --launch-count 1 \
-            --section WarpStateStats --section SourceCounters -o "$OUT/ring-gate-up" \
+            --section WarpStateStats --section SourceCounters -f -o /tmp/ring-gate-up \
             build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' >/dev/null 2>&1
-        ncu -i "$OUT/ring-gate-up.ncu-rep" --page source --csv --print-source sass >"$OUT/ring-gate-up-sass.csv" 2>&1
-        ncu -i "$OUT/ring-gate-up.ncu-rep" --page details >"$OUT/ring-gate-up-details.txt" 2>&1
+        # The report itself (~20 MB) stays on the device: the tar of $OUT must stay under the 16 MiB a file may have.
+        ncu -i /tmp/ring-gate-up.ncu-rep --page source --csv --print-source sass 2>&1 | gzip >"$OUT/ring-gate-up-sass.csv.gz"
+        ncu -i /tmp/ring-gate-up.ncu-rep --page details >"$OUT/ring-gate-up-details.txt" 2>&1
     fi
 fi
 # Decode GEMV prologue and codes prefetch: RMSNorm staging in float4 batches (default) vs the per-256 loop
