@@ -1,7 +1,8 @@
 // Decode GEMV: y = epilogue(W x), W bf16 [n, k] read once with 16-byte loads, eight in flight per lane. A bf16 input
 // is read from global memory (shared by all blocks, so L1/L2 hits); an fp32 residual input is RMS-normalised into
-// shared memory by every block (RMSNorm fused into the projection, qstage.cuh), behind the block's first weight loads. Each output row is computed by `wpr` warps
-// that split k (reduced through shared memory), enough to fill the GPU when n is small.
+// shared memory by every block (RMSNorm fused into the projection, qstage.cuh), behind the block's first weight
+// loads. Each output row is computed by `wpr` warps that split k (reduced through shared memory), enough to fill the
+// GPU when n is small.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -271,9 +272,7 @@ static bool gemv_prefetch() {
 void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
     GemvArgs a = args;
     a.prefetch = gemv_prefetch();
-    static const bool scalar_stage = env_is("QINFER_QSTAGE", "scalar");
-    a.vec_norm = in == GemvIn::NormF32 && !scalar_stage && a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
+    a.vec_norm = in == GemvIn::NormF32 && qstage::vec_norm_ok(a);
     if (a.k % 8 != 0) QINFER_FAIL() << "gemv: k = " << a.k << " must be a multiple of 8";
     if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "gemv: NormF32 input needs norm weights";
     switch (a.m) {

@@ -33,7 +33,7 @@ struct GemvArgs {
     float eps = 1e-6f;
     void * y = nullptr;             // see GemvOut
     bool prefetch = true;           // first weights requested before pdl_wait and the norm (set by gemv(); gemv.cu)
-    bool vec_norm = false;          // NormF32 staged in float4 batches (set by gemv() where x and norm_w are aligned)
+    bool vec_norm = false;          // NormF32 staged in float4 batches (set by gemv()/qgemv(): qstage::vec_norm_ok)
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 

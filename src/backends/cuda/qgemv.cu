@@ -298,12 +298,10 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     }
     const int n_rb = (a.n + 15) / 16;
     static const int forced_ahead = env_int("QINFER_QGEMV_L2AHEAD", -1);
-    static const bool scalar_stage = env_is("QINFER_QSTAGE", "scalar");
-    ring4::RingTune tune;
-    tune.l2_ahead = forced_ahead >= 0 ? forced_ahead : XS == ring4::XSrc::Global ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged;
-    tune.vec_stage = XS == ring4::XSrc::StageNorm && !scalar_stage && !w.perm && a.k % 4 == 0 &&
-                     reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
-    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, a, tune);
+    const int l2_ahead = forced_ahead >= 0 ? forced_ahead : XS == ring4::XSrc::Global ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged;
+    GemvArgs args = a;
+    args.vec_norm = XS == ring4::XSrc::StageNorm && !w.perm && qstage::vec_norm_ok(a);
+    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
 }
 
 constexpr size_t k_ring_max_smem = 160 * 1024;

@@ -34,12 +34,6 @@ static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over q
 
 enum class XSrc { Global, StageNorm, StageBf16 };
 
-// Launch-time choices of the ring kernel (qgemv.cu sets them; QINFER_QGEMV_L2AHEAD and QINFER_QSTAGE time them).
-struct RingTune {
-    int l2_ahead = 0;        // K blocks of codes requested into L2 beyond the register ring (0: none)
-    bool vec_stage = false;  // RMSNorm staging with float4 batches (stage_norm_vec; needs K % 4 == 0, no act-order)
-};
-
 // One lane asks L2 for `bytes` of codes at p (Hopper's bulk prefetch; nothing below sm_90).
 __device__ __forceinline__ void prefetch_l2(const void * p, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -56,7 +50,7 @@ __device__ __forceinline__ uint32_t pack_group(uint16_t scale, int zero) {
 __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
 
 template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_threads, k_blocks_per_sm)
-    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, RingTune tune) {
+    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
     constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     constexpr int RBB = k_warps / (MATS * KS);
     static_assert(RBB >= 1 && RBB * MATS * KS == k_warps);
@@ -80,13 +74,14 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
     for (int u = 0; u < k_ring; u++) {
         ring[u] = active && kb_begin + u < kb_end ? mma4::load_stream(src + size_t(kb_begin + u) * 32) : make_uint4(0, 0, 0, 0);
     }
-    // Blocks [kb_begin + k_ring, + l2_ahead) into L2; each round of the loop below extends that window by k_ring.
+    // l2_ahead (set by qgemv.cu; 0: none): blocks [kb_begin + k_ring, + l2_ahead) of codes asked into L2 here, and each
+    // round of the loop below moves that window on by k_ring.
     const uint4 * tile0 = src - lane;  // the row block's first tile
     auto prefetch_blocks = [&](int from, int to) {
         to = min(to, kb_end);
         if (lane == 0 && from < to) prefetch_l2(tile0 + size_t(from) * 32, uint32_t(to - from) * 512u);
     };
-    if (active && tune.l2_ahead > 0) prefetch_blocks(kb_begin + k_ring, kb_begin + k_ring + tune.l2_ahead);
+    if (active && l2_ahead > 0) prefetch_blocks(kb_begin + k_ring, kb_begin + k_ring + l2_ahead);
 
     bf16 * sx = reinterpret_cast<bf16 *>(smem_raw);
     uint32_t * sq = reinterpret_cast<uint32_t *>(smem_raw) + (XS == XSrc::Global ? 0 : size_t(m) * kp / 2);
@@ -103,7 +98,7 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
     if constexpr (XS != XSrc::Global) {
         constexpr GemvIn IN = XS == XSrc::StageNorm ? GemvIn::NormF32 : GemvIn::Bf16;
         for (int tok = 0; tok < m; tok++) {
-            if (XS == XSrc::StageNorm && tune.vec_stage) {
+            if (XS == XSrc::StageNorm && a.vec_norm) {  // set by qgemv.cu: aligned, no act-order
                 qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * kp, norm_red);
                 continue;
             }
@@ -175,7 +170,7 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
         const uint32_t * xk = xrow + size_t(kb_begin) * 32 + t;
         int pos0 = kb_begin * 64;
         for (int kb0 = kb_begin; kb0 < kb_end; kb0 += k_ring) {
-            if (tune.l2_ahead > 0) prefetch_blocks(kb0 + 2 * k_ring + tune.l2_ahead - k_ring, kb0 + 2 * k_ring + tune.l2_ahead);
+            if (l2_ahead > 0) prefetch_blocks(kb0 + k_ring + l2_ahead, kb0 + 2 * k_ring + l2_ahead);
 #pragma unroll
             for (int u = 0; u < k_ring; u++) {
                 if (kb0 + u >= kb_end) break;

@@ -2,8 +2,11 @@
 // path does) or bf16, gathered in act-order, in one pass of global loads when the row fits in registers.
 #pragma once
 
+#include <cstdint>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
+#include "core/env.h"
 
 namespace qinfer::cuda::qstage {
 
@@ -58,6 +61,13 @@ __device__ __forceinline__ void for_each_input(const GemvArgs & a, const int * p
             f(i, i < K ? __bfloat162float(xb[perm ? perm[i] : i]) : 0.0f);
         }
     }
+}
+
+// Host: whether stage_norm_vec may stage a.x (fp32 rows 16-byte aligned, norm weights 8-byte aligned, K % 4 == 0).
+// QINFER_QSTAGE=scalar keeps the per-256 loop of for_each_input / the BF16 GEMV instead (for timing).
+inline bool vec_norm_ok(const GemvArgs & a) {
+    static const bool scalar = env_is("QINFER_QSTAGE", "scalar");
+    return !scalar && a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
 }
 
 // RMSNorm of one fp32 row into bf16 dst [n_pos] (zero at positions >= K), without act-order, for K % 4 == 0: every
