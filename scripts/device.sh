@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [rows]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -305,6 +305,25 @@ if has ring-ab; then
                     tee -a "$OUT/ring-ab.log"
             done
         done
+    done
+fi
+# 8-bit and bitsandbytes codes in the tile layout (default) against the untiled fp32 kernels (QINFER_QTILE=affine4):
+# the quantized/GEMV/golden tests, then 7B decode speed per format, alternated in the same run.
+if has tile-ab; then
+    build-device/tests/qinfer_tests --gtest_filter='*Quant*:*Gemv*:*GoldenCuda*' >"$OUT/tile-test.log" 2>&1
+    note "quant/gemv/golden tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/tile-test.log" | tr '\n' ' ')"
+    grep -E "Failure" -A6 "$OUT/tile-test.log" | head -40
+    grep -E "golden \] cuda .*(int8|nf4|fp4)" "$OUT/tile-test.log" | head -8
+    for q in ${TILE_QUANTS:-gptq-int8 nf4}; do
+        for rep in 1 2; do
+            for cfg in affine4 all; do
+                QINFER_QTILE=$cfg "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 512 2>&1 | grep -E "^\| qwen" |
+                    sed "s/^/$cfg /" | tee -a "$OUT/tile-ab.log"
+            done
+        done
+        QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 128 2>&1 | grep -E "gemv|^\| qwen" |
+            grep -v lm_head | tee -a "$OUT/tile-ab.log"
+        rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
     done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.

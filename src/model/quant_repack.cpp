@@ -48,7 +48,7 @@ std::string cuda_quant_unsupported(const Linear & l) {
     return "";
 }
 
-size_t RepackedQuant::word_index(int64_t row, int64_t pos, int * shift) const {
+size_t RepackedQuant::word_index(int64_t row, int64_t pos, int * shift, int plane) const {
     if (!tiled) {
         const int per_word = 32 / bits;
         *shift = bits * int(pos % per_word);
@@ -56,12 +56,17 @@ size_t RepackedQuant::word_index(int64_t row, int64_t pos, int * shift) const {
     }
     const int64_t rb = row / 16, gr = row % 16, kb = pos / 64, j = (pos % 64) / 16, kk = pos % 16;
     const int g = int(gr % 8), hi_row = gr >= 8, second = kk >= 8, t = int((kk % 8) / 2), odd = int(kk % 2);
-    *shift = 4 * (2 * second + hi_row + 4 * odd);
-    return size_t(((rb * (k_padded / 64) + kb) * 32 + (g * 4 + t)) * 4 + j);
+    const int planes = bits / 4, reg = 2 * second + hi_row;  // reg: the bf16x2 register of the A fragment
+    *shift = lut ? 8 * reg + 4 * odd : 4 * (reg + 4 * odd);
+    return size_t((((rb * (k_padded / 64) + kb) * planes + plane) * 32 + (g * 4 + t)) * 4 + j);
 }
 
 uint32_t RepackedQuant::code(int64_t row, int64_t pos) const {
     int shift = 0;
+    if (tiled && bits == 8) {
+        const size_t lo = word_index(row, pos, &shift, 0), hi = word_index(row, pos, &shift, 1);
+        return ((codes[lo] >> shift) & 15u) | (((codes[hi] >> shift) & 15u) << 4);
+    }
     const size_t w = word_index(row, pos, &shift);
     return (codes[w] >> shift) & ((1u << bits) - 1u);
 }
@@ -126,7 +131,8 @@ RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile)
     r.group = r.lut ? 64 : first.scheme.group(r.k);
     r.groups = r.lut ? r.k / 64 : (r.k + r.group - 1) / r.group;
     r.perm = act_order_perm(first);
-    r.tiled = tile && !r.lut && r.bits == 4;
+    // 8-bit codes tile as two 4-bit planes; a group may start only where a 16x16 tile pair does (32 positions).
+    r.tiled = tile && (r.bits == 4 || (r.bits == 8 && (r.groups == 1 || r.group % 32 == 0)));
     for (const Linear * p : parts) {
         const std::string why = cuda_quant_unsupported(*p);
         const std::string & name = p->scheme.method == QuantMethod::Bnb4 ? p->weight.name : p->qweight.name;
@@ -143,7 +149,7 @@ RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile)
     r.k_padded = r.tiled ? (r.k + 63) / 64 * 64 : r.k;
     r.codes.assign(size_t(r.rows_padded) * r.k_padded * r.bits / 32, 0u);
     if (r.lut) {
-        r.absmax.resize(size_t(r.rows) * r.groups);
+        r.absmax.assign(size_t(r.rows_padded) * r.groups, 0.0f);
         const float * t = static_cast<const float *>(first.quant_map.data);
         r.table.assign(t, t + 16);
     } else {
@@ -163,8 +169,13 @@ RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile)
             for (int64_t i = 0; i < r.k; i++) {
                 const int64_t channel = r.perm.empty() ? i : r.perm[size_t(i)];
                 int shift = 0;
-                const size_t w = r.word_index(row, i, &shift);
-                r.codes[w] |= reader.code(n, channel) << shift;
+                const uint32_t q = reader.code(n, channel);
+                if (r.tiled && r.bits == 8) {
+                    r.codes[r.word_index(row, i, &shift, 0)] |= (q & 15u) << shift;
+                    r.codes[r.word_index(row, i, &shift, 1)] |= (q >> 4) << shift;
+                } else {
+                    r.codes[r.word_index(row, i, &shift)] |= q << shift;
+                }
             }
             for (int64_t g = 0; g < r.groups; g++) {
                 if (r.lut) {

@@ -127,9 +127,14 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & part
         }
         return upload_dense(w, done, bar);
     }
-    // gate/up: the tensor-core layout needs the up rows to start on a 16-row block.
+    // gate/up: the tensor-core layout needs the up rows to start on a 16-row block. QINFER_QTILE=affine4 tiles 4-bit
+    // affine codes only, leaving 8-bit and bitsandbytes codes to the untiled fp32 kernels (A/B runs).
     const bool stacked_gate_up = parts.size() == 2;
-    const RepackedQuant r = repack_quant(parts, !stacked_gate_up || parts[0]->out_features % 16 == 0);
+    static const bool tile_affine4_only = env_is("QINFER_QTILE", "affine4");
+    const QuantScheme & scheme = parts[0]->scheme;
+    const bool affine4 = scheme.method != QuantMethod::Bnb4 && scheme.bits == 4;
+    const bool tile = (!stacked_gate_up || parts[0]->out_features % 16 == 0) && (affine4 || !tile_affine4_only);
+    const RepackedQuant r = repack_quant(parts, tile);
     DevLinear l;
     l.quantized = true;
     l.n = r.rows;

@@ -32,7 +32,8 @@ double linear_bytes(const Linear & l) {
     }
     const double groups = std::ceil(K / s.group(l.in_features));
     double codes = N * K * s.bits / 8;
-    if (s.bits == 4) codes = double(round_up(l.out_features, 16)) * double(round_up(l.in_features, 64)) / 2;  // tiled
+    const bool tiled = s.bits == 4 || (s.bits == 8 && (s.group(l.in_features) >= l.in_features || s.group(l.in_features) % 32 == 0));
+    if (tiled) codes = double(round_up(l.out_features, 16)) * double(round_up(l.in_features, 64)) * s.bits / 8;
     const double zeros = s.sym ? 0 : N * groups;  // symmetric zeros are one constant
     return codes + N * groups * 2 + zeros + (s.desc_act ? K * 4 : 0);
 }
@@ -80,7 +81,7 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     const double splits = decode_splits_for(int(tokens), c.num_key_value_heads, int(batch), 396);
     m.workspace += double(batch) * c.num_attention_heads * splits * (c.head_dim + 2) * 4;
     m.workspace += double(batch) * (tokens / 16) * 4;  // the batch's block tables
-    if (prompt > 4 || batch > 4) m.workspace += largest_quant;  // (the tiled 4-bit GEMV takes up to 8 rows: an upper bound)
+    if (prompt > 4 || batch > 4) m.workspace += largest_quant;  // (the tiled GEMV takes up to 8 rows: an upper bound)
     m.workspace += double(max_k) * 8 * 2;  // the quantized GEMV's staged inputs, up to 8 rows
     return m;
 }

@@ -51,7 +51,7 @@ struct QuantMatrix {
     const int * perm = nullptr;         // [k]: position i reads input channel perm[i]; null: identity
     int rows = 0, k = 0, bits = 4, group = 0, groups = 0;
     bool lut = false;
-    bool tiled = false;  // 4-bit affine codes in the tensor-core tile layout; rows and k padded as below
+    bool tiled = false;  // 4/8-bit affine codes in the tensor-core tile layout; rows and k padded as below
     int rows_padded = 0, k_padded = 0;
 };
 // The GEMV above with quantized weights (a.w unused): dequantized in registers, fp32 accumulation. Any m (1..8 for

@@ -277,8 +277,13 @@ template <int BITS, bool LUT> __global__ void dequantize_kernel(QuantMatrix w, b
 
 template <GemvOut OUT> constexpr int mats_of() { return OUT == GemvOut::SiluMulBf16 ? 2 : 1; }
 
+ring4::Codes codes_of(const QuantMatrix & w) {
+    return w.lut ? ring4::Codes::Lookup4 : w.bits == 8 ? ring4::Codes::Affine8 : ring4::Codes::Affine4;
+}
+
 size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks) {
-    return (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4;
+    return (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4 +
+           (w.lut ? ring4::k_lut_words * 4 : 0);
 }
 
 // Codes requested into L2 beyond the ring kernel's register ring, in 64-wide K blocks (QINFER_QGEMV_L2AHEAD sets
@@ -287,10 +292,10 @@ size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_block
 // only (bench/results/2026-11-26-h100-ring-ab).
 constexpr int k_ring_l2_ahead_global = 6, k_ring_l2_ahead_staged = 0;
 
-template <GemvOut OUT, int KS, ring4::XSrc XS>
+template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
-    auto kernel = ring4::qgemv_ring_kernel<OUT, KS, XS>;
+    auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS>;
     static size_t configured = 48 * 1024;
     if (smem > configured) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -298,7 +303,9 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     }
     const int n_rb = (a.n + 15) / 16;
     static const int forced_ahead = env_int("QINFER_QGEMV_L2AHEAD", -1);
-    const int l2_ahead = forced_ahead >= 0 ? forced_ahead : XS == ring4::XSrc::Global ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged;
+    // In blocks of 4-bit codes' bytes: 8-bit blocks are twice the size.
+    const int l2_ahead = (forced_ahead >= 0 ? forced_ahead : XS == ring4::XSrc::Global ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) /
+                         ring4::planes_of(C);
     GemvArgs args = a;
     args.vec_norm = XS == ring4::XSrc::StageNorm && !w.perm && qstage::vec_norm_ok(a);
     launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
@@ -319,29 +326,38 @@ template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool 
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
 
-template <GemvOut OUT, ring4::XSrc XS>
+template <ring4::Codes C, GemvOut OUT, ring4::XSrc XS>
 void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
     constexpr int MATS = mats_of<OUT>();
     const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global);
     if (ks == 0) QINFER_FAIL() << "qgemv: " << w.groups << " quantization groups per row do not fit in shared memory";
     const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks);
     switch (ks) {
-    case 1: return launch_ring<OUT, 1, XS>(w, x, ldx, a, smem, s);
-    case 2: return launch_ring<OUT, 2, XS>(w, x, ldx, a, smem, s);
-    case 4: return launch_ring<OUT, 4, XS>(w, x, ldx, a, smem, s);
+    case 1: return launch_ring<C, OUT, 1, XS>(w, x, ldx, a, smem, s);
+    case 2: return launch_ring<C, OUT, 2, XS>(w, x, ldx, a, smem, s);
+    case 4: return launch_ring<C, OUT, 4, XS>(w, x, ldx, a, smem, s);
     default:
-        if constexpr (MATS == 1) return launch_ring<OUT, 8, XS>(w, x, ldx, a, smem, s);
-        return launch_ring<OUT, 4, XS>(w, x, ldx, a, smem, s);
+        if constexpr (MATS == 1) return launch_ring<C, OUT, 8, XS>(w, x, ldx, a, smem, s);
+        return launch_ring<C, OUT, 4, XS>(w, x, ldx, a, smem, s);
+    }
+}
+
+template <ring4::Codes C, ring4::XSrc XS>
+void launch_ring_out(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (out) {
+    case GemvOut::Bf16: return launch_ring_ks<C, GemvOut::Bf16, XS>(w, x, ldx, a, s);
+    case GemvOut::F32: return launch_ring_ks<C, GemvOut::F32, XS>(w, x, ldx, a, s);
+    case GemvOut::AddF32: return launch_ring_ks<C, GemvOut::AddF32, XS>(w, x, ldx, a, s);
+    case GemvOut::SiluMulBf16: return launch_ring_ks<C, GemvOut::SiluMulBf16, XS>(w, x, ldx, a, s);
     }
 }
 
 template <ring4::XSrc XS>
-void launch_ring_out(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
-    switch (out) {
-    case GemvOut::Bf16: return launch_ring_ks<GemvOut::Bf16, XS>(w, x, ldx, a, s);
-    case GemvOut::F32: return launch_ring_ks<GemvOut::F32, XS>(w, x, ldx, a, s);
-    case GemvOut::AddF32: return launch_ring_ks<GemvOut::AddF32, XS>(w, x, ldx, a, s);
-    case GemvOut::SiluMulBf16: return launch_ring_ks<GemvOut::SiluMulBf16, XS>(w, x, ldx, a, s);
+void launch_ring_codes(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (codes_of(w)) {
+    case ring4::Codes::Affine4: return launch_ring_out<ring4::Codes::Affine4, XS>(w, x, ldx, a, out, s);
+    case ring4::Codes::Affine8: return launch_ring_out<ring4::Codes::Affine8, XS>(w, x, ldx, a, out, s);
+    case ring4::Codes::Lookup4: return launch_ring_out<ring4::Codes::Lookup4, XS>(w, x, ldx, a, out, s);
     }
 }
 
@@ -359,8 +375,8 @@ void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
     const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
     if (needs_stage && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes) {
-        if (in == GemvIn::NormF32) return launch_ring_out<ring4::XSrc::StageNorm>(w, nullptr, 0, a, out, s);
-        return launch_ring_out<ring4::XSrc::StageBf16>(w, nullptr, 0, a, out, s);
+        if (in == GemvIn::NormF32) return launch_ring_codes<ring4::XSrc::StageNorm>(w, nullptr, 0, a, out, s);
+        return launch_ring_codes<ring4::XSrc::StageBf16>(w, nullptr, 0, a, out, s);
     }
     const bf16 * x = static_cast<const bf16 *>(a.x);
     int ldx = a.k;
@@ -369,7 +385,7 @@ void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut o
         x = static_cast<const bf16 *>(scratch);
         ldx = w.k_padded;
     }
-    launch_ring_out<ring4::XSrc::Global>(w, x, ldx, a, out, s);
+    launch_ring_codes<ring4::XSrc::Global>(w, x, ldx, a, out, s);
 }
 
 }  // namespace
@@ -383,6 +399,7 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, vo
     }
     if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "qgemv: NormF32 input needs norm weights";
     if (w.tiled) {
+        if (w.bits != 4 && !(w.bits == 8 && !w.lut)) QINFER_FAIL() << "qgemv: tiled " << w.bits << "-bit codes";
         if (a.m < 1 || a.m > 8) QINFER_FAIL() << "qgemv: m = " << a.m << " (1..8 for the tiled layout)";
         if (out == GemvOut::SiluMulBf16 && a.n % 16 != 0) QINFER_FAIL() << "qgemv: gate/up of " << a.n << " rows (a multiple of 16 needed)";
         return qgemv_tiled(w, a, in, out, scratch, stream);
@@ -403,12 +420,26 @@ void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
         static const bool scatter = env_is("QINFER_DEQUANT", "scatter");
         if (!w.perm && w.k % 8 == 0 && !scatter) {
             const int64_t tasks = int64_t(w.rows_padded / 16) * (w.k_padded / 64);
-            mma4::dequantize_tiled_rows_kernel<<<unsigned((tasks + mma4::k_warps - 1) / mma4::k_warps), mma4::k_threads, 0, stream>>>(w, out);
+            const unsigned blocks = unsigned((tasks + mma4::k_warps - 1) / mma4::k_warps);
+            if (w.lut) {
+                mma4::dequantize_tiled_rows_kernel<1, true><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
+            } else if (w.bits == 8) {
+                mma4::dequantize_tiled_rows_kernel<2, false><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
+            } else {
+                mma4::dequantize_tiled_rows_kernel<1, false><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
+            }
             CUDA_CHECK(cudaGetLastError());
             return;
         }
-        const int64_t words = int64_t(w.rows_padded) * w.k_padded / 8;
-        mma4::dequantize_tiled_kernel<<<unsigned((words + threads - 1) / threads), threads, 0, stream>>>(w, out);
+        const int64_t words = int64_t(w.rows_padded) * w.k_padded / 8;  // of the low plane
+        const unsigned blocks = unsigned((words + threads - 1) / threads);
+        if (w.lut) {
+            mma4::dequantize_tiled_kernel<1, true><<<blocks, threads, 0, stream>>>(w, out);
+        } else if (w.bits == 8) {
+            mma4::dequantize_tiled_kernel<2, false><<<blocks, threads, 0, stream>>>(w, out);
+        } else {
+            mma4::dequantize_tiled_kernel<1, false><<<blocks, threads, 0, stream>>>(w, out);
+        }
         CUDA_CHECK(cudaGetLastError());
         return;
     }

@@ -1,4 +1,4 @@
-// Helpers of the tensor-core GEMV for 4-bit affine weights in the tile layout of model/quant_repack.h (the kernel:
+// Helpers of the tensor-core GEMV for tiled 4-bit and 8-bit weights in the tile layout of model/quant_repack.h (the kernel:
 // qgemv_ring.cuh): each lane holds 16 bytes per 64 values of K and 16-row block, i.e. four 16x16 tiles of the A
 // operand of mma.m16n8k16. A code word becomes four bf16x2 registers with one shift and one LOP3 each
 // ((w & 0x000F000F) | 0x43004300 is the pair 128 + q), and one HSUB2 subtracts 128 + zero exactly. The inputs (tokens
@@ -52,10 +52,26 @@ template <GemvIn IN> __global__ void __launch_bounds__(k_threads) stage_inputs_k
     });
 }
 
+// Code field f (0..7: A register f % 4, its second element when f >= 4) of one tile word, given that word of each
+// plane (8-bit: the low plane, then the high one). Lookup tiles hold a register's pair in one byte.
+template <int PLANES, bool LUT> __device__ __forceinline__ uint32_t tile_code(const uint32_t (&word)[PLANES], int f) {
+    const int shift = LUT ? 8 * (f % 4) + 4 * (f / 4) : 4 * f;
+    uint32_t q = (word[0] >> shift) & 0xFu;
+    if constexpr (PLANES == 2) q |= ((word[1] >> shift) & 0xFu) << 4;
+    return q;
+}
+
+// One weight as transformers computes it, in fp32 (rounded to bf16 by the caller): scale (q - zero), or table[q] absmax.
+template <bool LUT> __device__ __forceinline__ float tile_weight(const QuantMatrix & w, int64_t gidx, uint32_t q) {
+    if constexpr (LUT) return w.table[q] * w.absmax[gidx];
+    const float s = __half2float(__ushort_as_half(w.scales[gidx])), z = w.zeros ? float(w.zeros[gidx]) : float(w.const_zero);
+    return s * (float(q) - z);
+}
+
 // The dequantized weight from the tile layout without act-order: bf16 [rows, k] (k a multiple of 8). Each warp
-// turns one 16 x 64 tile (one lane's 16 bytes of codes each) into bf16 in shared memory and writes it out as 16-byte
-// row chunks, so the stores are whole sectors; value = scale * (q - zero) rounded once, as below.
-__global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantMatrix w, bf16 * out) {
+// turns one 16 x 64 tile (one lane's 16 bytes of codes per plane) into bf16 in shared memory and writes it out as
+// 16-byte row chunks, so the stores are whole sectors; value = scale * (q - zero) rounded once, as below.
+template <int PLANES, bool LUT> __global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantMatrix w, bf16 * out) {
     constexpr int ld = 72;  // tile row stride in bf16 (144 bytes: 16-byte aligned, conflict-free both ways)
     __shared__ __align__(16) bf16 tile[k_warps][16 * ld];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -64,8 +80,12 @@ __global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantM
     if (task >= int64_t(w.rows_padded / 16) * nkb) return;
     const int kb = int(task % nkb);
     const int64_t rb = task / nkb;
-    const uint4 v = reinterpret_cast<const uint4 *>(w.codes)[task * 32 + lane];
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    uint32_t words[4][PLANES];  // [word j][plane]
+#pragma unroll
+    for (int p = 0; p < PLANES; p++) {
+        const uint4 v = reinterpret_cast<const uint4 *>(w.codes)[(task * PLANES + p) * 32 + lane];
+        words[0][p] = v.x, words[1][p] = v.y, words[2][p] = v.z, words[3][p] = v.w;
+    }
     bf16 * tw = tile[warp];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -74,15 +94,13 @@ __global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantM
         const int gi = min((kb * 64 + 16 * j) / w.group, w.groups - 1);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int64_t gidx = (rb * 16 + g + 8 * h) * w.groups + gi;  // scales cover rows_padded
-            const float s = __half2float(__ushort_as_half(w.scales[gidx])), z = w.zeros ? float(w.zeros[gidx]) : float(w.const_zero);
+            const int64_t gidx = (rb * 16 + g + 8 * h) * w.groups + gi;  // scales and absmax cover rows_padded
 #pragma unroll
             for (int second = 0; second < 2; second++) {
                 const int p = h + 2 * second;
-                const float lo = float((words[j] >> (4 * p)) & 0xFu), hi = float((words[j] >> (4 * (p + 4))) & 0xFu);
                 __nv_bfloat162 pair;
-                pair.x = __float2bfloat16(s * (lo - z));
-                pair.y = __float2bfloat16(s * (hi - z));
+                pair.x = __float2bfloat16(tile_weight<LUT>(w, gidx, tile_code<PLANES, LUT>(words[j], p)));
+                pair.y = __float2bfloat16(tile_weight<LUT>(w, gidx, tile_code<PLANES, LUT>(words[j], p + 4)));
                 *reinterpret_cast<__nv_bfloat162 *>(tw + (g + 8 * h) * ld + 16 * j + 8 * second + 2 * t) = pair;
             }
         }
@@ -99,25 +117,25 @@ __global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantM
 }
 
 // The dequantized weight from the tile layout with act-order: bf16 [rows, k] in input-channel order, one thread per
-// code word (scattered 2-byte stores).
-__global__ void dequantize_tiled_kernel(QuantMatrix w, bf16 * out) {
+// code word of the low plane (scattered 2-byte stores).
+template <int PLANES, bool LUT> __global__ void dequantize_tiled_kernel(QuantMatrix w, bf16 * out) {
     const int nkb = w.k_padded / 64;
     const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one 32-bit word
     if (idx >= int64_t(w.rows_padded / 16) * nkb * 128) return;
     const int j = int(idx % 4), lane = int((idx / 4) % 32), kb = int((idx / 128) % nkb);
     const int64_t rb = idx / (128 * int64_t(nkb));
     const int g = lane / 4, t = lane % 4;
-    const uint32_t v = w.codes[idx];
+    uint32_t word[PLANES];
+#pragma unroll
+    for (int p = 0; p < PLANES; p++) word[p] = w.codes[((idx / 128) * PLANES + p) * 128 + idx % 128];
 #pragma unroll
     for (int p = 0; p < 8; p++) {
         const int hi_row = p & 1, second = (p >> 1) & 1, odd = p >> 2;
         const int64_t row = rb * 16 + g + 8 * hi_row;
         const int pos = kb * 64 + j * 16 + 8 * second + 2 * t + odd;
         if (row >= w.rows || pos >= w.k) continue;
-        const int64_t gi = row * w.groups + pos / w.group;
-        const float s = __half2float(__ushort_as_half(w.scales[gi])), z = w.zeros ? float(w.zeros[gi]) : float(w.const_zero);
-        const float q = float((v >> (4 * p)) & 0xFu);
-        out[row * w.k + (w.perm ? w.perm[pos] : pos)] = __float2bfloat16(s * (q - z));
+        const int64_t gidx = row * w.groups + pos / w.group;
+        out[row * w.k + (w.perm ? w.perm[pos] : pos)] = __float2bfloat16(tile_weight<LUT>(w, gidx, tile_code<PLANES, LUT>(word, p)));
     }
 }
 

@@ -1,6 +1,7 @@
-// Tensor-core GEMV for 4-bit affine weights in the tile layout of model/quant_repack.h (up to 8 tokens), built for
-// memory-level parallelism: every warp keeps a ring of k_ring 64-wide K blocks of codes in flight (6 x 512 bytes),
-// requesting block kb + k_ring as soon as block kb is multiplied, so the loads never drain between batches.
+// Tensor-core GEMV for 4- and 8-bit affine weights in the tile layout of model/quant_repack.h (up to 8 tokens), built
+// for memory-level parallelism: every warp keeps a ring of k_ring 16-byte loads of codes in flight (6 64-wide K
+// blocks of 4-bit codes, 3 of 8-bit), requesting a block as soon as the one in its slot is multiplied, so the loads
+// never drain between batches.
 //
 // A warp owns one 16-row block of one matrix (gate or up for the fused SwiGLU projection) over 1/KS of K; a block of
 // 8 warps holds RBB row blocks x MATS matrices x KS parts and adds the parts up in shared memory. Few registers
@@ -8,10 +9,17 @@
 // Group scales and zero points of the block's rows are staged in shared memory once, packed per (row, group) as
 // fp16 scale | bf16(128 + zero) << 16; the input rows are read from global memory (L1 hits) or, when they need
 // RMSNorm, an act-order gather or zero padding, staged in shared memory by the block itself. The codes of the first
-// k_ring blocks and the scales are requested before pdl_wait(): they do not depend on the kernel ahead.
+// ring of codes and the scales are requested before pdl_wait(): they do not depend on the kernel ahead.
 //
 // Dequantization is the one of qgemv_mma.cuh: (w & 0x000F000F) | 0x43004300 is the bf16 pair 128 + q, one HSUB2
 // subtracts 128 + zero exactly, products accumulate in fp32 per group and each group's sums are scaled in fp32.
+// 8-bit codes (q = lo + 16 hi, zero z = zl + 16 zh) take two MMAs per tile into the same sums: the low plane as
+// above less 128 + zl, the high plane OR-ed into 2048 (bf16 steps of 16 there: 2048 + 16 hi) less 2048 + 16 zh, so
+// the two A operands are lo - zl and 16 (hi - zh), both exact in bf16, and add up to q - z. Lookup codes
+// (bitsandbytes NF4/FP4) hold each A register's two codes in one byte, which indexes a table of the 256 bf16x2 pairs
+// (table[lo], table[hi]) in shared memory, kept once per bank (lane l reads copy l: no bank conflicts); the
+// block's absmax scales each 64-wide group's sums in fp32 (the table values are rounded to bf16 first, where
+// transformers rounds table * absmax: a difference within bf16 tolerance).
 #pragma once
 
 #include <climits>
@@ -26,13 +34,17 @@ namespace qinfer::cuda::ring4 {
 
 constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
-constexpr int k_ring = 6;             // 64-wide K blocks in flight per warp (8 spilled at 80 registers)
+constexpr int k_ring = 6;             // 16-byte loads of codes in flight per lane (8 spilled at 80 registers)
 constexpr int k_blocks_per_sm = 3;    // the launch bound the register budget is set for
 constexpr int k_max_stage_bytes = 48 * 1024;  // largest input staged in shared memory (bf16 [m, k_padded])
 
 static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over qstage::k_threads threads");
 
 enum class XSrc { Global, StageNorm, StageBf16 };
+enum class Codes { Affine4, Affine8, Lookup4 };
+
+__host__ __device__ constexpr int planes_of(Codes c) { return c == Codes::Affine8 ? 2 : 1; }
+constexpr int k_lut_words = 256 * 32;  // the bf16x2 pair table, one copy per bank (Lookup4)
 
 // One lane asks L2 for `bytes` of codes at p (Hopper's bulk prefetch; nothing below sm_90).
 __device__ __forceinline__ void prefetch_l2(const void * p, uint32_t bytes) {
@@ -41,16 +53,26 @@ __device__ __forceinline__ void prefetch_l2(const void * p, uint32_t bytes) {
 #endif
 }
 
-__device__ __forceinline__ uint32_t pack_group(uint16_t scale, int zero) {
-    return uint32_t(scale) | (uint32_t(__bfloat16_as_ushort(__float2bfloat16(128.0f + float(zero)))) << 16);
+// A group's parameters as the kernel keeps them: fp16 scale | bf16(128 + zero) << 16 (Affine4), fp16 scale | zero << 16
+// (Affine8), the fp32 absmax (Lookup4).
+template <Codes C> __device__ __forceinline__ uint32_t pack_group(const QuantMatrix & w, size_t gidx) {
+    if constexpr (C == Codes::Lookup4) return __float_as_uint(w.absmax[gidx]);
+    const uint32_t scale = w.scales[gidx];
+    const int zero = w.zeros ? int(w.zeros[gidx]) : w.const_zero;
+    if constexpr (C == Codes::Affine8) return scale | (uint32_t(zero) << 16);
+    return scale | (uint32_t(__bfloat16_as_ushort(__float2bfloat16(128.0f + float(zero)))) << 16);
 }
 
 // Shared memory: the staged input (bf16 [m, k_padded], StageNorm/StageBf16 only), then the packed group parameters
-// (uint32 [RBB * MATS * 16 rows, gstride]; gstride = groups | 1, so the 8 rows a warp reads fall in different banks).
+// (uint32 [RBB * MATS * 16 rows, gstride]; gstride = groups | 1, so the 8 rows a warp reads fall in different banks),
+// then for Lookup4 the pair table (uint32 [256, 32]).
 __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
 
-template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_threads, k_blocks_per_sm)
+template <Codes C, GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_threads, k_blocks_per_sm)
     qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
+    constexpr int PLANES = planes_of(C);     // 16-byte loads per lane and 64-wide K block
+    constexpr int RING = k_ring / PLANES;    // K blocks in flight
+    constexpr int TILE = 32 * PLANES;        // uint4 per row block and K block
     constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     constexpr int RBB = k_warps / (MATS * KS);
     static_assert(RBB >= 1 && RBB * MATS * KS == k_warps);
@@ -66,22 +88,26 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
     const bool active = rb < n_rb;
     const int grb = mat == 0 ? rb : rb + n_rb;  // row block in the stacked weight
     const int kb_begin = part * nkb / KS, kb_end = (part + 1) * nkb / KS;
-    const uint4 * src = reinterpret_cast<const uint4 *>(w.codes) + size_t(grb) * nkb * 32 + lane;  // tile kb at src + kb * 32
+    // Plane p of K block kb at src + kb * TILE + p * 32.
+    const uint4 * src = reinterpret_cast<const uint4 *>(w.codes) + size_t(grb) * nkb * TILE + lane;
 
-    // The first k_ring blocks of codes, requested before anything else.
-    uint4 ring[k_ring];
+    // The first RING blocks of codes, requested before anything else.
+    uint4 ring[RING][PLANES];
 #pragma unroll
-    for (int u = 0; u < k_ring; u++) {
-        ring[u] = active && kb_begin + u < kb_end ? mma4::load_stream(src + size_t(kb_begin + u) * 32) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < RING; u++) {
+#pragma unroll
+        for (int p = 0; p < PLANES; p++) {
+            ring[u][p] = active && kb_begin + u < kb_end ? mma4::load_stream(src + size_t(kb_begin + u) * TILE + p * 32) : make_uint4(0, 0, 0, 0);
+        }
     }
-    // l2_ahead (set by qgemv.cu; 0: none): blocks [kb_begin + k_ring, + l2_ahead) of codes asked into L2 here, and each
-    // round of the loop below moves that window on by k_ring.
+    // l2_ahead (set by qgemv.cu; 0: none): blocks [kb_begin + RING, + l2_ahead) of codes asked into L2 here, and each
+    // round of the loop below moves that window on by RING.
     const uint4 * tile0 = src - lane;  // the row block's first tile
     auto prefetch_blocks = [&](int from, int to) {
         to = min(to, kb_end);
-        if (lane == 0 && from < to) prefetch_l2(tile0 + size_t(from) * 32, uint32_t(to - from) * 512u);
+        if (lane == 0 && from < to) prefetch_l2(tile0 + size_t(from) * TILE, uint32_t(to - from) * TILE * 16u);
     };
-    if (active && l2_ahead > 0) prefetch_blocks(kb_begin + k_ring, kb_begin + k_ring + l2_ahead);
+    if (active && l2_ahead > 0) prefetch_blocks(kb_begin + RING, kb_begin + RING + l2_ahead);
 
     bf16 * sx = reinterpret_cast<bf16 *>(smem_raw);
     uint32_t * sq = reinterpret_cast<uint32_t *>(smem_raw) + (XS == XSrc::Global ? 0 : size_t(m) * kp / 2);
@@ -90,8 +116,15 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
         const int rb_i = blockIdx.x * RBB + lr / (MATS * 16), mat_i = (lr / 16) % MATS;
         if (rb_i >= n_rb) continue;
         const size_t row = size_t(mat_i == 0 ? rb_i : rb_i + n_rb) * 16 + lr % 16;
-        const size_t gidx = row * G + gi;
-        sq[lr * gs + gi] = pack_group(w.scales[gidx], w.zeros ? int(w.zeros[gidx]) : w.const_zero);
+        sq[lr * gs + gi] = pack_group<C>(w, row * G + gi);
+    }
+    uint32_t * lut = sq + RBB * MATS * 16 * gs;  // Lookup4: pair b's copy for lane l at lut[b * 32 + l]
+    if constexpr (C == Codes::Lookup4) {
+        for (int i = threadIdx.x; i < k_lut_words; i += k_threads) {
+            const int b = i / 32;
+            const __nv_bfloat162 pair = __floats2bfloat162_rn(w.table[b & 15], w.table[b >> 4]);
+            lut[i] = *reinterpret_cast<const uint32_t *>(&pair);
+        }
     }
 
     pdl_wait();  // the inputs come from the kernel ahead
@@ -119,14 +152,28 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
     // only start at j = 0 or j = 2 of a 64-wide block, and positions only move forward: no division in the loop.
     int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
+    // Scales of rows g (s_lo) and g + 8 (s_hi); the bf16x2 pairs subtracted from each plane of each row.
     float s_lo, s_hi;
-    uint32_t zz_lo, zz_hi;
+    uint32_t zz_lo[PLANES], zz_hi[PLANES];
     auto take = [&]() {
         const uint32_t plo = q_lo[gi], phi = q_hi[gi];
+        if constexpr (C == Codes::Lookup4) {
+            s_lo = __uint_as_float(plo);
+            s_hi = __uint_as_float(phi);
+            return;
+        }
         s_lo = __half2float(__ushort_as_half(uint16_t(plo & 0xFFFFu)));
         s_hi = __half2float(__ushort_as_half(uint16_t(phi & 0xFFFFu)));
-        zz_lo = __byte_perm(plo, 0, 0x3232);
-        zz_hi = __byte_perm(phi, 0, 0x3232);
+        if constexpr (C == Codes::Affine8) {
+            const uint32_t zlo = plo >> 16, zhi = phi >> 16;
+            zz_lo[0] = (0x4300u | (zlo & 15u)) * 0x10001u;  // 128 + zl
+            zz_hi[0] = (0x4300u | (zhi & 15u)) * 0x10001u;
+            zz_lo[PLANES - 1] = (0x4500u | (zlo >> 4)) * 0x10001u;  // 2048 + 16 zh
+            zz_hi[PLANES - 1] = (0x4500u | (zhi >> 4)) * 0x10001u;
+        } else {
+            zz_lo[0] = __byte_perm(plo, 0, 0x3232);
+            zz_hi[0] = __byte_perm(phi, 0, 0x3232);
+        }
     };
     take();
     auto flush = [&]() {
@@ -137,14 +184,13 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
         c[0] = c[1] = c[2] = c[3] = 0.0f;
     };
     // One 64-wide K block: xk points at the lane's first B word of the block (input pair kb * 64 + 2t), pos0 = kb * 64.
-    auto multiply = [&](const uint4 & codes, const uint32_t * xk, int pos0) {
+    auto multiply = [&](const uint4 (&codes)[PLANES], const uint32_t * xk, int pos0) {
         uint32_t b[4][2];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             b[j][0] = xk[8 * j];      // inputs pos0 + 16j + 2t, + 1
             b[j][1] = xk[8 * j + 4];  // inputs pos0 + 16j + 2t + 8, + 9
         }
-        const uint32_t * words = reinterpret_cast<const uint32_t *>(&codes);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             if ((j == 0 || j == 2) && pos0 + j * 16 >= group_end) {
@@ -153,30 +199,46 @@ template <GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_thre
                 group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
                 take();
             }
-            constexpr uint32_t mask = 0x000F000Fu, magic = 0x43004300u;
-            const uint32_t word = words[j];
-            uint32_t fr[4];
-            fr[0] = mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), zz_lo);
-            fr[1] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), zz_hi);
-            fr[2] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), zz_lo);
-            fr[3] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), zz_hi);
-            mma4::mma_bf16(c, fr, b[j][0], b[j][1]);
+            if constexpr (C == Codes::Lookup4) {
+                const uint32_t word = reinterpret_cast<const uint32_t *>(&codes[0])[j];
+                const uint32_t * lut_lane = lut + lane;
+                uint32_t fr[4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) fr[r] = lut_lane[__byte_perm(word, 0, 0x4440 + r) * 32];
+                mma4::mma_bf16(c, fr, b[j][0], b[j][1]);
+                continue;
+            }
+            constexpr uint32_t mask = 0x000F000Fu;
+#pragma unroll
+            for (int p = 0; p < PLANES; p++) {
+                const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
+                const uint32_t word = reinterpret_cast<const uint32_t *>(&codes[p])[j];
+                uint32_t fr[4];
+                fr[0] = mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), zz_lo[p]);
+                fr[1] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), zz_hi[p]);
+                fr[2] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), zz_lo[p]);
+                fr[3] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), zz_hi[p]);
+                mma4::mma_bf16(c, fr, b[j][0], b[j][1]);
+            }
         }
     };
     if (active) {
-        // Running pointers (no per-block address arithmetic): the codes k_ring blocks ahead, the lane's inputs. A ring
+        // Running pointers (no per-block address arithmetic): the codes RING blocks ahead, the lane's inputs. A ring
         // slot is multiplied first and then refilled (no register copy of the codes).
-        const uint4 * ahead = src + size_t(kb_begin + k_ring) * 32;
+        const uint4 * ahead = src + size_t(kb_begin + RING) * TILE;
         const uint32_t * xk = xrow + size_t(kb_begin) * 32 + t;
         int pos0 = kb_begin * 64;
-        for (int kb0 = kb_begin; kb0 < kb_end; kb0 += k_ring) {
-            if (l2_ahead > 0) prefetch_blocks(kb0 + k_ring + l2_ahead, kb0 + 2 * k_ring + l2_ahead);
+        for (int kb0 = kb_begin; kb0 < kb_end; kb0 += RING) {
+            if (l2_ahead > 0) prefetch_blocks(kb0 + RING + l2_ahead, kb0 + 2 * RING + l2_ahead);
 #pragma unroll
-            for (int u = 0; u < k_ring; u++) {
+            for (int u = 0; u < RING; u++) {
                 if (kb0 + u >= kb_end) break;
                 multiply(ring[u], xk, pos0);
-                if (kb0 + u + k_ring < kb_end) ring[u] = mma4::load_stream(ahead);
-                ahead += 32;
+                if (kb0 + u + RING < kb_end) {
+#pragma unroll
+                    for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + p * 32);
+                }
+                ahead += TILE;
                 xk += 32;
                 pos0 += 64;
             }
