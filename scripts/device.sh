@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [rows]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -325,6 +325,26 @@ if has tile-ab; then
             grep -v lm_head | tee -a "$OUT/tile-ab.log"
         rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
     done
+fi
+# Kernel timings of every tiled format on 7B shapes, the quantized GEMV tests, and per-instruction stall samples of
+# the 8-bit and lookup gate_up kernels (reports stay on the device; the per-instruction CSVs come back gzipped).
+if has tile-profile; then
+    build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 | grep -E "^\[ kernel \]|FAILED" |
+        tee "$OUT/tile-kernels.log"
+    build-device/tests/qinfer_tests --gtest_filter='*QuantGemv*:CudaQuant.Dequantize*' >"$OUT/tile-test.log" 2>&1
+    note "quant GEMV tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/tile-test.log" | tr '\n' ' ')"
+    grep -E "Failure" -A6 "$OUT/tile-test.log" | head -20
+    if command -v ncu >/dev/null; then
+        for codes in 1 2; do
+            timeout 150 ncu --clock-control none --kernel-name-base mangled -k "regex:qgemv_ring_kernelILNS1_5CodesE${codes}ELNS0_7GemvOutE3" \
+                --launch-count 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section SourceCounters \
+                -f -o /tmp/ring-codes$codes build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' >/dev/null 2>&1
+            ncu -i /tmp/ring-codes$codes.ncu-rep --page source --csv --print-source sass 2>&1 | gzip >"$OUT/ring-codes$codes-sass.csv.gz"
+            ncu -i /tmp/ring-codes$codes.ncu-rep --page details >"$OUT/ring-codes$codes-details.txt" 2>&1
+            grep -E "Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Block Limit" \
+                "$OUT/ring-codes$codes-details.txt" | head -12
+        done
+    fi
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.
 if has rows; then
