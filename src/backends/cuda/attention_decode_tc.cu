@@ -157,11 +157,8 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
 template <int D, KVKind K> void launch(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     constexpr size_t smem = KVTilePipe<D, K, k_decode_threads, k_tile>::smem_bytes;
     static_assert(smem >= (2 * k_decode_warps * 8 + k_decode_warps * 8 * D) * sizeof(float), "the warp merge fits the tiles' memory");
-    static bool configured = false;  // once per instantiation, before any graph capture (the engine warms up first)
-    if (!configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tc_kernel<D, K>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        configured = true;
-    }
+    static size_t configured = 0;  // once per instantiation, before any graph capture (the engine warms up first)
+    allow_dynamic_smem(attention_decode_tc_kernel<D, K>, smem, configured);
     a.min_split = k_tile;
     launch_kernel(attention_decode_tc_kernel<D, K>, grid, k_decode_threads, smem, stream, a);
 }

@@ -25,6 +25,15 @@ __device__ __forceinline__ void pdl_wait() {
 
 bool pdl_enabled();
 
+// Lets `kernel` take `bytes` of dynamic shared memory. Beyond 48 KB per block, static shared memory included, a kernel
+// must opt in, so the limit is raised at the first launch and whenever a launch needs more; `configured` is the
+// caller's record for this kernel (start at 0).
+template <class... KernelArgs> void allow_dynamic_smem(void (*kernel)(KernelArgs...), size_t bytes, size_t & configured) {
+    if (bytes <= configured) return;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    configured = bytes;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when pdl_enabled().
 template <class... KernelArgs, class... Args>
 void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args &&... args) {

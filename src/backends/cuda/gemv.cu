@@ -192,11 +192,8 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
     constexpr int pair_max_k = 1024 * WPR;
     const bool pair = OUT != GemvOut::SiluMulBf16 || a.k <= pair_max_k;
     auto kernel = pair ? gemv_kernel<M, WPR, IN, OUT> : gemv_kernel<M, WPR, IN, OUT, false>;
-    static size_t configured[2] = {48 * 1024, 48 * 1024};  // per kernel
-    if (IN == GemvIn::NormF32 && smem > configured[pair]) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        configured[pair] = smem;
-    }
+    static size_t configured[2] = {0, 0};  // per kernel
+    if (IN == GemvIn::NormF32) allow_dynamic_smem(kernel, smem, configured[pair]);
     constexpr int rows_per_block = k_warps / WPR;
     // One block per row group (the scheduler balances the waves); only very tall matrices (lm_head) stride.
     const int needed = (a.n + rows_per_block - 1) / rows_per_block;

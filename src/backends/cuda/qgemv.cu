@@ -203,11 +203,8 @@ template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> void launch(const 
     const int chunks = a.k / CV;
     const size_t smem = (size_t(a.k) + ((chunks + 1) & ~1)) * sizeof(float) + (LUT ? 256 * sizeof(float2) : 0);
     auto kernel = qgemv_kernel<BITS, LUT, IN, OUT, KS>;
-    static size_t configured = 48 * 1024;
-    if (smem > configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        configured = smem;
-    }
+    static size_t configured = 0;
+    allow_dynamic_smem(kernel, smem, configured);
     constexpr int OPW = k_rows_per_warp / (OUT == GemvOut::SiluMulBf16 ? 2 : 1);
     const int n_groups = (a.n + OPW - 1) / OPW;
     const int per_block = k_warps / KS;
@@ -296,11 +293,8 @@ template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
     auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS>;
-    static size_t configured = 48 * 1024;
-    if (smem > configured) {
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        configured = smem;
-    }
+    static size_t configured = 0;
+    allow_dynamic_smem(kernel, smem, configured);
     const int n_rb = (a.n + 15) / 16;
     static const int forced_ahead = env_int("QINFER_QGEMV_L2AHEAD", -1);
     // In blocks of 4-bit codes' bytes: 8-bit blocks are twice the size.
@@ -308,7 +302,10 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
                          ring4::planes_of(C);
     GemvArgs args = a;
     args.vec_norm = XS == ring4::XSrc::StageNorm && !w.perm && qstage::vec_norm_ok(a);
-    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+    // QINFER_QGEMV_PARAM_BATCH=1: the group parameters loaded and stored one at a time (the kernel before 2026-11-26's
+    // batched prologue; A/B runs).
+    static const int param_batch = std::clamp(env_int("QINFER_QGEMV_PARAM_BATCH", ring4::k_param_batch), 1, ring4::k_param_batch);
+    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead, param_batch);
 }
 
 constexpr size_t k_ring_max_smem = 160 * 1024;
