@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [prologue-ab] [rows]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -345,21 +345,6 @@ if has tile-profile; then
                 "$OUT/ring-codes$codes-details.txt" | head -12
         done
     fi
-fi
-# The ring GEMV's group parameters loaded in batches of 4 (default) or one at a time (QINFER_QGEMV_PARAM_BATCH=1):
-# kernel timings of every tiled format, then 7B decode of PROLOGUE_QUANTS, alternated in the same run.
-if has prologue-ab; then
-    for pb in 1 4 1 4; do
-        echo "-- QINFER_QGEMV_PARAM_BATCH=$pb" | tee -a "$OUT/prologue-ab.log"
-        QINFER_QGEMV_PARAM_BATCH=$pb build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 |
-            grep -E "^\[ kernel \] qgemv.* m 1 |FAILED" | tee -a "$OUT/prologue-ab.log"
-    done
-    for q in ${PROLOGUE_QUANTS:-gptq-int8}; do
-        for pb in 1 4 1 4; do
-            QINFER_QGEMV_PARAM_BATCH=$pb "$Q" bench --preset qwen2.5-7b --quant $q --input-lens 1 --gen 512 2>&1 | grep -E "^\| qwen" |
-                sed "s/^/batch-$pb /" | tee -a "$OUT/prologue-ab.log"
-        done
-    done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.
 if has rows; then

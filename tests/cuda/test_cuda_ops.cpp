@@ -80,8 +80,11 @@ TEST_P(Gemv, MatchesCpu) {
                 }
             }
             for (size_t i = 0; i < want.size(); i++) err = std::max(err, std::isfinite(got[i]) ? std::fabs(double(got[i]) - want[i]) : INFINITY);
+            // silu(gate) * up is bounded by |gate| |up| <= mass^2: its bf16 roundings scale with that (k = 8 gave 1.03e-2
+            // relative to mass alone on 2026-11-26).
+            const double scale = silu ? std::max(mass, mass * mass) : mass;
             const double tol = (out == 1 || out == 2) ? (in ? 2e-3 : 1e-5) : 8e-3;
-            EXPECT_LT(err / mass, tol) << "n " << n << " k " << k << " m " << m << " in " << in << " out " << out;
+            EXPECT_LT(err / scale, tol) << "n " << n << " k " << k << " m " << m << " in " << in << " out " << out;
         }
     }
 }

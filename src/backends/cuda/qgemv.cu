@@ -302,10 +302,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
                          ring4::planes_of(C);
     GemvArgs args = a;
     args.vec_norm = XS == ring4::XSrc::StageNorm && !w.perm && qstage::vec_norm_ok(a);
-    // QINFER_QGEMV_PARAM_BATCH=1: the group parameters loaded and stored one at a time (the kernel before 2026-11-26's
-    // batched prologue; A/B runs).
-    static const int param_batch = std::clamp(env_int("QINFER_QGEMV_PARAM_BATCH", ring4::k_param_batch), 1, ring4::k_param_batch);
-    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead, param_batch);
+    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
 }
 
 constexpr size_t k_ring_max_smem = 160 * 1024;

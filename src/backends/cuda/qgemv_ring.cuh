@@ -45,7 +45,10 @@ enum class Codes { Affine4, Affine8, Lookup4 };
 
 __host__ __device__ constexpr int planes_of(Codes c) { return c == Codes::Affine8 ? 2 : 1; }
 constexpr int k_lut_words = 256 * 32;  // the bf16x2 pair table, one copy per bank (Lookup4)
-constexpr int k_param_batch = 4;       // group parameters loaded per thread before they are stored
+// Group parameters loaded per thread before they are stored. On an H100 (7B shapes, m 1), the same loop with a runtime
+// batch of 1 took gate_up 44.5 us (Int4) / 61.0 (Int8) / 55.9 (NF4) against 36.1 / 55.9 / 42.7 with 4
+// (bench/results/2026-11-26-h100-tiled-8bit-nf4).
+constexpr int k_param_batch = 4;
 
 // One lane asks L2 for `bytes` of codes at p (Hopper's bulk prefetch; nothing below sm_90).
 __device__ __forceinline__ void prefetch_l2(const void * p, uint32_t bytes) {
@@ -70,7 +73,7 @@ template <Codes C> __device__ __forceinline__ uint32_t pack_group(const QuantMat
 __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
 
 template <Codes C, GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_threads, k_blocks_per_sm)
-    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead, int param_batch) {
+    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
     constexpr int PLANES = planes_of(C);     // 16-byte loads per lane and 64-wide K block
     constexpr int RING = k_ring / PLANES;    // K blocks in flight
     constexpr int TILE = 32 * PLANES;        // uint4 per row block and K block
@@ -112,17 +115,17 @@ template <Codes C, GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds
 
     bf16 * sx = reinterpret_cast<bf16 *>(smem_raw);
     uint32_t * sq = reinterpret_cast<uint32_t *>(smem_raw) + (XS == XSrc::Global ? 0 : size_t(m) * kp / 2);
-    // The block's group parameters: param_batch (1..k_param_batch) loads in flight per thread before their stores,
-    // so the prologue waits for memory once per batch, not once per parameter.
+    // The block's group parameters: k_param_batch loads in flight per thread before their stores, so the prologue
+    // waits for memory once per batch, not once per parameter.
     const int n_params = RBB * MATS * 16 * G;
-    for (int i0 = threadIdx.x; i0 < n_params; i0 += param_batch * k_threads) {
+    for (int i0 = threadIdx.x; i0 < n_params; i0 += k_param_batch * k_threads) {
         uint32_t v[k_param_batch];
         int at[k_param_batch];
 #pragma unroll
         for (int u = 0; u < k_param_batch; u++) {
             const int i = i0 + u * k_threads, lr = i / G, gi = i % G;
             const int rb_i = blockIdx.x * RBB + lr / (MATS * 16), mat_i = (lr / 16) % MATS;
-            at[u] = u < param_batch && i < n_params && rb_i < n_rb ? lr * gs + gi : -1;
+            at[u] = i < n_params && rb_i < n_rb ? lr * gs + gi : -1;
             if (at[u] >= 0) v[u] = pack_group<C>(w, (size_t(mat_i == 0 ? rb_i : rb_i + n_rb) * 16 + lr % 16) * G + gi);
         }
 #pragma unroll
