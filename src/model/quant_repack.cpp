@@ -48,6 +48,12 @@ std::string cuda_quant_unsupported(const Linear & l) {
     return "";
 }
 
+bool quant_tiles(const QuantScheme & s, int in_features) {
+    if (s.method == QuantMethod::Bnb4 || s.bits == 4) return true;
+    const int group = s.group(in_features);
+    return s.bits == 8 && (group >= in_features || group % 32 == 0);
+}
+
 size_t RepackedQuant::word_index(int64_t row, int64_t pos, int * shift, int plane) const {
     if (!tiled) {
         const int per_word = 32 / bits;
@@ -131,8 +137,7 @@ RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile)
     r.group = r.lut ? 64 : first.scheme.group(r.k);
     r.groups = r.lut ? r.k / 64 : (r.k + r.group - 1) / r.group;
     r.perm = act_order_perm(first);
-    // 8-bit codes tile as two 4-bit planes; a group may start only where a 16x16 tile pair does (32 positions).
-    r.tiled = tile && (r.bits == 4 || (r.bits == 8 && (r.groups == 1 || r.group % 32 == 0)));
+    r.tiled = tile && quant_tiles(first.scheme, r.k);
     for (const Linear * p : parts) {
         const std::string why = cuda_quant_unsupported(*p);
         const std::string & name = p->scheme.method == QuantMethod::Bnb4 ? p->weight.name : p->qweight.name;

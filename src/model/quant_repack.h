@@ -51,6 +51,10 @@ struct RepackedQuant {
 // chunks, bitsandbytes with K a multiple of 64, act-order whose groups are contiguous after sorting.
 std::string cuda_quant_unsupported(const Linear & l);
 
+// Whether repack_quant(tile = true) builds the tile layout for this scheme at K = in_features: 4-bit codes (affine or
+// lookup), and 8-bit affine codes whose groups start where a 16x16 tile pair does (one group, or multiples of 32).
+bool quant_tiles(const QuantScheme & s, int in_features);
+
 // Repacks the parts (same scheme, same K, same act-order) stacked along rows. Throws naming the tensor when the
 // layout cannot be built.
 // tile: use the tensor-core layout when the format allows (4-bit, 8-bit affine); gate/up stacks need every part's rows to

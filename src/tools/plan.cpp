@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "model/decode_splits.h"
 #include "model/prefill_chunk.h"
+#include "model/quant_repack.h"
 #include "model/weights.h"
 #include "tools/args.h"
 #include "tools/commands.h"
@@ -32,8 +33,7 @@ double linear_bytes(const Linear & l) {
     }
     const double groups = std::ceil(K / s.group(l.in_features));
     double codes = N * K * s.bits / 8;
-    const bool tiled = s.bits == 4 || (s.bits == 8 && (s.group(l.in_features) >= l.in_features || s.group(l.in_features) % 32 == 0));
-    if (tiled) codes = double(round_up(l.out_features, 16)) * double(round_up(l.in_features, 64)) * s.bits / 8;
+    if (quant_tiles(s, l.in_features)) codes = double(round_up(l.out_features, 16)) * double(round_up(l.in_features, 64)) * s.bits / 8;
     const double zeros = s.sym ? 0 : N * groups;  // symmetric zeros are one constant
     return codes + N * groups * 2 + zeros + (s.desc_act ? K * 4 : 0);
 }

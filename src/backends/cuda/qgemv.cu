@@ -393,7 +393,7 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, vo
     }
     if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "qgemv: NormF32 input needs norm weights";
     if (w.tiled) {
-        if (w.bits != 4 && !(w.bits == 8 && !w.lut)) QINFER_FAIL() << "qgemv: tiled " << w.bits << "-bit codes";
+        if (w.bits != 4 && (w.bits != 8 || w.lut)) QINFER_FAIL() << "qgemv: tiled " << w.bits << "-bit codes";
         if (a.m < 1 || a.m > 8) QINFER_FAIL() << "qgemv: m = " << a.m << " (1..8 for the tiled layout)";
         if (out == GemvOut::SiluMulBf16 && a.n % 16 != 0) QINFER_FAIL() << "qgemv: gate/up of " << a.n << " rows (a multiple of 16 needed)";
         return qgemv_tiled(w, a, in, out, scratch, stream);
