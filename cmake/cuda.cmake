@@ -10,6 +10,7 @@ set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 target_sources(qinfer_lib PRIVATE
   src/backends/cuda/allocator.cu
   src/backends/cuda/gemv.cu
+  src/backends/cuda/gemv_balanced.cu
   src/backends/cuda/qgemv.cu
   src/backends/cuda/elementwise.cu
   src/backends/cuda/sampling.cu

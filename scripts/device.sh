@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [rows]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -345,6 +345,23 @@ if has tile-profile; then
                 "$OUT/ring-codes$codes-details.txt" | head -12
         done
     fi
+fi
+# The balanced BF16 GEMV against the row kernels (QINFER_GEMV_BALANCED=0): kernel timings, then decode of 0.5B /
+# 1.5B / 7B BF16 with the two alternated, and a decode profile of 7B with each.
+if has gemv-ab; then
+    build-device/tests/qinfer_tests --gtest_filter='CudaOps.GemvTimings' 2>&1 | grep -E "^\[ kernel \]|FAILED" | tee "$OUT/gemv-kernels.log"
+    for p in ${GEMV_AB_PRESETS:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b}; do
+        for rep in 1 2; do
+            for b in 0 1; do
+                QINFER_GEMV_BALANCED=$b "$Q" bench --preset $p --input-lens 1 --gen 512 --json "$OUT/gemv-ab-$p-$b-$rep.json" 2>&1 |
+                    grep -E "^\| qwen" | sed "s/^/balanced=$b /" | tee -a "$OUT/gemv-ab.log"
+            done
+        done
+    done
+    for b in 0 1; do
+        QINFER_GEMV_BALANCED=$b QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --input-lens 1 --gen 128 2>&1 |
+            grep -E "^  |profile" | sed "s/^/balanced=$b /" | tee -a "$OUT/gemv-ab.log"
+    done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.
 if has rows; then

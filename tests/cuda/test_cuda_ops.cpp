@@ -27,71 +27,128 @@ class Gemv : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 TEST_P(Gemv, MatchesCpu) {
     REQUIRE_GPU();
     const auto [n, k, m] = GetParam();
-    for (int in = 0; in < 2; in++) {
-        for (int out = 0; out < 4; out++) {
-            const bool silu = out == 3;
-            const int rows = silu ? 2 * n : n;
-            std::vector<float> w = randn(size_t(rows) * k, 1.0f / std::sqrt(float(k)));
-            std::vector<float> x = randn(size_t(m) * k);
-            std::vector<float> norm_w = randn(size_t(k), 0.2f);
-            for (float & v : norm_w) v = round_bf16(v + 1.0f);
-            std::vector<float> y0 = randn(size_t(m) * n);  // AddF32 accumulates into this
-            DeviceBuffer dw = upload_bf16(w), dnorm = upload_bf16(norm_w);
-            DeviceBuffer dx = in == 1 ? upload(x) : upload_bf16(x);
-            DeviceBuffer dy = out == 2 ? upload(y0) : poisoned(size_t(m) * n * 4);
-            cuda::GemvArgs a;
-            a.w = dw.as<bf16>();
-            a.n = n;
-            a.k = k;
-            a.x = dx.get();
-            a.m = m;
-            a.norm_w = dnorm.as<bf16>();
-            a.y = dy.get();
-            cuda::gemv(a, in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut(out), nullptr);
-            // CPU reference.
-            std::vector<float> xin = in ? norm_rows(x, norm_w, m, k, 1e-6f) : x;
-            Linear l;
-            l.in_features = k;
-            l.out_features = rows;
-            l.weight = host_weight(w, {rows, k});
-            std::vector<float> ref(size_t(m) * rows);
-            cpu::linear(xin.data(), m, l, ref.data());
-            std::vector<float> want(size_t(m) * n), got;
-            for (int r = 0; r < m; r++) {
-                for (int j = 0; j < n; j++) {
-                    float v = ref[size_t(r) * rows + j];
-                    if (out == 2) v += y0[size_t(r) * n + j];
-                    if (silu) {
-                        float g = round_bf16(v), u = round_bf16(ref[size_t(r) * rows + n + j]);
-                        v = g / (1 + std::exp(-g)) * u;
+    for (const bool balanced : {false, true}) {  // the row kernels only, then the balanced kernel where it applies
+        cuda::set_gemv_balanced(balanced);
+        for (int in = 0; in < 2; in++) {
+            for (int out = 0; out < 4; out++) {
+                const bool silu = out == 3;
+                const int rows = silu ? 2 * n : n;
+                std::vector<float> w = randn(size_t(rows) * k, 1.0f / std::sqrt(float(k)));
+                std::vector<float> x = randn(size_t(m) * k);
+                std::vector<float> norm_w = randn(size_t(k), 0.2f);
+                for (float & v : norm_w) v = round_bf16(v + 1.0f);
+                std::vector<float> y0 = randn(size_t(m) * n);  // AddF32 accumulates into this
+                DeviceBuffer dw = upload_bf16(w), dnorm = upload_bf16(norm_w);
+                DeviceBuffer dx = in == 1 ? upload(x) : upload_bf16(x);
+                DeviceBuffer dy = out == 2 ? upload(y0) : poisoned(size_t(m) * n * 4);
+                cuda::GemvArgs a;
+                a.w = dw.as<bf16>();
+                a.n = n;
+                a.k = k;
+                a.x = dx.get();
+                a.m = m;
+                a.norm_w = dnorm.as<bf16>();
+                a.y = dy.get();
+                cuda::gemv(a, in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut(out), nullptr);
+                // CPU reference.
+                std::vector<float> xin = in ? norm_rows(x, norm_w, m, k, 1e-6f) : x;
+                Linear l;
+                l.in_features = k;
+                l.out_features = rows;
+                l.weight = host_weight(w, {rows, k});
+                std::vector<float> ref(size_t(m) * rows);
+                cpu::linear(xin.data(), m, l, ref.data());
+                std::vector<float> want(size_t(m) * n), got;
+                for (int r = 0; r < m; r++) {
+                    for (int j = 0; j < n; j++) {
+                        float v = ref[size_t(r) * rows + j];
+                        if (out == 2) v += y0[size_t(r) * n + j];
+                        if (silu) {
+                            float g = round_bf16(v), u = round_bf16(ref[size_t(r) * rows + n + j]);
+                            v = g / (1 + std::exp(-g)) * u;
+                        }
+                        want[size_t(r) * n + j] = v;
                     }
-                    want[size_t(r) * n + j] = v;
                 }
-            }
-            got = (out == 1 || out == 2) ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
-            // Errors relative to the largest sum of |w x| terms of an output (a dot product can cancel to near zero):
-            // fp32 accumulation-order differences, one bf16 rounding of the staged normalised input, a bf16 output.
-            double mass = 1e-30, err = 0;
-            for (int r = 0; r < m; r++) {
-                for (int j = 0; j < rows; j++) {
-                    double s_abs = 0;
-                    for (int i = 0; i < k; i++) s_abs += std::fabs(double(w[size_t(j) * k + i]) * xin[size_t(r) * k + i]);
-                    mass = std::max(mass, s_abs);
+                got = (out == 1 || out == 2) ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
+                // Errors relative to the largest sum of |w x| terms of an output (a dot product can cancel to near zero):
+                // fp32 accumulation-order differences, one bf16 rounding of the staged normalised input, a bf16 output.
+                double mass = 1e-30, err = 0;
+                for (int r = 0; r < m; r++) {
+                    for (int j = 0; j < rows; j++) {
+                        double s_abs = 0;
+                        for (int i = 0; i < k; i++) s_abs += std::fabs(double(w[size_t(j) * k + i]) * xin[size_t(r) * k + i]);
+                        mass = std::max(mass, s_abs);
+                    }
                 }
+                for (size_t i = 0; i < want.size(); i++) err = std::max(err, std::isfinite(got[i]) ? std::fabs(double(got[i]) - want[i]) : INFINITY);
+                // silu(gate) * up is bounded by |gate| |up| <= mass^2: its bf16 roundings scale with that (k = 8 gave 1.03e-2
+                // relative to mass alone on 2026-11-26).
+                const double scale = silu ? std::max(mass, mass * mass) : mass;
+                const double tol = (out == 1 || out == 2) ? (in ? 2e-3 : 1e-5) : 8e-3;
+                EXPECT_LT(err / scale, tol) << "n " << n << " k " << k << " m " << m << " in " << in << " out " << out
+                                            << (balanced ? " balanced" : " rows");
             }
-            for (size_t i = 0; i < want.size(); i++) err = std::max(err, std::isfinite(got[i]) ? std::fabs(double(got[i]) - want[i]) : INFINITY);
-            // silu(gate) * up is bounded by |gate| |up| <= mass^2: its bf16 roundings scale with that (k = 8 gave 1.03e-2
-            // relative to mass alone on 2026-11-26).
-            const double scale = silu ? std::max(mass, mass * mass) : mass;
-            const double tol = (out == 1 || out == 2) ? (in ? 2e-3 : 1e-5) : 8e-3;
-            EXPECT_LT(err / scale, tol) << "n " << n << " k " << k << " m " << m << " in " << in << " out " << out;
         }
     }
+    cuda::set_gemv_balanced(true);
 }
 
 INSTANTIATE_TEST_SUITE_P(OddShapes, Gemv,
                          ::testing::Combine(::testing::Values(1, 7, 257, 4864), ::testing::Values(8, 96, 896, 4104),
                                             ::testing::Values(1, 3, 4)));
+
+// Timings for the record (not assertions): the BF16 decode GEMVs of Qwen2.5 0.5B / 1.5B / 7B at m 1, with the input
+// and output forms the engine uses, the row kernels against the balanced kernel, alternated twice. Weights are
+// cycled through copies of at least 128 MB so no call finds them in the 50 MB L2 (scripts/device.sh gemv-ab).
+TEST(CudaOps, GemvTimings) {
+    REQUIRE_GPU();
+    struct Shape {
+        const char * name;
+        int n, k;
+        cuda::GemvIn in;
+        cuda::GemvOut out;
+    };
+    const auto N = cuda::GemvIn::NormF32, B = cuda::GemvIn::Bf16;
+    const Shape shapes[] = {{"7B qkv", 4608, 3584, N, cuda::GemvOut::Bf16},          {"7B o_proj", 3584, 3584, B, cuda::GemvOut::AddF32},
+                            {"7B gate_up", 18944, 3584, N, cuda::GemvOut::SiluMulBf16}, {"7B down", 3584, 18944, B, cuda::GemvOut::AddF32},
+                            {"1.5B qkv", 2048, 1536, N, cuda::GemvOut::Bf16},        {"1.5B o_proj", 1536, 1536, B, cuda::GemvOut::AddF32},
+                            {"1.5B gate_up", 8960, 1536, N, cuda::GemvOut::SiluMulBf16}, {"1.5B down", 1536, 8960, B, cuda::GemvOut::AddF32},
+                            {"0.5B qkv", 1152, 896, N, cuda::GemvOut::Bf16},         {"0.5B o_proj", 896, 896, B, cuda::GemvOut::AddF32},
+                            {"0.5B gate_up", 4864, 896, N, cuda::GemvOut::SiluMulBf16}, {"0.5B down", 896, 4864, B, cuda::GemvOut::AddF32}};
+    for (const Shape & sh : shapes) {
+        const int rows = sh.out == cuda::GemvOut::SiluMulBf16 ? 2 * sh.n : sh.n;
+        const size_t w_bytes = size_t(rows) * sh.k * 2;
+        const int copies = int(std::max<size_t>(1, (size_t(128) << 20) / w_bytes + 1));
+        DeviceBuffer w = upload_bf16(randn(size_t(rows) * sh.k, 0.02f));
+        DeviceBuffer ws(w_bytes * copies, "test");
+        for (int c = 0; c < copies; c++) cudaMemcpy(ws.as<char>() + c * w_bytes, w.get(), w_bytes, cudaMemcpyDeviceToDevice);
+        DeviceBuffer dx = sh.in == N ? upload(randn(size_t(sh.k))) : upload_bf16(randn(size_t(sh.k)));
+        DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
+        DeviceBuffer dy(size_t(sh.n) * 4, "test");
+        cudaMemset(dy.get(), 0, dy.bytes());
+        cuda::GemvArgs a;
+        a.n = sh.n;
+        a.k = sh.k;
+        a.x = dx.get();
+        a.norm_w = dnorm.as<bf16>();
+        a.y = dy.get();
+        int call = 0;
+        double us[2][2];
+        for (int rep = 0; rep < 2; rep++) {
+            for (int balanced = 0; balanced < 2; balanced++) {
+                cuda::set_gemv_balanced(balanced == 1);
+                us[rep][balanced] = 1e3 * time_ms(200, [&] {
+                    a.w = reinterpret_cast<const bf16 *>(ws.as<char>() + (call++ % copies) * w_bytes);
+                    cuda::gemv(a, sh.in, sh.out, nullptr);
+                }, 3);
+            }
+        }
+        cuda::set_gemv_balanced(true);
+        std::printf("[ kernel ] gemv BF16 %-12s n %5d k %5d: rows %.1f / %.1f us, balanced %.1f / %.1f us (%.0f / %.0f GB/s)\n", sh.name, rows,
+                    sh.k, us[0][0], us[1][0], us[0][1], us[1][1], w_bytes / us[0][0] / 1e3, w_bytes / us[0][1] / 1e3);
+    }
+}
 
 TEST(CudaOps, Gemm) {
     REQUIRE_GPU();

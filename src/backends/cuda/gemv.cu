@@ -2,12 +2,12 @@
 // is read from global memory (shared by all blocks, so L1/L2 hits); an fp32 residual input is RMS-normalised into
 // shared memory by every block (RMSNorm fused into the projection, qstage.cuh), behind the block's first weight
 // loads. Each output row is computed by `wpr` warps that split k (reduced through shared memory), enough to fill the
-// GPU when n is small.
+// GPU when n is small. Shapes whose rows fit one wave of gemv_balanced.cu's table go there instead (gemv()).
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
-#include "backends/cuda/common.cuh"
+#include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qstage.cuh"
 #include "core/env.h"
@@ -18,26 +18,6 @@ namespace {
 
 constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
-
-// Weights are read exactly once: bypass L1 so the shared input rows stay there.
-__device__ __forceinline__ uint4 load_stream(const uint4 * p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ float dot8(const uint4 & w, const uint4 & x) {
-    const __nv_bfloat162 * wp = reinterpret_cast<const __nv_bfloat162 *>(&w);
-    const __nv_bfloat162 * xp = reinterpret_cast<const __nv_bfloat162 *>(&x);
-    float s = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 a = __bfloat1622float2(wp[i]), b = __bfloat1622float2(xp[i]);
-        s = fmaf(a.x, b.x, s);
-        s = fmaf(a.y, b.y, s);
-    }
-    return s;
-}
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
     extern __shared__ uint4 smem_raw[];
@@ -81,22 +61,10 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
     pdl_wait();
 
     // Prologue: stage the input rows (float4 batches when aligned: one round trip to memory per 4096 values).
-    for (int m = 0; m < M; m++) {
-        if constexpr (IN == GemvIn::NormF32) {
-            if (a.vec_norm) {
-                qstage::stage_norm_vec<4>(a, m, k, k, xs + int64_t(m) * k, norm_red);
-                continue;
-            }
-            const float * x = static_cast<const float *>(a.x) + int64_t(m) * k;
-            float ss = 0;
-            for (int i = threadIdx.x; i < k; i += k_threads) ss += x[i] * x[i];
-            const float inv = rsqrtf(block_sum<k_warps>(ss, norm_red) / k + a.eps);
-            for (int i = threadIdx.x; i < k; i += k_threads) {
-                xs[int64_t(m) * k + i] = __float2bfloat16(__bfloat162float(a.norm_w[i]) * (x[i] * inv));
-            }
-        }
+    if constexpr (IN == GemvIn::NormF32) {
+        qstage::stage_norm_rows(a, M, xs, norm_red);
+        __syncthreads();
     }
-    if constexpr (IN == GemvIn::NormF32) __syncthreads();
     // bf16 input is read straight from global memory: every block reads the same rows, so they stay in L1/L2.
     const bf16 * xsrc = IN == GemvIn::NormF32 ? xs : static_cast<const bf16 *>(a.x);
 
@@ -167,18 +135,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
 #pragma unroll
             for (int m = 0; m < M; m++) {
                 if (lane != m) continue;
-                const int64_t o = int64_t(m) * a.n + row;
-                if constexpr (OUT == GemvOut::Bf16) {
-                    static_cast<bf16 *>(a.y)[o] = __float2bfloat16(s[m][0]);
-                } else if constexpr (OUT == GemvOut::F32) {
-                    static_cast<float *>(a.y)[o] = s[m][0];
-                } else if constexpr (OUT == GemvOut::AddF32) {
-                    static_cast<float *>(a.y)[o] += s[m][0];
-                } else {
-                    // transformers rounds gate and up to bf16 before silu(gate) * up.
-                    float g = __bfloat162float(__float2bfloat16(s[m][0])), u = __bfloat162float(__float2bfloat16(s[m][1]));
-                    static_cast<bf16 *>(a.y)[o] = __float2bfloat16(silu(g) * u);
-                }
+                gemv_store<OUT>(a, m, row, s[m][0], s[m][n_mats - 1]);
             }
         }
     }
@@ -272,6 +229,7 @@ void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
     a.vec_norm = in == GemvIn::NormF32 && qstage::vec_norm_ok(a);
     if (a.k % 8 != 0) QINFER_FAIL() << "gemv: k = " << a.k << " must be a multiple of 8";
     if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "gemv: NormF32 input needs norm weights";
+    if (gemv_balanced(a, in, out, stream)) return;
     switch (a.m) {
     case 1: return dispatch_io<1>(a, in, out, stream);
     case 2: return dispatch_io<2>(a, in, out, stream);

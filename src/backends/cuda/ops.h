@@ -36,6 +36,9 @@ struct GemvArgs {
     bool vec_norm = false;          // NormF32 staged in float4 batches (set by gemv()/qgemv(): qstage::vec_norm_ok)
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
+// Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)
+// unless this is off (default on; QINFER_GEMV_BALANCED=0 makes the default off).
+void set_gemv_balanced(bool on);
 
 // Programmatic dependent launch for the kernels launched from now on (common.cuh; QINFER_PDL=1 / 0 overrides).
 void set_pdl_default(bool on);

@@ -24,12 +24,6 @@ constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
 constexpr int k_rows_per_warp = 4;
 
-__device__ __forceinline__ uint4 load_stream(const uint4 * p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
 constexpr uint32_t k_magic = 0x4B000000u;  // 2^23 as fp32
 __device__ __forceinline__ float field(uint32_t w, uint32_t mask) { return __uint_as_float((w & mask) | k_magic) - 8388608.0f; }
 

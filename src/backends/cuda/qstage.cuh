@@ -139,4 +139,23 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
     for (int i = K + threadIdx.x; i < n_pos; i += k_threads) dst[i] = __float2bfloat16(0.0f);
 }
 
+// The BF16 GEMVs' prologue: the m rows of an fp32 input RMS-normalised into bf16 xs [m, k] (float4 batches where
+// a.vec_norm, else one pass per 256 values). All threads must call; xs is ready after a __syncthreads().
+__device__ __forceinline__ void stage_norm_rows(const GemvArgs & a, int m_rows, bf16 * xs, float * red) {
+    const int k = a.k;
+    for (int m = 0; m < m_rows; m++) {
+        if (a.vec_norm) {
+            stage_norm_vec<4>(a, m, k, k, xs + int64_t(m) * k, red);
+            continue;
+        }
+        const float * x = static_cast<const float *>(a.x) + int64_t(m) * k;
+        float ss = 0;
+        for (int i = threadIdx.x; i < k; i += k_threads) ss += x[i] * x[i];
+        const float inv = rsqrtf(block_sum<k_threads / 32>(ss, red) / k + a.eps);
+        for (int i = threadIdx.x; i < k; i += k_threads) {
+            xs[int64_t(m) * k + i] = __float2bfloat16(__bfloat162float(a.norm_w[i]) * (x[i] * inv));
+        }
+    }
+}
+
 }  // namespace qinfer::cuda::qstage
