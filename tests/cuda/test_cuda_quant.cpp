@@ -164,25 +164,35 @@ TEST(CudaQuant, DequantizeThenGemmMatchesCpu) {
 }
 
 // Timings for the record (not assertions): prefill of 1024 tokens through each Qwen2.5-7B projection, quantized
-// (GPTQ-Int4, group 128: dequantize to bf16, then cuBLASLt, as the engine does) against cuBLASLt on bf16 weights of the
-// same shape. The bar: the quantized path at >= 70% of the bf16 throughput.
+// (GPTQ-Int4 and -Int8 with group 128, NF4: dequantize to bf16, then cuBLASLt, as the engine does) against cuBLASLt on
+// bf16 weights of the same shape, and the dequantization alone (GB/s of codes and parameters read plus bf16 written).
+// The bar: the quantized path at >= 70% of the bf16 throughput.
 TEST(CudaQuant, PrefillGemmTimings) {
     REQUIRE_GPU();
     const int m = 1024;
+    const std::pair<const char *, QuantScheme> formats[] = {{"GPTQ-Int4", gptq_scheme(4, 128, true, QuantPacking::GptqV1)},
+                                                            {"GPTQ-Int8", gptq_scheme(8, 128, true, QuantPacking::GptqV1)},
+                                                            {"NF4", bnb_scheme(QuantPacking::Nf4, false)}};
     for (auto [name, n, k] : {std::tuple{"qkv", 4608, 3584}, std::tuple{"o_proj", 3584, 3584}, std::tuple{"gate_up", 37888, 3584},
                               std::tuple{"down", 3584, 18944}}) {
-        auto ql = make_quant_linear(gptq_scheme(4, 128, true, QuantPacking::GptqV1), n, k, 7);
-        DevQuant dq = upload_quant(ql->l);
         DeviceBuffer w(size_t(n) * k * 2, "test"), x = upload_bf16(randn(size_t(m) * k)), y(size_t(m) * n * 2, "test");
         cudaMemset(w.get(), 0, w.bytes());
         const double bf16_ms = time_ms(10, [&] { cuda::gemm(x.as<bf16>(), w.as<bf16>(), m, n, k, y.get(), false, nullptr); }, 1);
-        const double quant_ms = time_ms(10, [&] {
-            cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
-            cuda::gemm(x.as<bf16>(), w.as<bf16>(), m, n, k, y.get(), false, nullptr);
-        }, 1);
         const double flop = 2.0 * m * n * k;
-        std::printf("[ kernel ] prefill GEMM %-7s m %d n %d k %d: bf16 %.3f ms (%.0f TFLOP/s), GPTQ-Int4 dequantize+GEMM %.3f ms (%.0f TFLOP/s, %.0f%%)\n",
-                    name, m, n, k, bf16_ms, flop / bf16_ms / 1e9, quant_ms, flop / quant_ms / 1e9, 100.0 * bf16_ms / quant_ms);
+        for (const auto & [format, scheme] : formats) {
+            auto ql = make_quant_linear(scheme, n, k, 7);
+            DevQuant dq = upload_quant(ql->l);
+            const double dq_ms = time_ms(10, [&] { cuda::dequantize(dq.q, w.as<bf16>(), nullptr); }, 1);
+            const double quant_ms = time_ms(10, [&] {
+                cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
+                cuda::gemm(x.as<bf16>(), w.as<bf16>(), m, n, k, y.get(), false, nullptr);
+            }, 1);
+            const double dq_bytes = double(dq.codes.bytes() + dq.scales.bytes() + dq.zeros.bytes() + dq.absmax.bytes()) + double(w.bytes());
+            std::printf("[ kernel ] prefill GEMM %-7s %-9s m %d n %d k %d: bf16 %.3f ms (%.0f TFLOP/s), dequantize %.3f ms (%.0f GB/s), "
+                        "dequantize+GEMM %.3f ms (%.0f TFLOP/s, %.0f%%)\n",
+                        name, format, m, n, k, bf16_ms, flop / bf16_ms / 1e9, dq_ms, dq_bytes / dq_ms / 1e6, quant_ms, flop / quant_ms / 1e9,
+                        100.0 * bf16_ms / quant_ms);
+        }
     }
 }
 

@@ -408,7 +408,8 @@ void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
         static const bool scatter = env_is("QINFER_DEQUANT", "scatter");
         if (!w.perm && w.k % 8 == 0 && !scatter) {
             const int64_t tasks = int64_t(w.rows_padded / 16) * (w.k_padded / 64);
-            const unsigned blocks = unsigned((tasks + mma4::k_warps - 1) / mma4::k_warps);
+            const int64_t per_block = int64_t(mma4::k_warps) * mma4::k_dequant_tiles;
+            const unsigned blocks = unsigned((tasks + per_block - 1) / per_block);
             if (w.lut) {
                 mma4::dequantize_tiled_rows_kernel<1, true><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
             } else if (w.bits == 8) {

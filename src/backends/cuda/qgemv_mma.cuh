@@ -68,51 +68,96 @@ template <bool LUT> __device__ __forceinline__ float tile_weight(const QuantMatr
     return s * (float(q) - z);
 }
 
-// The dequantized weight from the tile layout without act-order: bf16 [rows, k] (k a multiple of 8). Each warp
-// turns one 16 x 64 tile (one lane's 16 bytes of codes per plane) into bf16 in shared memory and writes it out as
-// 16-byte row chunks, so the stores are whole sectors; value = scale * (q - zero) rounded once, as below.
+// The dequantized weight from the tile layout without act-order: bf16 [rows, k] (k a multiple of 8). A warp takes
+// k_dequant_tiles consecutive 16 x 64 tiles (one lane's 16 bytes of codes per plane and tile), requests all their
+// codes and group parameters at once, then turns each tile into bf16 in shared memory and writes it out as 16-byte row
+// chunks, so the stores are whole sectors; value = scale * (q - zero) (or table[q] * absmax) rounded once, as below.
+// Where a tile lies within one quantization group (group a multiple of 64, every lookup format) its rows' parameters
+// are loaded once per tile.
+constexpr int k_dequant_tiles = 4;
+
 template <int PLANES, bool LUT> __global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantMatrix w, bf16 * out) {
     constexpr int ld = 72;  // tile row stride in bf16 (144 bytes: 16-byte aligned, conflict-free both ways)
+    constexpr int T = k_dequant_tiles;
     __shared__ __align__(16) bf16 tile[k_warps][16 * ld];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int nkb = w.k_padded / 64;
-    const int64_t task = int64_t(blockIdx.x) * k_warps + warp;  // row block x K block
-    if (task >= int64_t(w.rows_padded / 16) * nkb) return;
-    const int kb = int(task % nkb);
-    const int64_t rb = task / nkb;
-    uint32_t words[4][PLANES];  // [word j][plane]
+    const int64_t tasks = int64_t(w.rows_padded / 16) * nkb;  // row block x K block, in the order the codes are stored
+    const int64_t task0 = (int64_t(blockIdx.x) * k_warps + warp) * T;
+    const bool tile_group = w.group % 64 == 0;
+    // Rows g and g + 8 (h) of tile i: its group parameters (affine: scale, zero; lookup: absmax), when tile_group.
+    uint32_t words[T][4][PLANES];  // [tile][word j][plane]
+    float par_s[T][2], par_z[T][2];
 #pragma unroll
-    for (int p = 0; p < PLANES; p++) {
-        const uint4 v = reinterpret_cast<const uint4 *>(w.codes)[(task * PLANES + p) * 32 + lane];
-        words[0][p] = v.x, words[1][p] = v.y, words[2][p] = v.z, words[3][p] = v.w;
-    }
-    bf16 * tw = tile[warp];
+    for (int i = 0; i < T; i++) {
+        const int64_t task = task0 + i;
+        if (task >= tasks) break;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        // Word j holds positions 16j + {2t, 2t + 1, 2t + 8, 2t + 9} of rows g and g + 8 (field p: row g + 8 (p & 1),
-        // position + 8 ((p >> 1) & 1) + (p >> 2)); 16 positions never straddle a group (groups are multiples of 32).
-        const int gi = min((kb * 64 + 16 * j) / w.group, w.groups - 1);
+        for (int p = 0; p < PLANES; p++) {
+            const uint4 v = load_stream(reinterpret_cast<const uint4 *>(w.codes) + (task * PLANES + p) * 32 + lane);
+            words[i][0][p] = v.x, words[i][1][p] = v.y, words[i][2][p] = v.z, words[i][3][p] = v.w;
+        }
+        if (tile_group) {
+            const int kb = int(task % nkb);
+            const int64_t rb = task / nkb;
+            const int gi = min(kb * 64 / w.group, w.groups - 1);
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t gidx = (rb * 16 + g + 8 * h) * w.groups + gi;  // scales and absmax cover rows_padded
-#pragma unroll
-            for (int second = 0; second < 2; second++) {
-                const int p = h + 2 * second;
-                __nv_bfloat162 pair;
-                pair.x = __float2bfloat16(tile_weight<LUT>(w, gidx, tile_code<PLANES, LUT>(words[j], p)));
-                pair.y = __float2bfloat16(tile_weight<LUT>(w, gidx, tile_code<PLANES, LUT>(words[j], p + 4)));
-                *reinterpret_cast<__nv_bfloat162 *>(tw + (g + 8 * h) * ld + 16 * j + 8 * second + 2 * t) = pair;
+            for (int h = 0; h < 2; h++) {
+                const int64_t gidx = (rb * 16 + g + 8 * h) * w.groups + gi;  // scales and absmax cover rows_padded
+                if constexpr (LUT) {
+                    par_s[i][h] = w.absmax[gidx];
+                } else {
+                    par_s[i][h] = __half2float(__ushort_as_half(w.scales[gidx]));
+                    par_z[i][h] = w.zeros ? float(w.zeros[gidx]) : float(w.const_zero);
+                }
             }
         }
     }
-    __syncwarp();
-    const int r = lane / 2, half = lane % 2;
-    const int64_t row = rb * 16 + r;
-    if (row >= w.rows) return;
+    bf16 * tw = tile[warp];
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int col = half * 32 + 8 * u, pos = kb * 64 + col;
-        if (pos < w.k) *reinterpret_cast<uint4 *>(out + row * w.k + pos) = *reinterpret_cast<const uint4 *>(tw + r * ld + col);
+    for (int i = 0; i < T; i++) {
+        const int64_t task = task0 + i;
+        if (task >= tasks) break;
+        const int kb = int(task % nkb);
+        const int64_t rb = task / nkb;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            // Word j holds positions 16j + {2t, 2t + 1, 2t + 8, 2t + 9} of rows g and g + 8 (field p: row g + 8 (p & 1),
+            // position + 8 ((p >> 1) & 1) + (p >> 2)); 16 positions never straddle a group (groups are multiples of 32).
+            const int gi = min((kb * 64 + 16 * j) / w.group, w.groups - 1);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t gidx = (rb * 16 + g + 8 * h) * w.groups + gi;
+#pragma unroll
+                for (int second = 0; second < 2; second++) {
+                    const int p = h + 2 * second;
+                    float v[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const uint32_t q = tile_code<PLANES, LUT>(words[i][j], p + 4 * e);
+                        if (!tile_group) {
+                            v[e] = tile_weight<LUT>(w, gidx, q);
+                        } else if constexpr (LUT) {
+                            v[e] = w.table[q] * par_s[i][h];
+                        } else {
+                            v[e] = par_s[i][h] * (float(q) - par_z[i][h]);
+                        }
+                    }
+                    *reinterpret_cast<__nv_bfloat162 *>(tw + (g + 8 * h) * ld + 16 * j + 8 * second + 2 * t) = __floats2bfloat162_rn(v[0], v[1]);
+                }
+            }
+        }
+        __syncwarp();
+        const int r = lane / 2, half = lane % 2;
+        const int64_t row = rb * 16 + r;
+        if (row < w.rows) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int col = half * 32 + 8 * u, pos = kb * 64 + col;
+                if (pos < w.k) *reinterpret_cast<uint4 *>(out + row * w.k + pos) = *reinterpret_cast<const uint4 *>(tw + r * ld + col);
+            }
+        }
+        __syncwarp();
     }
 }
 
