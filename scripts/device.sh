@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [rows]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -361,6 +361,20 @@ if has gemv-ab; then
     for b in 0 1; do
         QINFER_GEMV_BALANCED=$b QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --input-lens 1 --gen 128 2>&1 |
             grep -E "^  |profile" | sed "s/^/balanced=$b /" | tee -a "$OUT/gemv-ab.log"
+    done
+fi
+# Prefill dequantization: the quantized tests and goldens, the prefill GEMM timings per format; then programmatic
+# dependent launch on 7B BF16 (off by default above 8 GB of checkpoint), alternated.
+if has dequant-ab; then
+    build-device/tests/qinfer_tests --gtest_filter='*Quant*:*Dequant*:*GoldenCuda*' >"$OUT/dequant-test.log" 2>&1
+    note "quant tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/dequant-test.log" | tr '\n' ' ')"
+    grep -E "Failure" -A6 "$OUT/dequant-test.log" | head -30
+    grep -E "^\[ kernel \] prefill" "$OUT/dequant-test.log"
+    for rep in 1 2; do
+        for pdl in 0 1; do
+            QINFER_PDL=$pdl "$Q" bench --preset qwen2.5-7b --input-lens 1 --gen 512 --json "$OUT/pdl-7b-$pdl-$rep.json" 2>&1 |
+                grep -E "^\| qwen" | sed "s/^/pdl=$pdl /" | tee -a "$OUT/pdl-ab.log"
+        done
     done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.
