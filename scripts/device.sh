@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [rows]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -375,6 +375,14 @@ if has dequant-ab; then
             QINFER_PDL=$pdl "$Q" bench --preset qwen2.5-7b --input-lens 1 --gen 512 --json "$OUT/pdl-7b-$pdl-$rep.json" 2>&1 |
                 grep -E "^\| qwen" | sed "s/^/pdl=$pdl /" | tee -a "$OUT/pdl-ab.log"
         done
+    done
+fi
+# Prefill pass length for dequantized weights (each pass dequantizes every projection once): 7B GPTQ-Int4 at 30720
+# with QINFER_PREFILL_CHUNK forced, alternated.
+if has chunk-ab; then
+    for c in 1024 4096 2048 1024 4096; do
+        QINFER_PREFILL_CHUNK=$c "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 30720 --gen 2048 \
+            --json "$OUT/chunk-7b-int4-$c-$((n_chunk += 1)).json" 2>&1 | grep -E "^\| qwen" | sed "s/^/chunk=$c /" | tee -a "$OUT/chunk-ab.log"
     done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.
