@@ -27,10 +27,8 @@ class Gemv : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 TEST_P(Gemv, MatchesCpu) {
     REQUIRE_GPU();
     const auto [n, k, m] = GetParam();
-    for (int kernels = 0; kernels < 3; kernels++) {  // row kernels only; balanced where it applies: registers, cp.async ring
-        const bool balanced = kernels > 0;
+    for (const bool balanced : {false, true}) {  // the row kernels only, then the balanced kernel where it applies
         cuda::set_gemv_balanced(balanced);
-        cuda::set_gemv_async(kernels == 2);
         for (int in = 0; in < 2; in++) {
             for (int out = 0; out < 4; out++) {
                 const bool silu = out == 3;
@@ -89,12 +87,11 @@ TEST_P(Gemv, MatchesCpu) {
                 const double scale = silu ? std::max(mass, mass * mass) : mass;
                 const double tol = (out == 1 || out == 2) ? (in ? 2e-3 : 1e-5) : 8e-3;
                 EXPECT_LT(err / scale, tol) << "n " << n << " k " << k << " m " << m << " in " << in << " out " << out
-                                            << (kernels == 0 ? " rows" : kernels == 1 ? " balanced" : " balanced async");
+                                            << (balanced ? " balanced" : " rows");
             }
         }
     }
     cuda::set_gemv_balanced(true);
-    cuda::set_gemv_async(false);
 }
 
 INSTANTIATE_TEST_SUITE_P(OddShapes, Gemv,
@@ -102,8 +99,7 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, Gemv,
                                             ::testing::Values(1, 3, 4)));
 
 // Timings for the record (not assertions): the BF16 decode GEMVs of Qwen2.5 0.5B / 1.5B / 7B at m 1, with the input
-// and output forms the engine uses: the row kernels, the balanced kernel (registers), the balanced kernel through a
-// cp.async ring, alternated twice. Weights are
+// and output forms the engine uses, the row kernels against the balanced kernel, alternated twice. Weights are
 // cycled through copies of at least 128 MB so no call finds them in the 50 MB L2 (scripts/device.sh gemv-ab).
 TEST(CudaOps, GemvTimings) {
     REQUIRE_GPU();
@@ -138,23 +134,19 @@ TEST(CudaOps, GemvTimings) {
         a.norm_w = dnorm.as<bf16>();
         a.y = dy.get();
         int call = 0;
-        double us[2][3];
+        double us[2][2];
         for (int rep = 0; rep < 2; rep++) {
-            for (int kernels = 0; kernels < 3; kernels++) {
-                cuda::set_gemv_balanced(kernels > 0);
-                cuda::set_gemv_async(kernels == 2);
-                us[rep][kernels] = 1e3 * time_ms(200, [&] {
+            for (int balanced = 0; balanced < 2; balanced++) {
+                cuda::set_gemv_balanced(balanced == 1);
+                us[rep][balanced] = 1e3 * time_ms(200, [&] {
                     a.w = reinterpret_cast<const bf16 *>(ws.as<char>() + (call++ % copies) * w_bytes);
                     cuda::gemv(a, sh.in, sh.out, nullptr);
                 }, 3);
             }
         }
         cuda::set_gemv_balanced(true);
-        cuda::set_gemv_async(false);
-        std::printf("[ kernel ] gemv BF16 %-12s n %5d k %5d: rows %.1f / %.1f us, balanced %.1f / %.1f us, async %.1f / %.1f us "
-                    "(%.0f / %.0f / %.0f GB/s)\n",
-                    sh.name, rows, sh.k, us[0][0], us[1][0], us[0][1], us[1][1], us[0][2], us[1][2], w_bytes / us[0][0] / 1e3,
-                    w_bytes / us[0][1] / 1e3, w_bytes / us[0][2] / 1e3);
+        std::printf("[ kernel ] gemv BF16 %-12s n %5d k %5d: rows %.1f / %.1f us, balanced %.1f / %.1f us (%.0f / %.0f GB/s)\n", sh.name, rows,
+                    sh.k, us[0][0], us[1][0], us[0][1], us[1][1], w_bytes / us[0][0] / 1e3, w_bytes / us[0][1] / 1e3);
     }
 }
 

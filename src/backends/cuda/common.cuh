@@ -4,7 +4,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <utility>
 
 #include "backends/cuda/cuda_check.h"
@@ -93,15 +92,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4 * p) {
     asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
-
-// 16 bytes global -> shared without registers; valid false zero-fills them.
-__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool valid) {
-    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
-    const int bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Dot product of eight bf16 pairs (16 bytes each) in fp32, in order.
 __device__ __forceinline__ float dot8(const uint4 & w, const uint4 & x) {

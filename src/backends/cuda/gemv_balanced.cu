@@ -21,23 +21,10 @@ constexpr int k_threads = 256;
 constexpr int k_table_rows = 32;  // table rows per block (tokens x rows x matrices): 32 KB of shared memory
 constexpr int k_batch = 8;        // loads in flight per thread
 
-// Advances a flat position (row v, chunk c) by one step of 256 chunks.
-__device__ __forceinline__ void step(int & v, int & c, int chunks) {
-    c += k_threads;
-    while (c >= chunks) {
-        c -= chunks;
-        v++;
-    }
-}
-
-// ASYNC: the weights go through a two-stage ring in shared memory (cp.async, each thread reads back only its own
-// slots), so a batch is in flight while the one before it is multiplied; otherwise through registers, one batch at
-// a time.
-template <int M, GemvIn IN, GemvOut OUT, bool ASYNC> __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, int table_rows) {
+template <int M, GemvIn IN, GemvOut OUT> __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, int table_rows) {
     extern __shared__ float4 smem_raw4[];
-    uint4 * ring = reinterpret_cast<uint4 *>(smem_raw4);                                       // ASYNC: [2, k_batch, 256]
-    float * table = reinterpret_cast<float *>(ring + (ASYNC ? 2 * k_batch * k_threads : 0));  // fp32 [M, table_rows, 256]
-    bf16 * xs = reinterpret_cast<bf16 *>(table + size_t(M) * table_rows * k_threads);          // bf16 [M, k] (NormF32)
+    float * table = reinterpret_cast<float *>(smem_raw4);                              // fp32 [M, table_rows, 256]
+    bf16 * xs = reinterpret_cast<bf16 *>(table + size_t(M) * table_rows * k_threads);  // bf16 [M, k] (NormF32)
     __shared__ float norm_red[k_threads / 32];
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -49,15 +36,9 @@ template <int M, GemvIn IN, GemvOut OUT, bool ASYNC> __global__ void __launch_bo
         return reinterpret_cast<const uint4 *>(a.w + (int64_t(row0 + vr / n_mats) + int64_t(vr % n_mats) * a.n) * k);
     };
 
-    // This thread's next chunk to request: (v, c), flat index v * chunks + c = tid + 256 i; p: row v's weights.
+    // This thread's next chunk: (v, c), flat index v * chunks + c = tid + 256 i.
     int v = tid / chunks, c = tid % chunks;
-    const uint4 * p = v < vrows ? row_ptr(v) : reinterpret_cast<const uint4 *>(a.w);
-    auto advance = [&]() {
-        const int v_before = v;
-        step(v, c, chunks);
-        if (v != v_before) p = v < vrows ? row_ptr(v) : reinterpret_cast<const uint4 *>(a.w);
-    };
-    // Registers: the batch and where each of its chunks came from.
+    const uint4 * p = v < vrows ? row_ptr(v) : nullptr;
     uint4 wv[k_batch];
     int wrow[k_batch], wchunk[k_batch];
     auto fetch = [&]() {
@@ -66,28 +47,20 @@ template <int M, GemvIn IN, GemvOut OUT, bool ASYNC> __global__ void __launch_bo
             wrow[u] = v;
             wchunk[u] = c;
             wv[u] = v < vrows ? load_stream(p + c) : make_uint4(0, 0, 0, 0);
-            advance();
+            c += k_threads;
+            if (c >= chunks) {
+                while (c >= chunks) {
+                    c -= chunks;
+                    v++;
+                }
+                p = v < vrows ? row_ptr(v) : nullptr;
+            }
         }
-    };
-    // Shared memory: batch into ring stage s; its first position is kept to walk it again when it is used.
-    int stage0_v = v, stage0_c = c, stage1_v = v, stage1_c = c;
-    auto issue = [&](int s) {
-        (s ? stage1_v : stage0_v) = v;
-        (s ? stage1_c : stage0_c) = c;
-#pragma unroll
-        for (int u = 0; u < k_batch; u++) {
-            cp_async16(ring + (s * k_batch + u) * k_threads + tid, p + c, v < vrows);
-            advance();
-        }
-        cp_async_commit();
     };
 
     // The first batch is requested before pdl_wait() and the norm, as in gemv.cu.
     bool have_batch = a.prefetch;
-    if (have_batch) {
-        if constexpr (ASYNC) issue(0);
-        else fetch();
-    }
+    if (have_batch) fetch();
     pdl_wait();
     for (int m = 0; m < M; m++) {
         for (int r = 0; r < vrows; r++) table[(size_t(m) * table_rows + r) * k_threads + tid] = 0;
@@ -106,41 +79,20 @@ template <int M, GemvIn IN, GemvOut OUT, bool ASYNC> __global__ void __launch_bo
 #pragma unroll
         for (int m = 0; m < M; m++) table[(size_t(m) * table_rows + cur) * k_threads + tid] = acc[m];
     };
-    auto accumulate = [&](int row, int chunk, const uint4 & w) {
-        if (row >= vrows) return;
-        if (row != cur) {
-            flush();
-            cur = row;
+    while (have_batch || v < vrows) {
+        if (!have_batch) fetch();
+        have_batch = false;
 #pragma unroll
-            for (int m = 0; m < M; m++) acc[m] = 0;
-        }
+        for (int u = 0; u < k_batch; u++) {
+            if (wrow[u] >= vrows) continue;
+            if (wrow[u] != cur) {
+                flush();
+                cur = wrow[u];
 #pragma unroll
-        for (int m = 0; m < M; m++) acc[m] += dot8(w, reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[chunk]);
-    };
-    if constexpr (ASYNC) {
-        if (!have_batch) issue(0);
-        for (int s = 0;; s ^= 1) {
-            const bool more = v < vrows;
-            if (more) {
-                issue(s ^ 1);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
+                for (int m = 0; m < M; m++) acc[m] = 0;
             }
-            int rv = s ? stage1_v : stage0_v, rc = s ? stage1_c : stage0_c;
 #pragma unroll
-            for (int u = 0; u < k_batch; u++) {
-                accumulate(rv, rc, ring[(s * k_batch + u) * k_threads + tid]);
-                step(rv, rc, chunks);
-            }
-            if (!more) break;
-        }
-    } else {
-        while (have_batch || v < vrows) {
-            if (!have_batch) fetch();
-            have_batch = false;
-#pragma unroll
-            for (int u = 0; u < k_batch; u++) accumulate(wrow[u], wchunk[u], wv[u]);
+            for (int m = 0; m < M; m++) acc[m] += dot8(wv[u], reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[wchunk[u]]);
         }
     }
     flush();
@@ -174,40 +126,39 @@ template <class Kernel> int resident_blocks(Kernel kernel, size_t smem, size_t &
     return cached_blocks;
 }
 
-template <int M, GemvIn IN, GemvOut OUT, bool ASYNC> bool launch(const GemvArgs & a, cudaStream_t stream) {
+template <int M, GemvIn IN, GemvOut OUT> bool launch(const GemvArgs & a, cudaStream_t stream) {
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
-    auto kernel = gemv_balanced_kernel<M, IN, OUT, ASYNC>;
-    // Staged inputs and the ring: the shared memory that does not depend on the rows per block.
-    const size_t fixed_bytes = (IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0) + (ASYNC ? size_t(2) * k_batch * k_threads * 16 : 0);
+    auto kernel = gemv_balanced_kernel<M, IN, OUT>;
+    const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
     static size_t configured = 0, cached_smem = 0;
     static int cached_blocks = 0;
-    allow_dynamic_smem(kernel, table_max_bytes + fixed_bytes, configured);
+    allow_dynamic_smem(kernel, table_max_bytes + xs_bytes, configured);
     // One wave at the largest table: a smaller table can only let more blocks in.
-    const int per_sm = resident_blocks(kernel, table_max_bytes + fixed_bytes, cached_smem, cached_blocks);
+    const int per_sm = resident_blocks(kernel, table_max_bytes + xs_bytes, cached_smem, cached_blocks);
     if (per_sm < 1) return false;
     const int grid = std::min(per_sm * sm_count(), a.n);
     const int table_rows = (a.n + grid - 1) / grid * n_mats;
     if (M * table_rows > k_table_rows) return false;
-    const size_t smem = size_t(M) * table_rows * k_threads * sizeof(float) + fixed_bytes;
+    const size_t smem = size_t(M) * table_rows * k_threads * sizeof(float) + xs_bytes;
     launch_kernel(kernel, grid, k_threads, smem, stream, a, table_rows);
     return true;
 }
 
-template <int M, bool ASYNC> bool dispatch(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t s) {
+template <int M> bool dispatch(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t s) {
     if (in == GemvIn::Bf16) {
         switch (out) {
-        case GemvOut::Bf16: return launch<M, GemvIn::Bf16, GemvOut::Bf16, ASYNC>(a, s);
-        case GemvOut::F32: return launch<M, GemvIn::Bf16, GemvOut::F32, ASYNC>(a, s);
-        case GemvOut::AddF32: return launch<M, GemvIn::Bf16, GemvOut::AddF32, ASYNC>(a, s);
-        case GemvOut::SiluMulBf16: return launch<M, GemvIn::Bf16, GemvOut::SiluMulBf16, ASYNC>(a, s);
+        case GemvOut::Bf16: return launch<M, GemvIn::Bf16, GemvOut::Bf16>(a, s);
+        case GemvOut::F32: return launch<M, GemvIn::Bf16, GemvOut::F32>(a, s);
+        case GemvOut::AddF32: return launch<M, GemvIn::Bf16, GemvOut::AddF32>(a, s);
+        case GemvOut::SiluMulBf16: return launch<M, GemvIn::Bf16, GemvOut::SiluMulBf16>(a, s);
         }
     } else {
         switch (out) {
-        case GemvOut::Bf16: return launch<M, GemvIn::NormF32, GemvOut::Bf16, ASYNC>(a, s);
-        case GemvOut::F32: return launch<M, GemvIn::NormF32, GemvOut::F32, ASYNC>(a, s);
-        case GemvOut::AddF32: return launch<M, GemvIn::NormF32, GemvOut::AddF32, ASYNC>(a, s);
-        case GemvOut::SiluMulBf16: return launch<M, GemvIn::NormF32, GemvOut::SiluMulBf16, ASYNC>(a, s);
+        case GemvOut::Bf16: return launch<M, GemvIn::NormF32, GemvOut::Bf16>(a, s);
+        case GemvOut::F32: return launch<M, GemvIn::NormF32, GemvOut::F32>(a, s);
+        case GemvOut::AddF32: return launch<M, GemvIn::NormF32, GemvOut::AddF32>(a, s);
+        case GemvOut::SiluMulBf16: return launch<M, GemvIn::NormF32, GemvOut::SiluMulBf16>(a, s);
         }
     }
     return false;
@@ -219,26 +170,13 @@ static std::atomic<bool> balanced_on{!env_is("QINFER_GEMV_BALANCED", "0")};
 
 void set_gemv_balanced(bool on) { balanced_on = on; }
 
-static std::atomic<bool> async_on{env_is("QINFER_GEMV_ASYNC", "1")};
-
-void set_gemv_async(bool on) { async_on = on; }
-
 bool gemv_balanced(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream) {
     if (!balanced_on) return false;
-    if (async_on) {
-        switch (a.m) {
-        case 1: return dispatch<1, true>(a, in, out, stream);
-        case 2: return dispatch<2, true>(a, in, out, stream);
-        case 3: return dispatch<3, true>(a, in, out, stream);
-        case 4: return dispatch<4, true>(a, in, out, stream);
-        default: return false;
-        }
-    }
     switch (a.m) {
-    case 1: return dispatch<1, false>(a, in, out, stream);
-    case 2: return dispatch<2, false>(a, in, out, stream);
-    case 3: return dispatch<3, false>(a, in, out, stream);
-    case 4: return dispatch<4, false>(a, in, out, stream);
+    case 1: return dispatch<1>(a, in, out, stream);
+    case 2: return dispatch<2>(a, in, out, stream);
+    case 3: return dispatch<3>(a, in, out, stream);
+    case 4: return dispatch<4>(a, in, out, stream);
     default: return false;
     }
 }

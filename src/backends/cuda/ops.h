@@ -39,9 +39,6 @@ void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)
 // unless this is off (default on; QINFER_GEMV_BALANCED=0 makes the default off).
 void set_gemv_balanced(bool on);
-// The balanced kernel's weights through a cp.async ring in shared memory instead of registers (default off;
-// QINFER_GEMV_ASYNC=1 makes the default on).
-void set_gemv_async(bool on);
 
 // Programmatic dependent launch for the kernels launched from now on (common.cuh; QINFER_PDL=1 / 0 overrides).
 void set_pdl_default(bool on);
