@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [rows]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -388,6 +388,14 @@ if has chunk-ab; then
     for c in 1024 4096 2048 1024 4096; do
         QINFER_PREFILL_CHUNK=$c "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 30720 --gen 2048 \
             --json "$OUT/chunk-7b-int4-$c-$((n_chunk += 1)).json" 2>&1 | grep -E "^\| qwen" | sed "s/^/chunk=$c /" | tee -a "$OUT/chunk-ab.log"
+    done
+fi
+# The same for the small BF16 models at 30720 (their activations per token are a quarter / half of 7B's).
+if has chunk-small; then
+    for spec in qwen2.5-0.5b:1024 qwen2.5-0.5b:4096 qwen2.5-1.5b:1024 qwen2.5-1.5b:2048 qwen2.5-0.5b:1024 qwen2.5-0.5b:4096 qwen2.5-1.5b:1024 qwen2.5-1.5b:2048; do
+        p=${spec%%:*} c=${spec##*:}
+        QINFER_PREFILL_CHUNK=$c "$Q" bench --preset $p --input-lens 30720 --gen 2048 --json "$OUT/chunk-$p-$c.json" 2>&1 |
+            grep -E "^\| qwen" | sed "s/^/chunk=$c /" | tee -a "$OUT/chunk-small.log"
     done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.
