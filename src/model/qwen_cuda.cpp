@@ -284,12 +284,12 @@ bool CudaQwenEngine::has_quantized() const {
     return false;
 }
 
-int prefill_chunk_tokens(int kv_tokens, bool dequantized_weights) {
+int prefill_chunk_tokens(int kv_tokens, bool dequantized_weights, double bytes_per_token) {
     static const int forced = [] {
         const int v = env_int("QINFER_PREFILL_CHUNK", 0);
         return v >= 128 && v % 128 == 0 ? v : 0;
     }();
-    return forced ? forced : prefill_chunk_for_cache(kv_tokens, dequantized_weights);
+    return forced ? forced : prefill_chunk_for_cache(kv_tokens, dequantized_weights, bytes_per_token);
 }
 
 void CudaQwenEngine::plan_batch(int n_sequences, int max_tokens) {
@@ -303,7 +303,7 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
     plan_batch(n_sequences, max_tokens);
     // Prefill runs one prompt at a time in chunks; decode runs all rows (workspaces, logits, the dequantized weight
     // of the largest quantized projection once more than the GEMVs' rows go through cuBLASLt).
-    const int rows = std::max(std::min(prompt_tokens, prefill_chunk_tokens(kv_tokens_, has_quantized())), n_sequences);
+    const int rows = std::max(std::min(prompt_tokens, prefill_chunk_tokens(kv_tokens_, has_quantized(), prefill_bytes_per_token(model_->config))), n_sequences);
     ensure_workspace(rows);
     logits_.ensure(size_t(std::max(n_sequences, 1)) * model_->config.vocab_size * sizeof(float), "logits");
     size_t largest = 0;
@@ -541,7 +541,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     }
     const int H = cfg.hidden_size, V = cfg.vocab_size;
     const float eps = float(cfg.rms_norm_eps);
-    const int chunk = std::min(n, prefill_chunk_tokens(kv_tokens_, has_quantized()));
+    const int chunk = std::min(n, prefill_chunk_tokens(kv_tokens_, has_quantized(), prefill_bytes_per_token(model_->config)));
     ensure_workspace(chunk);
     const int n_out = all_logits ? n : 1;
     logits.resize(size_t(n_out) * V);

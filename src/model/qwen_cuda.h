@@ -35,7 +35,7 @@ using cuda::HostMappedBuffer;
 
 // Tokens per prefill pass (bounds activation memory at any length) for a cache of kv_tokens per sequence:
 // prefill_chunk_for_cache (model/prefill_chunk.h), or QINFER_PREFILL_CHUNK (a multiple of 128, for timing others).
-int prefill_chunk_tokens(int kv_tokens, bool dequantized_weights);
+int prefill_chunk_tokens(int kv_tokens, bool dequantized_weights, double bytes_per_token);
 
 constexpr int k_gemv_max_m = 4;        // up to this many tokens go through the GEMV kernels
 constexpr int k_qgemv_max_m = 8;       // and through the tiled 4-bit GEMV, which takes 8 in one pass (the other

@@ -73,9 +73,9 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     // Workspaces for the larger of one prefill chunk (prefill_chunk_for_cache tokens of one sequence: a batch's prompts
     // are prefilled one after another) and one decode step of the batch; decode scratch and buffers
     // (model/qwen_cuda.cpp).
-    const int chunk = prefill_chunk_for_cache(int(tokens), largest_quant > 0);
-    const double ch = double(std::max(std::min(prompt, chunk), batch)), H = c.hidden_size, I = c.intermediate_size;
-    m.workspace = ch * (4 + 4 * H + 2 * H + 2 * double(c.q_dim() + 2 * c.kv_dim()) + 4 * double(c.q_dim()) + 2 * H + 6 * I);
+    const int chunk = prefill_chunk_for_cache(int(tokens), largest_quant > 0, prefill_bytes_per_token(c));
+    const double ch = double(std::max(std::min(prompt, chunk), batch));
+    m.workspace = ch * prefill_bytes_per_token(c);
     m.workspace += 4.0 * c.vocab_size * batch + 4.0 * (tokens + 1) * batch;
     // 396 blocks a wave: 3 per SM (backends/cuda/attention.cu) on an H100's 132 SMs.
     const double splits = decode_splits_for(int(tokens), c.num_key_value_heads, int(batch), 396);

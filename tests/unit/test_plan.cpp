@@ -1,7 +1,8 @@
 // qinfer's memory model of the CUDA engine against peaks measured on an H100 (qinfer's allocator, 1 GB = 1e9 bytes,
 // 2048 generated): bench/results/2026-11-26-h100-bf16 and bench/results/2026-11-26-h100-quant; more rows below. These
 // were measured with the token embedding on the GPU (--embedding-on-gpu since it moved to host memory by default);
-// 7B GPTQ-Int4 at 30720 with 4096-token prefill passes at b80b229 (bench/results/2026-11-26-h100-b80b229).
+// 7B GPTQ-Int4 at 30720 with 4096-token prefill passes at b80b229 (bench/results/2026-11-26-h100-b80b229); 0.5B and
+// 1.5B at 30720 with 4096- and 2048-token passes at 41251f5 (bench/results/2026-11-26-h100-chunk-small).
 #include <gtest/gtest.h>
 
 #include "model/decode_splits.h"
@@ -34,7 +35,7 @@ struct Measured {
 TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
     const Measured rows[] = {
         {"qwen2.5-7b", "", 1, 15.35},         {"qwen2.5-7b", "", 30720, 17.30},     {"qwen2.5-1.5b", "", 1, 3.150},
-        {"qwen2.5-1.5b", "", 30720, 4.125},   {"qwen2.5-0.5b", "", 1, 1.016},       {"qwen2.5-0.5b", "", 30720, 1.453},
+        {"qwen2.5-1.5b", "", 30720, 4.201},   {"qwen2.5-0.5b", "", 1, 1.016},       {"qwen2.5-0.5b", "", 30720, 1.582},
         {"qwen2.5-7b", "gptq-int4", 1, 5.668}, {"qwen2.5-7b", "gptq-int4", 30720, 8.427}, {"qwen2.5-7b", "awq", 1, 5.719},
         {"qwen2.5-7b", "gptq-int8", 1, 8.931}, {"qwen2.5-0.5b", "gptq-int4", 1, 0.484},
     };
@@ -114,18 +115,23 @@ TEST(Plan, BatchesAndCacheDtypes) {
     EXPECT_GE(max_batch(KVDType::INT4), 3 * max_batch(KVDType::BF16));
 }
 
-// Prefill passes: a 32nd of the cache (an 8th with quantized weights) in multiples of 128 within [1024, 4096] (the seed's rows: 1024 up to 30720 + 2048
-// tokens, 2048 at 63488 + 2048, 4096 at 129024 + 2048).
+// Prefill passes: a 32nd of the cache (an 8th with quantized weights) in multiples of 128 within [1024, 4096] (the
+// seed's rows for 7B: 1024 up to 30720 + 2048 tokens, 2048 at 63488 + 2048, 4096 at 129024 + 2048), or as many
+// 1024-token blocks as fit 0.2 GB of activations where that is longer (0.5B: 4096, 1.5B: 2048).
 TEST(Plan, PrefillChunkFollowsTheCache) {
-    EXPECT_EQ(prefill_chunk_for_cache(16, false), 1024);
-    EXPECT_EQ(prefill_chunk_for_cache(32768, false), 1024);
-    EXPECT_EQ(prefill_chunk_for_cache(65536, false), 2048);
-    EXPECT_EQ(prefill_chunk_for_cache(100000, false), 3072);
-    EXPECT_EQ(prefill_chunk_for_cache(131072, false), 4096);
-    EXPECT_EQ(prefill_chunk_for_cache(1 << 30, false), 4096);
-    EXPECT_EQ(prefill_chunk_for_cache(8192, true), 1024);
-    EXPECT_EQ(prefill_chunk_for_cache(16384, true), 2048);
-    EXPECT_EQ(prefill_chunk_for_cache(32768, true), 4096);
+    const double b7 = prefill_bytes_per_token(preset_config("qwen2.5-7b", ""));
+    EXPECT_EQ(prefill_chunk_for_cache(16, false, b7), 1024);
+    EXPECT_EQ(prefill_chunk_for_cache(32768, false, b7), 1024);
+    EXPECT_EQ(prefill_chunk_for_cache(65536, false, b7), 2048);
+    EXPECT_EQ(prefill_chunk_for_cache(100000, false, b7), 3072);
+    EXPECT_EQ(prefill_chunk_for_cache(131072, false, b7), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(1 << 30, false, b7), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(8192, true, b7), 1024);
+    EXPECT_EQ(prefill_chunk_for_cache(16384, true, b7), 2048);
+    EXPECT_EQ(prefill_chunk_for_cache(32768, true, b7), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(32768, false, prefill_bytes_per_token(preset_config("qwen2.5-1.5b", ""))), 2048);
+    EXPECT_EQ(prefill_chunk_for_cache(32768, false, prefill_bytes_per_token(preset_config("qwen2.5-0.5b", ""))), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(16, false, prefill_bytes_per_token(preset_config("qwen2.5-0.5b", ""))), 4096);
 }
 
 // Decode splits in whole waves of 396 blocks (H100, 3 per SM): 7B (4 KV heads) at 129024 + 2048 keys needs 128
