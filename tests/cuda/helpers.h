@@ -113,6 +113,37 @@ inline Weight host_weight(const std::vector<float> & v, std::vector<int64_t> sha
     return w;
 }
 
+// CPU reference of a linear layer without bias: y [m, n] = x [m, k] W^T for fp32 weights w [n, k].
+inline std::vector<float> reference_linear(const std::vector<float> & x, int m, const std::vector<float> & w, int n, int k) {
+    Linear l;
+    l.in_features = k;
+    l.out_features = n;
+    l.weight = host_weight(w, {n, k});
+    std::vector<float> y(size_t(m) * n);
+    cpu::linear(x.data(), m, l, y.data());
+    return y;
+}
+
+// A projection of a decode step as the engine runs it, for the timing tests.
+struct GemvShape {
+    const char * name;
+    int n, k;
+    cuda::GemvIn in;
+    cuda::GemvOut out;
+};
+
+// GEMV arguments over device buffers: m rows of k inputs x, norm weights, n outputs y (a.w is the caller's).
+inline cuda::GemvArgs gemv_args(int n, int k, int m, const DeviceBuffer & x, const DeviceBuffer & norm_w, DeviceBuffer & y) {
+    cuda::GemvArgs a;
+    a.n = n;
+    a.k = k;
+    a.x = x.get();
+    a.m = m;
+    a.norm_w = norm_w.as<cuda::bf16>();
+    a.y = y.get();
+    return a;
+}
+
 // CPU reference of the fused norm: bf16(w * x * rsqrt(mean(x^2) + eps)), as the kernels stage it.
 inline std::vector<float> norm_rows(const std::vector<float> & x, const std::vector<float> & w, int m, int k, float eps) {
     std::vector<float> y(x.size());

@@ -41,23 +41,12 @@ TEST_P(Gemv, MatchesCpu) {
                 DeviceBuffer dw = upload_bf16(w), dnorm = upload_bf16(norm_w);
                 DeviceBuffer dx = in == 1 ? upload(x) : upload_bf16(x);
                 DeviceBuffer dy = out == 2 ? upload(y0) : poisoned(size_t(m) * n * 4);
-                cuda::GemvArgs a;
+                cuda::GemvArgs a = gemv_args(n, k, m, dx, dnorm, dy);
                 a.w = dw.as<bf16>();
-                a.n = n;
-                a.k = k;
-                a.x = dx.get();
-                a.m = m;
-                a.norm_w = dnorm.as<bf16>();
-                a.y = dy.get();
                 cuda::gemv(a, in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut(out), nullptr);
                 // CPU reference.
                 std::vector<float> xin = in ? norm_rows(x, norm_w, m, k, 1e-6f) : x;
-                Linear l;
-                l.in_features = k;
-                l.out_features = rows;
-                l.weight = host_weight(w, {rows, k});
-                std::vector<float> ref(size_t(m) * rows);
-                cpu::linear(xin.data(), m, l, ref.data());
+                const std::vector<float> ref = reference_linear(xin, m, w, rows, k);
                 std::vector<float> want(size_t(m) * n), got;
                 for (int r = 0; r < m; r++) {
                     for (int j = 0; j < n; j++) {
@@ -103,20 +92,14 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, Gemv,
 // cycled through copies of at least 128 MB so no call finds them in the 50 MB L2 (scripts/device.sh gemv-ab).
 TEST(CudaOps, GemvTimings) {
     REQUIRE_GPU();
-    struct Shape {
-        const char * name;
-        int n, k;
-        cuda::GemvIn in;
-        cuda::GemvOut out;
-    };
     const auto N = cuda::GemvIn::NormF32, B = cuda::GemvIn::Bf16;
-    const Shape shapes[] = {{"7B qkv", 4608, 3584, N, cuda::GemvOut::Bf16},          {"7B o_proj", 3584, 3584, B, cuda::GemvOut::AddF32},
+    const GemvShape shapes[] = {{"7B qkv", 4608, 3584, N, cuda::GemvOut::Bf16},          {"7B o_proj", 3584, 3584, B, cuda::GemvOut::AddF32},
                             {"7B gate_up", 18944, 3584, N, cuda::GemvOut::SiluMulBf16}, {"7B down", 3584, 18944, B, cuda::GemvOut::AddF32},
                             {"1.5B qkv", 2048, 1536, N, cuda::GemvOut::Bf16},        {"1.5B o_proj", 1536, 1536, B, cuda::GemvOut::AddF32},
                             {"1.5B gate_up", 8960, 1536, N, cuda::GemvOut::SiluMulBf16}, {"1.5B down", 1536, 8960, B, cuda::GemvOut::AddF32},
                             {"0.5B qkv", 1152, 896, N, cuda::GemvOut::Bf16},         {"0.5B o_proj", 896, 896, B, cuda::GemvOut::AddF32},
                             {"0.5B gate_up", 4864, 896, N, cuda::GemvOut::SiluMulBf16}, {"0.5B down", 896, 4864, B, cuda::GemvOut::AddF32}};
-    for (const Shape & sh : shapes) {
+    for (const GemvShape & sh : shapes) {
         const int rows = sh.out == cuda::GemvOut::SiluMulBf16 ? 2 * sh.n : sh.n;
         const size_t w_bytes = size_t(rows) * sh.k * 2;
         const int copies = int(std::max<size_t>(1, (size_t(128) << 20) / w_bytes + 1));
@@ -127,12 +110,7 @@ TEST(CudaOps, GemvTimings) {
         DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
         DeviceBuffer dy(size_t(sh.n) * 4, "test");
         cudaMemset(dy.get(), 0, dy.bytes());
-        cuda::GemvArgs a;
-        a.n = sh.n;
-        a.k = sh.k;
-        a.x = dx.get();
-        a.norm_w = dnorm.as<bf16>();
-        a.y = dy.get();
+        cuda::GemvArgs a = gemv_args(sh.n, sh.k, 1, dx, dnorm, dy);
         int call = 0;
         double us[2][2];
         for (int rep = 0; rep < 2; rep++) {
@@ -158,12 +136,7 @@ TEST(CudaOps, Gemm) {
         for (bool f32 : {false, true}) {
             DeviceBuffer dy = poisoned(size_t(m) * n * 4);
             cuda::gemm(dx.as<bf16>(), dw.as<bf16>(), m, n, k, dy.get(), f32, nullptr);
-            Linear l;
-            l.in_features = k;
-            l.out_features = n;
-            l.weight = host_weight(w, {n, k});
-            std::vector<float> want(size_t(m) * n);
-            cpu::linear(x.data(), m, l, want.data());
+            const std::vector<float> want = reference_linear(x, m, w, n, k);
             auto got = f32 ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
             EXPECT_LT(rel_err(got, want), f32 ? 1e-4 : 1e-2) << m << "x" << n << "x" << k;
         }

@@ -81,13 +81,7 @@ static void check_quant_gemv(int n, int k) {
                     DeviceBuffer dnorm = upload_bf16(norm_w);
                     DeviceBuffer dx = in == 1 ? upload(x) : upload_bf16(x);
                     DeviceBuffer dy = out == 2 ? upload(y0) : poisoned(size_t(m) * n * 4);
-                    cuda::GemvArgs a;
-                    a.n = n;
-                    a.k = k;
-                    a.x = dx.get();
-                    a.m = m;
-                    a.norm_w = dnorm.as<bf16>();
-                    a.y = dy.get();
+                    const cuda::GemvArgs a = gemv_args(n, k, m, dx, dnorm, dy);
                     DeviceBuffer scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
                     const cuda::GemvIn gin = in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16;
                     cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.get(), nullptr);
@@ -202,20 +196,14 @@ TEST(CudaQuant, PrefillGemmTimings) {
 // 50 MB L2 (scripts/device.sh qgemv).
 TEST(CudaQuant, DecodeGemvTimings) {
     REQUIRE_GPU();
-    struct Shape {
-        const char * name;
-        int n, k;
-        cuda::GemvIn in;
-        cuda::GemvOut out;
-    };
-    const Shape shapes[] = {{"qkv", 4608, 3584, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16},
+    const GemvShape shapes[] = {{"qkv", 4608, 3584, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16},
                             {"o_proj", 3584, 3584, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32},
                             {"gate_up", 18944, 3584, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16},
                             {"down", 3584, 18944, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32}};
     const std::pair<const char *, QuantScheme> formats[] = {{"GPTQ-Int4", gptq_scheme(4, 128, true, QuantPacking::GptqV1)},
                                                             {"GPTQ-Int8", gptq_scheme(8, 128, true, QuantPacking::GptqV1)},
                                                             {"NF4", bnb_scheme(QuantPacking::Nf4, false)}};
-    for (const Shape & sh : shapes) {
+    for (const GemvShape & sh : shapes) {
         for (const auto & [format, scheme] : formats) {
             const bool silu = sh.out == cuda::GemvOut::SiluMulBf16;
             const int rows = silu ? 2 * sh.n : sh.n;
@@ -233,13 +221,7 @@ TEST(CudaQuant, DecodeGemvTimings) {
                 DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
                 DeviceBuffer dy(size_t(m) * sh.n * 4, "test"), scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
                 cudaMemset(dy.get(), 0, dy.bytes());
-                cuda::GemvArgs a;
-                a.n = sh.n;
-                a.k = sh.k;
-                a.x = dx.get();
-                a.m = m;
-                a.norm_w = dnorm.as<bf16>();
-                a.y = dy.get();
+                cuda::GemvArgs a = gemv_args(sh.n, sh.k, m, dx, dnorm, dy);
                 cuda::QuantMatrix q = dq.q;
                 int call = 0;
                 const double us = 1e3 * time_ms(200, [&] {
