@@ -272,24 +272,26 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     cuda::DeviceAllocator::instance().reset_peak();
 }
 
-bool CudaQwenEngine::has_quantized() const {
+int CudaQwenEngine::max_quantized_k() const {
+    int max_k = 0;
     for (const auto & L : layers_) {
         for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
-            if (l->quantized) return true;
+            if (l->quantized) max_k = std::max(max_k, l->q.k_padded);
         }
-        for (const DevMlp & e : L.experts) {
-            if (e.gate_up.quantized || e.down.quantized) return true;
-        }
+        for (const DevMlp & e : L.experts) max_k = std::max({max_k, e.gate_up.quantized ? e.gate_up.q.k_padded : 0, e.down.quantized ? e.down.q.k_padded : 0});
+        if (L.has_shared) max_k = std::max({max_k, L.shared.gate_up.quantized ? L.shared.gate_up.q.k_padded : 0, L.shared.down.quantized ? L.shared.down.q.k_padded : 0});
     }
-    return false;
+    return max_k;
 }
 
-int prefill_chunk_tokens(int kv_tokens, bool dequantized_weights, double bytes_per_token) {
+// Tokens per prefill pass: prefill_chunk_for_cache (model/prefill_chunk.h; quantized weights are dequantized once per
+// pass), or QINFER_PREFILL_CHUNK (a multiple of 128, for timing others).
+int CudaQwenEngine::prefill_chunk() const {
     static const int forced = [] {
         const int v = env_int("QINFER_PREFILL_CHUNK", 0);
         return v >= 128 && v % 128 == 0 ? v : 0;
     }();
-    return forced ? forced : prefill_chunk_for_cache(kv_tokens, dequantized_weights, bytes_per_token);
+    return forced ? forced : prefill_chunk_for_cache(kv_tokens_, max_quantized_k() > 0, prefill_bytes_per_token(model_->config));
 }
 
 void CudaQwenEngine::plan_batch(int n_sequences, int max_tokens) {
@@ -303,7 +305,7 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
     plan_batch(n_sequences, max_tokens);
     // Prefill runs one prompt at a time in chunks; decode runs all rows (workspaces, logits, the dequantized weight
     // of the largest quantized projection once more than the GEMVs' rows go through cuBLASLt).
-    const int rows = std::max(std::min(prompt_tokens, prefill_chunk_tokens(kv_tokens_, has_quantized(), prefill_bytes_per_token(model_->config))), n_sequences);
+    const int rows = std::max(std::min(prompt_tokens, prefill_chunk()), n_sequences);
     ensure_workspace(rows);
     logits_.ensure(size_t(std::max(n_sequences, 1)) * model_->config.vocab_size * sizeof(float), "logits");
     size_t largest = 0;
@@ -358,14 +360,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
         gu_ = DeviceBuffer(size_t(c) * 2 * I * sizeof(bf16), "workspace");
         act_ = DeviceBuffer(size_t(c) * I * sizeof(bf16), "workspace");
     }
-    int max_k = 0;
-    for (const auto & L : layers_) {
-        for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
-            if (l->quantized) max_k = std::max(max_k, l->q.k_padded);
-        }
-        for (const DevMlp & e : L.experts) max_k = std::max({max_k, e.gate_up.quantized ? e.gate_up.q.k_padded : 0, e.down.quantized ? e.down.q.k_padded : 0});
-        if (L.has_shared) max_k = std::max({max_k, L.shared.gate_up.quantized ? L.shared.gate_up.q.k_padded : 0, L.shared.down.quantized ? L.shared.down.q.k_padded : 0});
-    }
+    const int max_k = max_quantized_k();
     if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, k_qgemv_max_m), "workspace");
     ws_tokens_ = c;
     graph_seqs_.clear();  // buffers moved: the graph must be captured again
@@ -541,7 +536,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     }
     const int H = cfg.hidden_size, V = cfg.vocab_size;
     const float eps = float(cfg.rms_norm_eps);
-    const int chunk = std::min(n, prefill_chunk_tokens(kv_tokens_, has_quantized(), prefill_bytes_per_token(model_->config)));
+    const int chunk = std::min(n, prefill_chunk());
     ensure_workspace(chunk);
     const int n_out = all_logits ? n : 1;
     logits.resize(size_t(n_out) * V);

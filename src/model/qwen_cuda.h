@@ -33,10 +33,6 @@ using cuda::bf16;
 using cuda::DeviceBuffer;
 using cuda::HostMappedBuffer;
 
-// Tokens per prefill pass (bounds activation memory at any length) for a cache of kv_tokens per sequence:
-// prefill_chunk_for_cache (model/prefill_chunk.h), or QINFER_PREFILL_CHUNK (a multiple of 128, for timing others).
-int prefill_chunk_tokens(int kv_tokens, bool dequantized_weights, double bytes_per_token);
-
 constexpr int k_gemv_max_m = 4;        // up to this many tokens go through the GEMV kernels
 constexpr int k_qgemv_max_m = 8;       // and through the tiled 4-bit GEMV, which takes 8 in one pass (the other
                                        // quantized GEMVs run once per row); beyond: dequantize, then cuBLASLt
@@ -150,7 +146,8 @@ private:
     DevMlp upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar);
     void reset_cache(int n_sequences, int tokens_per_sequence);
     void ensure_workspace(int c);
-    bool has_quantized() const;  // any quantized projection (prefill dequantizes it once per pass)
+    int max_quantized_k() const;  // largest padded k of a quantized projection (0: none)
+    int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
     cuda::KVLayer kv_layer(int layer, int seq) const;
     cuda::KVLayer kv_layer_batch(int layer) const;
     cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
