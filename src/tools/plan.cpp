@@ -73,9 +73,10 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     // Workspaces for the larger of one prefill chunk (prefill_chunk_for_cache tokens of one sequence: a batch's prompts
     // are prefilled one after another) and one decode step of the batch; decode scratch and buffers
     // (model/qwen_cuda.cpp).
-    const int chunk = prefill_chunk_for_cache(int(tokens), largest_quant > 0, prefill_bytes_per_token(c));
+    const double per_token_bytes = prefill_bytes_per_token(c);
+    const int chunk = prefill_chunk_for_cache(int(tokens), max_k > 0, per_token_bytes);
     const double ch = double(std::max(std::min(prompt, chunk), batch));
-    m.workspace = ch * prefill_bytes_per_token(c);
+    m.workspace = ch * per_token_bytes;
     m.workspace += 4.0 * c.vocab_size * batch + 4.0 * (tokens + 1) * batch;
     // 396 blocks a wave: 3 per SM (backends/cuda/attention.cu) on an H100's 132 SMs.
     const double splits = decode_splits_for(int(tokens), c.num_key_value_heads, int(batch), 396);
