@@ -386,8 +386,9 @@ fi
 if has chunk-ab; then
     n_chunk=0
     for c in 1024 4096 2048 1024 4096; do
+        n_chunk=$((n_chunk + 1))  # (not inside the pipeline: its commands run in subshells)
         QINFER_PREFILL_CHUNK=$c "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 30720 --gen 2048 \
-            --json "$OUT/chunk-7b-int4-$c-$((n_chunk += 1)).json" 2>&1 | grep -E "^\| qwen" | sed "s/^/chunk=$c /" | tee -a "$OUT/chunk-ab.log"
+            --json "$OUT/chunk-7b-int4-$c-$n_chunk.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/chunk=$c /" | tee -a "$OUT/chunk-ab.log"
     done
 fi
 # The same for the small BF16 models at 30720 (their activations per token are a quarter / half of 7B's).

@@ -18,6 +18,8 @@ namespace qinfer::cuda::mma4 {
 constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
 
+// common.cuh's load_stream as a volatile asm: the ring kernel's loads stay where they are written (requested a
+// whole ring ahead) instead of being moved next to their use.
 __device__ __forceinline__ uint4 load_stream(const uint4 * p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
