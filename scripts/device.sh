@@ -424,15 +424,17 @@ if has dequant-emb; then
             grep -E "^\[ kernel \]|FAILED" | tee -a "$D/dequant-emb.log"
     done
     for impl in rows scatter rows scatter; do
+        n=$((n + 1))  # (not inside the pipeline: its commands run in subshells)
         QINFER_DEQUANT=$impl "$Q" bench --preset qwen2.5-7b --quant gptq-int4 --input-lens 30720 --gen 2048 \
-            --json "$D/7b-int4-30720-$impl-$((n += 1)).json" 2>&1 | tee -a "$D/dequant-emb.log" | grep -E "^\| qwen" | sed "s/^/$impl /"
+            --json "$D/7b-int4-30720-$impl-$n.json" 2>&1 | tee -a "$D/dequant-emb.log" | grep -E "^\| qwen" | sed "s/^/$impl /"
         save
     done
     for spec in qwen2.5-7b:gptq-int4 qwen2.5-7b:bf16; do
         p=${spec%%:*} q=${spec##*:}
         for emb in host gpu host gpu; do
             flag=""; [ $emb = gpu ] && flag=--embedding-on-gpu
-            "$Q" bench --preset $p --quant $q --input-lens 1 --gen 2048 $flag --json "$D/$p-$q-emb-$emb-$((n += 1)).json" 2>&1 |
+            n=$((n + 1))
+            "$Q" bench --preset $p --quant $q --input-lens 1 --gen 2048 $flag --json "$D/$p-$q-emb-$emb-$n.json" 2>&1 |
                 tee -a "$D/dequant-emb.log" | grep -E "^\| qwen" | sed "s/^/emb-$emb /"
             save
         done
