@@ -17,10 +17,15 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/attention.cu
   src/backends/cuda/attention_decode_tc.cu
   src/backends/cuda/attention_prefill_pipelined.cu
+  src/backends/cuda/attention_prefill_wgmma.cu
   src/backends/cuda/gemm.cpp
   src/model/qwen_cuda.cpp
   src/model/qwen_cuda_decode.cpp)
 target_compile_definitions(qinfer_lib PUBLIC QINFER_CUDA)
+# Kernels on Hopper-only instructions (wgmma) are compiled for sm_90a alone; the host picks them where they exist.
+if(CMAKE_CUDA_ARCHITECTURES MATCHES "90a")
+  target_compile_definitions(qinfer_lib PRIVATE QINFER_SM90A)
+endif()
 target_compile_options(qinfer_lib PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
 target_link_libraries(qinfer_lib PUBLIC CUDA::cudart CUDA::cublasLt)
 set_target_properties(qinfer_lib PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}" CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)

@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [rows]
+#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -397,6 +397,19 @@ if has chunk-small; then
         p=${spec%%:*} c=${spec##*:}
         QINFER_PREFILL_CHUNK=$c "$Q" bench --preset $p --input-lens 30720 --gen 2048 --json "$OUT/chunk-$p-$c.json" 2>&1 |
             grep -E "^\| qwen" | sed "s/^/chunk=$c /" | tee -a "$OUT/chunk-small.log"
+    done
+fi
+# Prefill attention kernels end to end: QINFER_PREFILL_ATTN=pipelined (mma.sync) against the default (wgmma where
+# it runs), alternated, at 30720 (time to first token and speed incl. prefill).
+if has prefill-ab; then
+    for spec in ${PREFILL_AB_SPECS:-qwen2.5-0.5b:30720 qwen2.5-7b:30720}; do
+        p=${spec%%:*} lens=${spec##*:}
+        n_ab=0
+        for k in pipelined wgmma pipelined wgmma; do
+            n_ab=$((n_ab + 1))  # (not inside the pipeline: its commands run in subshells)
+            QINFER_PREFILL_ATTN=$k "$Q" bench --preset $p --input-lens $lens --gen ${PREFILL_AB_GEN:-2048} \
+                --json "$OUT/prefill-ab-$p-$k-$n_ab.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/attn=$k /" | tee -a "$OUT/prefill-ab.log"
+        done
     done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.

@@ -167,7 +167,7 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
             });
             const double flops = 4.0 * nc * (len - nc / 2.0) * d * n_head;
             std::printf("[ kernel ] attention_prefill (%s) %s chunk %d at %d d %d heads %d/%d: %.3f ms, %.1f TFLOP/s\n",
-                        kernel == cuda::PrefillKernel::Pipelined ? "pipelined" : "tiled", name, nc, len - nc, d, n_head, n_kv, ms,
+                        cuda::prefill_kernel_name(kernel), name, nc, len - nc, d, n_head, n_kv, ms,
                         flops / (ms * 1e-3) / 1e12);
         }
     }

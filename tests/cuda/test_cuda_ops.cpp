@@ -276,7 +276,7 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
             });
             const double flops = 4.0 * len * (len + 1) / 2 * d * n_head;
             std::printf("[ kernel ] attention_prefill (%s) len %d d %d heads %d/%d: %.3f ms, %.1f TFLOP/s\n",
-                        kernel == cuda::PrefillKernel::Pipelined ? "pipelined" : "tiled", len, d, n_head, n_kv, ms, flops / (ms * 1e-3) / 1e12);
+                        cuda::prefill_kernel_name(kernel), len, d, n_head, n_kv, ms, flops / (ms * 1e-3) / 1e12);
         }
         // One 1024-query chunk at the end of the cache, as the engine prefills a long prompt.
         const int nc = 1024;
@@ -286,7 +286,7 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
             });
             const double flops = 4.0 * nc * (len - nc / 2.0) * d * n_head;
             std::printf("[ kernel ] attention_prefill (%s) chunk %d at %d d %d heads %d/%d: %.3f ms, %.1f TFLOP/s\n",
-                        kernel == cuda::PrefillKernel::Pipelined ? "pipelined" : "tiled", nc, len - nc, d, n_head, n_kv, ms,
+                        cuda::prefill_kernel_name(kernel), nc, len - nc, d, n_head, n_kv, ms,
                         flops / (ms * 1e-3) / 1e12);
         }
     }

@@ -405,6 +405,16 @@ __global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(Dec
 
 }  // namespace
 
+const char * prefill_kernel_name(PrefillKernel kernel) {
+    switch (kernel) {
+    case PrefillKernel::Auto: return "auto";
+    case PrefillKernel::Tiled: return "tiled";
+    case PrefillKernel::Pipelined: return "pipelined";
+    case PrefillKernel::Wgmma: return "wgmma";
+    }
+    return "?";
+}
+
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
                        cudaStream_t stream, PrefillKernel kernel) {
     if (n == 0) return;
@@ -412,8 +422,15 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
     if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
     if (kernel == PrefillKernel::Auto) {
-        static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled");
-        kernel = !tiled && (head_dim == 64 || head_dim == 128) ? PrefillKernel::Pipelined : PrefillKernel::Tiled;
+        static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled"), pipelined = env_is("QINFER_PREFILL_ATTN", "pipelined");
+        if (tiled || (head_dim != 64 && head_dim != 128)) kernel = PrefillKernel::Tiled;
+        else if (pipelined || !prefill_wgmma_available(head_dim)) kernel = PrefillKernel::Pipelined;
+        else kernel = PrefillKernel::Wgmma;
+    }
+    if (kernel == PrefillKernel::Wgmma) {
+        if (launch_attention_prefill_wgmma(a, stream)) return;
+        QINFER_FAIL() << "attention_prefill: the wgmma kernel needs an sm_90a build on a compute capability 9.0 GPU and head_dim 64 or 128 (got "
+                      << head_dim << ")";
     }
     if (kernel == PrefillKernel::Pipelined) {
         if (launch_attention_prefill_pipelined(a, stream)) return;

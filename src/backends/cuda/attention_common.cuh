@@ -8,6 +8,7 @@
 
 #include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
+#include "backends/cuda/wgmma.cuh"
 
 namespace qinfer::cuda {
 
@@ -44,6 +45,8 @@ struct PrefillArgs {
 
 // The pipelined prefill kernel (attention_prefill_pipelined.cu) for head_dim 64 and 128; false for others.
 bool launch_attention_prefill_pipelined(const PrefillArgs & a, cudaStream_t stream);
+// The warpgroup-MMA prefill kernel (attention_prefill_wgmma.cu): false where prefill_wgmma_available is.
+bool launch_attention_prefill_wgmma(const PrefillArgs & a, cudaStream_t stream);
 
 // Dims [col, col + 8) of a quantized cache row as 8 bf16 (one 16-byte shared-memory store).
 template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant & q, bool value, int64_t row, int d, int col) {
@@ -72,8 +75,10 @@ __device__ __forceinline__ void cp_async8(void * smem, const void * gmem, bool v
 // Shared memory (smem_bytes): bf16 [2 stages][K, V][KEYS][ld]; quantized [K, V][KEYS][ld] bf16 and then
 // [2 stages][K codes, V codes][KEYS][row_bytes] + [K, V][KEYS] float2 (int8/int4). Keys at or past `end` are zero.
 // Use: load(0); per tile t: load(t + 1) if any, ready(t, t + 1 < n_tiles), compute, __syncthreads().
-template <int D, KVKind K, int THREADS, int KEYS> struct KVTilePipe {
-    static constexpr int ld = D + 8;  // padded bf16 rows (16 bytes): conflict-free fragments and ldmatrix
+// SWIZZLE: the bf16 tiles in wgmma's 128-byte-swizzled panels (wgmma.cuh; the smem base 1024-byte aligned) instead
+// of padded rows, and ready() makes them visible to the async proxy.
+template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false> struct KVTilePipe {
+    static constexpr int ld = SWIZZLE ? D : D + 8;  // padded bf16 rows (16 bytes): conflict-free fragments and ldmatrix
     static constexpr int tile_elems = KEYS * ld;
     static constexpr bool quantized = K != KVKind::BF16;
     static constexpr bool has_sz = K == KVKind::INT8 || K == KVKind::INT4;
@@ -83,6 +88,19 @@ template <int D, KVKind K, int THREADS, int KEYS> struct KVTilePipe {
     static constexpr int tiles_bytes = quantized ? 2 * tile_elems * 2 : 0;
     static constexpr size_t smem_bytes = size_t(tiles_bytes) + 2 * size_t(stage_bytes);
     static_assert(!quantized || row_bytes % 16 == 0, "whole 16-byte chunks per row");
+    static_assert(!SWIZZLE || (D % 64 == 0 && KEYS % 8 == 0), "whole 64-column panels and 8-row swizzle groups");
+
+    // Element offset in a tile of the 8 bf16 at row `key`, columns [8 * chunk, 8 * chunk + 8).
+    __device__ __forceinline__ static int chunk_at(int key, int chunk) {
+        if constexpr (SWIZZLE) return sm90::swizzle128_offset(key, chunk, KEYS) / 2;
+        else return key * ld + chunk * 8;
+    }
+    // After this thread's last shared-memory write of a tile, before the barrier that publishes it.
+    __device__ __forceinline__ static void publish() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        if constexpr (SWIZZLE) sm90::fence_proxy_async_smem();
+#endif
+    }
 
     // Tile t, keys [k0, k0 + KEYS): one cp.async group. row_of(j) is the cache row of key j:
     // (block * n_kv + kv_head) * block_size + slot.
@@ -95,8 +113,8 @@ template <int D, KVKind K, int THREADS, int KEYS> struct KVTilePipe {
                 const int key = c / (D / 8), col = (c % (D / 8)) * 8, j = k0 + key;
                 const bool valid = j < end;
                 const int64_t row = valid ? row_of(j) : 0;
-                cp_async16(&ks[key * ld + col], cache.k + row * D + col, valid);
-                cp_async16(&vs[key * ld + col], cache.v + row * D + col, valid);
+                cp_async16(&ks[chunk_at(key, col / 8)], cache.k + row * D + col, valid);
+                cp_async16(&vs[chunk_at(key, col / 8)], cache.v + row * D + col, valid);
             }
         } else {
             constexpr int chunks = row_bytes / 16;
@@ -124,6 +142,7 @@ template <int D, KVKind K, int THREADS, int KEYS> struct KVTilePipe {
     __device__ __forceinline__ static const bf16 * ready(unsigned char * smem, const KVLayer & cache, int t, bool next_in_flight) {
         if (next_in_flight) cp_async_wait<1>();
         else cp_async_wait<0>();
+        if constexpr (!quantized) publish();
         __syncthreads();
         const unsigned char * st = smem + tiles_bytes + (t % 2) * stage_bytes;
         if constexpr (!quantized) {
@@ -144,9 +163,10 @@ template <int D, KVKind K, int THREADS, int KEYS> struct KVTilePipe {
                 if constexpr (has_sz) sz = reinterpret_cast<const float2 *>(st + code_bytes)[value * KEYS + key];
                 float x[8];
                 kv_dequant<K, 8>(w, high, sz, fp8_scale[value], x);
-                *reinterpret_cast<uint4 *>(&tiles[value * tile_elems + key * ld + col]) =
+                *reinterpret_cast<uint4 *>(&tiles[value * tile_elems + chunk_at(key, col / 8)]) =
                     make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
             }
+            publish();
             __syncthreads();
             return tiles;
         }

@@ -135,11 +135,15 @@ void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream
 // Causal prefill attention (FlashAttention-2 style on tensor cores): n queries at positions pos0..pos0+n-1 over
 // cached keys 0..pos0+n-1. q bf16 [n, n_head, d]; out bf16 [n, n_head, d]. d in {16, 24, 32, 64, 128}. Quantized caches
 // are dequantized (to bf16) as their tiles are loaded.
-// Two implementations: 64 queries per block with each K/V tile loaded then used (any head_dim above), and 128 queries
+// Three implementations: 64 queries per block with each K/V tile loaded then used (any head_dim above); 128 queries
 // per block with the next tile in flight through cp.async while the current one is used (head_dim 64 and 128;
-// attention_prefill_pipelined.cu). Auto: the second where it applies (1.3-2.2x faster on an H100, perf-log), unless
-// QINFER_PREFILL_ATTN=tiled.
-enum class PrefillKernel { Auto, Tiled, Pipelined };
+// attention_prefill_pipelined.cu); the same pipeline feeding Hopper's warpgroup MMAs (head_dim 64 and 128, sm_90a
+// builds on compute capability 9.0; attention_prefill_wgmma.cu). Auto: the last that applies, unless
+// QINFER_PREFILL_ATTN names one (tiled, pipelined, wgmma).
+enum class PrefillKernel { Auto, Tiled, Pipelined, Wgmma };
+const char * prefill_kernel_name(PrefillKernel kernel);
+// Whether the warpgroup-MMA kernel runs here for this head_dim.
+bool prefill_wgmma_available(int head_dim);
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
                        cudaStream_t stream, PrefillKernel kernel = PrefillKernel::Auto);
 

@@ -1,0 +1,94 @@
+// Hopper warpgroup MMAs (wgmma.mma_async, sm_90a only): shared-memory matrix descriptors for 128-byte-swizzled
+// tiles, the fences around them, and the m64nNk16 bf16 -> fp32 shapes the kernels use.
+//
+// Tiles in shared memory are stored in panels of 64 bf16 columns (one 128-byte line per row); within each 1024-byte
+// group of 8 lines, 16-byte chunk c of line r sits at chunk c ^ r (the 128-byte swizzle, CuTe's Swizzle<3,4,3>).
+// A tile's base must be 1024-byte aligned. Descriptors (PTX ISA "Matrix Descriptor Format"):
+//   K-major (rows of the tile along M or N, the reduction dim contiguous): stride byte offset 1024 (the next 8 rows),
+//   leading byte offset unused; a k16 step inside a panel adds 32 bytes to the start address.
+//   N-major (rows along the reduction dim, N contiguous): stride byte offset 1024 (the next 8 rows of K), leading byte
+//   offset = the panel stride (the next 64 columns of N).
+// Register fragments: A of m64nNk16 is, per warp of the warpgroup (16 rows each), mma.sync m16n8k16's A fragment;
+// the fp32 accumulator d[N / 2] is, per warp, N / 8 of mma.sync's m16n8 C fragments: d[4 j + e] at row g (e < 2) or
+// g + 8 and column 8 j + 2 (lane % 4) + e % 2, g = lane / 4.
+#pragma once
+
+#include <cstdint>
+
+namespace qinfer::cuda::sm90 {
+
+// Byte offset of 16-byte chunk `chunk` (8 bf16 at column 8 * chunk) of row `row` in a swizzled tile of `rows` rows.
+__host__ __device__ constexpr int swizzle128_offset(int row, int chunk, int rows) {
+    return (chunk / 8) * rows * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void * p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 64-bit descriptor of a 128-byte-swizzled tile starting at shared address `addr`.
+__device__ __forceinline__ uint64_t desc128(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+    return uint64_t((addr & 0x3FFFFu) >> 4) | uint64_t((leading_bytes & 0x3FFFFu) >> 4) << 16 |
+           uint64_t((stride_bytes & 0x3FFFFu) >> 4) << 32 | uint64_t(1) << 62;
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Shared-memory writes of this thread (st.shared, cp.async) made visible to the async proxy that wgmma reads with;
+// each writer fences, then the block synchronises.
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// Keeps the compiler from moving reads or writes of an accumulator across the fence / wait around an async MMA.
+template <int N> __device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define QINFER_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// d[64 x 128] (+)= A[64 x 16] B[16 x 128]; A and B from shared memory, both K-major. accumulate 0: d = A B.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+        "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : QINFER_ACC8(0), QINFER_ACC8(8), QINFER_ACC8(16), QINFER_ACC8(24), QINFER_ACC8(32), QINFER_ACC8(40), QINFER_ACC8(48),
+          QINFER_ACC8(56)
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// d[64 x 128] += A[64 x 16] B[16 x 128]; A from registers, B from shared memory N-major.
+__device__ __forceinline__ void wgmma_m64n128k16_rs_nmajor(float (&d)[64], const uint32_t (&a)[4], uint64_t b_desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+        "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : QINFER_ACC8(0), QINFER_ACC8(8), QINFER_ACC8(16), QINFER_ACC8(24), QINFER_ACC8(32), QINFER_ACC8(40), QINFER_ACC8(48),
+          QINFER_ACC8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
+// d[64 x 64] += A[64 x 16] B[16 x 64]; A from registers, B from shared memory N-major.
+__device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor(float (&d)[32], const uint32_t (&a)[4], uint64_t b_desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
+        "%24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : QINFER_ACC8(0), QINFER_ACC8(8), QINFER_ACC8(16), QINFER_ACC8(24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
+}
+
+#undef QINFER_ACC8
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+}  // namespace qinfer::cuda::sm90
