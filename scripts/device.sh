@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [rows]
+#                          [gpu-test] [attn-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -212,6 +212,13 @@ if has gpu-test; then
     build-device/tests/qinfer_tests --gtest_filter='Kinds/QuantAttention.*' --gtest_repeat=${FLAKY_REPEAT:-5} >"$OUT/flaky.log" 2>&1
     note "quant attention x${FLAKY_REPEAT:-5}: $(grep -c '^\[  FAILED  \].*GetParam' "$OUT/flaky.log") failures"
     grep -E "Failure" -A6 "$OUT/flaky.log" | head -30
+fi
+# The attention kernels alone (CPU-reference checks and their timings), quicker than gpu-test.
+if has attn-test; then
+    build-device/tests/qinfer_tests --gtest_filter='*Attention*' >"$OUT/attn-test.log" 2>&1
+    note "attention tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/attn-test.log" | tr '\n' ' ')"
+    grep -E "^\[ kernel \] attention_prefill" "$OUT/attn-test.log"
+    grep -E "Failure" -A6 "$OUT/attn-test.log" | head -40
 fi
 # Knobs timed in one run: decode splits per SM (QINFER_DECODE_BLOCKS_PER_SM) on the kernels, the BF16 GEMV's weight
 # prefetch ahead of the fused RMSNorm (QINFER_GEMV_PREFETCH, alternated), prefill chunk size (QINFER_PREFILL_CHUNK) on

@@ -76,8 +76,9 @@ __device__ __forceinline__ void cp_async8(void * smem, const void * gmem, bool v
 // [2 stages][K codes, V codes][KEYS][row_bytes] + [K, V][KEYS] float2 (int8/int4). Keys at or past `end` are zero.
 // Use: load(0); per tile t: load(t + 1) if any, ready(t, t + 1 < n_tiles), compute, __syncthreads().
 // SWIZZLE: the bf16 tiles in wgmma's 128-byte-swizzled panels (wgmma.cuh; the smem base 1024-byte aligned) instead
-// of padded rows, and ready() makes them visible to the async proxy.
-template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false> struct KVTilePipe {
+// of padded rows, and ready() makes them visible to the async proxy. STAGES (bf16 caches): tiles resident at once,
+// so up to STAGES - 1 later tiles may be in flight when ready(t) is called.
+template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false, int STAGES = 2> struct KVTilePipe {
     static constexpr int ld = SWIZZLE ? D : D + 8;  // padded bf16 rows (16 bytes): conflict-free fragments and ldmatrix
     static constexpr int tile_elems = KEYS * ld;
     static constexpr bool quantized = K != KVKind::BF16;
@@ -86,7 +87,8 @@ template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false> struct K
     static constexpr int code_bytes = 2 * KEYS * row_bytes;
     static constexpr int stage_bytes = quantized ? code_bytes + (has_sz ? 2 * KEYS * 8 : 0) : 2 * tile_elems * 2;
     static constexpr int tiles_bytes = quantized ? 2 * tile_elems * 2 : 0;
-    static constexpr size_t smem_bytes = size_t(tiles_bytes) + 2 * size_t(stage_bytes);
+    static constexpr size_t smem_bytes = size_t(tiles_bytes) + STAGES * size_t(stage_bytes);
+    static_assert(STAGES >= 2 && STAGES <= 3, "two or three stages");
     static_assert(!quantized || row_bytes % 16 == 0, "whole 16-byte chunks per row");
     static_assert(!SWIZZLE || (D % 64 == 0 && KEYS % 8 == 0), "whole 64-column panels and 8-row swizzle groups");
 
@@ -106,7 +108,7 @@ template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false> struct K
     // (block * n_kv + kv_head) * block_size + slot.
     template <class RowOf>
     __device__ __forceinline__ static void load(unsigned char * smem, const KVLayer & cache, int t, int k0, int end, RowOf row_of) {
-        unsigned char * st = smem + tiles_bytes + (t % 2) * stage_bytes;
+        unsigned char * st = smem + tiles_bytes + (t % STAGES) * stage_bytes;
         if constexpr (!quantized) {
             bf16 * ks = reinterpret_cast<bf16 *>(st), * vs = ks + tile_elems;
             for (int c = threadIdx.x; c < KEYS * (D / 8); c += THREADS) {
@@ -137,14 +139,21 @@ template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false> struct K
         cp_async_commit();
     }
 
-    // Waits for tile t (the one after it may stay in flight) and returns its K tile ([KEYS][ld] bf16; V follows at
-    // + tile_elems). Ends with a barrier: every thread may read the whole tile.
-    __device__ __forceinline__ static const bf16 * ready(unsigned char * smem, const KVLayer & cache, int t, bool next_in_flight) {
-        if (next_in_flight) cp_async_wait<1>();
+    // Tile t's K (V at + tile_elems) of a bf16 cache, once ready(t) has returned.
+    __device__ __forceinline__ static const bf16 * tile(const unsigned char * smem, int t) {
+        static_assert(!quantized, "a quantized cache has one dequantized tile, returned by ready()");
+        return reinterpret_cast<const bf16 *>(smem + (t % STAGES) * stage_bytes);
+    }
+
+    // Waits for tile t (the `later` tiles loaded after it may stay in flight) and returns its K tile ([KEYS][ld] bf16;
+    // V follows at + tile_elems). Ends with a barrier: every thread may read the whole tile.
+    __device__ __forceinline__ static const bf16 * ready(unsigned char * smem, const KVLayer & cache, int t, int later) {
+        if (later >= 2) cp_async_wait<2>();
+        else if (later == 1) cp_async_wait<1>();
         else cp_async_wait<0>();
         if constexpr (!quantized) publish();
         __syncthreads();
-        const unsigned char * st = smem + tiles_bytes + (t % 2) * stage_bytes;
+        const unsigned char * st = smem + tiles_bytes + (t % STAGES) * stage_bytes;
         if constexpr (!quantized) {
             return reinterpret_cast<const bf16 *>(st);
         } else {
