@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [rows]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -215,10 +215,21 @@ if has gpu-test; then
 fi
 # The attention kernels alone (CPU-reference checks and their timings), quicker than gpu-test.
 if has attn-test; then
-    build-device/tests/qinfer_tests --gtest_filter='*Attention*' >"$OUT/attn-test.log" 2>&1
+    build-device/tests/qinfer_tests --gtest_filter="${ATTN_TEST_FILTER:-*Attention*}" >"$OUT/attn-test.log" 2>&1
     note "attention tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/attn-test.log" | tr '\n' ' ')"
     grep -E "^\[ kernel \] attention_prefill" "$OUT/attn-test.log"
     grep -E "Failure" -A6 "$OUT/attn-test.log" | head -40
+fi
+# Where the wgmma prefill kernel's time goes: ncu on its first launch at 4097 keys (d 128, 14/2 heads, bf16 cache):
+# speed of light, occupancy, warp stall reasons, and per-instruction stall samples (SASS, gzip).
+if has attn-profile && command -v ncu >/dev/null; then
+    timeout 200 ncu --clock-control none -k "regex:attention_prefill_wgmma_kernel" --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis --section SourceCounters \
+        -f -o /tmp/attn-wgmma build-device/tests/qinfer_tests --gtest_filter='Lengths/Attention.*/15' >"$OUT/attn-profile.err" 2>&1
+    ncu -i /tmp/attn-wgmma.ncu-rep --page details >"$OUT/attn-profile-details.txt" 2>&1
+    ncu -i /tmp/attn-wgmma.ncu-rep --page raw --csv 2>&1 | gzip >"$OUT/attn-profile-raw.csv.gz"
+    ncu -i /tmp/attn-wgmma.ncu-rep --page source --csv --print-source sass 2>&1 | gzip >"$OUT/attn-profile-sass.csv.gz"
+    grep -E "Duration|Compute \(SM\) Throughput|Achieved Occupancy|Warp Cycles Per Issued|Registers|Issue Slots Busy" "$OUT/attn-profile-details.txt" | head -12
 fi
 # Knobs timed in one run: decode splits per SM (QINFER_DECODE_BLOCKS_PER_SM) on the kernels, the BF16 GEMV's weight
 # prefetch ahead of the fused RMSNorm (QINFER_GEMV_PREFETCH, alternated), prefill chunk size (QINFER_PREFILL_CHUNK) on
