@@ -156,8 +156,9 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
     const int last_row = min(q_tile + k_rows, a.n) - 1;
     const int n_keys = a.pos0 + last_row + 1;  // causal: keys this block needs
     const int n_tiles = (n_keys + k_keys - 1) / k_keys;
-    // Tiles this warpgroup multiplies (its MMAs are warpgroup-wide): up to its last row's last key; 0 when its rows lie
-    // past the chunk.
+    // Tiles this warpgroup needs: up to its last row's last key; 0 when its rows lie past the chunk. The overlapped
+    // order multiplies every tile of the block regardless (at most one more, fully masked): a branch on a
+    // per-warpgroup bound around the MMAs makes ptxas serialise every wgmma (C7520).
     const int wg_tiles = wg_row < a.n ? (a.pos0 + min(wg_row + 63, a.n - 1)) / k_keys + 1 : 0;
 
     // Q tile, rows past the chunk zero: cp.async into the first K/V tile's commit group.
@@ -184,18 +185,17 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
         if (n_tiles > 1) load_tile(1);
         Pipe::ready(smem, a.cache, 0, n_tiles > 1 ? 1 : 0);
         sm90::wgmma_fence();
-        if (wg_tiles > 0) issue_qk<D>(s, q_addr, Pipe::tile(smem, 0));
+        issue_qk<D>(s, q_addr, Pipe::tile(smem, 0));
         sm90::wgmma_commit();
         sm90::wgmma_wait<0>();
         sm90::fence_operands(s);
         for (int t = 0; t < n_tiles; t++) {
             // s = S of tile t; P V of tile t - 1 may still run.
-            float2 alpha = make_float2(1.f, 1.f);
-            if (t < wg_tiles) alpha = softmax_tile(s, rs, t * k_keys, a);
+            const float2 alpha = softmax_tile(s, rs, t * k_keys, a);
             sm90::wgmma_wait<0>();
             sm90::fence_operands(o);
             fence_fragments(pf);
-            if (t < wg_tiles) rescale_and_pack<D>(o, alpha, s, pf);
+            rescale_and_pack<D>(o, alpha, s, pf);
             if (t + 1 < n_tiles) {
                 // Tile t + 1 landed for every thread, and every warpgroup is past P V of tile t - 1, whose stage tile
                 // t + 2 takes.
@@ -206,9 +206,9 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
             sm90::fence_operands(o);
             fence_fragments(pf);
             sm90::wgmma_fence();
-            if (t + 1 < wg_tiles) issue_qk<D>(s, q_addr, Pipe::tile(smem, t + 1));
+            if (t + 1 < n_tiles) issue_qk<D>(s, q_addr, Pipe::tile(smem, t + 1));
             sm90::wgmma_commit();
-            if (t < wg_tiles) issue_pv<D>(o, pf, Pipe::tile(smem, t) + Pipe::tile_elems);
+            issue_pv<D>(o, pf, Pipe::tile(smem, t) + Pipe::tile_elems);
             sm90::wgmma_commit();
             sm90::wgmma_wait<1>();  // S of tile t + 1
             sm90::fence_operands(s);
