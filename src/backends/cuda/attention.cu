@@ -422,13 +422,9 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
     if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
     if (kernel == PrefillKernel::Auto) {
-        static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled"), pipelined = env_is("QINFER_PREFILL_ATTN", "pipelined"),
-                          wgmma = env_is("QINFER_PREFILL_ATTN", "wgmma");
+        static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled"), pipelined = env_is("QINFER_PREFILL_ATTN", "pipelined");
         if (tiled || (head_dim != 64 && head_dim != 128)) kernel = PrefillKernel::Tiled;
-        else if (wgmma && prefill_wgmma_available(head_dim)) kernel = PrefillKernel::Wgmma;
-        // head_dim 64 stays on mma.sync: its exponentials per FLOP are twice head_dim 128's, and the wgmma kernel
-        // (softmax not yet overlapped across warpgroups) gave 0.5B a 0-13% longer first token at 30720 (perf-log).
-        else if (pipelined || head_dim != 128 || !prefill_wgmma_available(head_dim)) kernel = PrefillKernel::Pipelined;
+        else if (pipelined || !prefill_wgmma_available(head_dim)) kernel = PrefillKernel::Pipelined;
         else kernel = PrefillKernel::Wgmma;
     }
     if (kernel == PrefillKernel::Wgmma) {

@@ -138,9 +138,8 @@ void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream
 // Three implementations: 64 queries per block with each K/V tile loaded then used (any head_dim above); 128 queries
 // per block with the next tile in flight through cp.async while the current one is used (head_dim 64 and 128;
 // attention_prefill_pipelined.cu); the same pipeline feeding Hopper's warpgroup MMAs (head_dim 64 and 128, sm_90a
-// builds on compute capability 9.0; attention_prefill_wgmma.cu). Auto: wgmma for head_dim 128 where it runs, else
-// pipelined for 64 and 128, else tiled; QINFER_PREFILL_ATTN=tiled, =pipelined or =wgmma (64 too) picks one where it
-// applies (a forced kind is passed as `kernel`).
+// builds on compute capability 9.0; attention_prefill_wgmma.cu). Auto: the last that applies, unless
+// QINFER_PREFILL_ATTN=tiled or =pipelined (for A/B runs; a forced kind is passed as `kernel`).
 enum class PrefillKernel { Auto, Tiled, Pipelined, Wgmma };
 const char * prefill_kernel_name(PrefillKernel kernel);
 // Whether the warpgroup-MMA kernel runs here for this head_dim.
