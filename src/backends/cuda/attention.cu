@@ -151,24 +151,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(128) attention_pref
             }
         }
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0 ? 1.0f / l0 : 0.f, inv1 = l1 > 0 ? 1.0f / l1 : 0.f;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; dt++) {
-        const int col = dt * 8 + 2 * tq;
-        if (col >= a.d) continue;
-        if (row0 < a.n) {
-            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row0) * a.n_head + head) * a.d + col) =
-                __floats2bfloat162_rn(o[dt][0] * inv0, o[dt][1] * inv0);
-        }
-        if (row1 < a.n) {
-            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row1) * a.n_head + head) * a.d + col) =
-                __floats2bfloat162_rn(o[dt][2] * inv1, o[dt][3] * inv1);
-        }
-    }
+    store_prefill_rows<D / 8, false>(&o[0][0], l0, l1, row0, row1, a, head);
 }
 
 // ---------------------------------------------------------------- decode
@@ -439,12 +422,7 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     dim3 grid(n_head, (n + k_br - 1) / k_br);
     auto run = [&](auto d_const) {
         constexpr int D = decltype(d_const)::value;
-        switch (cache.quant.kind) {
-        case KVKind::BF16: attention_prefill_kernel<D, KVKind::BF16><<<grid, 128, 0, stream>>>(a); break;
-        case KVKind::FP8: attention_prefill_kernel<D, KVKind::FP8><<<grid, 128, 0, stream>>>(a); break;
-        case KVKind::INT8: attention_prefill_kernel<D, KVKind::INT8><<<grid, 128, 0, stream>>>(a); break;
-        case KVKind::INT4: attention_prefill_kernel<D, KVKind::INT4><<<grid, 128, 0, stream>>>(a); break;
-        }
+        for_kv_kind(cache.quant.kind, [&](auto kind) { attention_prefill_kernel<D, decltype(kind)::value><<<grid, 128, 0, stream>>>(a); });
         CUDA_CHECK(cudaGetLastError());
     };
     if (head_dim <= 32) return run(std::integral_constant<int, 32>{});

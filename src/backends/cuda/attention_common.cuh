@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
@@ -42,6 +43,43 @@ struct PrefillArgs {
     int n, pos0, n_head, n_kv, d;
     float scale_log2;  // head_dim^-0.5 * log2(e)
 };
+
+// The end of a prefill kernel's online softmax for a warp's rows row0 and row1 = row0 + 8 (lane quads share a row):
+// sums l over the quad, divides, and stores the DT m16n8 accumulator fragments o (o[4 dt + e]: row0 for e < 2, row1
+// else, column 8 dt + 2 (lane % 4) + e % 2) as bf16 to out [n, n_head, d]. EXACT: d == 8 DT (a compile-time stride);
+// else columns at or past d are skipped.
+template <int DT, bool EXACT>
+__device__ __forceinline__ void store_prefill_rows(const float * o, float l0, float l1, int row0, int row1, const PrefillArgs & a, int head) {
+    const int d = EXACT ? 8 * DT : a.d;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0 ? 1.0f / l0 : 0.f, inv1 = l1 > 0 ? 1.0f / l1 : 0.f;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+        const int col = dt * 8 + 2 * (threadIdx.x % 4);
+        if (!EXACT && col >= d) continue;
+        if (row0 < a.n) {
+            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row0) * a.n_head + head) * d + col) =
+                __floats2bfloat162_rn(o[dt * 4 + 0] * inv0, o[dt * 4 + 1] * inv0);
+        }
+        if (row1 < a.n) {
+            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row1) * a.n_head + head) * d + col) =
+                __floats2bfloat162_rn(o[dt * 4 + 2] * inv1, o[dt * 4 + 3] * inv1);
+        }
+    }
+}
+
+// launch(std::integral_constant<KVKind, K>{}) for the cache's kind: one kernel instantiation per kind.
+template <class Launch> void for_kv_kind(KVKind kind, Launch && launch) {
+    switch (kind) {
+    case KVKind::BF16: return launch(std::integral_constant<KVKind, KVKind::BF16>{});
+    case KVKind::FP8: return launch(std::integral_constant<KVKind, KVKind::FP8>{});
+    case KVKind::INT8: return launch(std::integral_constant<KVKind, KVKind::INT8>{});
+    case KVKind::INT4: return launch(std::integral_constant<KVKind, KVKind::INT4>{});
+    }
+}
 
 // The pipelined prefill kernel (attention_prefill_pipelined.cu) for head_dim 64 and 128; false for others.
 bool launch_attention_prefill_pipelined(const PrefillArgs & a, cudaStream_t stream);

@@ -161,23 +161,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attentio
         }
         __syncthreads();  // the tile (and its stage) are overwritten next
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0 ? 1.0f / l0 : 0.f, inv1 = l1 > 0 ? 1.0f / l1 : 0.f;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; dt++) {
-        const int col = dt * 8 + 2 * tq;
-        if (row0 < a.n) {
-            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row0) * a.n_head + head) * D + col) =
-                __floats2bfloat162_rn(o[dt][0] * inv0, o[dt][1] * inv0);
-        }
-        if (row1 < a.n) {
-            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(row1) * a.n_head + head) * D + col) =
-                __floats2bfloat162_rn(o[dt][2] * inv1, o[dt][3] * inv1);
-        }
-    }
+    store_prefill_rows<D / 8, true>(&o[0][0], l0, l1, row0, row1, a, head);
 }
 
 template <int D, KVKind K> void launch(const PrefillArgs & a, cudaStream_t stream) {
@@ -189,27 +173,15 @@ template <int D, KVKind K> void launch(const PrefillArgs & a, cudaStream_t strea
     CUDA_CHECK(cudaGetLastError());
 }
 
-template <int D> void launch_kind(const PrefillArgs & a, cudaStream_t stream) {
-    switch (a.cache.quant.kind) {
-    case KVKind::BF16: return launch<D, KVKind::BF16>(a, stream);
-    case KVKind::FP8: return launch<D, KVKind::FP8>(a, stream);
-    case KVKind::INT8: return launch<D, KVKind::INT8>(a, stream);
-    case KVKind::INT4: return launch<D, KVKind::INT4>(a, stream);
-    }
-}
-
 }  // namespace
 
 bool launch_attention_prefill_pipelined(const PrefillArgs & a, cudaStream_t stream) {
-    if (a.d == 64) {
-        launch_kind<64>(a, stream);
-        return true;
-    }
-    if (a.d == 128) {
-        launch_kind<128>(a, stream);
-        return true;
-    }
-    return false;
+    if (a.d != 64 && a.d != 128) return false;
+    for_kv_kind(a.cache.quant.kind, [&](auto kind) {
+        if (a.d == 64) launch<64, decltype(kind)::value>(a, stream);
+        else launch<128, decltype(kind)::value>(a, stream);
+    });
+    return true;
 }
 
 }  // namespace qinfer::cuda

@@ -146,7 +146,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
     unsigned char * qs = smem + Layout::q_offset;
 
     const int head = blockIdx.x, kvh = head / (a.n_head / a.n_kv);
-    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, g = threadIdx.x % 32 / 4;
     const int q_tile = (gridDim.y - 1 - blockIdx.y) * k_rows;
     const int wg_row = q_tile + wg * 64;
     RowState rs;
@@ -238,24 +238,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
             __syncthreads();  // the tile (and its stage) are overwritten next
         }
     }
-    float l0 = rs.l0, l1 = rs.l1;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0 ? 1.0f / l0 : 0.f, inv1 = l1 > 0 ? 1.0f / l1 : 0.f;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; dt++) {
-        const int col = dt * 8 + 2 * tq;
-        if (rs.row0 < a.n) {
-            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(rs.row0) * a.n_head + head) * D + col) =
-                __floats2bfloat162_rn(o[dt * 4 + 0] * inv0, o[dt * 4 + 1] * inv0);
-        }
-        if (rs.row1 < a.n) {
-            *reinterpret_cast<__nv_bfloat162 *>(a.out + (int64_t(rs.row1) * a.n_head + head) * D + col) =
-                __floats2bfloat162_rn(o[dt * 4 + 2] * inv1, o[dt * 4 + 3] * inv1);
-        }
-    }
+    store_prefill_rows<D / 8, true>(o, rs.l0, rs.l1, rs.row0, rs.row1, a, head);
 #else
     __trap();  // launched only where prefill_wgmma_available() (an sm_90a build on a compute capability 9.0 device)
 #endif
@@ -268,15 +251,6 @@ template <int D, KVKind K> void launch(const PrefillArgs & a, cudaStream_t strea
     const dim3 grid(a.n_head, (a.n + k_rows - 1) / k_rows);
     attention_prefill_wgmma_kernel<D, K><<<grid, k_threads, smem, stream>>>(a);
     CUDA_CHECK(cudaGetLastError());
-}
-
-template <int D> void launch_kind(const PrefillArgs & a, cudaStream_t stream) {
-    switch (a.cache.quant.kind) {
-    case KVKind::BF16: return launch<D, KVKind::BF16>(a, stream);
-    case KVKind::FP8: return launch<D, KVKind::FP8>(a, stream);
-    case KVKind::INT8: return launch<D, KVKind::INT8>(a, stream);
-    case KVKind::INT4: return launch<D, KVKind::INT4>(a, stream);
-    }
 }
 
 }  // namespace
@@ -300,8 +274,10 @@ bool prefill_wgmma_available(int head_dim) {
 
 bool launch_attention_prefill_wgmma(const PrefillArgs & a, cudaStream_t stream) {
     if (!prefill_wgmma_available(a.d)) return false;
-    if (a.d == 64) launch_kind<64>(a, stream);
-    else launch_kind<128>(a, stream);
+    for_kv_kind(a.cache.quant.kind, [&](auto kind) {
+        if (a.d == 64) launch<64, decltype(kind)::value>(a, stream);
+        else launch<128, decltype(kind)::value>(a, stream);
+    });
     return true;
 }
 
