@@ -157,8 +157,9 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
     const int n_keys = a.pos0 + last_row + 1;  // causal: keys this block needs
     const int n_tiles = (n_keys + k_keys - 1) / k_keys;
     // Tiles this warpgroup needs: up to its last row's last key; 0 when its rows lie past the chunk. The overlapped
-    // order multiplies every tile of the block regardless (at most one more, fully masked): a branch on a
-    // per-warpgroup bound around the MMAs makes ptxas serialise every wgmma (C7520).
+    // order multiplies every tile of the block regardless, fully masked where not needed (one tile more for the
+    // first warpgroup; all of them for a warpgroup of the last query tile whose rows lie past the chunk): a branch on
+    // a per-warpgroup bound around the MMAs makes ptxas serialise every wgmma (C7520).
     const int wg_tiles = wg_row < a.n ? (a.pos0 + min(wg_row + 63, a.n - 1)) / k_keys + 1 : 0;
 
     // Q tile, rows past the chunk zero: cp.async into the first K/V tile's commit group.
