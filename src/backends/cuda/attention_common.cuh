@@ -114,8 +114,8 @@ __device__ __forceinline__ void cp_async8(void * smem, const void * gmem, bool v
 // [2 stages][K codes, V codes][KEYS][row_bytes] + [K, V][KEYS] float2 (int8/int4). Keys at or past `end` are zero.
 // Use: load(0); per tile t: load(t + 1) if any, ready(t, t + 1 < n_tiles), compute, __syncthreads().
 // SWIZZLE: the bf16 tiles in wgmma's 128-byte-swizzled panels (wgmma.cuh; the smem base 1024-byte aligned) instead
-// of padded rows, and ready() makes them visible to the async proxy. STAGES (bf16 caches): tiles resident at once,
-// so up to STAGES - 1 later tiles may be in flight when ready(t) is called.
+// of padded rows, and ready() makes them visible to the async proxy. STAGES (bf16 caches): tiles resident at once
+// (3: a tile stays readable while the next is used and the one after is loaded).
 template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false, int STAGES = 2> struct KVTilePipe {
     static constexpr int ld = SWIZZLE ? D : D + 8;  // padded bf16 rows (16 bytes): conflict-free fragments and ldmatrix
     static constexpr int tile_elems = KEYS * ld;
@@ -183,11 +183,10 @@ template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false, int STAG
         return reinterpret_cast<const bf16 *>(smem + (t % STAGES) * stage_bytes);
     }
 
-    // Waits for tile t (the `later` tiles loaded after it may stay in flight) and returns its K tile ([KEYS][ld] bf16;
-    // V follows at + tile_elems). Ends with a barrier: every thread may read the whole tile.
-    __device__ __forceinline__ static const bf16 * ready(unsigned char * smem, const KVLayer & cache, int t, int later) {
-        if (later >= 2) cp_async_wait<2>();
-        else if (later == 1) cp_async_wait<1>();
+    // Waits for tile t (the one loaded after it may stay in flight) and returns its K tile ([KEYS][ld] bf16; V follows
+    // at + tile_elems). Ends with a barrier: every thread may read the whole tile.
+    __device__ __forceinline__ static const bf16 * ready(unsigned char * smem, const KVLayer & cache, int t, bool next_in_flight) {
+        if (next_in_flight) cp_async_wait<1>();
         else cp_async_wait<0>();
         if constexpr (!quantized) publish();
         __syncthreads();

@@ -105,13 +105,6 @@ template <int D> __device__ __forceinline__ void rescale_and_pack(float (&o)[D /
     }
 }
 
-__device__ __forceinline__ void fence_fragments(uint32_t (&pf)[k_keys / 16][4]) {
-#pragma unroll
-    for (int i = 0; i < k_keys / 16; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) asm volatile("" : "+r"(pf[i][j])::"memory");
-}
-
 // Issues S = Q K^T (64 rows x 128 keys) for this warpgroup: one k16 step of the head dim per instruction.
 template <int D> __device__ __forceinline__ void issue_qk(float (&s)[k_keys / 2], uint32_t q_addr, const bf16 * ks) {
     const uint32_t k_addr = sm90::smem_addr(ks);
@@ -184,7 +177,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
     if constexpr (Layout::overlapped) {
         load_tile(0);
         if (n_tiles > 1) load_tile(1);
-        Pipe::ready(smem, a.cache, 0, n_tiles > 1 ? 1 : 0);
+        Pipe::ready(smem, a.cache, 0, n_tiles > 1);
         sm90::wgmma_fence();
         issue_qk<D>(s, q_addr, Pipe::tile(smem, 0));
         sm90::wgmma_commit();
@@ -195,17 +188,17 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
             const float2 alpha = softmax_tile(s, rs, t * k_keys, a);
             sm90::wgmma_wait<0>();
             sm90::fence_operands(o);
-            fence_fragments(pf);
+            for (auto & f : pf) sm90::fence_operands(f);
             rescale_and_pack<D>(o, alpha, s, pf);
             if (t + 1 < n_tiles) {
                 // Tile t + 1 landed for every thread, and every warpgroup is past P V of tile t - 1, whose stage tile
                 // t + 2 takes.
-                Pipe::ready(smem, a.cache, t + 1, 0);
+                Pipe::ready(smem, a.cache, t + 1, false);
                 if (t + 2 < n_tiles) load_tile(t + 2);
             }
             sm90::fence_operands(s);
             sm90::fence_operands(o);
-            fence_fragments(pf);
+            for (auto & f : pf) sm90::fence_operands(f);
             sm90::wgmma_fence();
             if (t + 1 < n_tiles) issue_qk<D>(s, q_addr, Pipe::tile(smem, t + 1));
             sm90::wgmma_commit();
@@ -220,7 +213,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
         load_tile(0);
         for (int t = 0; t < n_tiles; t++) {
             if (t + 1 < n_tiles) load_tile(t + 1);
-            const bf16 * ks = Pipe::ready(smem, a.cache, t, t + 1 < n_tiles ? 1 : 0), * vs = ks + Pipe::tile_elems;
+            const bf16 * ks = Pipe::ready(smem, a.cache, t, t + 1 < n_tiles), * vs = ks + Pipe::tile_elems;
             if (t < wg_tiles) {
                 sm90::wgmma_fence();
                 issue_qk<D>(s, q_addr, ks);
