@@ -481,12 +481,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
         if constexpr (D == 24) {
             launch_kernel(attention_decode_kernel<D, KVKind::BF16>, grid, k_decode_threads, 0, stream, a);
         } else {
-            switch (kind) {
-            case KVKind::BF16: launch_kernel(attention_decode_kernel<D, KVKind::BF16>, grid, k_decode_threads, 0, stream, a); break;
-            case KVKind::FP8: launch_kernel(attention_decode_kernel<D, KVKind::FP8>, grid, k_decode_threads, 0, stream, a); break;
-            case KVKind::INT8: launch_kernel(attention_decode_kernel<D, KVKind::INT8>, grid, k_decode_threads, 0, stream, a); break;
-            case KVKind::INT4: launch_kernel(attention_decode_kernel<D, KVKind::INT4>, grid, k_decode_threads, 0, stream, a); break;
-            }
+            for_kv_kind(kind, [&](auto k) { launch_kernel(attention_decode_kernel<D, decltype(k)::value>, grid, k_decode_threads, 0, stream, a); });
         }
         CUDA_CHECK(cudaGetLastError());
         launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_decode_threads, 0, stream, scratch, len_dev, a.min_split, out);

@@ -163,28 +163,15 @@ template <int D, KVKind K> void launch(DecodeArgs a, dim3 grid, cudaStream_t str
     launch_kernel(attention_decode_tc_kernel<D, K>, grid, k_decode_threads, smem, stream, a);
 }
 
-template <int D> void launch_kind(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
-    switch (a.cache.quant.kind) {
-    case KVKind::BF16: return launch<D, KVKind::BF16>(a, grid, stream);
-    case KVKind::FP8: return launch<D, KVKind::FP8>(a, grid, stream);
-    case KVKind::INT8: return launch<D, KVKind::INT8>(a, grid, stream);
-    case KVKind::INT4: return launch<D, KVKind::INT4>(a, grid, stream);
-    }
-}
-
 }  // namespace
 
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
-    if (a.n_head / a.n_kv > 8) return false;
-    if (head_dim == 64) {
-        launch_kind<64>(a, grid, stream);
-        return true;
-    }
-    if (head_dim == 128) {
-        launch_kind<128>(a, grid, stream);
-        return true;
-    }
-    return false;
+    if (a.n_head / a.n_kv > 8 || (head_dim != 64 && head_dim != 128)) return false;
+    for_kv_kind(a.cache.quant.kind, [&](auto kind) {
+        if (head_dim == 64) launch<64, decltype(kind)::value>(a, grid, stream);
+        else launch<128, decltype(kind)::value>(a, grid, stream);
+    });
+    return true;
 }
 
 }  // namespace qinfer::cuda
