@@ -418,8 +418,9 @@ if has chunk-small; then
     done
 fi
 # Prefill attention kernels end to end: QINFER_PREFILL_ATTN=pipelined (mma.sync) against the default (=auto: wgmma
-# where it runs), alternated, at 30720 (time to first token and speed incl. prefill). Runs before 506c63c's results
-# were labelled "wgmma" (a value the switch does not know, so the default).
+# where it runs), alternated, at 30720 (time to first token and speed incl. prefill). The runs of this session's results
+# (12ba010..506c63c) were labelled "wgmma": the default at 12ba010 and 29e214f, a forcing value at 506c63c (since
+# removed); each ran the wgmma kernel.
 if has prefill-ab; then
     for spec in ${PREFILL_AB_SPECS:-qwen2.5-0.5b:30720 qwen2.5-7b:30720}; do
         p=${spec%%:*} lens=${spec##*:}
