@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [l2-ab] [rows]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -430,28 +430,6 @@ if has prefill-ab; then
             QINFER_PREFILL_ATTN=$k "$Q" bench --preset $p --input-lens $lens --gen ${PREFILL_AB_GEN:-2048} \
                 --json "$OUT/prefill-ab-$p-$k-$n_ab.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/attn=$k /" | tee -a "$OUT/prefill-ab.log"
         done
-    done
-fi
-# The next kernel's weights asked into L2 as each block finishes (QINFER_L2_NEXT=0: off), alternated: decode at input
-# 1 (L2_AB_SPECS preset:quant, 512 generated), one long-context check (L2_AB_LONG), eager decode profiles of 7B BF16.
-if has l2-ab; then
-    for spec in ${L2_AB_SPECS:-qwen2.5-7b:bf16 qwen2.5-0.5b:bf16 qwen2.5-1.5b:bf16 qwen2.5-7b:gptq-int4 qwen2.5-0.5b:gptq-int4}; do
-        p=${spec%%:*} q=${spec##*:}
-        for mode in 0 1 0 1; do
-            QINFER_L2_NEXT=$mode "$Q" bench --preset $p --quant $q --input-lens 1 --gen 512 --json "$OUT/l2-ab-$p-$q-$mode.json" 2>&1 |
-                grep -E "^\| qwen" | sed "s/^/l2_next=$mode /" | tee -a "$OUT/l2-ab.log"
-        done
-    done
-    for spec in ${L2_AB_LONG-qwen2.5-7b:bf16:30720}; do
-        IFS=: read -r p q lens <<<"$spec"
-        for mode in 0 1; do
-            QINFER_L2_NEXT=$mode "$Q" bench --preset $p --quant $q --input-lens $lens --gen 512 --json "$OUT/l2-ab-$p-$q-$lens-$mode.json" 2>&1 |
-                grep -E "^\| qwen" | sed "s/^/l2_next=$mode /" | tee -a "$OUT/l2-ab.log"
-        done
-    done
-    for mode in ${L2_AB_PROFILE-0 1}; do
-        QINFER_L2_NEXT=$mode QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-7b --input-lens 1 --gen 128 2>&1 |
-            grep -E "^  |profile" | sed "s/^/l2_next=$mode /" | tee -a "$OUT/l2-ab.log"
     done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.

@@ -93,14 +93,6 @@ struct DevLinear {
     const bf16 * ptr() const { return w.as<bf16>(); }
 };
 
-// The bytes of l the decode kernels stream (the codes when quantized) as an L2 prefetch for the kernel ahead of them,
-// or nothing when they exceed cuda::l2_prefetch_budget().
-inline cuda::L2Prefetch l2_ahead(const DevLinear & l) {
-    const DeviceBuffer & b = l.quantized ? l.codes : l.w;
-    if (b.bytes() == 0 || b.bytes() > cuda::l2_prefetch_budget()) return {};
-    return {b.get(), b.bytes()};
-}
-
 template <class T> DeviceBuffer upload_vector(const std::vector<T> & v, const char * what) {
     if (v.empty()) return DeviceBuffer();
     DeviceBuffer b(v.size() * sizeof(T), what);

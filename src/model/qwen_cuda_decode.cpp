@@ -81,10 +81,8 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         r.pos_dev = pos;
         cuda::qkv_rope_cache(r, stream_);
         prof_.mark("bias/norm/rope/cache");
-        // From here to the end of the MLP each kernel's blocks ask L2 for the next kernel's weights as they finish,
-        // where those fit (l2_ahead): DRAM idles through the attention of a short context and each kernel's tail.
         cuda::attention_decode(q_.as<bf16>(), r.cache, len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
-                               attn_.as<bf16>(), stream_, B, cuda::DecodeKernel::Auto, fused ? l2_ahead(L.o) : cuda::L2Prefetch{});
+                               attn_.as<bf16>(), stream_, B);
         prof_.mark("attention");
         if (fused) {
             cuda::GemvArgs a;
@@ -93,7 +91,6 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.x = attn_.get();
             a.m = B;
             a.y = x;
-            if (!L.moe) a.l2_next = l2_ahead(L.mlp.gate_up);
             project(L.o, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
             if (L.moe) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         } else {
@@ -112,7 +109,6 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.norm_w = L.post_norm.as<bf16>();
             a.eps = eps;
             a.y = act_.get();
-            a.l2_next = l2_ahead(L.mlp.down);
             project(L.mlp.gate_up, a, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16);
             prof_.mark("gate_up gemv");
             a = cuda::GemvArgs{};
@@ -121,7 +117,6 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.x = act_.get();
             a.m = B;
             a.y = x;
-            if (l + 1 < cfg.num_hidden_layers) a.l2_next = l2_ahead(layers_[size_t(l) + 1].qkv);
             project(L.mlp.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
             prof_.mark("down gemv");
         } else {

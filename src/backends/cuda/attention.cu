@@ -449,12 +449,11 @@ int decode_splits(int max_len, int n_kv, int batch) {
 }
 
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
-                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch, DecodeKernel kernel,
-                      L2Prefetch l2_next) {
+                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch, DecodeKernel kernel) {
     if (batch < 1 || batch > 65535) QINFER_FAIL() << "attention_decode: batch " << batch;
     if (n_head / n_kv > k_max_rep) QINFER_FAIL() << "attention_decode: " << n_head / n_kv << " query heads per KV head (max " << k_max_rep << ")";
     if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
-    DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, 16, l2_next};
+    DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, 16};
     dim3 grid(scratch.max_splits, n_kv, batch);
     if (kernel == DecodeKernel::Auto) {
         static const bool simt = env_is("QINFER_DECODE_ATTN", "simt");

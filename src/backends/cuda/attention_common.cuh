@@ -231,7 +231,6 @@ struct DecodeArgs {
     float scale;
     DecodeScratch scratch;
     int min_split;  // fewest keys a split takes (the kernel's tile)
-    L2Prefetch l2_next = {};  // asked into L2 as each block finishes (tensor-core kernel)
 };
 
 // Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of

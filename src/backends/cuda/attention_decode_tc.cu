@@ -30,10 +30,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
     const int len = a.len_dev[b];
     const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
     const int begin = split_id * split;
-    if (begin >= len) {
-        l2_prefetch_share(a.l2_next, block_rank(), grid_blocks());
-        return;
-    }
+    if (begin >= len) return;
     const int end = min(len, begin + split);
     const int n_rep = a.n_head / a.n_kv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -116,7 +113,6 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
         }
         __syncthreads();  // the tile (and its stage) are overwritten next
     }
-    l2_prefetch_share(a.l2_next, block_rank(), grid_blocks());  // this block's keys are read: the next weights
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
 

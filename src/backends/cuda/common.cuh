@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "backends/cuda/cuda_check.h"
-#include "backends/cuda/ops.h"
 #include "core/check.h"
 
 namespace qinfer::cuda {
@@ -25,27 +24,6 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 bool pdl_enabled();
-
-// One thread asks L2 for `bytes` at p (Hopper's bulk prefetch: the copy engine fetches them, no registers wait;
-// nothing below sm_90). p 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ void prefetch_l2(const void * p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// Thread 0 of the calling block asks L2 for part `part` of `parts` of pf (ops.h: L2Prefetch), in 16-byte-aligned
-// pieces of at most 64 KB.
-__device__ __forceinline__ void l2_prefetch_share(const L2Prefetch & pf, unsigned part, unsigned parts) {
-    if (pf.bytes == 0 || threadIdx.x != 0) return;
-    const uintptr_t base = reinterpret_cast<uintptr_t>(pf.p);
-    const uintptr_t lo = (base + pf.bytes * part / parts) & ~uintptr_t(15), hi = (base + pf.bytes * (part + 1) / parts) & ~uintptr_t(15);
-    for (uintptr_t at = lo; at < hi; at += 65536) prefetch_l2(reinterpret_cast<const void *>(at), uint32_t(min(uintptr_t(65536), hi - at)));
-}
-
-// Block-linear id and count of the grid, for l2_prefetch_share.
-__device__ __forceinline__ unsigned block_rank() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
-__device__ __forceinline__ unsigned grid_blocks() { return gridDim.x * gridDim.y * gridDim.z; }
 
 // Lets `kernel` take `bytes` of dynamic shared memory. Beyond 48 KB per block, static shared memory included, a kernel
 // must opt in, so the limit is raised at the first launch and whenever a launch needs more; `configured` is the

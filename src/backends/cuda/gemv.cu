@@ -139,7 +139,6 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
             }
         }
     }
-    l2_prefetch_share(a.l2_next, blockIdx.x, gridDim.x);  // this block's rows are done: the next kernel's weights
 }
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a, cudaStream_t stream) {
@@ -216,17 +215,6 @@ int sm_count() {
         return count;
     }();
     return n;
-}
-
-size_t l2_prefetch_budget() {
-    static const size_t budget = [] {
-        int dev = 0, major = 0, l2 = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-        return major >= 9 && !env_is("QINFER_L2_NEXT", "0") ? size_t(l2) / 4 * 3 : size_t(0);
-    }();
-    return budget;
 }
 
 // QINFER_GEMV_PREFETCH=0 turns the first-batch prefetch off (for timing it against the plain prologue).

@@ -95,7 +95,6 @@ template <int M, GemvIn IN, GemvOut OUT> __global__ void __launch_bounds__(k_thr
             for (int m = 0; m < M; m++) acc[m] += dot8(wv[u], reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[wchunk[u]]);
         }
     }
-    l2_prefetch_share(a.l2_next, blockIdx.x, gridDim.x);  // this block's weights are read: the next kernel's
     flush();
     __syncthreads();
 

@@ -13,14 +13,6 @@ namespace qinfer::cuda {
 
 using bf16 = __nv_bfloat16;
 
-// Bytes the next kernel will read (its weights), asked into L2 by the kernel before it as each of its blocks
-// finishes, so DRAM streams them during that kernel's tail, the launch gap and the next kernel's ramp instead of
-// idling. Block b of G asks for bytes [b B / G, (b + 1) B / G) (cuda/common.cuh: l2_prefetch_share). Empty: nothing.
-struct L2Prefetch {
-    const void * p = nullptr;
-    size_t bytes = 0;
-};
-
 // ---- decode GEMV: y[m, n] = epilogue(sum_k W[n, k] * x[m, k]), m <= 4 ----
 enum class GemvIn {
     Bf16,     // x: bf16 [m, k]
@@ -42,7 +34,6 @@ struct GemvArgs {
     void * y = nullptr;             // see GemvOut
     bool prefetch = true;           // first weights requested before pdl_wait and the norm (set by gemv(); gemv.cu)
     bool vec_norm = false;          // NormF32 staged in float4 batches (set by gemv()/qgemv(): qstage::vec_norm_ok)
-    L2Prefetch l2_next;             // asked into L2 as each block finishes
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)
@@ -172,12 +163,11 @@ struct DecodeScratch {
 int decode_splits(int max_len, int n_kv, int batch = 1);
 // Two implementations: SIMT lanes with an online softmax per lane group (any head_dim above), and tensor cores with
 // the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the tensor-core
-// kernel where it applies (2-2.4x faster on an H100, perf-log), unless QINFER_DECODE_ATTN=simt. The tensor-core
-// kernel's blocks ask for l2_next as they finish (the SIMT kernel ignores it).
+// kernel where it applies (2-2.4x faster on an H100, perf-log), unless QINFER_DECODE_ATTN=simt.
 enum class DecodeKernel { Auto, Simt, TensorCore };
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1,
-                      DecodeKernel kernel = DecodeKernel::Auto, L2Prefetch l2_next = {});
+                      DecodeKernel kernel = DecodeKernel::Auto);
 
 // ---- sampling on the device ----
 // Greedy step: token = argmax(logits[0:n_valid]) (lowest id on ties); state[0] = token, out_tokens[state[2]] = token,
@@ -209,9 +199,6 @@ void sample_rows_advance(const float * logits, int rows, int vocab, int n_valid,
 void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_f32, cudaStream_t stream);
 
 int sm_count();
-// Largest weight matrix worth asking L2 for ahead of the kernel that reads it (L2Prefetch): 3/4 of L2 on Hopper
-// (bulk prefetch), 0 below it or with QINFER_L2_NEXT=0.
-size_t l2_prefetch_budget();
 // Keeps the stream busy for about `microseconds` (profiling: the host queues a whole step behind it, so event
 // timings measure the GPU, not the launch rate).
 void gpu_sleep(int microseconds, cudaStream_t stream);

@@ -190,7 +190,6 @@ template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> __global__ void __
             }
         }
     }
-    if (m_row == 0) l2_prefetch_share(a.l2_next, blockIdx.x, gridDim.x);  // the next kernel's weights
 }
 
 template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> void launch(const QuantMatrix & w, const GemvArgs & a, cudaStream_t s) {

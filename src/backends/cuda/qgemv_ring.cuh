@@ -50,6 +50,13 @@ constexpr int k_lut_words = 256 * 32;  // the bf16x2 pair table, one copy per ba
 // (bench/results/2026-11-26-h100-tiled-8bit-nf4).
 constexpr int k_param_batch = 4;
 
+// One lane asks L2 for `bytes` of codes at p (Hopper's bulk prefetch; nothing below sm_90).
+__device__ __forceinline__ void prefetch_l2(const void * p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 // A group's parameters as the kernel keeps them: fp16 scale | bf16(128 + zero) << 16 (Affine4), fp16 scale | zero << 16
 // (Affine8), the fp32 absmax (Lookup4).
 template <Codes C> __device__ __forceinline__ uint32_t pack_group(const QuantMatrix & w, size_t gidx) {
@@ -255,7 +262,6 @@ template <Codes C, GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds
         flush();
     }
 
-    l2_prefetch_share(a.l2_next, blockIdx.x, gridDim.x);  // this block's codes are read: the next kernel's
     // The KS parts and MATS matrices of each row block meet in shared memory; the first warp of the row block writes.
 #pragma unroll
     for (int i = 0; i < 4; i++) red[warp][lane][i] = tot[i];
