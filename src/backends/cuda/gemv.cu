@@ -45,19 +45,18 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
     // with one warp per row) that is the whole row, of both matrices for SiluMulBf16 (PAIR, chosen in launch()).
     uint4 first[batch];
     bool have_first = false;
-    {
-        const int row = blockIdx.x * rows_per_block + warp / WPR;
-        if (a.prefetch && row < a.n) {
-            const uint4 * w[2] = {};
-            row_ptrs(row, w);
+    auto load_first = [&](int row) {
+        if (!a.prefetch || row >= a.n) return;
+        const uint4 * w[2] = {};
+        row_ptrs(row, w);
 #pragma unroll
-            for (int u = 0; u < batch; u++) {
-                const int c = part * 32 + lane + (u % per_mat) * stride;
-                first[u] = c < chunks ? load_stream(w[u / per_mat] + c) : make_uint4(0, 0, 0, 0);
-            }
-            have_first = true;
+        for (int u = 0; u < batch; u++) {
+            const int c = part * 32 + lane + (u % per_mat) * stride;
+            first[u] = c < chunks ? load_stream(w[u / per_mat] + c) : make_uint4(0, 0, 0, 0);
         }
-    }
+        have_first = true;
+    };
+    load_first(blockIdx.x * rows_per_block + warp / WPR);
     pdl_wait();
 
     // Prologue: stage the input rows (float4 batches when aligned: one round trip to memory per 4096 values).
@@ -104,6 +103,8 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
                 }
             }
         }
+        // A block that strides (one-wave grids) asks for its next row's first batch before this row's reductions.
+        load_first(row + gridDim.x * rows_per_block);
         float s[M][2];
 #pragma unroll
         for (int m = 0; m < M; m++) {
@@ -152,9 +153,20 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
     static size_t configured[2] = {0, 0};  // per kernel
     if (IN == GemvIn::NormF32) allow_dynamic_smem(kernel, smem, configured[pair]);
     constexpr int rows_per_block = k_warps / WPR;
-    // One block per row group (the scheduler balances the waves); only very tall matrices (lm_head) stride.
+    // One block per row group (the scheduler balances the waves); only very tall matrices (lm_head) stride. With
+    // QINFER_GEMV_WAVE=1, one wave of resident blocks strides over all row groups.
     const int needed = (a.n + rows_per_block - 1) / rows_per_block;
-    const int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
+    int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
+    static const bool one_wave = env_is("QINFER_GEMV_WAVE", "1");
+    if (one_wave) {
+        static size_t cached_smem[2] = {size_t(-1), size_t(-1)};
+        static int per_sm[2] = {0, 0};
+        if (smem != cached_smem[pair]) {
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[pair], kernel, k_threads, smem));
+            cached_smem[pair] = smem;
+        }
+        blocks = std::min(needed, std::max(1, per_sm[pair]) * sm_count());
+    }
     launch_kernel(kernel, blocks, k_threads, smem, stream, a);
 }
 
