@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [rows]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -433,13 +433,10 @@ if has prefill-ab; then
     done
 fi
 # The row GEMV (gate_up of 7B, lm_head) as one wave of resident blocks striding over the rows (QINFER_GEMV_WAVE=1)
-# against one block per row group, with programmatic dependent launch off and on for 7B (PDL is on by default only
-# under 8 GB of checkpoint): GEMV tests and kernel timings under both grids, then decode, alternated.
+# (the default) against one block per row group (=0), with programmatic dependent launch off and on for 7B: kernel
+# timings under both grids, then decode, alternated.
 if has wave-ab; then
     for w in 0 1; do
-        QINFER_GEMV_WAVE=$w build-device/tests/qinfer_tests --gtest_filter='*Gemv.*:*GoldenCuda*' >"$OUT/wave-test-$w.log" 2>&1
-        note "gemv/golden tests, wave=$w: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/wave-test-$w.log" | tr '\n' ' ')"
-        grep -E "Failure" -A6 "$OUT/wave-test-$w.log" | head -20
         QINFER_GEMV_WAVE=$w build-device/tests/qinfer_tests --gtest_filter='CudaOps.GemvTimings' 2>&1 | grep -E "^\[ kernel \]" |
             sed "s/^/wave=$w /" | tee -a "$OUT/wave-kernels.log"
     done
@@ -449,6 +446,15 @@ if has wave-ab; then
             QINFER_PDL=$pdl QINFER_GEMV_WAVE=$w "$Q" bench --preset $p --input-lens 1 --gen 512 --json "$OUT/wave-ab-$p-pdl$pdl-$w.json" 2>&1 |
                 grep -E "^\| qwen" | sed "s/^/pdl=$pdl wave=$w /" | tee -a "$OUT/wave-ab.log"
         done
+    done
+fi
+# Where the first token's time goes: per-op GPU time of the prefill (QINFER_PROFILE=1; PREFILL_PROFILE_SPECS
+# preset:quant:length), 16 tokens generated.
+if has prefill-profile; then
+    for spec in ${PREFILL_PROFILE_SPECS:-qwen2.5-7b:bf16:30720 qwen2.5-7b:gptq-int4:30720}; do
+        IFS=: read -r p q lens <<<"$spec"
+        echo "-- $p $q $lens" | tee -a "$OUT/prefill-profile.log"
+        QINFER_PROFILE=1 "$Q" bench --preset $p --quant $q --input-lens $lens --gen 16 2>&1 | grep -E "^  |profile" | tee -a "$OUT/prefill-profile.log"
     done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.

@@ -8,6 +8,7 @@
 // prefill dequantizes each one to bf16 and multiplies with cuBLASLt.
 #include "model/qwen_cuda.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "core/env.h"
@@ -70,9 +71,9 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     CUDA_CHECK(cudaSetDevice(0));
     // Programmatic dependent launch overlaps each kernel's start (the GEMVs request their first weights before waiting
     // for their inputs) with the end of the one ahead. Measured on an H100, 512 tokens decoded at input 1: 0.5B BF16
-    // +7%, 0.5B GPTQ-Int4 +19%, 7B GPTQ-Int4 +11%, but 7B BF16 -2.4% (bench/results/2026-11-26-h100-qgemv-ring): on for
-    // checkpoints under 8 GB, where a decode step is short enough for kernel starts to matter.
-    cuda::set_pdl_default(model_->checkpoint->total_bytes() < 8'000'000'000ull);
+    // +7%, 0.5B GPTQ-Int4 +19%, 7B GPTQ-Int4 +11% (bench/results/2026-11-26-h100-qgemv-ring); 7B BF16 -2.4% then, with
+    // its GEMVs in several waves of blocks, +0.9% since they run in one (bench/results/2026-11-27-h100-wave-pdl).
+    cuda::set_pdl_default(true);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     rope_ = compute_rope_freqs(c, 0);
     upload_weights();
@@ -439,6 +440,7 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
         }
         dequant_.ensure(size_t(l.n) * l.k * sizeof(bf16), "dequantized weights");
         cuda::dequantize(l.q, dequant_.as<bf16>(), stream_);
+        prof_.mark("dequantize");
         return cuda::gemm(x, dequant_.as<bf16>(), m, l.n, l.k, y, false, stream_);
     }
     if (m <= k_gemv_max_m) {
@@ -457,8 +459,11 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
 
 void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out) {
     linear(x, m, w.gate_up, gu);
+    prof_.mark("gate_up gemm");
     cuda::silu_mul(gu, m, w.down.k, act, stream_);
+    prof_.mark("silu*up");
     linear(act, m, w.down, out);
+    prof_.mark("down gemm");
 }
 
 // Sparse MoE block, routed on the host: softmax over experts in fp32, top-k, optional renormalisation; each expert
@@ -543,6 +548,11 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     if (all_logits) logits_.ensure(size_t(std::min(n, chunk)) * V * sizeof(float), "logits");
     else logits_.ensure(size_t(V) * sizeof(float), "logits");
 
+    const bool profile = n > 1 && !prefill_profiled_ && std::getenv("QINFER_PROFILE");
+    if (profile) {
+        prefill_profiled_ = true;
+        prof_.begin(stream_);
+    }
     for (int off = 0; off < n; off += chunk) {
         const int c = std::min(chunk, n - off);
         const int pos0 = pos_start + off;
@@ -550,6 +560,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
         float * x = x_.as<float>();
         bf16 * xn = xn_.as<bf16>();
         cuda::embedding(embed_table_, ids_.as<int>(), c, H, x, stream_);
+        prof_.mark("embedding");
         bool pending = false;  // tmp_ holds an MLP output not yet added to x
         for (int l = 0; l < cfg.num_hidden_layers; l++) {
             const DevLayer & L = layers_[size_t(l)];
@@ -558,7 +569,9 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
             } else {
                 cuda::rms_norm(x, L.input_norm.as<bf16>(), eps, c, H, xn, stream_);
             }
+            prof_.mark("add/rms_norm");
             linear(xn, c, L.qkv, qkv_.as<bf16>());
+            prof_.mark("qkv gemm");
             cuda::QkvRopeArgs r = rope_args(l, kv_layer(l, seq), c);
             r.pos0 = pos0;
             if (kv_kind_ == cuda::KVKind::FP8 && !fp8_ready_[size_t(l)]) {
@@ -571,10 +584,14 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
                 fp8_ready_[size_t(l)] = true;
             }
             cuda::qkv_rope_cache(r, stream_);
+            prof_.mark("bias/norm/rope/cache");
             cuda::attention_prefill(q_.as<bf16>(), r.cache, c, pos0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                     attn_.as<bf16>(), stream_);
+            prof_.mark("attention");
             linear(attn_.as<bf16>(), c, L.o, tmp_.as<bf16>());
+            prof_.mark("o_proj gemm");
             cuda::add_rms_norm(x, tmp_.as<bf16>(), L.post_norm.as<bf16>(), eps, c, H, xn, stream_);
+            prof_.mark("add/rms_norm");
             if (L.moe) {
                 moe(L, c, xn, x);
                 pending = false;
@@ -584,6 +601,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
             }
         }
         if (pending) cuda::add_residual(x, tmp_.as<bf16>(), int64_t(c) * H, stream_);
+        prof_.mark("add/rms_norm");
         // Logits: every position of the chunk, or only the sequence's last one.
         const bool last_chunk = off + c == n;
         if (!all_logits && !last_chunk) continue;
@@ -602,8 +620,13 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
         } else {
             cuda::gemm(xn, lm_head_, rows, V, H, logits_.get(), true, stream_);
         }
+        prof_.mark("final norm, lm_head");
         float * dst = logits.data() + (all_logits ? size_t(off) * V : 0);
         CUDA_CHECK(cudaMemcpyAsync(dst, logits_.get(), size_t(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    if (profile) {
+        prof_.mark("logits copy");
+        prof_.report("prefill (" + std::to_string(n) + " tokens, passes of " + std::to_string(chunk) + ")");
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     table_->set_length(seq, pos_start + n);

@@ -37,7 +37,9 @@ constexpr int k_gemv_max_m = 4;        // up to this many tokens go through the 
 constexpr int k_qgemv_max_m = 8;       // and through the tiled 4-bit GEMV, which takes 8 in one pass (the other
                                        // quantized GEMVs run once per row); beyond: dequantize, then cuBLASLt
 
-// Per-op GPU time of one eager decode step (QINFER_PROFILE=1): events between ops, summed by op name.
+// Per-op GPU time of one eager decode step, or of the first prefill of more than one token (QINFER_PROFILE=1):
+// events between ops, summed by op name. The work is queued behind a 50 ms sleep so the events time the GPU, not the
+// launch rate; a profiled run's own speed is not a measurement.
 class StepProfiler {
 public:
     void begin(cudaStream_t s) {
@@ -50,7 +52,7 @@ public:
     void mark(const char * what) {
         if (on_) add(what);
     }
-    void report() {
+    void report(const std::string & title) {
         if (!on_) return;
         on_ = false;
         CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -63,7 +65,7 @@ public:
             by_name[marks_[i].first].second++;
             total += ms;
         }
-        std::fprintf(stderr, "decode step profile (one step queued behind a sleep, %.3f ms of GPU time):\n", total);
+        std::fprintf(stderr, "%s profile (queued behind a sleep, %.3f ms of GPU time):\n", title.c_str(), total);
         for (const auto & [name, v] : by_name) {
             std::fprintf(stderr, "  %-22s %8.1f us %5.1f%%  (%d launches)\n", name.c_str(), v.first * 1e3, 100 * v.first / total, v.second);
         }
@@ -214,7 +216,7 @@ private:
     cuda::SampleParams sample_params_;
     DeviceBuffer sample_seen_, sample_counts_, sample_work_;
     StepProfiler prof_;
-    bool profiled_ = false;
+    bool profiled_ = false, prefill_profiled_ = false;
 };
 
 }  // namespace qinfer::cuda_engine

@@ -247,7 +247,7 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
         profiled_ = true;
         prof_.begin(stream_);
         decode_step(B, end);
-        prof_.report();
+        prof_.report("decode step (one step)");
         first = 1;
     }
     for (int i = first; i < n_steps; i++) CUDA_CHECK(cudaGraphLaunch(graph_, stream_));

@@ -153,11 +153,13 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
     static size_t configured[2] = {0, 0};  // per kernel
     if (IN == GemvIn::NormF32) allow_dynamic_smem(kernel, smem, configured[pair]);
     constexpr int rows_per_block = k_warps / WPR;
-    // One block per row group (the scheduler balances the waves); only very tall matrices (lm_head) stride. With
-    // QINFER_GEMV_WAVE=1, one wave of resident blocks strides over all row groups.
+    // One wave of resident blocks strides over the row groups: under programmatic dependent launch the next kernel's
+    // blocks, resident early, would otherwise take the slots of this kernel's later waves. On an H100 (PDL on, decode
+    // tok/s, bench/results/2026-11-27-h100-wave-pdl): 1.5B +1.8%, 7B +0.2%, 0.5B -0.5% (noise level).
+    // QINFER_GEMV_WAVE=0: one block per row group, very tall matrices (lm_head) striding over 8 blocks per SM.
     const int needed = (a.n + rows_per_block - 1) / rows_per_block;
     int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
-    static const bool one_wave = env_is("QINFER_GEMV_WAVE", "1");
+    static const bool one_wave = !env_is("QINFER_GEMV_WAVE", "0");
     if (one_wave) {
         static size_t cached_smem[2] = {size_t(-1), size_t(-1)};
         static int per_sm[2] = {0, 0};
