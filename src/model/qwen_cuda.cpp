@@ -548,15 +548,15 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     if (all_logits) logits_.ensure(size_t(std::min(n, chunk)) * V * sizeof(float), "logits");
     else logits_.ensure(size_t(V) * sizeof(float), "logits");
 
-    const bool profile = n > 1 && !prefill_profiled_ && std::getenv("QINFER_PROFILE");
-    if (profile) {
-        prefill_profiled_ = true;
-        prof_.begin(stream_);
-    }
+    if (ids_host_.bytes() < size_t(n) * sizeof(int)) ids_host_ = cuda::HostMappedBuffer(size_t(n) * sizeof(int), "prompt ids");
+    std::memcpy(ids_host_.host(), tokens.data(), size_t(n) * sizeof(int));  // the last forward ended with a sync
+    const bool profile = std::getenv("QINFER_PROFILE") != nullptr;
+    profile_decode_ = profile;
+    if (profile && n > 1) prof_.begin(stream_);
     for (int off = 0; off < n; off += chunk) {
         const int c = std::min(chunk, n - off);
         const int pos0 = pos_start + off;
-        CUDA_CHECK(cudaMemcpyAsync(ids_.get(), tokens.data() + off, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(ids_.get(), static_cast<const int *>(ids_host_.host()) + off, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
         float * x = x_.as<float>();
         bf16 * xn = xn_.as<bf16>();
         cuda::embedding(embed_table_, ids_.as<int>(), c, H, x, stream_);
@@ -624,7 +624,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
         float * dst = logits.data() + (all_logits ? size_t(off) * V : 0);
         CUDA_CHECK(cudaMemcpyAsync(dst, logits_.get(), size_t(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
-    if (profile) {
+    if (profile && n > 1) {
         prof_.mark("logits copy");
         prof_.report("prefill (" + std::to_string(n) + " tokens, passes of " + std::to_string(chunk) + ")");
     }

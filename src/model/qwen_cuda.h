@@ -37,7 +37,7 @@ constexpr int k_gemv_max_m = 4;        // up to this many tokens go through the 
 constexpr int k_qgemv_max_m = 8;       // and through the tiled 4-bit GEMV, which takes 8 in one pass (the other
                                        // quantized GEMVs run once per row); beyond: dequantize, then cuBLASLt
 
-// Per-op GPU time of one eager decode step, or of the first prefill of more than one token (QINFER_PROFILE=1):
+// Per-op GPU time of each prefill of more than one token and of the first decode step after it (QINFER_PROFILE=1):
 // events between ops, summed by op name. The work is queued behind a 50 ms sleep so the events time the GPU, not the
 // launch rate; a profiled run's own speed is not a measurement.
 class StepProfiler {
@@ -199,6 +199,9 @@ private:
     // Workspaces for `ws_tokens_` tokens at a time.
     int ws_tokens_ = 0;
     DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
+    // The prompt's token ids in pinned memory, so each pass's copy to ids_ is asynchronous: from pageable memory
+    // cudaMemcpyAsync waited for the stream, and the GPU idled while the host queued every pass (forward()).
+    cuda::HostMappedBuffer ids_host_;
     DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
     DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_qgemv_max_m, largest padded k]
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
@@ -216,7 +219,7 @@ private:
     cuda::SampleParams sample_params_;
     DeviceBuffer sample_seen_, sample_counts_, sample_work_;
     StepProfiler prof_;
-    bool profiled_ = false, prefill_profiled_ = false;
+    bool profile_decode_ = false;  // QINFER_PROFILE: the next decode step runs eagerly, profiled
 };
 
 }  // namespace qinfer::cuda_engine

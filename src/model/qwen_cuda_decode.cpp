@@ -243,8 +243,8 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
         graph_seqs_ = seqs;
     }
     int first = 0;
-    if (!profiled_ && std::getenv("QINFER_PROFILE")) {
-        profiled_ = true;
+    if (profile_decode_) {
+        profile_decode_ = false;
         prof_.begin(stream_);
         decode_step(B, end);
         prof_.report("decode step (one step)");
