@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [tune-ab] [rows]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -455,23 +455,6 @@ if has prefill-profile; then
         IFS=: read -r p q lens <<<"$spec"
         echo "-- $p $q $lens" | tee -a "$OUT/prefill-profile.log"
         QINFER_PROFILE=1 "$Q" bench --preset $p --quant $q --input-lens $lens --gen 16 2>&1 | grep -E "^  |profile" | tee -a "$OUT/prefill-profile.log"
-    done
-fi
-# cuBLASLt algorithms timed per shape (default) against the heuristic's first (QINFER_GEMM_TUNE=0): the GEMM tests
-# and goldens, then TUNE_AB_SPECS (preset:quant:length) with 2048 generated, alternated.
-if has tune-ab; then
-    build-device/tests/qinfer_tests --gtest_filter='CudaOps.Gemm:CudaQuant.*:*GoldenCuda*:*Batch*' >"$OUT/tune-test.log" 2>&1
-    note "gemm/quant/golden/batch tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/tune-test.log" | tr '\n' ' ')"
-    grep -E "Failure" -A6 "$OUT/tune-test.log" | head -20
-    grep -E "^\[ kernel \] prefill" "$OUT/tune-test.log"
-    for spec in ${TUNE_AB_SPECS:-qwen2.5-7b:bf16:30720 qwen2.5-7b:gptq-int4:30720}; do
-        IFS=: read -r p q lens <<<"$spec"
-        n_ab=0
-        for t in 0 1 0 1; do
-            n_ab=$((n_ab + 1))
-            QINFER_GEMM_TUNE=$t "$Q" bench --preset $p --quant $q --input-lens $lens --gen 2048 --json "$OUT/tune-ab-$p-$q-$t-$n_ab.json" 2>&1 |
-                grep -E "^\| qwen" | sed "s/^/tune=$t /" | tee -a "$OUT/tune-ab.log"
-        done
     done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.

@@ -12,7 +12,8 @@
 namespace qinfer::cuda {
 
 // Programmatic dependent launch (Hopper): launch_kernel may let a kernel start before the kernel ahead of it in the
-// stream has finished. On when the engine asks for it (set_pdl_default: every checkpoint, see model/qwen_cuda.cpp); QINFER_PDL=1 / 0 forces it on / off. Every kernel it launches calls pdl_wait() first:
+// stream has finished. On when the engine asks for it (set_pdl_default: checkpoints under 8 GB, see
+// model/qwen_cuda.cpp); QINFER_PDL=1 / 0 forces it on / off. Every kernel it launches calls pdl_wait() first:
 // griddepcontrol.wait returns once the kernel ahead has completed and its writes are visible (at once when launched
 // normally, and a no-op below sm_90), and launch_dependents lets the next kernel's blocks be scheduled meanwhile.
 __device__ __forceinline__ void pdl_wait() {

@@ -1,20 +1,13 @@
 // Prefill GEMM through cuBLASLt: y[m, n] = x[m, k] W[n, k]^T, bf16 inputs, fp32 accumulation, bf16 or fp32 out.
 // Row-major x and W are column-major x^T [k, m] and W^T [k, n], so cuBLAS computes y^T = (W^T)^T x^T.
-// The heuristic's first algorithm is not always the fastest: on an H100, 7B's qkv projection at m 1024 (n 4608)
-// ran at 207 TFLOP/s against o_proj's 597 (bench/results/2026-11-27-h100-prefill). So the first call of each shape
-// outside a graph capture times the heuristic's top k_candidates on its own operands and keeps the fastest
-// (QINFER_GEMM_TUNE=0: the first one, untimed).
 #include <cublasLt.h>
 
 #include <map>
 #include <tuple>
-#include <vector>
 
 #include "backends/cuda/allocator.h"
-#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/ops.h"
 #include "core/check.h"
-#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -27,12 +20,11 @@ namespace {
     } while (0)
 
 constexpr size_t k_workspace = 16u << 20;
-constexpr int k_candidates = 8;
 
 struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    std::vector<cublasLtMatmulAlgo_t> algos;  // the heuristic's, best first; one left once timed
+    cublasLtMatmulAlgo_t algo{};
 };
 
 struct Context {
@@ -55,13 +47,12 @@ struct Context {
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = k_workspace;
         CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-        cublasLtMatmulHeuristicResult_t results[k_candidates] = {};
+        cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
-        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, k_candidates, results, &found));
+        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
         cublasLtMatmulPreferenceDestroy(pref);
         if (found == 0) QINFER_FAIL() << "cuBLASLt has no algorithm for a " << m << "x" << n << "x" << k << " bf16 GEMM";
-        static const bool tune = !env_is("QINFER_GEMM_TUNE", "0");
-        for (int i = 0; i < (tune ? found : 1); i++) p.algos.push_back(results[i].algo);
+        p.algo = result.algo;
         return plans.emplace(key, p).first->second;
     }
 };
@@ -83,37 +74,8 @@ void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_
     ctx.workspace.ensure(k_workspace, "cuBLASLt workspace");
     Plan & p = ctx.plan(m, n, k, y_f32);
     const float alpha = 1.0f, beta = 0.0f;
-    auto run = [&](const cublasLtMatmulAlgo_t & algo) {
-        return cublasLtMatmul(ctx.handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &algo, ctx.workspace.get(),
-                              k_workspace, stream);
-    };
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    if (p.algos.size() > 1 && capturing == cudaStreamCaptureStatusNone) {
-        // Each candidate once to warm up, then twice timed; y is overwritten each time (beta 0) and finally below.
-        cudaEvent_t start, stop;
-        CUDA_CHECK(cudaEventCreate(&start));
-        CUDA_CHECK(cudaEventCreate(&stop));
-        size_t best = 0;
-        float best_ms = 0;
-        for (size_t i = 0; i < p.algos.size(); i++) {
-            if (run(p.algos[i]) != CUBLAS_STATUS_SUCCESS) continue;
-            CUDA_CHECK(cudaEventRecord(start, stream));
-            bool ok = run(p.algos[i]) == CUBLAS_STATUS_SUCCESS && run(p.algos[i]) == CUBLAS_STATUS_SUCCESS;
-            CUDA_CHECK(cudaEventRecord(stop, stream));
-            CUDA_CHECK(cudaEventSynchronize(stop));
-            float ms = 0;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-            if (ok && (best_ms == 0 || ms < best_ms)) {
-                best = i;
-                best_ms = ms;
-            }
-        }
-        CUDA_CHECK(cudaEventDestroy(start));
-        CUDA_CHECK(cudaEventDestroy(stop));
-        p.algos = {p.algos[best]};
-    }
-    CUBLAS_CHECK(run(p.algos.front()));
+    CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
+                                ctx.workspace.get(), k_workspace, stream));
 }
 
 }  // namespace qinfer::cuda

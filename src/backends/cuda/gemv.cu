@@ -155,7 +155,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
     constexpr int rows_per_block = k_warps / WPR;
     // One wave of resident blocks strides over the row groups: under programmatic dependent launch the next kernel's
     // blocks, resident early, would otherwise take the slots of this kernel's later waves. On an H100 (PDL on, decode
-    // tok/s, bench/results/2026-11-27-h100-wave-pdl): 1.5B +1.8%, 7B +0.2%, 0.5B -0.5% (noise level).
+    // tok/s, bench/results/2026-11-27-h100-wave-pdl): 1.5B +1.8%, 7B +0.2% (-0.3% without PDL), 0.5B -0.5% (noise).
     // QINFER_GEMV_WAVE=0: one block per row group, very tall matrices (lm_head) striding over 8 blocks per SM.
     const int needed = (a.n + rows_per_block - 1) / rows_per_block;
     int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
