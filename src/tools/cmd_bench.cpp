@@ -118,7 +118,7 @@ int cmd_bench(int argc, char ** argv) {
                 "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
                 "input lengths 1,6144,14336,30720 with 2048 generated; on the CPU shorter: 1,256 with 32 generated\n"
-                "on a GPU, one untimed warm-up request (the first input length, at most 2048 tokens, 4 generated) runs\n"
+                "on a GPU, one untimed warm-up request (the longest input length, at most 2048 tokens, 4 generated) runs\n"
                 "first, as scripts/hf_bench.py warms up transformers: first-use costs (kernel loading, GEMM algorithm\n"
                 "choice, graph capture) are not in the rows\n"
                 "quant kinds: %s\n",
@@ -227,7 +227,9 @@ int cmd_bench(int argc, char ** argv) {
         g.ignore_eos = true;
         g.on_token = [&](int) { return true; };
         try {
-            generate(*engine, bench_prompt(std::clamp(lens.front(), 1, std::max(1, std::min(2048, c.max_context() - 4))), c.vocab_size, 1), g);
+            // The longest input length (at most 2048 tokens): a prompt of one token would leave the prefill GEMMs cold.
+            const int longest = *std::max_element(lens.begin(), lens.end());
+            generate(*engine, bench_prompt(std::clamp(longest, 1, std::max(1, std::min(2048, c.max_context() - 4))), c.vocab_size, 1), g);
         } catch (const OutOfMemory &) {
             // The rows below say which lengths do not fit.
         }
