@@ -203,7 +203,7 @@ struct PagedCache {
         v = upload(vc);
         bt = upload(table);
     }
-    cuda::KVLayer layer() const { return {k.as<bf16>(), v.as<bf16>(), bt.as<int>(), block_size}; }
+    cuda::KVLayer layer() const { return {k.as<bf16>(), v.as<bf16>(), bt.as<int>(), block_size, 0, {}}; }
 };
 
 class Attention : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
@@ -447,7 +447,7 @@ struct BatchCache {
         dv = upload(vc);
         dt = upload(tables);
     }
-    cuda::KVLayer layer() const { return {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), block_size, stride}; }
+    cuda::KVLayer layer() const { return {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), block_size, stride, {}}; }
 };
 
 // Batched decode attention: each sequence of the batch, at its own length, equals the CPU reference alone.
