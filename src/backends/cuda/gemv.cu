@@ -161,13 +161,9 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
     int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
     static const bool one_wave = !env_is("QINFER_GEMV_WAVE", "0");
     if (one_wave) {
-        static size_t cached_smem[2] = {size_t(-1), size_t(-1)};
+        static size_t cached_smem[2] = {size_t(-1), size_t(-1)};  // per kernel
         static int per_sm[2] = {0, 0};
-        if (smem != cached_smem[pair]) {
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[pair], kernel, k_threads, smem));
-            cached_smem[pair] = smem;
-        }
-        blocks = std::min(needed, std::max(1, per_sm[pair]) * sm_count());
+        blocks = std::min(needed, std::max(1, resident_blocks(kernel, k_threads, smem, cached_smem[pair], per_sm[pair])) * sm_count());
     }
     launch_kernel(kernel, blocks, k_threads, smem, stream, a);
 }

@@ -116,26 +116,16 @@ template <int M, GemvIn IN, GemvOut OUT> __global__ void __launch_bounds__(k_thr
     }
 }
 
-// Blocks of `kernel` resident per SM with `smem` bytes, for the last smem asked (one entry: a kernel instance sees
-// one k per model).
-template <class Kernel> int resident_blocks(Kernel kernel, size_t smem, size_t & cached_smem, int & cached_blocks) {
-    if (smem != cached_smem) {
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cached_blocks, kernel, k_threads, smem));
-        cached_smem = smem;
-    }
-    return cached_blocks;
-}
-
 template <int M, GemvIn IN, GemvOut OUT> bool launch(const GemvArgs & a, cudaStream_t stream) {
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     auto kernel = gemv_balanced_kernel<M, IN, OUT>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
-    static size_t configured = 0, cached_smem = 0;
+    static size_t configured = 0, cached_smem = size_t(-1);
     static int cached_blocks = 0;
     allow_dynamic_smem(kernel, table_max_bytes + xs_bytes, configured);
     // One wave at the largest table: a smaller table can only let more blocks in.
-    const int per_sm = resident_blocks(kernel, table_max_bytes + xs_bytes, cached_smem, cached_blocks);
+    const int per_sm = resident_blocks(kernel, k_threads, table_max_bytes + xs_bytes, cached_smem, cached_blocks);
     if (per_sm < 1) return false;
     const int grid = std::min(per_sm * sm_count(), a.n);
     const int table_rows = (a.n + grid - 1) / grid * n_mats;

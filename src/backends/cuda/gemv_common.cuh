@@ -7,6 +7,16 @@
 
 namespace qinfer::cuda {
 
+// Blocks of `kernel` resident per SM with `threads` threads and `smem` bytes, queried again only when smem changes
+// (the caller keeps cached_smem, starting at size_t(-1), and cached_blocks per kernel instance).
+template <class Kernel> int resident_blocks(Kernel kernel, int threads, size_t smem, size_t & cached_smem, int & cached_blocks) {
+    if (smem != cached_smem) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cached_blocks, kernel, threads, smem));
+        cached_smem = smem;
+    }
+    return cached_blocks;
+}
+
 // Writes output row `row` of token m from its fp32 sums (s1: the up projection's sum with SiluMulBf16).
 template <GemvOut OUT> __device__ __forceinline__ void gemv_store(const GemvArgs & a, int m, int row, float s0, float s1) {
     const int64_t o = int64_t(m) * a.n + row;
