@@ -119,8 +119,8 @@ int cmd_bench(int argc, char ** argv) {
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
                 "input lengths 1,6144,14336,30720 with 2048 generated; on the CPU shorter: 1,256 with 32 generated\n"
                 "on a GPU, one untimed warm-up request (the longest input length, at most 2048 tokens, 4 generated) runs\n"
-                "first, as scripts/hf_bench.py warms up transformers: first-use costs (kernel loading, GEMM algorithm\n"
-                "choice, graph capture) are not in the rows\n"
+                "first, as scripts/hf_bench.py warms up transformers: first-use costs (kernel loading, cuBLASLt set-up\n"
+                "and algorithm lookup, graph capture) are not in the rows\n"
                 "quant kinds: %s\n",
                 k_synth_quant_usage, synth_quant_kinds());
             return 0;
