@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -456,6 +456,23 @@ if has prefill-profile; then
         echo "-- $p $q $lens" | tee -a "$OUT/prefill-profile.log"
         QINFER_PROFILE=1 "$Q" bench --preset $p --quant $q --input-lens $lens --gen 16 2>&1 | grep -E "^  |profile" | tee -a "$OUT/prefill-profile.log"
     done
+fi
+# Decode attention on 7B's shapes (CudaDecodeTimings, caches of several layers in turn) for each blocks-per-SM
+# setting in DECODE_BPS, then ncu of one 30720-key step (the split kernel and its combine; the 2048-key case runs
+# first: 48 layers x 22 calls of each kernel are skipped).
+if has decode-attn; then
+    for bps in ${DECODE_BPS:-3 2 4 3}; do
+        echo "-- blocks per SM $bps" | tee -a "$OUT/decode-attn.log"
+        QINFER_DECODE_BLOCKS_PER_SM=$bps build-device/tests/qinfer_tests --gtest_filter='CudaDecodeTimings.*' 2>&1 |
+            grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/decode-attn.log"
+    done
+    if command -v ncu >/dev/null; then
+        timeout 200 ncu --clock-control none -k "regex:attention_(decode_tc|combine)" --launch-skip 2112 --launch-count 2 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+            build-device/tests/qinfer_tests --gtest_filter='CudaDecodeTimings.*' >"$OUT/decode-attn-ncu.txt" 2>&1
+        grep -E "attention_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" \
+            "$OUT/decode-attn-ncu.txt" | head -40
+    fi
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.
 if has rows; then
