@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -473,6 +473,27 @@ if has decode-attn; then
         grep -E "attention_|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" \
             "$OUT/decode-attn-ncu.txt" | head -40
     fi
+fi
+# Decode attention variants, alternated: K/V stages (QINFER_DECODE_STAGES 2, or 3 at two blocks per SM) and the
+# combine kernel (QINFER_DECODE_COMBINE rows | cols) as stages:combine: kernel timings on 7B's shapes, the decode
+# tests under each, then 7B BF16 at 30720 end to end.
+if has decode-stages; then
+    cfgs=${DECODE_CFGS:-2:rows 2:cols 3:cols 2:rows 2:cols 3:cols}
+    for cfg in $cfgs; do
+        echo "-- stages ${cfg%%:*} combine ${cfg##*:}" | tee -a "$OUT/decode-stages.log"
+        QINFER_DECODE_STAGES=${cfg%%:*} QINFER_DECODE_COMBINE=${cfg##*:} build-device/tests/qinfer_tests --gtest_filter='CudaDecodeTimings.*' 2>&1 |
+            grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/decode-stages.log"
+    done
+    for cfg in $(printf '%s\n' $cfgs | sort -u); do
+        QINFER_DECODE_STAGES=${cfg%%:*} QINFER_DECODE_COMBINE=${cfg##*:} build-device/tests/qinfer_tests \
+            --gtest_filter='Lengths/Attention.*:TinyHeads/*:Kinds/QuantAttention.*:*KvBackends*:*Batch*:*GoldenCuda*' >"$OUT/decode-tests-${cfg/:/-}.log" 2>&1
+        note "decode tests $cfg: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/decode-tests-${cfg/:/-}.log" | tr '\n' ' ')"
+        grep -E "Failure" -A6 "$OUT/decode-tests-${cfg/:/-}.log" | head -20
+    done
+    for cfg in ${DECODE_ROW_CFGS:-2:rows 3:cols 2:cols 2:rows 3:cols 2:cols}; do
+        QINFER_DECODE_STAGES=${cfg%%:*} QINFER_DECODE_COMBINE=${cfg##*:} "$Q" bench --preset qwen2.5-7b --input-lens ${DECODE_ROW_LENS:-30720} --gen 2048 \
+            --json "$OUT/decode-row-${cfg/:/-}-$RANDOM.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/$cfg /" | tee -a "$OUT/decode-stages.log"
+    done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.
 if has rows; then

@@ -386,6 +386,72 @@ __global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(Dec
     }
 }
 
+// The same sum, 256 threads in (split lane r, float4 column c): lane r adds splits r, r + R, ... (R = 256 / (D / 4)),
+// four of them in flight, each with its weight e^(m_s - M), and the R lanes are added in a fixed order at the end.
+// The partial rows stream in about splits / R / 4 round trips instead of the row kernel's splits / 16 (99 splits of
+// 7B at 30720 keys: 4 instead of 7), and M is the only pass before them.
+constexpr int k_combine_threads = 256;
+template <int D>
+__global__ void __launch_bounds__(k_combine_threads) attention_combine_cols_kernel(DecodeScratch s, const int * len_dev, int min_split, bf16 * out) {
+    pdl_wait();
+    static_assert(D % 4 == 0, "whole float4 columns");
+    constexpr int cols = D / 4, lanes = k_combine_threads / cols;
+    __shared__ float red[k_combine_threads / 32];
+    __shared__ float4 part[lanes][cols];
+    __shared__ float part_l[lanes];
+    const int h = blockIdx.y * gridDim.x + blockIdx.x;  // row of [batch, n_head]
+    const int len = len_dev[blockIdx.y];
+    const int split = decode_split_size(len, s.max_splits, min_split);
+    const int splits = (len + split - 1) / split;
+    const float2 * ml = reinterpret_cast<const float2 *>(s.partial_ml) + int64_t(h) * s.max_splits;  // (m, l) per split
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < splits; i += k_combine_threads) mx = fmaxf(mx, ml[i].x);
+    mx = warp_max(mx);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+    __syncthreads();
+    mx = red[0];
+#pragma unroll
+    for (int w = 1; w < k_combine_threads / 32; w++) mx = fmaxf(mx, red[w]);
+
+    const int r = threadIdx.x / cols, c = threadIdx.x % cols;
+    if (r < lanes) {
+        const float4 * po = reinterpret_cast<const float4 *>(s.partial_out + int64_t(h) * s.max_splits * D) + c;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        float lsum = 0;
+#pragma unroll 4
+        for (int i = r; i < splits; i += lanes) {
+            const float2 mli = ml[i];
+            const float4 o = po[int64_t(i) * cols];
+            const float w = __expf(mli.x - mx);
+            acc.x += w * o.x;
+            acc.y += w * o.y;
+            acc.z += w * o.z;
+            acc.w += w * o.w;
+            lsum += w * mli.y;
+        }
+        part[r][c] = acc;
+        if (c == 0) part_l[r] = lsum;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < D; e += k_combine_threads) {
+        float t = 0, l = 0;
+#pragma unroll
+        for (int j = 0; j < lanes; j++) {
+            t += reinterpret_cast<const float *>(part[j])[e];
+            l += part_l[j];
+        }
+        out[int64_t(h) * D + e] = __float2bfloat16(t / l);
+    }
+}
+
+// The combine of either decode kernel: the column kernel, or the row kernel with QINFER_DECODE_COMBINE=rows.
+template <int D> void launch_combine(const DecodeScratch & scratch, const int * len_dev, int min_split, bf16 * out, int n_head, int batch,
+                                     cudaStream_t stream) {
+    static const bool rows = env_is("QINFER_DECODE_COMBINE", "rows");
+    if (rows) launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_decode_threads, 0, stream, scratch, len_dev, min_split, out);
+    else launch_kernel(attention_combine_cols_kernel<D>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
+}
+
 }  // namespace
 
 const char * prefill_kernel_name(PrefillKernel kernel) {
@@ -438,9 +504,16 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
 static int decode_blocks_per_sm() {
     static const int blocks = [] {
         const int v = env_int("QINFER_DECODE_BLOCKS_PER_SM", 0);
-        return v >= 1 && v <= 32 ? v : 3;
+        return v >= 1 && v <= 32 ? v : decode_tc_stages() == 3 ? 2 : 3;
     }();
     return blocks;
+}
+
+// K/V tiles the tensor-core decode kernel keeps resident: 2 (one loading while one is used), or 3 with
+// QINFER_DECODE_STAGES=3 (two loading; 104 KB of shared memory at head_dim 128, so two blocks per SM).
+int decode_tc_stages() {
+    static const int stages = env_int("QINFER_DECODE_STAGES", 2) == 3 ? 3 : 2;
+    return stages;
 }
 
 int decode_splits(int max_len, int n_kv, int batch) {
@@ -466,7 +539,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
         a.min_split = 64;
         auto combine = [&](auto d_const) {
             constexpr int D = decltype(d_const)::value;
-            launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_decode_threads, 0, stream, scratch, len_dev, a.min_split, out);
+            launch_combine<D>(scratch, len_dev, a.min_split, out, n_head, batch, stream);
         };
         if (head_dim == 64) combine(std::integral_constant<int, 64>{});
         else combine(std::integral_constant<int, 128>{});
@@ -484,7 +557,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
             for_kv_kind(kind, [&](auto k) { launch_kernel(attention_decode_kernel<D, decltype(k)::value>, grid, k_decode_threads, 0, stream, a); });
         }
         CUDA_CHECK(cudaGetLastError());
-        launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_decode_threads, 0, stream, scratch, len_dev, a.min_split, out);
+        launch_combine<D>(scratch, len_dev, a.min_split, out, n_head, batch, stream);
     };
     switch (head_dim) {
     case 16: return run(std::integral_constant<int, 16>{});

@@ -112,7 +112,8 @@ __device__ __forceinline__ void cp_async8(void * smem, const void * gmem, bool v
 // asynchronous too (dequantizing on the way in through registers made the int8 cache slower than bf16).
 // Shared memory (smem_bytes): bf16 [2 stages][K, V][KEYS][ld]; quantized [K, V][KEYS][ld] bf16 and then
 // [2 stages][K codes, V codes][KEYS][row_bytes] + [K, V][KEYS] float2 (int8/int4). Keys at or past `end` are zero.
-// Use: load(0); per tile t: load(t + 1) if any, ready(t, t + 1 < n_tiles), compute, __syncthreads().
+// Use: load(0); per tile t: load(t + 1) if any, ready(t, t + 1 < n_tiles), compute, __syncthreads(). With three
+// stages two tiles may be ahead: load(0), load(1); per tile t: load(t + 2) if any, ready(t, tiles loaded past t), ...
 // SWIZZLE: the bf16 tiles in wgmma's 128-byte-swizzled panels (wgmma.cuh; the smem base 1024-byte aligned) instead
 // of padded rows, and ready() makes them visible to the async proxy. STAGES (bf16 caches): tiles resident at once
 // (3: a tile stays readable while the next is used and the one after is loaded).
@@ -183,10 +184,11 @@ template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false, int STAG
         return reinterpret_cast<const bf16 *>(smem + (t % STAGES) * stage_bytes);
     }
 
-    // Waits for tile t (the one loaded after it may stay in flight) and returns its K tile ([KEYS][ld] bf16; V follows
-    // at + tile_elems). Ends with a barrier: every thread may read the whole tile.
-    __device__ __forceinline__ static const bf16 * ready(unsigned char * smem, const KVLayer & cache, int t, bool next_in_flight) {
-        if (next_in_flight) cp_async_wait<1>();
+    // Waits for tile t (the `pending` tiles loaded after it, at most STAGES - 1, may stay in flight) and returns its K
+    // tile ([KEYS][ld] bf16; V follows at + tile_elems). Ends with a barrier: every thread may read the whole tile.
+    __device__ __forceinline__ static const bf16 * ready(unsigned char * smem, const KVLayer & cache, int t, int pending) {
+        if (STAGES > 2 && pending >= 2) cp_async_wait<STAGES - 1>();
+        else if (pending >= 1) cp_async_wait<1>();
         else cp_async_wait<0>();
         if constexpr (!quantized) publish();
         __syncthreads();
@@ -243,5 +245,7 @@ __device__ __forceinline__ int decode_split_size(int len, int max_splits, int mi
 // The tensor-core decode kernel (attention_decode_tc.cu) for head_dim 64 and 128: launches the split kernel over
 // `grid` with a.min_split = 64; false for other head dims.
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream);
+// Tiles the tensor-core decode kernel keeps resident (2, or 3 with QINFER_DECODE_STAGES=3; attention.cu).
+int decode_tc_stages();
 
 }  // namespace qinfer::cuda

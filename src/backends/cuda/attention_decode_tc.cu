@@ -19,9 +19,9 @@ namespace {
 
 constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
 
-template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
+template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
     pdl_wait();
-    using Pipe = KVTilePipe<D, K, k_decode_threads, k_tile>;
+    using Pipe = KVTilePipe<D, K, k_decode_threads, k_tile, false, STAGES>;
     constexpr int ld = Pipe::ld;
     extern __shared__ __align__(16) unsigned char smem_raw[];  // Pipe's tiles, then the warps' merge
     __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
@@ -61,10 +61,11 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
     float o[D / 8][4] = {};
     float m0 = -INFINITY, l0 = 0;  // row g; row g + 8 is padding and never read
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    load_tile(0);
+    // Tiles 0 .. STAGES - 2 first; tile t + STAGES - 1 goes into the stage tile t - 1 left (free after its barrier).
+    for (int t = 0; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
-        if (t + 1 < n_tiles) load_tile(t + 1);
-        const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, t + 1 < n_tiles), * vs = ks + Pipe::tile_elems;
+        if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
+        const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, min(STAGES - 1, n_tiles - 1 - t)), * vs = ks + Pipe::tile_elems;
         const int kw = warp * 16;  // this warp's keys within the tile
         float s[2][4];
 #pragma unroll
@@ -154,22 +155,24 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
     }
 }
 
-template <int D, KVKind K> void launch(DecodeArgs a, dim3 grid, cudaStream_t stream) {
-    constexpr size_t smem = KVTilePipe<D, K, k_decode_threads, k_tile>::smem_bytes;
+template <int D, KVKind K, int STAGES> void launch(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+    constexpr size_t smem = KVTilePipe<D, K, k_decode_threads, k_tile, false, STAGES>::smem_bytes;
     static_assert(smem >= (2 * k_decode_warps * 8 + k_decode_warps * 8 * D) * sizeof(float), "the warp merge fits the tiles' memory");
     static size_t configured = 0;  // once per instantiation, before any graph capture (the engine warms up first)
-    allow_dynamic_smem(attention_decode_tc_kernel<D, K>, smem, configured);
+    allow_dynamic_smem(attention_decode_tc_kernel<D, K, STAGES>, smem, configured);
     a.min_split = k_tile;
-    launch_kernel(attention_decode_tc_kernel<D, K>, grid, k_decode_threads, smem, stream, a);
+    launch_kernel(attention_decode_tc_kernel<D, K, STAGES>, grid, k_decode_threads, smem, stream, a);
 }
 
 }  // namespace
 
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
     if (a.n_head / a.n_kv > 8 || (head_dim != 64 && head_dim != 128)) return false;
+    const bool three = decode_tc_stages() == 3;
     for_kv_kind(a.cache.quant.kind, [&](auto kind) {
-        if (head_dim == 64) launch<64, decltype(kind)::value>(a, grid, stream);
-        else launch<128, decltype(kind)::value>(a, grid, stream);
+        constexpr KVKind K = decltype(kind)::value;
+        if (head_dim == 64) three ? launch<64, K, 3>(a, grid, stream) : launch<64, K, 2>(a, grid, stream);
+        else three ? launch<128, K, 3>(a, grid, stream) : launch<128, K, 2>(a, grid, stream);
     });
     return true;
 }
