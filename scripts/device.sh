@@ -474,25 +474,27 @@ if has decode-attn; then
             "$OUT/decode-attn-ncu.txt" | head -40
     fi
 fi
-# Decode attention variants, alternated: K/V stages (QINFER_DECODE_STAGES 2, or 3 at two blocks per SM) and the
-# combine kernel (QINFER_DECODE_COMBINE rows | cols) as stages:combine: kernel timings on 7B's shapes, the decode
-# tests under each, then 7B BF16 at 30720 end to end.
+# Decode attention K/V stages (QINFER_DECODE_STAGES 2 or 3; 3 is the default at head_dim 128, two blocks per SM),
+# alternated: kernel timings on 7B's shapes, the decode tests under each, then BF16 rows end to end (DECODE_ROW_SPECS
+# preset:lengths).
 if has decode-stages; then
-    cfgs=${DECODE_CFGS:-2:rows 2:cols 3:cols 2:rows 2:cols 3:cols}
-    for cfg in $cfgs; do
-        echo "-- stages ${cfg%%:*} combine ${cfg##*:}" | tee -a "$OUT/decode-stages.log"
-        QINFER_DECODE_STAGES=${cfg%%:*} QINFER_DECODE_COMBINE=${cfg##*:} build-device/tests/qinfer_tests --gtest_filter='CudaDecodeTimings.*' 2>&1 |
+    cfgs=${DECODE_CFGS:-2 3 2 3}
+    for st in $cfgs; do
+        echo "-- stages $st" | tee -a "$OUT/decode-stages.log"
+        QINFER_DECODE_STAGES=$st build-device/tests/qinfer_tests --gtest_filter='CudaDecodeTimings.*' 2>&1 |
             grep -E "^\[ kernel \]|FAILED" | tee -a "$OUT/decode-stages.log"
     done
-    for cfg in $(printf '%s\n' $cfgs | sort -u); do
-        QINFER_DECODE_STAGES=${cfg%%:*} QINFER_DECODE_COMBINE=${cfg##*:} build-device/tests/qinfer_tests \
-            --gtest_filter='Lengths/Attention.*:TinyHeads/*:Kinds/QuantAttention.*:*KvBackends*:*Batch*:*GoldenCuda*' >"$OUT/decode-tests-${cfg/:/-}.log" 2>&1
-        note "decode tests $cfg: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/decode-tests-${cfg/:/-}.log" | tr '\n' ' ')"
-        grep -E "Failure" -A6 "$OUT/decode-tests-${cfg/:/-}.log" | head -20
+    for st in $(printf '%s\n' $cfgs | sort -u); do
+        QINFER_DECODE_STAGES=$st build-device/tests/qinfer_tests \
+            --gtest_filter='Lengths/Attention.*:TinyHeads/*:Kinds/QuantAttention.*:*KvBackends*:*Batch*:*GoldenCuda*' >"$OUT/decode-tests-$st.log" 2>&1
+        note "decode tests, $st stages: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/decode-tests-$st.log" | tr '\n' ' ')"
+        grep -E "Failure" -A6 "$OUT/decode-tests-$st.log" | head -20
     done
-    for cfg in ${DECODE_ROW_CFGS:-2:rows 3:cols 2:cols 2:rows 3:cols 2:cols}; do
-        QINFER_DECODE_STAGES=${cfg%%:*} QINFER_DECODE_COMBINE=${cfg##*:} "$Q" bench --preset qwen2.5-7b --input-lens ${DECODE_ROW_LENS:-30720} --gen 2048 \
-            --json "$OUT/decode-row-${cfg/:/-}-$RANDOM.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/$cfg /" | tee -a "$OUT/decode-stages.log"
+    for spec in ${DECODE_ROW_SPECS:-qwen2.5-7b:30720}; do
+        for st in $cfgs; do
+            QINFER_DECODE_STAGES=$st "$Q" bench --preset ${spec%%:*} --input-lens ${spec##*:} --gen 2048 \
+                --json "$OUT/decode-row-${spec%%:*}-$st-$RANDOM.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/stages $st /" | tee -a "$OUT/decode-stages.log"
+        done
     done
 fi
 # The rows of this commit with 2048 generated (BF16 and 4-bit, short and long), one JSON each.

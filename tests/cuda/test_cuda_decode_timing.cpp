@@ -35,7 +35,7 @@ TEST(CudaDecodeTimings, Qwen7BShapes) {
         }
         DeviceBuffer bt = upload(table), dlen = upload(std::vector<int>{len});
         DeviceBuffer dq = upload_bf16(randn(size_t(n_head) * d)), dout(size_t(n_head) * d * 2, "test");
-        const int splits = cuda::decode_splits(len, n_kv);
+        const int splits = cuda::decode_splits(len, n_kv, d);
         DeviceBuffer po(size_t(n_head) * splits * d * 4, "test"), pml(size_t(n_head) * splits * 2 * 4, "test");
         const cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
         auto step = [&] {

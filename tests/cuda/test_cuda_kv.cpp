@@ -116,7 +116,7 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
     std::vector<float> q = randn(size_t(n_head) * d, 2.0f);
     for (float & x : q) x = round_bf16(x);
     DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(n_head) * d * 2), dlen = upload(std::vector<int>{len});
-    const int splits = cuda::decode_splits(len, n_kv);
+    const int splits = cuda::decode_splits(len, n_kv, d);
     DeviceBuffer po(size_t(n_head) * splits * d * 4, "test"), pml(size_t(n_head) * splits * 2 * 4, "test");
     cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
     std::vector<float> want(size_t(n_head) * d), want16(size_t(n_head) * d);

@@ -245,7 +245,7 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
     // Decode: one query at position len - 1 over the whole cache.
     std::vector<float> q = randn(size_t(n_head) * d, 2.0f);
     DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(n_head) * d * 2), dlen = upload(std::vector<int>{len});
-    const int splits = cuda::decode_splits(len, n_kv);
+    const int splits = cuda::decode_splits(len, n_kv, d);
     DeviceBuffer po(size_t(n_head) * splits * d * 4, "test"), pml(size_t(n_head) * splits * 2 * 4, "test");
     cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
     std::vector<float> want(size_t(n_head) * d);
@@ -466,7 +466,7 @@ TEST(CudaOps, AttentionDecodeBatch) {
                 cpu::attention(q.data() + off, 1, cache.lens[size_t(b)] - 1, n_head, n_kv, d, k_row, v_row, want.data() + off);
             }
             DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(B) * n_head * d * 2), dlen = upload(cache.lens);
-            const int splits = cuda::decode_splits(4097, n_kv, B);
+            const int splits = cuda::decode_splits(4097, n_kv, d, B);
             DeviceBuffer po(size_t(B) * n_head * splits * d * 4, "test"), pml(size_t(B) * n_head * splits * 2 * 4, "test");
             cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
             for (cuda::DecodeKernel kernel : decode_kernels(d)) {

@@ -333,66 +333,14 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
     }
 }
 
-// grid (n_head, batch): out[b, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. Warps take splits
-// round-robin (lanes over dims) so the partial rows stream in parallel rather than one dependent load at a time.
-template <int D>
-__global__ void __launch_bounds__(k_decode_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, int min_split, bf16 * out) {
-    pdl_wait();
-    __shared__ float weight[1024];
-    __shared__ float red[k_decode_warps];
-    __shared__ float part[k_decode_warps][D];
-    const int h = blockIdx.y * gridDim.x + blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // row of [batch, n_head]
-    const int len = len_dev[blockIdx.y];
-    const int split = decode_split_size(len, s.max_splits, min_split);
-    const int splits = (len + split - 1) / split;
-    const float * ml = s.partial_ml + int64_t(h) * s.max_splits * 2;
-    float mx = -INFINITY;
-    for (int i = threadIdx.x; i < splits; i += k_decode_threads) mx = fmaxf(mx, ml[2 * i]);
-    mx = warp_max(mx);
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = red[0];
-    for (int w = 1; w < k_decode_warps; w++) mx = fmaxf(mx, red[w]);
-    __syncthreads();
-    float denom = 0;
-    for (int i = threadIdx.x; i < splits; i += k_decode_threads) {
-        const float w = __expf(ml[2 * i] - mx);
-        weight[i] = w;
-        denom += w * ml[2 * i + 1];
-    }
-    denom = block_sum<k_decode_warps>(denom, red);  // its internal __syncthreads also publishes weight[]
-    constexpr int per_lane = (D + 31) / 32;
-    float acc[per_lane] = {};
-#pragma unroll 4
-    for (int i = warp; i < splits; i += k_decode_warps) {
-        const float * po = s.partial_out + (int64_t(h) * s.max_splits + i) * D;
-#pragma unroll
-        for (int e = 0; e < per_lane; e++) {
-            const int c = lane + 32 * e;
-            if (c < D) acc[e] += weight[i] * po[c];
-        }
-    }
-#pragma unroll
-    for (int e = 0; e < per_lane; e++) {
-        const int c = lane + 32 * e;
-        if (c < D) part[warp][c] = acc[e];
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < D; c += k_decode_threads) {
-        float t = 0;
-#pragma unroll
-        for (int w = 0; w < k_decode_warps; w++) t += part[w][c];
-        out[int64_t(h) * D + c] = __float2bfloat16(t / denom);
-    }
-}
-
-// The same sum, 256 threads in (split lane r, float4 column c): lane r adds splits r, r + R, ... (R = 256 / (D / 4)),
-// four of them in flight, each with its weight e^(m_s - M), and the R lanes are added in a fixed order at the end.
-// The partial rows stream in about splits / R / 4 round trips instead of the row kernel's splits / 16 (99 splits of
-// 7B at 30720 keys: 4 instead of 7), and M is the only pass before them.
+// grid (n_head, batch): out[b, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. 256 threads
+// in (split lane r, float4 column c): lane r adds splits r, r + R, ... (R = 256 / (D / 4)), four of them in flight,
+// each with its weight e^(m_s - M), and the R lanes are added in a fixed order at the end, so the partial rows stream
+// in about splits / R / 4 round trips (99 splits of 7B at 30720 keys: 4) after the one pass that finds M. A warp per
+// split row, 4 warps (the previous kernel), took 1.4 us more per layer there and 4 at 129024 keys (perf-log, 63c7ee9).
 constexpr int k_combine_threads = 256;
 template <int D>
-__global__ void __launch_bounds__(k_combine_threads) attention_combine_cols_kernel(DecodeScratch s, const int * len_dev, int min_split, bf16 * out) {
+__global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, int min_split, bf16 * out) {
     pdl_wait();
     static_assert(D % 4 == 0, "whole float4 columns");
     constexpr int cols = D / 4, lanes = k_combine_threads / cols;
@@ -444,12 +392,9 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_cols_kern
     }
 }
 
-// The combine of either decode kernel: the column kernel, or the row kernel with QINFER_DECODE_COMBINE=rows.
 template <int D> void launch_combine(const DecodeScratch & scratch, const int * len_dev, int min_split, bf16 * out, int n_head, int batch,
                                      cudaStream_t stream) {
-    static const bool rows = env_is("QINFER_DECODE_COMBINE", "rows");
-    if (rows) launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_decode_threads, 0, stream, scratch, len_dev, min_split, out);
-    else launch_kernel(attention_combine_cols_kernel<D>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
+    launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
 }
 
 }  // namespace
@@ -497,28 +442,31 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " > 128 is not supported";
 }
 
-// Blocks per SM the splits aim for: 3, or QINFER_DECODE_BLOCKS_PER_SM (for timing other grids). Fewer, longer
-// splits pay the per-block start (block table, Q fragments, first tile) less often: the tensor-core kernel at 129024
-// keys (d 128, 14/2 heads, H100) took 91 us at 8 blocks per SM, 65 at 3, 64 at 2, 78 at 4; at 4097 keys 12.9 / 11.9
-// / 12.1 / 12.0 us (perf-log). tools/plan.cpp's memory model uses the same 3 x 132 blocks.
-static int decode_blocks_per_sm() {
-    static const int blocks = [] {
-        const int v = env_int("QINFER_DECODE_BLOCKS_PER_SM", 0);
-        return v >= 1 && v <= 32 ? v : decode_tc_stages() == 3 ? 2 : 3;
-    }();
-    return blocks;
+// K/V tiles the tensor-core decode kernel keeps resident: 3 (two loading while one is used) at head_dim 128, where
+// its 104 KB of shared memory leave room for two blocks per SM, else 2; QINFER_DECODE_STAGES=2|3 sets it for all.
+// 7B's shapes (28/4 heads, caches of several layers in turn, H100), against 2 stages at 3 blocks per SM, same call:
+// 36.5 -> 35.4 us per layer at 30720 keys, 116.3 -> 113.3 at 129024, 11.1 -> 10.9-11.3 at 2048; at head_dim 64
+// (0.5B) 3 stages were not faster at 4097 keys (perf-log, 63c7ee9).
+int decode_tc_stages(int head_dim) {
+    static const int forced = env_int("QINFER_DECODE_STAGES", 0);
+    if (forced == 2 || forced == 3) return forced;
+    return head_dim == 128 ? 3 : 2;
 }
 
-// K/V tiles the tensor-core decode kernel keeps resident: 2 (one loading while one is used), or 3 with
-// QINFER_DECODE_STAGES=3 (two loading; 104 KB of shared memory at head_dim 128, so two blocks per SM).
-int decode_tc_stages() {
-    static const int stages = env_int("QINFER_DECODE_STAGES", 2) == 3 ? 3 : 2;
-    return stages;
+// Blocks per SM the splits aim for: as many as the tensor-core kernel holds (2 with three stages, else 3), or
+// QINFER_DECODE_BLOCKS_PER_SM (for timing other grids). Fewer, longer splits pay the per-block start (block table,
+// Q fragments, first tile) less often: the two-stage kernel at 129024 keys (d 128, 14/2 heads, H100) took 91 us at 8
+// blocks per SM, 65 at 3, 64 at 2, 78 at 4; at 4097 keys 12.9 / 11.9 / 12.1 / 12.0 us (perf-log). tools/plan.cpp's
+// memory model sizes the scratch for 3 x 132 blocks, the most.
+static int decode_blocks_per_sm(int head_dim) {
+    static const int forced = env_int("QINFER_DECODE_BLOCKS_PER_SM", 0);
+    if (forced >= 1 && forced <= 32) return forced;
+    return decode_tc_stages(head_dim) == 3 ? 2 : 3;
 }
 
-int decode_splits(int max_len, int n_kv, int batch) {
+int decode_splits(int max_len, int n_kv, int head_dim, int batch) {
     static const bool fill = env_is("QINFER_DECODE_SPLITS", "fill");
-    return decode_splits_for(max_len, n_kv, batch, decode_blocks_per_sm() * sm_count(), !fill);
+    return decode_splits_for(max_len, n_kv, batch, decode_blocks_per_sm(head_dim) * sm_count(), !fill);
 }
 
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,

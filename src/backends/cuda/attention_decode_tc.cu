@@ -168,7 +168,7 @@ template <int D, KVKind K, int STAGES> void launch(DecodeArgs a, dim3 grid, cuda
 
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
     if (a.n_head / a.n_kv > 8 || (head_dim != 64 && head_dim != 128)) return false;
-    const bool three = decode_tc_stages() == 3;
+    const bool three = decode_tc_stages(head_dim) == 3;
     for_kv_kind(a.cache.quant.kind, [&](auto kind) {
         constexpr KVKind K = decltype(kind)::value;
         if (head_dim == 64) three ? launch<64, K, 3>(a, grid, stream) : launch<64, K, 2>(a, grid, stream);

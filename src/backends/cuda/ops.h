@@ -158,9 +158,9 @@ struct DecodeScratch {
     float * partial_ml = nullptr;   // [batch, n_head, max_splits, 2]
     int max_splits = 0;
 };
-// Splits for contexts up to max_len: whole waves of blocks on this GPU, no split above the maximum
-// (model/decode_splits.h; QINFER_DECODE_SPLITS=fill for the previous one-wave-at-least rule).
-int decode_splits(int max_len, int n_kv, int batch = 1);
+// Splits for contexts up to max_len: whole waves of the blocks this GPU holds at this head_dim, no split above the
+// maximum (model/decode_splits.h; QINFER_DECODE_SPLITS=fill for the previous one-wave-at-least rule).
+int decode_splits(int max_len, int n_kv, int head_dim, int batch = 1);
 // Two implementations: SIMT lanes with an online softmax per lane group (any head_dim above), and tensor cores with
 // the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the tensor-core
 // kernel where it applies (2-2.4x faster on an H100, perf-log), unless QINFER_DECODE_ATTN=simt.
