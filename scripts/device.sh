@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -203,8 +203,21 @@ if has decode-ab; then
 fi
 # Every GPU test (kernels against the CPU, end-to-end goldens, batches, KV dtypes) without the CPU-only suites, with
 # the failures' full messages; the kernel timing lines; then the quantized-attention tests repeated (a flaky case).
+# The QKV GEMV with bias/RoPE/cache store fused (default) against the two kernels (QINFER_FUSED_ROPE=0), alternated:
+# the fused kernel's test, then decode speed (ROPE_AB_SPECS preset:lengths) under each.
+if has rope-ab; then
+    build-device/tests/qinfer_tests --gtest_filter='CudaOps.GemvQkvRope*:CudaOps.QkvRopeCache' >"$OUT/rope-test.log" 2>&1
+    note "fused rope test: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/rope-test.log" | tr '\n' ' ')"
+    grep -E "Failure" -A6 "$OUT/rope-test.log" | head -20
+    for spec in ${ROPE_AB_SPECS:-qwen2.5-0.5b:1 qwen2.5-1.5b:1 qwen2.5-7b:1}; do
+        for fr in 0 1 0 1; do
+            QINFER_FUSED_ROPE=$fr "$Q" bench --preset ${spec%%:*} --input-lens ${spec##*:} --gen 2048 \
+                --json "$OUT/rope-ab-${spec%%:*}-$fr-$RANDOM.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/fused $fr /" | tee -a "$OUT/rope-ab.log"
+        done
+    done
+fi
 if has gpu-test; then
-    build-device/tests/qinfer_tests --gtest_filter='Cuda*:*Attention*:*Gemv*:*GoldenCuda*:*cuda*:*KvBackends*:*ArgmaxRows*' \
+    timeout ${GPU_TEST_TIMEOUT:-900} build-device/tests/qinfer_tests --gtest_filter='Cuda*:*Attention*:*Gemv*:*GoldenCuda*:*cuda*:*KvBackends*:*ArgmaxRows*' \
         >"$OUT/gpu-test.log" 2>&1
     note "gpu tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/gpu-test.log" | tr '\n' ' ')"
     grep -E "^\[ kernel \]|^\[ kv \]" "$OUT/gpu-test.log"

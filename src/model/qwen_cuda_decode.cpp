@@ -60,6 +60,8 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     bool pending = false;  // unfused: tmp_ holds an MLP output not yet added to x
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         const DevLayer & L = layers_[size_t(l)];
+        cuda::QkvRopeArgs r = rope_args(l, kv_layer_batch(l), B);
+        r.pos_dev = pos;
         if (fused) {
             cuda::GemvArgs a;
             a.n = L.qkv.n;
@@ -69,17 +71,23 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.norm_w = L.input_norm.as<bf16>();
             a.eps = eps;
             a.y = qkv_.get();
-            project(L.qkv, a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16);
+            if (L.qkv.quantized) {
+                project(L.qkv, a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16);
+                prof_.mark("qkv gemv");
+                cuda::qkv_rope_cache(r, stream_);
+            } else {
+                a.w = L.qkv.ptr();
+                cuda::gemv_qkv_rope(a, cuda::GemvIn::NormF32, r, stream_);  // bias, RoPE and the cache store in its epilogue
+                prof_.mark("qkv gemv");
+            }
         } else {
             if (pending) cuda::add_rms_norm(x, tmp_.as<bf16>(), L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
             else cuda::rms_norm(x, L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
             pending = false;
             linear(xn, B, L.qkv, qkv_.as<bf16>());
+            prof_.mark("qkv gemv");
+            cuda::qkv_rope_cache(r, stream_);
         }
-        prof_.mark("qkv gemv");
-        cuda::QkvRopeArgs r = rope_args(l, kv_layer_batch(l), B);
-        r.pos_dev = pos;
-        cuda::qkv_rope_cache(r, stream_);
         prof_.mark("bias/norm/rope/cache");
         cuda::attention_decode(q_.as<bf16>(), r.cache, len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
                                attn_.as<bf16>(), stream_, B);

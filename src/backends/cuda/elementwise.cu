@@ -5,6 +5,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
+#include "backends/cuda/rope_common.cuh"
 
 namespace qinfer::cuda {
 
@@ -88,13 +89,9 @@ __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
     if (valid) {
         x0 = __bfloat162float(a.qkv[int64_t(t) * row + col + j]);
         x1 = __bfloat162float(a.qkv[int64_t(t) * row + col + j + half]);
-        if (a.bias) {
-            // transformers adds the bias in the linear layer's output dtype.
-            x0 = __bfloat162float(__float2bfloat16(x0 + __bfloat162float(a.bias[col + j])));
-            x1 = __bfloat162float(__float2bfloat16(x1 + __bfloat162float(a.bias[col + j + half])));
-        }
+        rope::add_bias(a, col, j, x0, x1);
     }
-    const int pos = a.pos_dev ? a.pos_dev[t] : (a.pos0_dev ? *a.pos0_dev : a.pos0) + t;
+    const int pos = rope::position(a, t);
     if (!is_v) {
         const bf16 * norm = is_q ? a.q_norm : a.k_norm;
         if (norm) {
@@ -110,16 +107,7 @@ __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
                 x1 = __bfloat162float(__float2bfloat16(__bfloat162float(norm[j + half]) * (x1 * inv)));
             }
         }
-        if (valid) {
-            const float angle = float(pos) * a.inv_freq[j];
-            float s, c;
-            sincosf(angle, &s, &c);
-            c *= a.attention_scaling;
-            s *= a.attention_scaling;
-            const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
-            x0 = y0;
-            x1 = y1;
-        }
+        if (valid) rope::rotate(a, pos, j, x0, x1);
     }
     const KVQuant & kq = a.cache.quant;
     const bool affine = kq.kind == KVKind::INT8 || kq.kind == KVKind::INT4;
@@ -150,9 +138,7 @@ __global__ void qkv_rope_cache_kernel(QkvRopeArgs a) {
         return;
     }
     const int kvh = is_v ? head - a.n_head - a.n_kv : head - a.n_head;
-    const int * table = a.pos_dev ? a.cache.block_table + int64_t(t) * a.cache.table_stride : a.cache.block_table;
-    const int block = table[pos / a.cache.block_size], slot = pos % a.cache.block_size;
-    const int64_t cache_row = (int64_t(block) * a.n_kv + kvh) * a.cache.block_size + slot;
+    const int64_t cache_row = rope::cache_row(a, t, pos, kvh);
     if (kq.kind == KVKind::BF16) {
         bf16 * dst = (is_v ? a.cache.v : a.cache.k) + cache_row * d;
         dst[j] = __float2bfloat16(x0);

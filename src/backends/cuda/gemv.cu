@@ -250,3 +250,24 @@ void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
 }
 
 }  // namespace qinfer::cuda
+
+namespace qinfer::cuda {
+
+void gemv_qkv_rope(const GemvArgs & args, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream) {
+    static const bool fuse = !env_is("QINFER_FUSED_ROPE", "0");
+    const bool fits = fuse && r.cache.quant.kind == KVKind::BF16 && !r.q_norm && !r.k_norm && !r.fp8_amax && r.head_dim % 2 == 0 &&
+                      r.n == args.m && args.n == (r.n_head + 2 * r.n_kv) * r.head_dim && r.q_out;
+    if (fits) {
+        GemvArgs a = args;
+        a.prefetch = gemv_prefetch();
+        a.vec_norm = in == GemvIn::NormF32 && qstage::vec_norm_ok(a);
+        a.n = args.n / 2;  // RoPE pairs
+        if (a.k % 8 != 0) QINFER_FAIL() << "gemv_qkv_rope: k = " << a.k << " must be a multiple of 8";
+        if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "gemv_qkv_rope: NormF32 input needs norm weights";
+        if (gemv_balanced_qkv_rope(a, in, r, stream)) return;
+    }
+    gemv(args, in, GemvOut::Bf16, stream);
+    qkv_rope_cache(r, stream);
+}
+
+}  // namespace qinfer::cuda

@@ -6,11 +6,16 @@
 // apart, so every thread issues the same number of loads (within one) whatever k is, eight in flight. A thread's
 // partial sum of a row goes to its own column of a shared table [token][row][thread]; after one barrier each warp
 // adds its rows' 256 columns in a fixed order, so the result does not depend on timing.
+// ROPE (the QKV projection of a bf16 cache without q/k norms): row r of the grid is RoPE pair r, the rows
+// (h d + j, h d + j + d/2) of head h = r / (d/2), j = r % (d/2), side by side as gate and up are; the epilogue adds
+// the bias, rotates q and k and stores q or the cache row as qkv_rope_cache does (rope_common.cuh), so no qkv buffer
+// and no second kernel.
 #include <algorithm>
 #include <atomic>
 
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/qstage.cuh"
+#include "backends/cuda/rope_common.cuh"
 #include "core/env.h"
 
 namespace qinfer::cuda {
@@ -21,19 +26,26 @@ constexpr int k_threads = 256;
 constexpr int k_table_rows = 32;  // table rows per block (tokens x rows x matrices): 32 KB of shared memory
 constexpr int k_batch = 8;        // loads in flight per thread
 
-template <int M, GemvIn IN, GemvOut OUT> __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, int table_rows) {
+template <int M, GemvIn IN, GemvOut OUT, bool ROPE>
+__global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, int table_rows, QkvRopeArgs rope) {
     extern __shared__ float4 smem_raw4[];
     float * table = reinterpret_cast<float *>(smem_raw4);                              // fp32 [M, table_rows, 256]
     bf16 * xs = reinterpret_cast<bf16 *>(table + size_t(M) * table_rows * k_threads);  // bf16 [M, k] (NormF32)
     __shared__ float norm_red[k_threads / 32];
-    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
+    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int k = a.k, chunks = k / 8;
     const int row0 = int(int64_t(blockIdx.x) * a.n / gridDim.x), row1 = int(int64_t(blockIdx.x + 1) * a.n / gridDim.x);
     // Virtual row v of the block: row row0 + v / n_mats of matrix v % n_mats (gate and up of a row side by side).
     const int vrows = (row1 - row0) * n_mats;
     auto row_ptr = [&](int vr) {
-        return reinterpret_cast<const uint4 *>(a.w + (int64_t(row0 + vr / n_mats) + int64_t(vr % n_mats) * a.n) * k);
+        const int row = row0 + vr / n_mats, mat = vr % n_mats;
+        int64_t w_row = int64_t(row) + int64_t(mat) * a.n;
+        if constexpr (ROPE) {
+            const int half = rope.head_dim / 2;
+            w_row = int64_t(row / half) * rope.head_dim + row % half + mat * half;
+        }
+        return reinterpret_cast<const uint4 *>(a.w + w_row * k);
     };
 
     // This thread's next chunk: (v, c), flat index v * chunks + c = tid + 256 i.
@@ -111,14 +123,21 @@ template <int M, GemvIn IN, GemvOut OUT> __global__ void __launch_bounds__(k_thr
                 for (int j = 0; j < k_threads / 32; j++) t += col[lane + 32 * j];
                 s[mat] = warp_sum(t);
             }
-            if (lane == 0) gemv_store<OUT>(a, m, row0 + r, s[0], s[n_mats - 1]);
+            if (lane == 0) {
+                if constexpr (ROPE) {
+                    const int half = rope.head_dim / 2;
+                    rope::bias_rotate_store_bf16(rope, m, (row0 + r) / half, (row0 + r) % half, s[0], s[1]);
+                } else {
+                    gemv_store<OUT>(a, m, row0 + r, s[0], s[n_mats - 1]);
+                }
+            }
         }
     }
 }
 
-template <int M, GemvIn IN, GemvOut OUT> bool launch(const GemvArgs & a, cudaStream_t stream) {
-    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
-    auto kernel = gemv_balanced_kernel<M, IN, OUT>;
+template <int M, GemvIn IN, GemvOut OUT, bool ROPE = false> bool launch(const GemvArgs & a, cudaStream_t stream, const QkvRopeArgs & rope = {}) {
+    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
+    auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
     static size_t configured = 0, cached_smem = size_t(-1);
@@ -131,7 +150,7 @@ template <int M, GemvIn IN, GemvOut OUT> bool launch(const GemvArgs & a, cudaStr
     const int table_rows = (a.n + grid - 1) / grid * n_mats;
     if (M * table_rows > k_table_rows) return false;
     const size_t smem = size_t(M) * table_rows * k_threads * sizeof(float) + xs_bytes;
-    launch_kernel(kernel, grid, k_threads, smem, stream, a, table_rows);
+    launch_kernel(kernel, grid, k_threads, smem, stream, a, table_rows, rope);
     return true;
 }
 
@@ -154,6 +173,11 @@ template <int M> bool dispatch(const GemvArgs & a, GemvIn in, GemvOut out, cudaS
     return false;
 }
 
+template <int M> bool dispatch_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t s) {
+    if (in == GemvIn::Bf16) return launch<M, GemvIn::Bf16, GemvOut::Bf16, true>(a, s, r);
+    return launch<M, GemvIn::NormF32, GemvOut::Bf16, true>(a, s, r);
+}
+
 }  // namespace
 
 static std::atomic<bool> balanced_on{!env_is("QINFER_GEMV_BALANCED", "0")};
@@ -167,6 +191,17 @@ bool gemv_balanced(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stre
     case 2: return dispatch<2>(a, in, out, stream);
     case 3: return dispatch<3>(a, in, out, stream);
     case 4: return dispatch<4>(a, in, out, stream);
+    default: return false;
+    }
+}
+
+bool gemv_balanced_qkv_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream) {
+    if (!balanced_on) return false;
+    switch (a.m) {
+    case 1: return dispatch_rope<1>(a, in, r, stream);
+    case 2: return dispatch_rope<2>(a, in, r, stream);
+    case 3: return dispatch_rope<3>(a, in, r, stream);
+    case 4: return dispatch_rope<4>(a, in, r, stream);
     default: return false;
     }
 }

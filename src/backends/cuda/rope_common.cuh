@@ -1,0 +1,62 @@
+// The per-pair pieces of "q/k/v bias + RoPE + KV-cache store", shared by qkv_rope_cache_kernel (elementwise.cu) and
+// the QKV GEMV that does the same in its epilogue (gemv_balanced.cu). A pair is the two elements (j, j + d/2) of one
+// head of one token, which rotate-half RoPE mixes.
+#pragma once
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda::rope {
+
+// Position of token t: pos_dev[t] in a decode batch, else pos0 (or *pos0_dev) + t.
+__device__ __forceinline__ int position(const QkvRopeArgs & a, int t) { return a.pos_dev ? a.pos_dev[t] : (a.pos0_dev ? *a.pos0_dev : a.pos0) + t; }
+
+// transformers adds the bias in the linear layer's output dtype (bf16). col: the head's first column.
+__device__ __forceinline__ void add_bias(const QkvRopeArgs & a, int col, int j, float & x0, float & x1) {
+    if (!a.bias) return;
+    const int half = a.head_dim / 2;
+    x0 = __bfloat162float(__float2bfloat16(x0 + __bfloat162float(a.bias[col + j])));
+    x1 = __bfloat162float(__float2bfloat16(x1 + __bfloat162float(a.bias[col + j + half])));
+}
+
+// Rotate-half RoPE of the pair at `pos` (with the rope scaling's attention factor).
+__device__ __forceinline__ void rotate(const QkvRopeArgs & a, int pos, int j, float & x0, float & x1) {
+    float s, c;
+    sincosf(float(pos) * a.inv_freq[j], &s, &c);
+    c *= a.attention_scaling;
+    s *= a.attention_scaling;
+    const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+    x0 = y0;
+    x1 = y1;
+}
+
+// Cache row of KV head kvh for token t at pos: (block * n_kv + kvh) * block_size + slot; a decode batch's token t
+// reads row t of the block tables.
+__device__ __forceinline__ int64_t cache_row(const QkvRopeArgs & a, int t, int pos, int kvh) {
+    const int * table = a.pos_dev ? a.cache.block_table + int64_t(t) * a.cache.table_stride : a.cache.block_table;
+    const int block = table[pos / a.cache.block_size], slot = pos % a.cache.block_size;
+    return (int64_t(block) * a.n_kv + kvh) * a.cache.block_size + slot;
+}
+
+// The whole path for a bf16 cache without q/k norms: x0, x1 are the projection's fp32 sums of the pair's two rows;
+// rounded to bf16 (the projection's output dtype), biased, rotated (q and k heads), stored to q_out or the cache.
+__device__ __forceinline__ void bias_rotate_store_bf16(const QkvRopeArgs & a, int t, int head, int j, float x0, float x1) {
+    const int d = a.head_dim, half = d / 2;
+    x0 = __bfloat162float(__float2bfloat16(x0));
+    x1 = __bfloat162float(__float2bfloat16(x1));
+    add_bias(a, head * d, j, x0, x1);
+    const bool is_q = head < a.n_head, is_v = head >= a.n_head + a.n_kv;
+    const int pos = position(a, t);
+    if (!is_v) rotate(a, pos, j, x0, x1);
+    bf16 * dst;
+    if (is_q) {
+        dst = a.q_out + (int64_t(t) * a.n_head + head) * d;
+    } else {
+        const int kvh = is_v ? head - a.n_head - a.n_kv : head - a.n_head;
+        dst = (is_v ? a.cache.v : a.cache.k) + cache_row(a, t, pos, kvh) * d;
+    }
+    dst[j] = __float2bfloat16(x0);
+    dst[j + half] = __float2bfloat16(x1);
+}
+
+}  // namespace qinfer::cuda::rope
