@@ -204,10 +204,10 @@ fi
 # Every GPU test (kernels against the CPU, end-to-end goldens, batches, KV dtypes) without the CPU-only suites, with
 # the failures' full messages; the kernel timing lines; then the quantized-attention tests repeated (a flaky case).
 # The QKV GEMV with bias/RoPE/cache store fused (default) against the two kernels (QINFER_FUSED_ROPE=0), alternated:
-# the fused kernel's test, then decode speed (ROPE_AB_SPECS preset:lengths) under each.
+# the CUDA op tests (the fused kernel's among them) and the end-to-end GPU tests, then decode speed (ROPE_AB_SPECS preset:lengths) under each.
 if has rope-ab; then
-    build-device/tests/qinfer_tests --gtest_filter='CudaOps.GemvQkvRope*:CudaOps.QkvRopeCache' >"$OUT/rope-test.log" 2>&1
-    note "fused rope test: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/rope-test.log" | tr '\n' ' ')"
+    build-device/tests/qinfer_tests --gtest_filter='CudaOps.*:*GoldenCuda*:*Batch*:*KvBackends*:*ArgmaxRows*' >"$OUT/rope-test.log" 2>&1
+    note "fused rope, ops, golden, batch tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/rope-test.log" | tr '\n' ' ')"
     grep -E "Failure" -A6 "$OUT/rope-test.log" | head -20
     for spec in ${ROPE_AB_SPECS:-qwen2.5-0.5b:1 qwen2.5-1.5b:1 qwen2.5-7b:1}; do
         for fr in 0 1 0 1; do

@@ -9,7 +9,8 @@
 // ROPE (the QKV projection of a bf16 cache without q/k norms): row r of the grid is RoPE pair r, the rows
 // (h d + j, h d + j + d/2) of head h = r / (d/2), j = r % (d/2), side by side as gate and up are; the epilogue adds
 // the bias, rotates q and k and stores q or the cache row as qkv_rope_cache does (rope_common.cuh), so no qkv buffer
-// and no second kernel.
+// and no second kernel. Each pair's position, cos/sin, bias and destination are worked out while the first weights
+// are in flight, so the epilogue only multiplies and stores.
 #include <algorithm>
 #include <atomic>
 
@@ -32,6 +33,7 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
     float * table = reinterpret_cast<float *>(smem_raw4);                              // fp32 [M, table_rows, 256]
     bf16 * xs = reinterpret_cast<bf16 *>(table + size_t(M) * table_rows * k_threads);  // bf16 [M, k] (NormF32)
     __shared__ float norm_red[k_threads / 32];
+    __shared__ rope::PairTarget targets[ROPE ? k_table_rows / 2 : 1];  // ROPE: [M][the block's pairs]
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int k = a.k, chunks = k / 8;
@@ -73,6 +75,14 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
     // The first batch is requested before pdl_wait() and the norm, as in gemv.cu.
     bool have_batch = a.prefetch;
     if (have_batch) fetch();
+    if constexpr (ROPE) {
+        // Positions come from the decode state, written before the kernel ahead of this one began (pdl_wait there).
+        const int pairs = row1 - row0, half = rope.head_dim / 2;
+        if (tid < M * pairs) {
+            const int p = row0 + tid % pairs;
+            targets[tid] = rope::pair_target(rope, tid / pairs, p / half, p % half);
+        }
+    }
     pdl_wait();
     for (int m = 0; m < M; m++) {
         for (int r = 0; r < vrows; r++) table[(size_t(m) * table_rows + r) * k_threads + tid] = 0;
@@ -125,8 +135,7 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
             }
             if (lane == 0) {
                 if constexpr (ROPE) {
-                    const int half = rope.head_dim / 2;
-                    rope::bias_rotate_store_bf16(rope, m, (row0 + r) / half, (row0 + r) % half, s[0], s[1]);
+                    rope::store_pair(targets[m * (row1 - row0) + r], rope.head_dim / 2, s[0], s[1]);
                 } else {
                     gemv_store<OUT>(a, m, row0 + r, s[0], s[n_mats - 1]);
                 }
