@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab] [rope-pdl]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -213,6 +213,26 @@ if has rope-ab; then
         for fr in 0 1 0 1; do
             QINFER_FUSED_ROPE=$fr "$Q" bench --preset ${spec%%:*} --input-lens ${spec##*:} --gen 2048 \
                 --json "$OUT/rope-ab-${spec%%:*}-$fr-$RANDOM.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/fused $fr /" | tee -a "$OUT/rope-ab.log"
+        done
+    done
+fi
+# Why the fused QKV RoPE slowed 0.5B (head_dim 64): fused x PDL alternated on 0.5B, eager per-op profiles of both,
+# and PDL on 7B BF16 (off by default over 8 GB) at 1 and 30720 now that its decode attention takes 104 KB per block.
+if has rope-pdl; then
+    for rep in 1 2; do
+        for cfg in 0:0 1:0 0:1 1:1; do
+            QINFER_FUSED_ROPE=${cfg%%:*} QINFER_PDL=${cfg##*:} "$Q" bench --preset qwen2.5-0.5b --input-lens 1 --gen 2048 \
+                --json "$OUT/rope-pdl-0.5b-${cfg/:/-}-$rep.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/fused:pdl $cfg /" | tee -a "$OUT/rope-pdl.log"
+        done
+    done
+    for fr in 0 1; do
+        QINFER_FUSED_ROPE=$fr QINFER_PROFILE=1 "$Q" bench --preset qwen2.5-0.5b --input-lens 1 --gen 64 2>&1 |
+            grep -E "^  |profile" | sed "s/^/fused $fr /" | tee -a "$OUT/rope-pdl-profile.log"
+    done
+    for rep in 1 2; do
+        for pdl in 0 1; do
+            QINFER_PDL=$pdl "$Q" bench --preset qwen2.5-7b --input-lens 1,30720 --gen 2048 \
+                --json "$OUT/rope-pdl-7b-$pdl-$rep.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/pdl $pdl /" | tee -a "$OUT/rope-pdl.log"
         done
     done
 fi

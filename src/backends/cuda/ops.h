@@ -129,8 +129,9 @@ struct QkvRopeArgs {
 };
 void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
 // The QKV projection (a: W [(n_head + 2 n_kv) d, k], the GEMV's m tokens, y = r.qkv) followed by qkv_rope_cache(r),
-// fused into the balanced GEMV's epilogue where it applies: a bf16 cache, no q/k norms, no fp8 range pass
-// (gemv_balanced.cu); nothing is then written to r.qkv. Elsewhere, or with QINFER_FUSED_ROPE=0, the two kernels.
+// fused into the balanced GEMV's epilogue where it applies: head_dim 128 (QINFER_FUSED_ROPE=1 / 0 forces it on / off),
+// a bf16 cache, no q/k norms, no fp8 range pass (gemv_balanced.cu); nothing is then written to r.qkv. Elsewhere the
+// two kernels.
 void gemv_qkv_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream);
 // scale[i] = amax[i] / 448 (1 where amax is 0), i = 0 (K), 1 (V): the fp8 rule of the CPU cache. A scale already
 // set (> 0, from the checkpoint) is kept.
