@@ -394,6 +394,8 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
 
 template <int D> void launch_combine(const DecodeScratch & scratch, const int * len_dev, int min_split, bf16 * out, int n_head, int batch,
                                      cudaStream_t stream) {
+    static const bool skip = pdl_skip("combine");
+    ScopedNoPdl no_pdl(skip);
     launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
 }
 
@@ -481,9 +483,13 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
         kernel = !simt && (head_dim == 64 || head_dim == 128) ? DecodeKernel::TensorCore : DecodeKernel::Simt;
     }
     if (kernel == DecodeKernel::TensorCore) {
-        if (!launch_attention_decode_tc(a, head_dim, grid, stream)) {
-            QINFER_FAIL() << "attention_decode: the tensor-core kernel takes head_dim 64 or 128 (got " << head_dim << ")";
+        bool launched;
+        {
+            static const bool skip = pdl_skip("attention");
+            ScopedNoPdl no_pdl(skip);
+            launched = launch_attention_decode_tc(a, head_dim, grid, stream);
         }
+        if (!launched) QINFER_FAIL() << "attention_decode: the tensor-core kernel takes head_dim 64 or 128 (got " << head_dim << ")";
         a.min_split = 64;
         auto combine = [&](auto d_const) {
             constexpr int D = decltype(d_const)::value;

@@ -25,6 +25,20 @@ __device__ __forceinline__ void pdl_wait() {
 
 bool pdl_enabled();
 
+// QINFER_PDL_SKIP=role,role,...: the launches of those roles ("attention": the decode attention's split kernel,
+// "combine": its combine kernel) go without programmatic dependent launch while PDL is on, so they start only when
+// the kernel ahead has finished, for timing which early launches cost (bench/results/2026-11-27-h100-fused-rope).
+bool pdl_skip(const char * role);
+extern thread_local bool pdl_suspended;
+// While alive (and `on`), launch_kernel launches without PDL.
+struct ScopedNoPdl {
+    bool prev;
+    explicit ScopedNoPdl(bool on) : prev(pdl_suspended) { pdl_suspended = prev || on; }
+    ~ScopedNoPdl() { pdl_suspended = prev; }
+    ScopedNoPdl(const ScopedNoPdl &) = delete;
+    ScopedNoPdl & operator=(const ScopedNoPdl &) = delete;
+};
+
 // Lets `kernel` take `bytes` of dynamic shared memory. Beyond 48 KB per block, static shared memory included, a kernel
 // must opt in, so the limit is raised at the first launch and whenever a launch needs more; `configured` is the
 // caller's record for this kernel (start at 0).

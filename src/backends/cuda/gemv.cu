@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <string>
 
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/ops.h"
@@ -206,6 +207,8 @@ static std::atomic<bool> pdl_default{false};
 
 void set_pdl_default(bool on) { pdl_default = on; }
 
+thread_local bool pdl_suspended = false;
+
 bool pdl_enabled() {
     static const bool hopper = [] {
         int dev = 0, major = 0;
@@ -214,7 +217,15 @@ bool pdl_enabled() {
         return major >= 9;  // griddepcontrol needs Hopper
     }();
     static const int forced = std::getenv("QINFER_PDL") ? int(env_is("QINFER_PDL", "1")) : -1;
-    return hopper && (forced >= 0 ? forced == 1 : pdl_default.load());
+    return hopper && !pdl_suspended && (forced >= 0 ? forced == 1 : pdl_default.load());
+}
+
+bool pdl_skip(const char * role) {
+    static const std::string skip = [] {
+        const char * v = std::getenv("QINFER_PDL_SKIP");
+        return "," + std::string(v ? v : "") + ",";
+    }();
+    return skip.find("," + std::string(role) + ",") != std::string::npos;
 }
 
 int sm_count() {
