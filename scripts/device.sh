@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab] [rope-pdl]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab] [rope-pdl] [pdl-skip]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -233,6 +233,25 @@ if has rope-pdl; then
         for pdl in 0 1; do
             QINFER_PDL=$pdl "$Q" bench --preset qwen2.5-7b --input-lens 1,30720 --gen 2048 \
                 --json "$OUT/rope-pdl-7b-$pdl-$rep.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/pdl $pdl /" | tee -a "$OUT/rope-pdl.log"
+        done
+    done
+fi
+# Which early launch costs under PDL (QINFER_PDL_SKIP: the decode attention / its combine launched without it):
+# 0.5B with the fused QKV RoPE (lost 3.6% under PDL at 6a70101) and 7B BF16 with PDL forced on at 1 and 30720
+# (-6.9% at 30720), each against the defaults, alternated.
+if has pdl-skip; then
+    for rep in 1 2; do
+        for cfg in default none attention combine attention,combine; do
+            if [ $cfg = default ]; then e=""; else e="QINFER_FUSED_ROPE=1 QINFER_PDL_SKIP=$cfg"; fi
+            env $e "$Q" bench --preset qwen2.5-0.5b --input-lens 1 --gen 2048 --json "$OUT/pdl-skip-0.5b-$cfg-$rep.json" 2>&1 |
+                grep -E "^\| qwen" | sed "s/^/$cfg /" | tee -a "$OUT/pdl-skip.log"
+        done
+    done
+    for rep in 1 2; do
+        for cfg in default none attention attention,combine; do
+            if [ $cfg = default ]; then e=""; else e="QINFER_PDL=1 QINFER_PDL_SKIP=$cfg"; fi
+            env $e "$Q" bench --preset qwen2.5-7b --input-lens 1,30720 --gen 2048 --json "$OUT/pdl-skip-7b-$cfg-$rep.json" 2>&1 |
+                grep -E "^\| qwen" | sed "s/^/$cfg /" | tee -a "$OUT/pdl-skip.log"
         done
     done
 fi
