@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab] [rope-pdl] [pdl-skip]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab] [rope-pdl] [pdl-skip] [pdl-exit]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -252,6 +252,25 @@ if has pdl-skip; then
             if [ $cfg = default ]; then e=""; else e="QINFER_PDL=1 QINFER_PDL_SKIP=$cfg"; fi
             env $e "$Q" bench --preset qwen2.5-7b --input-lens 1,30720 --gen 2048 --json "$OUT/pdl-skip-7b-$cfg-$rep.json" 2>&1 |
                 grep -E "^\| qwen" | sed "s/^/$cfg /" | tee -a "$OUT/pdl-skip.log"
+        done
+    done
+fi
+# The same question answered by a second build whose kernels never call launch_dependents (dependents placed as the
+# blocks exit; CMake QINFER_PDL_TRIGGER_AT_EXIT): 0.5B fused/unfused and 7B PDL on at 1 and 30720, both builds alternated.
+if has pdl-exit; then
+    cmake -S . -B build-exit -G "$gen" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr" \
+        -DCMAKE_CUDA_ARCHITECTURES="90a" -DQINFER_TESTS=OFF -DQINFER_PDL_TRIGGER_AT_EXIT=ON >"$OUT/cmake-exit.log" 2>&1 &&
+        cmake --build build-exit -j16 --target qinfer >"$OUT/build-exit.log" 2>&1
+    note "trigger-at-exit build: $([ -x build-exit/qinfer ] && echo ok || echo FAILED)"
+    for rep in 1 2; do
+        for bin in "$Q" build-exit/qinfer; do
+            tag=$([ "$bin" = "$Q" ] && echo start || echo exit)
+            for fr in 0 1; do
+                QINFER_FUSED_ROPE=$fr "$bin" bench --preset qwen2.5-0.5b --input-lens 1 --gen 2048 --json "$OUT/pdl-exit-0.5b-$tag-$fr-$rep.json" 2>&1 |
+                    grep -E "^\| qwen" | sed "s/^/$tag fused $fr /" | tee -a "$OUT/pdl-exit.log"
+            done
+            QINFER_PDL=1 "$bin" bench --preset qwen2.5-7b --input-lens 1,30720 --gen 2048 --json "$OUT/pdl-exit-7b-$tag-$rep.json" 2>&1 |
+                grep -E "^\| qwen" | sed "s/^/$tag pdl 1 /" | tee -a "$OUT/pdl-exit.log"
         done
     done
 fi
