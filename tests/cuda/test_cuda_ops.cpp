@@ -372,90 +372,97 @@ TEST(CudaOps, QkvRopeCache) {
 
 // The QKV GEMV with bias, RoPE and the cache store in its epilogue (gemv_qkv_rope), as the decode step of a batch
 // runs it (RMSNorm of fp32 rows fused in, positions and block-table rows per token), against the CPU: norm, matmul,
-// bf16 output, bias, RoPE, and the q / K / V rows where they belong.
+// bf16 output, bias, RoPE, and the q / K / V rows where they belong. One case: head_dim d, m tokens of a decode
+// batch, with or without bias, under fused-RoPE mode `mode` (already set with set_fused_rope).
+static void check_qkv_rope(int d, int m, bool with_bias, int mode) {
+    const int n_head = 6, n_kv = 2, k = 200, rows = (n_head + 2 * n_kv) * d, bs = 16, stride = 4, pool = 13;
+    const std::vector<int> positions = {37, 5, 50};
+    std::vector<float> x = randn(size_t(m) * k), nw = randn(size_t(k), 0.2f), w = randn(size_t(rows) * k, 0.1f);
+    std::vector<float> bias = randn(size_t(rows), 0.3f);
+    for (float & v : nw) v = round_bf16(v + 1);
+    std::vector<int> blocks(pool), tables(size_t(m) * stride, 0);
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), rng());
+    for (int t = 0; t < m; t++) {
+        for (int i = 0; i < stride; i++) tables[size_t(t) * stride + i] = blocks[size_t(t * stride + i)];
+    }
+    ModelConfig c;
+    c.head_dim = d;
+    c.rope_theta = 10000;
+    RopeFreqs f = compute_rope_freqs(c, 0);
+    const size_t cache_elems = size_t(pool) * n_kv * bs * d;
+    DeviceBuffer dx = upload(x), dnw = upload_bf16(nw), dw = upload_bf16(w), db = upload_bf16(bias), dinv = upload(f.inv_freq);
+    DeviceBuffer dk = poisoned(cache_elems * 2), dv = poisoned(cache_elems * 2), dt = upload(tables);
+    DeviceBuffer dpos = upload(std::vector<int>(positions.begin(), positions.begin() + m));
+    DeviceBuffer dq = poisoned(size_t(m) * n_head * d * 2), dqkv = poisoned(size_t(m) * rows * 2);
+    cuda::GemvArgs a;
+    a.w = dw.as<bf16>();
+    a.n = rows;
+    a.k = k;
+    a.x = dx.get();
+    a.m = m;
+    a.norm_w = dnw.as<bf16>();
+    a.eps = 1e-6f;
+    a.y = dqkv.get();
+    cuda::QkvRopeArgs r;
+    r.qkv = dqkv.as<bf16>();
+    r.bias = with_bias ? db.as<bf16>() : nullptr;
+    r.inv_freq = dinv.as<float>();
+    r.attention_scaling = f.attention_scaling;
+    r.n = m;
+    r.n_head = n_head;
+    r.n_kv = n_kv;
+    r.head_dim = d;
+    r.pos_dev = dpos.as<int>();
+    r.cache = {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), bs, stride, {}};
+    r.q_out = dq.as<bf16>();
+    cuda::gemv_qkv_rope(a, cuda::GemvIn::NormF32, r, nullptr);
+
+    // CPU: RMSNorm (bf16), projection rounded to bf16, bias, RoPE of q and k at each token's position.
+    const std::vector<float> xn = norm_rows(x, nw, m, k, 1e-6f);
+    std::vector<float> q(size_t(m) * n_head * d), kk(size_t(m) * n_kv * d), vv(size_t(m) * n_kv * d);
+    for (int t = 0; t < m; t++) {
+        for (int i = 0; i < rows; i++) {
+            double acc = 0;
+            for (int j = 0; j < k; j++) acc += double(xn[size_t(t) * k + j]) * w[size_t(i) * k + j];
+            float y = round_bf16(float(acc));
+            if (with_bias) y = round_bf16(y + bias[size_t(i)]);
+            if (i < n_head * d) q[size_t(t) * n_head * d + i] = y;
+            else if (i < (n_head + n_kv) * d) kk[size_t(t) * n_kv * d + i - n_head * d] = y;
+            else vv[size_t(t) * n_kv * d + i - (n_head + n_kv) * d] = y;
+        }
+        std::vector<float> cs(static_cast<size_t>(d)), sn(static_cast<size_t>(d));
+        rope_cos_sin(f, positions[size_t(t)], cs.data(), sn.data());
+        cpu::rope(q.data() + size_t(t) * n_head * d, 1, n_head, d, cs.data(), sn.data());
+        cpu::rope(kk.data() + size_t(t) * n_kv * d, 1, n_kv, d, cs.data(), sn.data());
+    }
+    const std::string what = "d " + std::to_string(d) + " m " + std::to_string(m) + (with_bias ? " bias" : "") + " mode " + std::to_string(mode);
+    EXPECT_LT(rel_err(download_bf16(dq, q.size()), q), 1e-2) << what;
+    const std::vector<float> kc = download_bf16(dk, cache_elems), vc = download_bf16(dv, cache_elems);
+    std::vector<float> got_k, got_v;
+    for (int t = 0; t < m; t++) {
+        const int p = positions[size_t(t)];
+        for (int h = 0; h < n_kv; h++) {
+            const size_t base = ((size_t(tables[size_t(t) * stride + p / bs]) * n_kv + h) * bs + p % bs) * d;
+            got_k.insert(got_k.end(), kc.begin() + long(base), kc.begin() + long(base + d));
+            got_v.insert(got_v.end(), vc.begin() + long(base), vc.begin() + long(base + d));
+        }
+    }
+    EXPECT_LT(rel_err(got_k, kk), 1e-2) << what;
+    EXPECT_LT(rel_err(got_v, vv), 1e-2) << what;
+}
+
 TEST(CudaOps, GemvQkvRopeFused) {
     REQUIRE_GPU();
-    for (int d : {64, 128}) {
-        for (int m : {1, 3}) {
-            for (bool with_bias : {true, false}) {
-                const int n_head = 6, n_kv = 2, k = 200, rows = (n_head + 2 * n_kv) * d, bs = 16, stride = 4, pool = 13;
-                const std::vector<int> positions = {37, 5, 50};
-                std::vector<float> x = randn(size_t(m) * k), nw = randn(size_t(k), 0.2f), w = randn(size_t(rows) * k, 0.1f);
-                std::vector<float> bias = randn(size_t(rows), 0.3f);
-                for (float & v : nw) v = round_bf16(v + 1);
-                std::vector<int> blocks(pool), tables(size_t(m) * stride, 0);
-                std::iota(blocks.begin(), blocks.end(), 0);
-                std::shuffle(blocks.begin(), blocks.end(), rng());
-                for (int t = 0; t < m; t++) {
-                    for (int i = 0; i < stride; i++) tables[size_t(t) * stride + i] = blocks[size_t(t * stride + i)];
-                }
-                ModelConfig c;
-                c.head_dim = d;
-                c.rope_theta = 10000;
-                RopeFreqs f = compute_rope_freqs(c, 0);
-                const size_t cache_elems = size_t(pool) * n_kv * bs * d;
-                DeviceBuffer dx = upload(x), dnw = upload_bf16(nw), dw = upload_bf16(w), db = upload_bf16(bias), dinv = upload(f.inv_freq);
-                DeviceBuffer dk = poisoned(cache_elems * 2), dv = poisoned(cache_elems * 2), dt = upload(tables);
-                DeviceBuffer dpos = upload(std::vector<int>(positions.begin(), positions.begin() + m));
-                DeviceBuffer dq = poisoned(size_t(m) * n_head * d * 2), dqkv = poisoned(size_t(m) * rows * 2);
-                cuda::GemvArgs a;
-                a.w = dw.as<bf16>();
-                a.n = rows;
-                a.k = k;
-                a.x = dx.get();
-                a.m = m;
-                a.norm_w = dnw.as<bf16>();
-                a.eps = 1e-6f;
-                a.y = dqkv.get();
-                cuda::QkvRopeArgs r;
-                r.qkv = dqkv.as<bf16>();
-                r.bias = with_bias ? db.as<bf16>() : nullptr;
-                r.inv_freq = dinv.as<float>();
-                r.attention_scaling = f.attention_scaling;
-                r.n = m;
-                r.n_head = n_head;
-                r.n_kv = n_kv;
-                r.head_dim = d;
-                r.pos_dev = dpos.as<int>();
-                r.cache = {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), bs, stride, {}};
-                r.q_out = dq.as<bf16>();
-                cuda::gemv_qkv_rope(a, cuda::GemvIn::NormF32, r, nullptr);
-
-                // CPU: RMSNorm (bf16), projection rounded to bf16, bias, RoPE of q and k at each token's position.
-                const std::vector<float> xn = norm_rows(x, nw, m, k, 1e-6f);
-                std::vector<float> q(size_t(m) * n_head * d), kk(size_t(m) * n_kv * d), vv(size_t(m) * n_kv * d);
-                for (int t = 0; t < m; t++) {
-                    for (int i = 0; i < rows; i++) {
-                        double acc = 0;
-                        for (int j = 0; j < k; j++) acc += double(xn[size_t(t) * k + j]) * w[size_t(i) * k + j];
-                        float y = round_bf16(float(acc));
-                        if (with_bias) y = round_bf16(y + bias[size_t(i)]);
-                        if (i < n_head * d) q[size_t(t) * n_head * d + i] = y;
-                        else if (i < (n_head + n_kv) * d) kk[size_t(t) * n_kv * d + i - n_head * d] = y;
-                        else vv[size_t(t) * n_kv * d + i - (n_head + n_kv) * d] = y;
-                    }
-                    std::vector<float> cs(static_cast<size_t>(d)), sn(static_cast<size_t>(d));
-                    rope_cos_sin(f, positions[size_t(t)], cs.data(), sn.data());
-                    cpu::rope(q.data() + size_t(t) * n_head * d, 1, n_head, d, cs.data(), sn.data());
-                    cpu::rope(kk.data() + size_t(t) * n_kv * d, 1, n_kv, d, cs.data(), sn.data());
-                }
-                const std::string what = "d " + std::to_string(d) + " m " + std::to_string(m) + (with_bias ? " bias" : "");
-                EXPECT_LT(rel_err(download_bf16(dq, q.size()), q), 1e-2) << what;
-                const std::vector<float> kc = download_bf16(dk, cache_elems), vc = download_bf16(dv, cache_elems);
-                std::vector<float> got_k, got_v;
-                for (int t = 0; t < m; t++) {
-                    const int p = positions[size_t(t)];
-                    for (int h = 0; h < n_kv; h++) {
-                        const size_t base = ((size_t(tables[size_t(t) * stride + p / bs]) * n_kv + h) * bs + p % bs) * d;
-                        got_k.insert(got_k.end(), kc.begin() + long(base), kc.begin() + long(base + d));
-                        got_v.insert(got_v.end(), vc.begin() + long(base), vc.begin() + long(base + d));
-                    }
-                }
-                EXPECT_LT(rel_err(got_k, kk), 1e-2) << what;
-                EXPECT_LT(rel_err(got_v, vv), 1e-2) << what;
+    for (int mode : {1, 0, -1}) {  // fused wherever it applies, the two kernels, the default rule
+        cuda::set_fused_rope(mode);
+        for (int d : {64, 128}) {
+            for (int m : {1, 3}) {
+                for (bool with_bias : {true, false}) check_qkv_rope(d, m, with_bias, mode);
             }
         }
     }
+    cuda::set_fused_rope(-1);
 }
 
 TEST(CudaOps, ArgmaxAdvanceAndMoeRows) {

@@ -264,11 +264,16 @@ void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
 
 namespace qinfer::cuda {
 
+// Fused at head_dim 128 (H100, same call, a6f6ebb: 1.5B +1.1%, 7B +0.3%); at head_dim 64, 0.5B went 1297 -> 1241 tok/s
+// fused under PDL (2.2% faster without PDL; bench/results/2026-11-27-h100-fused-rope). QINFER_FUSED_ROPE=1 / 0 forces
+// it on / off; set_fused_rope as well (tests).
+static std::atomic<int> fused_rope_mode{env_is("QINFER_FUSED_ROPE", "1") ? 1 : env_is("QINFER_FUSED_ROPE", "0") ? 0 : -1};
+
+void set_fused_rope(int mode) { fused_rope_mode = mode; }
+
 void gemv_qkv_rope(const GemvArgs & args, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream) {
-    // Fused at head_dim 128 (H100, same call, a6f6ebb: 1.5B +1.1%, 7B +0.3%); at head_dim 64, 0.5B went 1297 -> 1241 tok/s
-    // fused (not understood yet, device.sh rope-pdl). QINFER_FUSED_ROPE=1 / 0 forces it on / off.
-    static const int forced = env_is("QINFER_FUSED_ROPE", "1") ? 1 : env_is("QINFER_FUSED_ROPE", "0") ? 0 : -1;
-    const bool fuse = forced == 1 || (forced == -1 && r.head_dim == 128);
+    const int mode = fused_rope_mode;
+    const bool fuse = mode == 1 || (mode == -1 && r.head_dim == 128);
     const bool fits = fuse && r.cache.quant.kind == KVKind::BF16 && !r.q_norm && !r.k_norm && !r.fp8_amax && r.head_dim % 2 == 0 &&
                       r.n == args.m && args.n == (r.n_head + 2 * r.n_kv) * r.head_dim && r.q_out;
     if (fits) {

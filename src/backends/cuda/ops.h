@@ -133,6 +133,9 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
 // a bf16 cache, no q/k norms, no fp8 range pass (gemv_balanced.cu); nothing is then written to r.qkv. Elsewhere the
 // two kernels.
 void gemv_qkv_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream);
+// gemv_qkv_rope's choice from now on: -1 the default rule (fused at head_dim 128), 0 never fused, 1 fused wherever it
+// applies.
+void set_fused_rope(int mode);
 // scale[i] = amax[i] / 448 (1 where amax is 0), i = 0 (K), 1 (V): the fp8 rule of the CPU cache. A scale already
 // set (> 0, from the checkpoint) is kept.
 void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream);
