@@ -380,6 +380,7 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
         part[r][c] = acc;
         if (c == 0) part_l[r] = lsum;
     }
+    pdl_trigger();  // (QINFER_PDL_TRIGGER=loop builds)
     __syncthreads();
     for (int e = threadIdx.x; e < D; e += k_combine_threads) {
         float t = 0, l = 0;

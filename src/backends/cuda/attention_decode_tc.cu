@@ -114,6 +114,7 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
         }
         __syncthreads();  // the tile (and its stage) are overwritten next
     }
+    pdl_trigger();  // the keys are read (QINFER_PDL_TRIGGER=loop builds)
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
 

@@ -16,14 +16,21 @@ namespace qinfer::cuda {
 // model/qwen_cuda.cpp); QINFER_PDL=1 / 0 forces it on / off. Every kernel it launches calls pdl_wait() first:
 // griddepcontrol.wait returns once the kernel ahead has completed and its writes are visible (at once when launched
 // normally, and a no-op below sm_90), and launch_dependents lets the next kernel's blocks be scheduled meanwhile.
-// Built with QINFER_PDL_TRIGGER_AT_EXIT (CMake option), there is no launch_dependents: the next kernel's blocks are
-// placed as this kernel's blocks exit instead of waiting beside them for its whole run (an A/B build).
+// Builds with CMake's QINFER_PDL_TRIGGER=exit or loop (A/B builds, device.sh pdl-exit) leave launch_dependents out
+// of pdl_wait: the next kernel's blocks are placed as this kernel's blocks exit, or (loop) once they are past their
+// main loop (pdl_trigger(): the balanced GEMV, the decode attention and its combine), instead of waiting beside them
+// for their whole run.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#if !defined(QINFER_PDL_TRIGGER_AT_EXIT)
+#if !defined(QINFER_PDL_TRIGGER_AT_EXIT) && !defined(QINFER_PDL_TRIGGER_LOOP)
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(QINFER_PDL_TRIGGER_LOOP)
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 

@@ -118,6 +118,7 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
         }
     }
     flush();
+    pdl_trigger();  // the weights are read: the next kernel may be placed (QINFER_PDL_TRIGGER=loop builds)
     __syncthreads();
 
     // Each warp finishes rows warp, warp + 8, ...: lane l adds columns l, l + 32, ..., then the warp adds its lanes.
