@@ -118,9 +118,9 @@ int cmd_bench(int argc, char ** argv) {
                 "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
                 "input lengths 1,6144,14336,30720 with 2048 generated; on the CPU shorter: 1,256 with 32 generated\n"
-                "on a GPU, one untimed warm-up request (the longest input length, at most 2048 tokens, 4 generated) runs\n"
-                "first, as scripts/hf_bench.py warms up transformers: first-use costs (kernel loading, cuBLASLt set-up\n"
-                "and algorithm lookup, graph capture) are not in the rows\n"
+                "one untimed warm-up request (the longest input length, at most 2048 tokens on a GPU and 16 on the CPU, 4\n"
+                "generated) runs first, as scripts/hf_bench.py warms up transformers: first-use costs (kernel loading,\n"
+                "cuBLASLt set-up and algorithm lookup, graph capture; the CPU's first touch of the weights) are not in the rows\n"
                 "quant kinds: %s\n",
                 k_synth_quant_usage, synth_quant_kinds());
             return 0;
@@ -221,15 +221,18 @@ int cmd_bench(int argc, char ** argv) {
         return std::array<double, 3>{double(batch) * gen / (prefill_s + decode_s), gen > 1 ? double(batch) * (gen - 1) / decode_s : 0,
                                      prefill_s};
     };
-    if (engine->backend_name() == "cuda") {
+    {
         GenerateOptions g;
         g.max_new_tokens = 4;
         g.ignore_eos = true;
         g.on_token = [&](int) { return true; };
         try {
-            // The longest input length (at most 2048 tokens): a prompt of one token would leave the prefill GEMMs cold.
+            // On a GPU the longest input length (at most 2048 tokens): a prompt of one token would leave the prefill
+            // GEMMs cold. On the CPU the first use is the weights' first touch (page faults of the mapped file), which
+            // any request pays in full: at most 16 tokens.
+            const int cap = engine->backend_name() == "cuda" ? 2048 : 16;
             const int longest = *std::max_element(lens.begin(), lens.end());
-            generate(*engine, bench_prompt(std::clamp(longest, 1, std::max(1, std::min(2048, c.max_context() - 4))), c.vocab_size, 1), g);
+            generate(*engine, bench_prompt(std::clamp(longest, 1, std::max(1, std::min(cap, c.max_context() - 4))), c.vocab_size, 1), g);
         } catch (const OutOfMemory &) {
             // The rows below say which lengths do not fit.
         }
