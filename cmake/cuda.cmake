@@ -10,8 +10,13 @@ set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 target_sources(qinfer_lib PRIVATE
   src/backends/cuda/allocator.cu
   src/backends/cuda/gemv.cu
+  src/backends/cuda/gemv_rows_bf16.cu
+  src/backends/cuda/gemv_rows_norm.cu
   src/backends/cuda/gemv_balanced.cu
   src/backends/cuda/qgemv.cu
+  src/backends/cuda/qgemv_ring_global.cu
+  src/backends/cuda/qgemv_ring_stage_norm.cu
+  src/backends/cuda/qgemv_ring_stage_bf16.cu
   src/backends/cuda/elementwise.cu
   src/backends/cuda/sampling.cu
   src/backends/cuda/attention.cu

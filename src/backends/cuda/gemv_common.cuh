@@ -33,6 +33,10 @@ template <GemvOut OUT> __device__ __forceinline__ void gemv_store(const GemvArgs
     }
 }
 
+// The row kernels for a bf16 / a normalised fp32 input, m 1..4 (gemv_rows_bf16.cu, gemv_rows_norm.cu).
+void gemv_rows_bf16(const GemvArgs & a, GemvOut out, cudaStream_t stream);
+void gemv_rows_norm(const GemvArgs & a, GemvOut out, cudaStream_t stream);
+
 // The balanced kernel for this shape, if it applies (gemv_balanced.cu); false: use the row kernels.
 bool gemv_balanced(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // The balanced kernel with the bias/RoPE/cache epilogue (a.n: RoPE pairs, half the projection's rows), if it applies.

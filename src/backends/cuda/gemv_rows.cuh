@@ -1,0 +1,205 @@
+// Row GEMV kernels: y = epilogue(W x), W bf16 [n, k] read once with 16-byte loads, eight in flight per lane. A bf16
+// input is read from global memory (shared by all blocks, so L1/L2 hits); an fp32 residual input is RMS-normalised
+// into shared memory by every block (RMSNorm fused into the projection, qstage.cuh), behind the block's first weight
+// loads. Each output row is computed by `wpr` warps that split k (reduced through shared memory), enough to fill the
+// GPU when n is small. gemv_rows_bf16.cu and gemv_rows_norm.cu instantiate them for one input kind each (two compiler
+// processes: this file alone took ~50 s to compile for sm_90a).
+#pragma once
+
+#include <algorithm>
+
+#include "backends/cuda/gemv_common.cuh"
+#include "backends/cuda/ops.h"
+#include "backends/cuda/qstage.cuh"
+#include "core/env.h"
+
+namespace qinfer::cuda::gemv_rows {
+
+namespace {
+
+constexpr int k_warps = 8;
+constexpr int k_threads = k_warps * 32;
+
+template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
+    extern __shared__ uint4 smem_raw[];
+    bf16 * xs = reinterpret_cast<bf16 *>(smem_raw);  // bf16 [M, k]
+    __shared__ float red[k_warps][M][2];
+    __shared__ float norm_red[k_warps];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int k = a.k;
+    constexpr int rows_per_block = k_warps / WPR;
+    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
+    constexpr int stride = WPR * 32;  // 16-byte chunks between a lane's loads
+    constexpr int batch = 8;          // loads in flight per lane
+    constexpr int per_mat = PAIR ? batch / n_mats : batch;  // a batch takes the same chunks of gate and up (SiluMulBf16)
+    const int part = warp % WPR;
+    const int chunks = k / 8;
+    // Load u of a batch at `base`: matrix u / per_mat, chunk base + (u % per_mat) * stride.
+    auto row_ptrs = [&](int row, const uint4 * (&w)[2]) {
+#pragma unroll
+        for (int mat = 0; mat < n_mats; mat++) w[mat] = reinterpret_cast<const uint4 *>(a.w + (int64_t(row) + int64_t(mat) * a.n) * k);
+    };
+
+    // The first batch of weights (first row) is requested before anything else: before pdl_wait() (the weights do
+    // not depend on the kernel ahead, which may still be running under programmatic dependent launch) and before the
+    // input is normalised, so the norm's reduction runs while those loads are in flight. For short rows (k <= 1024
+    // with one warp per row) that is the whole row, of both matrices for SiluMulBf16 (PAIR, chosen in launch()).
+    uint4 first[batch];
+    bool have_first = false;
+    auto load_first = [&](int row) {
+        if (!a.prefetch || row >= a.n) return;
+        const uint4 * w[2] = {};
+        row_ptrs(row, w);
+#pragma unroll
+        for (int u = 0; u < batch; u++) {
+            const int c = part * 32 + lane + (u % per_mat) * stride;
+            first[u] = c < chunks ? load_stream(w[u / per_mat] + c) : make_uint4(0, 0, 0, 0);
+        }
+        have_first = true;
+    };
+    load_first(blockIdx.x * rows_per_block + warp / WPR);
+    pdl_wait();
+
+    // Prologue: stage the input rows (float4 batches when aligned: one round trip to memory per 4096 values).
+    if constexpr (IN == GemvIn::NormF32) {
+        qstage::stage_norm_rows(a, M, xs, norm_red);
+        __syncthreads();
+    }
+    // bf16 input is read straight from global memory: every block reads the same rows, so they stay in L1/L2.
+    const bf16 * xsrc = IN == GemvIn::NormF32 ? xs : static_cast<const bf16 *>(a.x);
+
+    for (int row0 = blockIdx.x * rows_per_block; row0 < a.n; row0 += gridDim.x * rows_per_block) {
+        const int row = row0 + warp / WPR;
+        float acc[M][2] = {};
+        if (row < a.n) {
+            const uint4 * w[2] = {};
+            row_ptrs(row, w);
+            // Batches of eight predicated loads, all issued before any arithmetic. Each matrix still sums its chunks
+            // in the order lane, lane + stride, ... (PAIR false: one matrix after the other)
+#pragma unroll
+            for (int mat0 = 0; mat0 < (PAIR ? 1 : n_mats); mat0++) {
+                for (int base = part * 32 + lane; base < chunks; base += per_mat * stride) {
+                    uint4 wv[batch];
+                    if (have_first) {  // the prefetched batch is this one (first row, first base)
+#pragma unroll
+                        for (int u = 0; u < batch; u++) wv[u] = first[u];
+                        have_first = false;
+                    } else {
+#pragma unroll
+                        for (int u = 0; u < batch; u++) {
+                            const int c = base + (u % per_mat) * stride;
+                            wv[u] = c < chunks ? load_stream(w[PAIR ? u / per_mat : mat0] + c) : make_uint4(0, 0, 0, 0);
+                        }
+                    }
+#pragma unroll
+                    for (int u = 0; u < batch; u++) {
+                        const int c = base + (u % per_mat) * stride;
+                        if (c < chunks) {
+#pragma unroll
+                            for (int m = 0; m < M; m++) {
+                                acc[m][PAIR ? u / per_mat : mat0] += dot8(wv[u], reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[c]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // A block that strides (one-wave grids) asks for its next row's first batch before this row's reductions.
+        load_first(row + gridDim.x * rows_per_block);
+        float s[M][2];
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+#pragma unroll
+            for (int mat = 0; mat < n_mats; mat++) s[m][mat] = warp_sum(acc[m][mat]);
+        }
+        if constexpr (WPR > 1) {
+            // The row's warps meet in shared memory; the first of them finishes.
+            if (lane == 0) {
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    for (int mat = 0; mat < n_mats; mat++) red[warp][m][mat] = s[m][mat];
+                }
+            }
+            __syncthreads();
+            if (part == 0) {
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    for (int mat = 0; mat < n_mats; mat++) {
+                        float t = 0;
+                        for (int p = 0; p < WPR; p++) t += red[warp + p][m][mat];
+                        s[m][mat] = t;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        if (part == 0 && row < a.n) {
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                if (lane != m) continue;
+                gemv_store<OUT>(a, m, row, s[m][0], s[m][n_mats - 1]);
+            }
+        }
+    }
+}
+
+template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a, cudaStream_t stream) {
+    const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
+    // Gate and up share load batches only where that puts both whole rows into the first batch (k <= 1024 per warp
+    // of a row): 0.5B's gate_up, +5% decode; where rows are longer, two streams per batch were ~1% slower (1.5B,
+    // 7B; H100, bench/results/2026-11-26-h100-a050da2).
+    constexpr int pair_max_k = 1024 * WPR;
+    const bool pair = OUT != GemvOut::SiluMulBf16 || a.k <= pair_max_k;
+    auto kernel = pair ? gemv_kernel<M, WPR, IN, OUT> : gemv_kernel<M, WPR, IN, OUT, false>;
+    static size_t configured[2] = {0, 0};  // per kernel
+    if (IN == GemvIn::NormF32) allow_dynamic_smem(kernel, smem, configured[pair]);
+    constexpr int rows_per_block = k_warps / WPR;
+    // One wave of resident blocks strides over the row groups: under programmatic dependent launch the next kernel's
+    // blocks, resident early, would otherwise take the slots of this kernel's later waves. On an H100 (PDL on, decode
+    // tok/s, bench/results/2026-11-27-h100-wave-pdl): 1.5B +1.8%, 7B +0.2% (-0.3% without PDL), 0.5B -0.5% (noise).
+    // QINFER_GEMV_WAVE=0: one block per row group, very tall matrices (lm_head) striding over 8 blocks per SM.
+    const int needed = (a.n + rows_per_block - 1) / rows_per_block;
+    int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
+    static const bool one_wave = !env_is("QINFER_GEMV_WAVE", "0");
+    if (one_wave) {
+        static size_t cached_smem[2] = {size_t(-1), size_t(-1)};  // per kernel
+        static int per_sm[2] = {0, 0};
+        blocks = std::min(needed, std::max(1, resident_blocks(kernel, k_threads, smem, cached_smem[pair], per_sm[pair])) * sm_count());
+    }
+    launch_kernel(kernel, blocks, k_threads, smem, stream, a);
+}
+
+// Warps per row: one warp per row for tall matrices; short ones (o_proj/down of small models) split k over more
+// warps so that every SM still gets a couple of blocks.
+template <int M, GemvIn IN, GemvOut OUT> void launch_wpr(const GemvArgs & a, cudaStream_t stream) {
+    const int rows_per_block = a.n / (2 * sm_count());
+    if (rows_per_block >= 8) return launch<M, 1, IN, OUT>(a, stream);
+    if (rows_per_block >= 4) return launch<M, 2, IN, OUT>(a, stream);
+    if (rows_per_block >= 2) return launch<M, 4, IN, OUT>(a, stream);
+    return launch<M, 8, IN, OUT>(a, stream);
+}
+
+template <int M, GemvIn IN> void dispatch_out(const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (out) {
+    case GemvOut::Bf16: return launch_wpr<M, IN, GemvOut::Bf16>(a, s);
+    case GemvOut::F32: return launch_wpr<M, IN, GemvOut::F32>(a, s);
+    case GemvOut::AddF32: return launch_wpr<M, IN, GemvOut::AddF32>(a, s);
+    case GemvOut::SiluMulBf16: return launch_wpr<M, IN, GemvOut::SiluMulBf16>(a, s);
+    }
+    QINFER_FAIL() << "gemv: unsupported output kind";
+}
+
+// The row kernels for input kind IN, m = 1..4 tokens (gemv_rows_bf16.cu, gemv_rows_norm.cu: one compiler process each).
+template <GemvIn IN> void dispatch(const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (a.m) {
+    case 1: return dispatch_out<1, IN>(a, out, s);
+    case 2: return dispatch_out<2, IN>(a, out, s);
+    case 3: return dispatch_out<3, IN>(a, out, s);
+    case 4: return dispatch_out<4, IN>(a, out, s);
+    default: QINFER_FAIL() << "gemv: m = " << a.m << " (1..4 supported; use gemm)";
+    }
+}
+
+}  // namespace
+
+}  // namespace qinfer::cuda::gemv_rows

@@ -1,0 +1,115 @@
+// The ring kernel's launch path (qgemv_ring.cuh): K parts per row block, then the output kind and the code kind,
+// for one input source. qgemv_ring_global.cu, qgemv_ring_stage_norm.cu and qgemv_ring_stage_bf16.cu instantiate it
+// for one source each, so the build spreads its ~150 kernels over three compiler processes; qgemv.cu calls them.
+#pragma once
+
+#include <algorithm>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+#include "backends/cuda/qgemv_ring.cuh"
+#include "backends/cuda/qstage.cuh"
+#include "core/env.h"
+
+namespace qinfer::cuda {
+
+// The tiled layout's ring GEMV with the input read from global memory (x: [m, ldx] bf16, already staged or plain),
+// staged and normalised in the kernel (a.x fp32 residual rows), or staged in the kernel (a.x bf16).
+void qgemv_ring_global(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s);
+void qgemv_ring_stage_norm(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
+void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
+
+// QINFER_QKS=1|2|4|8 forces the warps per row group of both quantized GEMVs (tuning experiments).
+inline int forced_ks() {
+    static const int ks = env_int("QINFER_QKS", 0);
+    return ks;
+}
+
+namespace ring_launch {
+
+template <GemvOut OUT> constexpr int mats_of() { return OUT == GemvOut::SiluMulBf16 ? 2 : 1; }
+
+inline ring4::Codes codes_of(const QuantMatrix & w) {
+    return w.lut ? ring4::Codes::Lookup4 : w.bits == 8 ? ring4::Codes::Affine8 : ring4::Codes::Affine4;
+}
+
+inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks) {
+    return (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4 +
+           (w.lut ? ring4::k_lut_words * 4 : 0);
+}
+
+// Codes requested into L2 beyond the ring kernel's register ring, in 64-wide K blocks (QINFER_QGEMV_L2AHEAD sets
+// both). On an H100 (7B GPTQ-Int4 shapes, m 1): down 29.4 -> 26.1 us with 6 blocks (27.9 with 12), o_proj unchanged,
+// but gate_up 34.9 -> 37.2 and qkv 9.4 -> 9.6: on for kernels reading their input from global memory (o_proj, down)
+// only (bench/results/2026-11-26-h100-ring-ab).
+constexpr int k_ring_l2_ahead_global = 6, k_ring_l2_ahead_staged = 0;
+
+template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
+void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
+    constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
+    auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS>;
+    static size_t configured = 0;
+    allow_dynamic_smem(kernel, smem, configured);
+    const int n_rb = (a.n + 15) / 16;
+    static const int forced_ahead = env_int("QINFER_QGEMV_L2AHEAD", -1);
+    // In blocks of 4-bit codes' bytes: 8-bit blocks are twice the size.
+    const int l2_ahead = (forced_ahead >= 0 ? forced_ahead : XS == ring4::XSrc::Global ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) /
+                         ring4::planes_of(C);
+    GemvArgs args = a;
+    args.vec_norm = XS == ring4::XSrc::StageNorm && !w.perm && qstage::vec_norm_ok(a);
+    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+}
+
+constexpr size_t k_ring_max_smem = 160 * 1024;
+
+// K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
+// split as row blocks x matrices x parts), with at least one 64-wide K block per part; more where the block's group
+// parameters (rows x groups) would not fit in shared memory. 0: no split fits.
+template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
+    constexpr int MATS = mats_of<OUT>();
+    const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
+    const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
+    int ks = forced_ks() ? std::min(forced_ks(), max_ks) : 1;
+    while (!forced_ks() && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
+    return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
+}
+
+template <ring4::Codes C, GemvOut OUT, ring4::XSrc XS>
+void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
+    constexpr int MATS = mats_of<OUT>();
+    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global);
+    if (ks == 0) QINFER_FAIL() << "qgemv: " << w.groups << " quantization groups per row do not fit in shared memory";
+    const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks);
+    switch (ks) {
+    case 1: return launch_ring<C, OUT, 1, XS>(w, x, ldx, a, smem, s);
+    case 2: return launch_ring<C, OUT, 2, XS>(w, x, ldx, a, smem, s);
+    case 4: return launch_ring<C, OUT, 4, XS>(w, x, ldx, a, smem, s);
+    default:
+        if constexpr (MATS == 1) return launch_ring<C, OUT, 8, XS>(w, x, ldx, a, smem, s);
+        return launch_ring<C, OUT, 4, XS>(w, x, ldx, a, smem, s);
+    }
+}
+
+template <ring4::Codes C, ring4::XSrc XS>
+void launch_ring_out(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (out) {
+    case GemvOut::Bf16: return launch_ring_ks<C, GemvOut::Bf16, XS>(w, x, ldx, a, s);
+    case GemvOut::F32: return launch_ring_ks<C, GemvOut::F32, XS>(w, x, ldx, a, s);
+    case GemvOut::AddF32: return launch_ring_ks<C, GemvOut::AddF32, XS>(w, x, ldx, a, s);
+    case GemvOut::SiluMulBf16: return launch_ring_ks<C, GemvOut::SiluMulBf16, XS>(w, x, ldx, a, s);
+    }
+}
+
+template <ring4::XSrc XS>
+void launch_ring_codes(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (codes_of(w)) {
+    case ring4::Codes::Affine4: return launch_ring_out<ring4::Codes::Affine4, XS>(w, x, ldx, a, out, s);
+    case ring4::Codes::Affine8: return launch_ring_out<ring4::Codes::Affine8, XS>(w, x, ldx, a, out, s);
+    case ring4::Codes::Lookup4: return launch_ring_out<ring4::Codes::Lookup4, XS>(w, x, ldx, a, out, s);
+    }
+}
+
+}  // namespace ring_launch
+
+}  // namespace qinfer::cuda
