@@ -53,20 +53,22 @@ static bool gemv_prefetch() {
     return on;
 }
 
-void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
+// The caller's arguments checked (k, norm weights) and completed with the launch settings every BF16 GEMV kernel reads.
+static GemvArgs launch_args(const GemvArgs & args, GemvIn in, const char * who) {
+    if (args.k % 8 != 0) QINFER_FAIL() << who << ": k = " << args.k << " must be a multiple of 8";
+    if (in == GemvIn::NormF32 && !args.norm_w) QINFER_FAIL() << who << ": NormF32 input needs norm weights";
     GemvArgs a = args;
     a.prefetch = gemv_prefetch();
     a.vec_norm = in == GemvIn::NormF32 && qstage::vec_norm_ok(a);
-    if (a.k % 8 != 0) QINFER_FAIL() << "gemv: k = " << a.k << " must be a multiple of 8";
-    if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "gemv: NormF32 input needs norm weights";
+    return a;
+}
+
+void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
+    const GemvArgs a = launch_args(args, in, "gemv");
     if (gemv_balanced(a, in, out, stream)) return;
     if (in == GemvIn::Bf16) gemv_rows_bf16(a, out, stream);
     else gemv_rows_norm(a, out, stream);
 }
-
-}  // namespace qinfer::cuda
-
-namespace qinfer::cuda {
 
 // Fused at head_dim 128 (H100, same call, a6f6ebb: 1.5B +1.1%, 7B +0.3%); at head_dim 64, 0.5B went 1297 -> 1241 tok/s
 // fused under PDL (2.2% faster without PDL; bench/results/2026-11-27-h100-fused-rope). QINFER_FUSED_ROPE=1 / 0 forces
@@ -81,12 +83,8 @@ void gemv_qkv_rope(const GemvArgs & args, GemvIn in, const QkvRopeArgs & r, cuda
     const bool fits = fuse && r.cache.quant.kind == KVKind::BF16 && !r.q_norm && !r.k_norm && !r.fp8_amax && r.head_dim % 2 == 0 &&
                       r.n == args.m && args.n == (r.n_head + 2 * r.n_kv) * r.head_dim && r.q_out;
     if (fits) {
-        GemvArgs a = args;
-        a.prefetch = gemv_prefetch();
-        a.vec_norm = in == GemvIn::NormF32 && qstage::vec_norm_ok(a);
+        GemvArgs a = launch_args(args, in, "gemv_qkv_rope");
         a.n = args.n / 2;  // RoPE pairs
-        if (a.k % 8 != 0) QINFER_FAIL() << "gemv_qkv_rope: k = " << a.k << " must be a multiple of 8";
-        if (in == GemvIn::NormF32 && !a.norm_w) QINFER_FAIL() << "gemv_qkv_rope: NormF32 input needs norm weights";
         if (gemv_balanced_qkv_rope(a, in, r, stream)) return;
     }
     gemv(args, in, GemvOut::Bf16, stream);
