@@ -13,6 +13,7 @@
 // are in flight, so the epilogue only multiplies and stores.
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/qstage.cuh"
@@ -27,8 +28,11 @@ constexpr int k_threads = 256;
 constexpr int k_table_rows = 32;  // table rows per block (tokens x rows x matrices): 32 KB of shared memory
 constexpr int k_batch = 8;        // loads in flight per thread
 
+struct NoRope {};  // the kernel parameter of the variants without the RoPE epilogue
+template <bool ROPE> using RopeParam = std::conditional_t<ROPE, QkvRopeArgs, NoRope>;
+
 template <int M, GemvIn IN, GemvOut OUT, bool ROPE>
-__global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, int table_rows, QkvRopeArgs rope) {
+__global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, int table_rows, RopeParam<ROPE> rope) {
     extern __shared__ float4 smem_raw4[];
     float * table = reinterpret_cast<float *>(smem_raw4);                              // fp32 [M, table_rows, 256]
     bf16 * xs = reinterpret_cast<bf16 *>(table + size_t(M) * table_rows * k_threads);  // bf16 [M, k] (NormF32)
@@ -145,7 +149,8 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
     }
 }
 
-template <int M, GemvIn IN, GemvOut OUT, bool ROPE = false> bool launch(const GemvArgs & a, cudaStream_t stream, const QkvRopeArgs & rope = {}) {
+template <int M, GemvIn IN, GemvOut OUT, bool ROPE = false>
+bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rope = {}) {
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
     auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
