@@ -19,12 +19,17 @@ __device__ __forceinline__ void add_bias(const QkvRopeArgs & a, int col, int j, 
     x1 = __bfloat162float(__float2bfloat16(x1 + __bfloat162float(a.bias[col + j + half])));
 }
 
-// Rotate-half RoPE of the pair at `pos` (with the rope scaling's attention factor).
-__device__ __forceinline__ void rotate(const QkvRopeArgs & a, int pos, int j, float & x0, float & x1) {
-    float s, c;
+// cos and sin of pair j's angle at `pos`, times the rope scaling's attention factor.
+__device__ __forceinline__ void cos_sin(const QkvRopeArgs & a, int pos, int j, float & c, float & s) {
     sincosf(float(pos) * a.inv_freq[j], &s, &c);
     c *= a.attention_scaling;
     s *= a.attention_scaling;
+}
+
+// Rotate-half RoPE of the pair at `pos`.
+__device__ __forceinline__ void rotate(const QkvRopeArgs & a, int pos, int j, float & x0, float & x1) {
+    float c, s;
+    cos_sin(a, pos, j, c, s);
     const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
     x0 = y0;
     x1 = y1;
@@ -56,11 +61,7 @@ __device__ __forceinline__ PairTarget pair_target(const QkvRopeArgs & a, int t, 
     }
     const bool is_q = head < a.n_head, is_v = head >= a.n_head + a.n_kv;
     const int pos = position(a, t);
-    if (!is_v) {
-        sincosf(float(pos) * a.inv_freq[j], &p.s, &p.c);
-        p.c *= a.attention_scaling;
-        p.s *= a.attention_scaling;
-    }
+    if (!is_v) cos_sin(a, pos, j, p.c, p.s);
     if (is_q) {
         p.dst = a.q_out + (int64_t(t) * a.n_head + head) * d + j;
     } else {
@@ -71,7 +72,7 @@ __device__ __forceinline__ PairTarget pair_target(const QkvRopeArgs & a, int t, 
 }
 
 // x0, x1: the projection's fp32 sums of the pair's two rows, rounded to bf16 (its output dtype), biased as
-// transformers does (add_bias), rotated as rotate() does, stored. V's (c, s) = (1, 0) leave it unchanged exactly.
+// transformers does (add_bias), rotated as rotate() does, stored. V's (c, s) = (1, 0) leave finite values unchanged.
 __device__ __forceinline__ void store_pair(const PairTarget & p, int half, float x0, float x1) {
     x0 = __bfloat162float(__float2bfloat16(__bfloat162float(__float2bfloat16(x0)) + p.b0));
     x1 = __bfloat162float(__float2bfloat16(__bfloat162float(__float2bfloat16(x1)) + p.b1));
