@@ -1,8 +1,8 @@
 // Decode attention timings on Qwen2.5-7B's shapes (28 query heads, 4 KV heads, head_dim 128, bf16 cache), with the
 // caches of several layers visited in turn as one decode step does, so every call reads its keys from DRAM rather than
 // from the 50 MB L2. Printed for the perf log; nothing here is asserted (correctness lives in test_cuda_ops.cpp).
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 
 #include "cuda/helpers.h"
