@@ -247,7 +247,7 @@ if has pdl-skip; then
                 grep -E "^\| qwen" | sed "s/^/$cfg /" | tee -a "$OUT/pdl-skip.log"
         done
     done
-    for rep in 1 2; do
+    for rep in $(seq ${PDL_SKIP_7B_REPS:-2}); do
         for cfg in default none attention attention,combine; do
             if [ $cfg = default ]; then e=""; else e="QINFER_PDL=1 QINFER_PDL_SKIP=$cfg"; fi
             env $e "$Q" bench --preset qwen2.5-7b --input-lens 1,30720 --gen 2048 --json "$OUT/pdl-skip-7b-$cfg-$rep.json" 2>&1 |
@@ -278,9 +278,12 @@ if has pdl-exit; then
     done
 fi
 if has gpu-test; then
-    timeout ${GPU_TEST_TIMEOUT:-900} build-device/tests/qinfer_tests --gtest_filter='Cuda*:*Attention*:*Gemv*:*GoldenCuda*:*cuda*:*KvBackends*:*ArgmaxRows*' \
+    # GPU_TEST_SKIP: a gtest negative filter, e.g. '*Timings*' (the kernel timing tests: a minute and more).
+    t_test=$(date +%s)
+    timeout ${GPU_TEST_TIMEOUT:-900} build-device/tests/qinfer_tests \
+        --gtest_filter="Cuda*:*Attention*:*Gemv*:*GoldenCuda*:*cuda*:*KvBackends*:*ArgmaxRows*${GPU_TEST_SKIP:+-$GPU_TEST_SKIP}" \
         >"$OUT/gpu-test.log" 2>&1
-    note "gpu tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/gpu-test.log" | tr '\n' ' ')"
+    note "gpu tests ($(( $(date +%s) - t_test )) s): $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/gpu-test.log" | tr '\n' ' ')"
     grep -E "^\[ kernel \]|^\[ kv \]" "$OUT/gpu-test.log"
     grep -E "Failure" -A6 "$OUT/gpu-test.log" | head -60
     build-device/tests/qinfer_tests --gtest_filter='Kinds/QuantAttention.*' --gtest_repeat=${FLAKY_REPEAT:-5} >"$OUT/flaky.log" 2>&1
