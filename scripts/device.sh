@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab] [rope-pdl] [pdl-skip] [pdl-exit]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab] [rope-pdl] [pdl-skip] [pdl-exit] [pdl-matrix]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -258,6 +258,19 @@ fi
 # The same question answered by builds whose kernels let dependents launch later (CMake QINFER_PDL_TRIGGER: loop =
 # after the GEMV / decode attention main loops, exit = as blocks exit): 0.5B fused/unfused and 7B PDL on at 1 and
 # 30720, the three builds alternated.
+# Which decode-attention launches should go without programmatic dependent launch, per model: every model with PDL
+# on, the split kernel and/or its combine launched normally (QINFER_PDL_SKIP), each model's current default first.
+if has pdl-matrix; then
+    for spec in ${PDL_MATRIX_SPECS:-qwen2.5-0.5b:bf16:1,30720 qwen2.5-1.5b:bf16:1,30720 qwen2.5-7b:bf16:1,6144,30720 qwen2.5-7b:gptq-int4:1,30720}; do
+        IFS=: read -r p q lens <<<"$spec"
+        for cfg in default none combine attention,combine; do
+            if [ $cfg = default ]; then e=""; else e="QINFER_PDL=1 QINFER_PDL_SKIP=$cfg"; fi
+            env $e "$Q" bench --preset $p --quant $q --input-lens $lens --gen 2048 --json "$OUT/pdl-matrix-$p-$q-$cfg.json" 2>&1 |
+                grep -E "^\| qwen" | sed "s/^/$cfg /" | tee -a "$OUT/pdl-matrix.log"
+        done
+        rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
+    done
+fi
 if has pdl-exit; then
     for trig in loop exit; do
         cmake -S . -B build-$trig -G "$gen" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr" \
