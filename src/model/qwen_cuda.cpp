@@ -71,10 +71,11 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     CUDA_CHECK(cudaSetDevice(0));
     // Programmatic dependent launch overlaps each kernel's start (the GEMVs request their first weights before waiting
     // for their inputs) with the end of the one ahead. Measured on an H100, decode tok/s: 0.5B BF16 +7%, 0.5B
-    // GPTQ-Int4 +19%, 7B GPTQ-Int4 +11% at input 1 (bench/results/2026-11-26-h100-qgemv-ring); 7B BF16 +0.9% at input 1
-    // but -10% at 30720 (159.6 -> 143.0, bench/results/2026-11-27-h100-prefill); with the three-stage decode attention
-    // +3.2% at input 1 and -6.9% at 30720 (bench/results/2026-11-27-h100-fused-rope): on for checkpoints under 8 GB.
-    cuda::set_pdl_default(model_->checkpoint->total_bytes() < 8'000'000'000ull);
+    // GPTQ-Int4 +19%, 7B GPTQ-Int4 +11% at input 1 (bench/results/2026-11-26-h100-qgemv-ring). 7B BF16 lost with
+    // it at long inputs (-6.9% at 30720) until the decode attention's combine was launched without it
+    // (cuda::k_pdl_skip_default): then, against PDL off, 7B BF16 181.6 -> 187.0 tok/s at input 1, 174.8 -> 179.9 at
+    // 6144, 145.6 -> 149.2 at 30720 (bench/results/2026-11-27-h100-pdl-matrix). On for every checkpoint.
+    cuda::set_pdl_default(true);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     rope_ = compute_rope_freqs(c, 0);
     upload_weights();

@@ -12,7 +12,7 @@
 namespace qinfer::cuda {
 
 // Programmatic dependent launch (Hopper): launch_kernel may let a kernel start before the kernel ahead of it in the
-// stream has finished. On when the engine asks for it (set_pdl_default: checkpoints under 8 GB, see
+// stream has finished. On when the engine asks for it (set_pdl_default: every checkpoint, see
 // model/qwen_cuda.cpp); QINFER_PDL=1 / 0 forces it on / off. Every kernel it launches calls pdl_wait() first:
 // griddepcontrol.wait returns once the kernel ahead has completed and its writes are visible (at once when launched
 // normally, and a no-op below sm_90), and launch_dependents lets the next kernel's blocks be scheduled meanwhile.
@@ -36,9 +36,13 @@ __device__ __forceinline__ void pdl_trigger() {
 
 bool pdl_enabled();
 
-// QINFER_PDL_SKIP=role,role,...: the launches of those roles ("attention": the decode attention's split kernel,
-// "combine": its combine kernel) go without programmatic dependent launch while PDL is on, so they start only when
-// the kernel ahead has finished, for timing which early launches cost (bench/results/2026-11-27-h100-fused-rope).
+// The launches of these roles ("attention": the decode attention's split kernel, "combine": its combine kernel) go
+// without programmatic dependent launch while PDL is on, so they start only when the kernel ahead has finished;
+// QINFER_PDL_SKIP=role,... replaces the list (QINFER_PDL_SKIP=none: every launch with PDL). The combine by default:
+// launched early, its blocks waited beside the whole split kernel, and with it launched normally, PDL on, H100
+// decode tok/s went 7B BF16 187.2 -> 187.1 / 161.0 -> 182.6 / 149.4 -> 166.1 at input 1 / 6144 / 30720, 1.5B 636.5
+// -> 633.3 / 502.6 -> 514.9 at 1 / 30720, 0.5B and 7B GPTQ-Int4 within 1% (bench/results/2026-11-27-h100-pdl-matrix).
+constexpr const char * k_pdl_skip_default = "combine";
 bool pdl_skip(const char * role);
 extern thread_local bool pdl_suspended;
 // While alive (and `on`), launch_kernel launches without PDL.

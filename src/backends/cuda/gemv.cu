@@ -32,7 +32,7 @@ bool pdl_enabled() {
 bool pdl_skip(const char * role) {
     static const std::string skip = [] {
         const char * v = std::getenv("QINFER_PDL_SKIP");
-        return "," + std::string(v ? v : "") + ",";
+        return "," + std::string(v ? v : k_pdl_skip_default) + ",";
     }();
     return skip.find("," + std::string(role) + ",") != std::string::npos;
 }
