@@ -4,7 +4,7 @@
 #
 # usage: scripts/device.sh [goldens] [quant-goldens] [chat] [test] [kernels] [bench] [quant-quick] [hf-quick] [bench-full]
 #                          [bench-quant] [quant-tune] [quant-test] [final-quant] [batch-test] [memory-tables] [kv-test] [long] [decode-ab] [max-batch] [pdl-ab]
-#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab] [rope-pdl] [pdl-skip] [pdl-exit] [pdl-matrix] [cluster-ab]
+#                          [gpu-test] [attn-test] [attn-profile] [tune] [splits-ab] [qgemv] [dequant-emb] [decode-profile] [ring-ab] [tile-ab] [tile-profile] [gemv-ab] [dequant-ab] [chunk-ab] [chunk-small] [prefill-ab] [wave-ab] [prefill-profile] [rows] [decode-attn] [decode-stages] [rope-ab] [rope-pdl] [pdl-skip] [pdl-exit] [pdl-matrix]
 #                          (default: test bench)
 # Results land in $OUT (the device tool brings that folder back).
 # Set QINFER_COMMIT to the hash computed where you commit (QINFER_COMMIT=1a2b3c4 bash scripts/device.sh ...): the
@@ -269,25 +269,6 @@ if has pdl-matrix; then
                 grep -E "^\| qwen" | sed "s/^/$cfg /" | tee -a "$OUT/pdl-matrix.log"
         done
         rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
-    done
-fi
-# Decode attention in one cluster per KV head (short contexts) against the split kernel and its combine: kernel
-# timings on 7B's and 0.5B's shapes, then each model alternated with QINFER_DECODE_CLUSTER_MAX=0 (off) and the default.
-if has cluster-ab; then
-    build-device/tests/qinfer_tests --gtest_filter='CudaDecodeTimings.*' 2>&1 | tee "$OUT/cluster-timings.log" | grep -E "^\[ kernel \]|FAILED"
-    for rep in $(seq ${CLUSTER_AB_REPS:-2}); do
-        for spec in ${CLUSTER_AB_SPECS:-qwen2.5-0.5b:bf16:1 qwen2.5-1.5b:bf16:1 qwen2.5-7b:bf16:1}; do
-            IFS=: read -r p q lens <<<"$spec"
-            for cfg in 0 default; do
-                if [ $cfg = default ]; then e=""; else e="QINFER_DECODE_CLUSTER_MAX=$cfg"; fi
-                env $e "$Q" bench --preset $p --quant $q --input-lens $lens --gen 2048 --json "$OUT/cluster-ab-$p-$q-$cfg-$rep.json" 2>&1 |
-                    grep -E "^\| qwen" | sed "s/^/cluster-max $cfg /" | tee -a "$OUT/cluster-ab.log"
-            done
-        done
-    done
-    for cfg in 0 16384; do  # past the default limit: where the crossover lies
-        QINFER_DECODE_CLUSTER_MAX=$cfg "$Q" bench --preset qwen2.5-0.5b --input-lens 6144 --gen 2048 --json "$OUT/cluster-ab-0.5b-6144-$cfg.json" 2>&1 |
-            grep -E "^\| qwen" | sed "s/^/cluster-max $cfg /" | tee -a "$OUT/cluster-ab.log"
     done
 fi
 if has pdl-exit; then

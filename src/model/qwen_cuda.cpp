@@ -265,7 +265,6 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
         kv_tokens_ = per_seq * block_size_;
         // Decode scratch and the graph's token buffer follow the batch and the context.
         max_splits_ = cuda::decode_splits(kv_tokens_, c.num_key_value_heads, c.head_dim, n_sequences);
-        decode_kernel_ = cuda::decode_kernel_for(kv_tokens_, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         split_out_ = DeviceBuffer(size_t(n_sequences) * c.num_attention_heads * max_splits_ * c.head_dim * sizeof(float), "attention splits");
         split_ml_ = DeviceBuffer(size_t(n_sequences) * c.num_attention_heads * max_splits_ * 2 * sizeof(float), "attention splits");
         tokens_out_ = DeviceBuffer(size_t(n_sequences) * (kv_tokens_ + 1) * sizeof(int), "decode tokens");

@@ -209,7 +209,6 @@ private:
     // the layout argmax_advance expects); tokens_out_ int [steps, B] produced by the graph.
     DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;
     int max_splits_ = 0;
-    cuda::DecodeKernel decode_kernel_ = cuda::DecodeKernel::Auto;  // for contexts up to kv_tokens_ (cuda::decode_kernel_for)
     cudaGraphExec_t graph_ = nullptr;
     std::vector<int> graph_seqs_;  // the batch the graph was captured for (empty: none)
     const void * graph_logits_ = nullptr;  // logits_ when captured (forward() may have grown it since)

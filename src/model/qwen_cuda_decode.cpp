@@ -89,7 +89,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         if (!roped) cuda::qkv_rope_cache(r, stream_);
         prof_.mark("bias/norm/rope/cache");
         cuda::attention_decode(q_.as<bf16>(), r.cache, len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
-                               attn_.as<bf16>(), stream_, B, decode_kernel_);
+                               attn_.as<bf16>(), stream_, B);
         prof_.mark("attention");
         if (fused) {
             cuda::GemvArgs a;

@@ -161,7 +161,6 @@ inline std::vector<cuda::PrefillKernel> prefill_kernels(int head_dim) {
 
 // The decode attention kernels that take this head_dim (the tensor-core one: 64 and 128).
 inline std::vector<cuda::DecodeKernel> decode_kernels(int head_dim) {
-    if (cuda::decode_cluster_supported(head_dim, 1, 1)) return {cuda::DecodeKernel::Simt, cuda::DecodeKernel::TensorCore, cuda::DecodeKernel::Cluster};
     if (head_dim == 64 || head_dim == 128) return {cuda::DecodeKernel::Simt, cuda::DecodeKernel::TensorCore};
     return {cuda::DecodeKernel::Simt};
 }

@@ -483,16 +483,6 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
         static const bool simt = env_is("QINFER_DECODE_ATTN", "simt");
         kernel = !simt && (head_dim == 64 || head_dim == 128) ? DecodeKernel::TensorCore : DecodeKernel::Simt;
     }
-    if (kernel == DecodeKernel::Cluster) {
-        static const bool skip = pdl_skip("attention");
-        ScopedNoPdl no_pdl(skip);
-        if (!launch_attention_decode_cluster(a, head_dim, batch, out, stream)) {
-            QINFER_FAIL() << "attention_decode: the cluster kernel needs an sm_90a build on a compute capability 9 GPU, head_dim 64 or 128 and at most 8 "
-                             "query heads per KV head (got head_dim "
-                          << head_dim << ", " << n_head << "/" << n_kv << " heads)";
-        }
-        return;
-    }
     if (kernel == DecodeKernel::TensorCore) {
         bool launched;
         {

@@ -245,10 +245,6 @@ __device__ __forceinline__ int decode_split_size(int len, int max_splits, int mi
 // The tensor-core decode kernel (attention_decode_tc.cu) for head_dim 64 and 128: launches the split kernel over
 // `grid` with a.min_split = 64; false for other head dims.
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream);
-// Its cluster form: grid (k_decode_cluster, n_kv, batch), the heads' outputs written to `out` by the kernel itself;
-// false where decode_cluster_supported is not.
-constexpr int k_decode_cluster = 8;  // blocks per cluster (the portable maximum)
-bool launch_attention_decode_cluster(const DecodeArgs & a, int head_dim, int batch, bf16 * out, cudaStream_t stream);
 // Tiles the tensor-core decode kernel keeps resident at this head_dim (2 or 3; attention.cu).
 int decode_tc_stages(int head_dim);
 

@@ -7,45 +7,30 @@
 // online softmax per row in the log2 domain, O += P V with V fragments from ldmatrix.trans (the prefill kernel's
 // fragments, attention.cu). The warps' (m, l, O) merge through shared memory into the split's partial result, which
 // attention_combine_kernel reads as it reads the SIMT kernel's.
-//
-// CLUSTER (short contexts, Hopper): grid (k_decode_cluster, n_kv, batch) in clusters of k_decode_cluster blocks, one
-// cluster per (KV head, sequence). Each block keeps its split's result in its own shared memory, and after a cluster
-// barrier the blocks read each other's results (distributed shared memory) and write the heads' outputs: no partial
-// rows in global memory and no combine kernel. Blocks with no keys take part in the barriers with an empty result.
 #include <cmath>
-#include <cooperative_groups.h>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_quant.cuh"
-#include "core/env.h"
 
 namespace qinfer::cuda {
 
 namespace {
 
 constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
-constexpr int k_table_slots = k_decode_max_split_keys / 16 + 2;  // cache blocks of a split kept in shared memory
 
-// Shared memory after the K/V tiles are consumed (floats): the warps' m and l [warps][8] and O [warps][8][D], then
-// (CLUSTER) the block's merged m and l [8] each and O [8][D], which the other blocks of the cluster read.
-template <int D> constexpr int merge_floats() { return 2 * k_decode_warps * 8 + k_decode_warps * 8 * D; }
-template <int D> constexpr int result_floats() { return 2 * 8 + 8 * D; }
-
-template <int D, KVKind K, int STAGES, bool CLUSTER>
-__global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a, bf16 * out) {
+template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
     pdl_wait();
     using Pipe = KVTilePipe<D, K, k_decode_threads, k_tile, false, STAGES>;
     constexpr int ld = Pipe::ld;
     extern __shared__ __align__(16) unsigned char smem_raw[];  // Pipe's tiles, then the warps' merge
-    __shared__ int blocks[k_table_slots];
+    __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int len = a.len_dev[b];
-    const int split = decode_split_size(len, CLUSTER ? int(gridDim.x) : a.scratch.max_splits, a.min_split);
+    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
     const int begin = split_id * split;
-    if (!CLUSTER && begin >= len) return;
-    const bool active = begin < len;  // (a cluster's blocks all reach its barriers)
+    if (begin >= len) return;
     const int end = min(len, begin + split);
     const int n_rep = a.n_head / a.n_kv;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -53,12 +38,7 @@ __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(D
 
     const int first_block = begin / bs;
     const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
-    // A cluster's split can outgrow the shared copy of its block table (beyond k_decode_max_split_keys keys): then
-    // the rows come from the table in global memory.
-    const bool table_shared = !CLUSTER || (end - 1) / bs - first_block < k_table_slots;
-    if (active && table_shared) {
-        for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
-    }
+    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
     __syncthreads();
 
     // Q fragments (A operand): row r is query head kvh * n_rep + r; rows n_rep..15 are zero (row g + 8 always is).
@@ -74,16 +54,13 @@ __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(D
     }
 
     // Tile t: keys begin + 64 t ..
-    auto row_of = [&](int j) {
-        const int block = table_shared ? blocks[j / bs - first_block] : table[j / bs];
-        return (int64_t(block) * a.n_kv + kvh) * bs + j % bs;
-    };
+    auto row_of = [&](int j) { return (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs; };
     auto load_tile = [&](int t) { Pipe::load(smem_raw, a.cache, t, begin + t * k_tile, end, row_of); };
 
     const float scale_log2 = a.scale * float(M_LOG2E);
     float o[D / 8][4] = {};
     float m0 = -INFINITY, l0 = 0;  // row g; row g + 8 is padding and never read
-    const int n_tiles = active ? (end - begin + k_tile - 1) / k_tile : 0;
+    const int n_tiles = (end - begin + k_tile - 1) / k_tile;
     // Tiles 0 .. STAGES - 2 first; tile t + STAGES - 1 goes into the stage tile t - 1 left (free after its barrier).
     for (int t = 0; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
@@ -145,9 +122,6 @@ __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(D
     float * wm = reinterpret_cast<float *>(smem_raw);  // [warps][8]
     float * wl = wm + k_decode_warps * 8;              // [warps][8]
     float * wo = wl + k_decode_warps * 8;              // [warps][8][D]
-    float * res_m = wo + k_decode_warps * 8 * D;       // (CLUSTER) [8]: log2 units
-    float * res_l = res_m + 8;                         // [8]
-    float * res_o = res_l + 8;                         // [8][D]
     if (g < n_rep) {
         if (tq == 0) {
             wm[warp * 8 + g] = m0;
@@ -173,14 +147,6 @@ __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(D
             lsum += wl[w * 8 + r] * cw;
             osum += wo[(w * 8 + r) * D + c] * cw;
         }
-        if constexpr (CLUSTER) {
-            res_o[r * D + c] = osum;
-            if (c == 0) {
-                res_m[r] = mx;
-                res_l[r] = lsum;
-            }
-            continue;
-        }
         const int64_t prow = (int64_t(b) * a.n_head + kvh * n_rep + r) * a.scratch.max_splits + split_id;
         a.scratch.partial_out[prow * D + c] = osum;
         if (c == 0) {
@@ -188,42 +154,15 @@ __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(D
             a.scratch.partial_ml[prow * 2 + 1] = lsum;
         }
     }
-    if constexpr (CLUSTER) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        // out[h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the cluster's blocks s (empty ones: m = -inf).
-        // Block `rank` writes outputs rank * threads + tid, ...: the (head, column) pairs spread over the cluster.
-        namespace cg = cooperative_groups;
-        cg::cluster_group cluster = cg::this_cluster();
-        cluster.sync();  // every block's result is in its shared memory
-        const int n_blocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
-        for (int i = rank * k_decode_threads + threadIdx.x; i < n_rep * D; i += n_blocks * k_decode_threads) {
-            const int r = i / D, c = i % D;
-            float mx = -INFINITY;
-            for (int s = 0; s < n_blocks; s++) mx = fmaxf(mx, *cluster.map_shared_rank(res_m + r, s));
-            float lsum = 0, osum = 0;
-            for (int s = 0; s < n_blocks; s++) {
-                const float ms = *cluster.map_shared_rank(res_m + r, s);
-                const float w = ms == -INFINITY ? 0.f : exp2f(ms - mx);
-                lsum += w * *cluster.map_shared_rank(res_l + r, s);
-                osum += w * *cluster.map_shared_rank(res_o + r * D + c, s);
-            }
-            out[(int64_t(b) * a.n_head + kvh * n_rep + r) * D + c] = __float2bfloat16(osum / lsum);
-        }
-        cluster.sync();  // no block leaves while the others read its shared memory
-#else
-        __trap();  // clusters need sm_90 (launch_attention_decode_cluster checks the device)
-#endif
-    }
 }
 
-template <int D, KVKind K, int STAGES, bool CLUSTER> void launch(DecodeArgs a, dim3 grid, bf16 * out, cudaStream_t stream) {
+template <int D, KVKind K, int STAGES> void launch(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     constexpr size_t smem = KVTilePipe<D, K, k_decode_threads, k_tile, false, STAGES>::smem_bytes;
-    static_assert(smem >= (merge_floats<D>() + result_floats<D>()) * sizeof(float), "the merge and the result fit the tiles' memory");
+    static_assert(smem >= (2 * k_decode_warps * 8 + k_decode_warps * 8 * D) * sizeof(float), "the warp merge fits the tiles' memory");
     static size_t configured = 0;  // once per instantiation, before any graph capture (the engine warms up first)
-    auto kernel = attention_decode_tc_kernel<D, K, STAGES, CLUSTER>;
-    allow_dynamic_smem(kernel, smem, configured);
+    allow_dynamic_smem(attention_decode_tc_kernel<D, K, STAGES>, smem, configured);
     a.min_split = k_tile;
-    launch_kernel_cluster(kernel, grid, k_decode_threads, smem, stream, CLUSTER ? int(grid.x) : 0, a, out);
+    launch_kernel(attention_decode_tc_kernel<D, K, STAGES>, grid, k_decode_threads, smem, stream, a);
 }
 
 }  // namespace
@@ -233,43 +172,8 @@ bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, c
     const bool three = decode_tc_stages(head_dim) == 3;
     for_kv_kind(a.cache.quant.kind, [&](auto kind) {
         constexpr KVKind K = decltype(kind)::value;
-        if (head_dim == 64) three ? launch<64, K, 3, false>(a, grid, nullptr, stream) : launch<64, K, 2, false>(a, grid, nullptr, stream);
-        else three ? launch<128, K, 3, false>(a, grid, nullptr, stream) : launch<128, K, 2, false>(a, grid, nullptr, stream);
-    });
-    return true;
-}
-
-bool decode_cluster_supported(int head_dim, int n_head, int n_kv) {
-#if defined(QINFER_SM90A)
-    static const bool hopper = [] {
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return false;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        return major == 9;
-    }();
-    return hopper && (head_dim == 64 || head_dim == 128) && n_kv > 0 && n_head % n_kv == 0 && n_head / n_kv <= 8;
-#else
-    (void)head_dim, (void)n_head, (void)n_kv;
-    return false;  // the cluster code is compiled for sm_90 only
-#endif
-}
-
-// Up to 4096 keys a cluster's 8 blocks take at most 512 each (8 tiles).
-constexpr int k_decode_cluster_max_len = 4096;
-
-DecodeKernel decode_kernel_for(int max_len, int head_dim, int n_head, int n_kv) {
-    static const int limit = env_int("QINFER_DECODE_CLUSTER_MAX", k_decode_cluster_max_len);
-    return max_len <= limit && decode_cluster_supported(head_dim, n_head, n_kv) ? DecodeKernel::Cluster : DecodeKernel::Auto;
-}
-
-bool launch_attention_decode_cluster(const DecodeArgs & a, int head_dim, int batch, bf16 * out, cudaStream_t stream) {
-    if (!decode_cluster_supported(head_dim, a.n_head, a.n_kv)) return false;
-    const dim3 grid(k_decode_cluster, a.n_kv, batch);
-    const bool three = decode_tc_stages(head_dim) == 3;
-    for_kv_kind(a.cache.quant.kind, [&](auto kind) {
-        constexpr KVKind K = decltype(kind)::value;
-        if (head_dim == 64) three ? launch<64, K, 3, true>(a, grid, out, stream) : launch<64, K, 2, true>(a, grid, out, stream);
-        else three ? launch<128, K, 3, true>(a, grid, out, stream) : launch<128, K, 2, true>(a, grid, out, stream);
+        if (head_dim == 64) three ? launch<64, K, 3>(a, grid, stream) : launch<64, K, 2>(a, grid, stream);
+        else three ? launch<128, K, 3>(a, grid, stream) : launch<128, K, 2>(a, grid, stream);
     });
     return true;
 }

@@ -63,41 +63,24 @@ template <class... KernelArgs> void allow_dynamic_smem(void (*kernel)(KernelArgs
     configured = bytes;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) in clusters of cluster_x blocks along x (Hopper; 0 or 1: no
-// clusters), with the programmatic-serialization attribute when pdl_enabled().
-template <class... KernelArgs, class... Args>
-void launch_kernel_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, int cluster_x,
-                           Args &&... args) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[2];
-    unsigned n = 0;
-    if (cluster_x > 1) {
-        attribute[n].id = cudaLaunchAttributeClusterDimension;
-        attribute[n].val.clusterDim.x = unsigned(cluster_x);
-        attribute[n].val.clusterDim.y = 1;
-        attribute[n].val.clusterDim.z = 1;
-        n++;
-    }
-    if (pdl_enabled()) {
-        attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attribute[n].val.programmaticStreamSerializationAllowed = 1;
-        n++;
-    }
-    config.attrs = attribute;
-    config.numAttrs = n;
-    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-    CUDA_CHECK(cudaGetLastError());
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when pdl_enabled().
 template <class... KernelArgs, class... Args>
 void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args &&... args) {
-    if (pdl_enabled()) return launch_kernel_cluster(kernel, grid, block, smem, stream, 0, std::forward<Args>(args)...);
-    kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    if (!pdl_enabled()) {
+        kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+    } else {
+        cudaLaunchConfig_t config = {};
+        config.gridDim = grid;
+        config.blockDim = block;
+        config.dynamicSmemBytes = smem;
+        config.stream = stream;
+        cudaLaunchAttribute attribute[1];
+        attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute[0].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = attribute;
+        config.numAttrs = 1;
+        CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+    }
     CUDA_CHECK(cudaGetLastError());
 }
 

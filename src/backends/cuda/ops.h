@@ -169,17 +169,10 @@ struct DecodeScratch {
 // Splits for contexts up to max_len: whole waves of the blocks this GPU holds at this head_dim, no split above the
 // maximum (model/decode_splits.h; QINFER_DECODE_SPLITS=fill for the previous one-wave-at-least rule).
 int decode_splits(int max_len, int n_kv, int head_dim, int batch = 1);
-// Implementations: SIMT lanes with an online softmax per lane group (any head_dim above), and tensor cores with the
-// GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu), either over scratch.max_splits
-// splits and a combine kernel, or (Cluster: Hopper, up to 8 query heads per KV head) over one cluster of
-// k_decode_cluster blocks per KV head that merge through distributed shared memory, for short contexts (no scratch,
-// no second kernel). Auto: the split tensor-core kernel where it applies (2-2.4x faster than SIMT on an H100,
-// perf-log), unless QINFER_DECODE_ATTN=simt.
-enum class DecodeKernel { Auto, Simt, TensorCore, Cluster };
-// The kernel a decode step with contexts up to max_len should be captured with: Cluster where it runs and max_len is
-// at most QINFER_DECODE_CLUSTER_MAX (default k_decode_cluster_max_len; 0 turns it off), else Auto.
-DecodeKernel decode_kernel_for(int max_len, int head_dim, int n_head, int n_kv);
-bool decode_cluster_supported(int head_dim, int n_head, int n_kv);
+// Two implementations: SIMT lanes with an online softmax per lane group (any head_dim above), and tensor cores with
+// the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the tensor-core
+// kernel where it applies (2-2.4x faster on an H100, perf-log), unless QINFER_DECODE_ATTN=simt.
+enum class DecodeKernel { Auto, Simt, TensorCore };
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1,
                       DecodeKernel kernel = DecodeKernel::Auto);
