@@ -160,6 +160,26 @@ inline std::vector<cuda::PrefillKernel> prefill_kernels(int head_dim) {
 }
 
 // The decode attention kernels that take this head_dim (the tensor-core one: 64 and 128).
+// The decode kernels' correctness cases: each kernel, the tensor-core one also with its early tile requests
+// (cuda::set_decode_early_kv); run() sets the mode and puts it back off.
+struct DecodeCase {
+    cuda::DecodeKernel kernel;
+    bool early_kv;
+    template <class F> void run(F && f) const {
+        cuda::set_decode_early_kv(early_kv);
+        f();
+        cuda::set_decode_early_kv(false);
+    }
+};
+inline std::vector<DecodeCase> decode_cases(int head_dim) {
+    std::vector<DecodeCase> cases{{cuda::DecodeKernel::Simt, false}};
+    if (head_dim == 64 || head_dim == 128) {
+        cases.push_back({cuda::DecodeKernel::TensorCore, false});
+        cases.push_back({cuda::DecodeKernel::TensorCore, true});
+    }
+    return cases;
+}
+
 inline std::vector<cuda::DecodeKernel> decode_kernels(int head_dim) {
     if (head_dim == 64 || head_dim == 128) return {cuda::DecodeKernel::Simt, cuda::DecodeKernel::TensorCore};
     return {cuda::DecodeKernel::Simt};

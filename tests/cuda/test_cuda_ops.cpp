@@ -250,11 +250,11 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
     cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
     std::vector<float> want(size_t(n_head) * d);
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
-    for (cuda::DecodeKernel kernel : decode_kernels(d)) {
+    for (const DecodeCase & c : decode_cases(d)) {
         cudaMemset(dout.get(), 0xff, dout.bytes());
-        cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
+        c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, c.kernel); });
         EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2)
-            << "decode len " << len << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
+            << "decode len " << len << " d " << d << " rep " << n_rep << " kernel " << int(c.kernel) << " early " << c.early_kv;
     }
     if ((len == 4097 || len == 129024) && n_rep == 7) {
         // Timings for the perf log (not assertions): decode (each kernel) and prefill over this cache.
@@ -564,15 +564,15 @@ TEST(CudaOps, AttentionDecodeBatch) {
             const int splits = cuda::decode_splits(4097, n_kv, d, B);
             DeviceBuffer po(size_t(B) * n_head * splits * d * 4, "test"), pml(size_t(B) * n_head * splits * 2 * 4, "test");
             cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
-            for (cuda::DecodeKernel kernel : decode_kernels(d)) {
+            for (const DecodeCase & c : decode_cases(d)) {
                 cudaMemset(dout.get(), 0xff, dout.bytes());
-                cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, B, kernel);
+                c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, B, c.kernel); });
                 const std::vector<float> got = download_bf16(dout, q.size());
                 for (int b = 0; b < B; b++) {
                     const long off = long(b) * n_head * d;
                     const std::vector<float> got_b(got.begin() + off, got.begin() + off + n_head * d), want_b(want.begin() + off, want.begin() + off + n_head * d);
-                    EXPECT_LT(rel_err(got_b, want_b), 2e-2)
-                        << "sequence " << b << " len " << cache.lens[size_t(b)] << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
+                    EXPECT_LT(rel_err(got_b, want_b), 2e-2) << "sequence " << b << " len " << cache.lens[size_t(b)] << " d " << d << " rep " << n_rep
+                                                            << " kernel " << int(c.kernel) << " early " << c.early_kv;
                 }
             }
         }

@@ -6,6 +6,7 @@
 // The launchers here also dispatch to the pipelined prefill kernel (attention_prefill_pipelined.cu) and the
 // tensor-core decode kernel (attention_decode_tc.cu), which share this file's combine kernel and argument structs.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <type_traits>
@@ -467,6 +468,11 @@ static int decode_blocks_per_sm(int head_dim) {
     return decode_tc_stages(head_dim) == 3 ? 2 : 3;
 }
 
+// Off by default until measured: QINFER_DECODE_EARLY_KV=1 or set_decode_early_kv(true) turns it on.
+static std::atomic<bool> decode_early_kv_on{env_is("QINFER_DECODE_EARLY_KV", "1")};
+
+void set_decode_early_kv(bool on) { decode_early_kv_on = on; }
+
 int decode_splits(int max_len, int n_kv, int head_dim, int batch) {
     static const bool fill = env_is("QINFER_DECODE_SPLITS", "fill");
     return decode_splits_for(max_len, n_kv, batch, decode_blocks_per_sm(head_dim) * sm_count(), !fill);
@@ -484,6 +490,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
         kernel = !simt && (head_dim == 64 || head_dim == 128) ? DecodeKernel::TensorCore : DecodeKernel::Simt;
     }
     if (kernel == DecodeKernel::TensorCore) {
+        a.early_kv = decode_early_kv_on;
         bool launched;
         {
             static const bool skip = pdl_skip("attention");

@@ -233,6 +233,7 @@ struct DecodeArgs {
     float scale;
     DecodeScratch scratch;
     int min_split;  // fewest keys a split takes (the kernel's tile)
+    bool early_kv = false;  // tensor-core kernel: keys before the new one requested before pdl_wait (set_decode_early_kv)
 };
 
 // Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of

@@ -19,8 +19,12 @@ namespace {
 
 constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
 
+// a.early_kv: what does not depend on the kernel ahead is read before pdl_wait(): the context length and the block
+// table (set before the step) and the first tiles whose keys all precede the new one (written by earlier steps); the
+// queries and the new key's K/V come from the kernel ahead (the QKV projection's epilogue or qkv_rope_cache). With
+// programmatic dependent launch those loads overlap the end of that kernel.
 template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
-    pdl_wait();
+    if (!a.early_kv) pdl_wait();
     using Pipe = KVTilePipe<D, K, k_decode_threads, k_tile, false, STAGES>;
     constexpr int ld = Pipe::ld;
     extern __shared__ __align__(16) unsigned char smem_raw[];  // Pipe's tiles, then the warps' merge
@@ -41,6 +45,16 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
     for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
     __syncthreads();
 
+    // Tile t: keys begin + 64 t ..
+    auto row_of = [&](int j) { return (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs; };
+    auto load_tile = [&](int t) { Pipe::load(smem_raw, a.cache, t, begin + t * k_tile, end, row_of); };
+    const int n_tiles = (end - begin + k_tile - 1) / k_tile;
+    int n_loaded = 0;  // tiles requested so far, in order (one cp.async group each)
+    if (a.early_kv) {
+        while (n_loaded < STAGES - 1 && n_loaded < n_tiles && min(begin + (n_loaded + 1) * k_tile, end) <= len - 1) load_tile(n_loaded++);
+        pdl_wait();
+    }
+
     // Q fragments (A operand): row r is query head kvh * n_rep + r; rows n_rep..15 are zero (row g + 8 always is).
     uint32_t qf[D / 16][4];
     const bf16 * q = a.q + (int64_t(b) * a.n_head + int64_t(kvh) * n_rep) * D;
@@ -53,16 +67,11 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
         qf[kc][3] = 0u;
     }
 
-    // Tile t: keys begin + 64 t ..
-    auto row_of = [&](int j) { return (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs; };
-    auto load_tile = [&](int t) { Pipe::load(smem_raw, a.cache, t, begin + t * k_tile, end, row_of); };
-
     const float scale_log2 = a.scale * float(M_LOG2E);
     float o[D / 8][4] = {};
     float m0 = -INFINITY, l0 = 0;  // row g; row g + 8 is padding and never read
-    const int n_tiles = (end - begin + k_tile - 1) / k_tile;
     // Tiles 0 .. STAGES - 2 first; tile t + STAGES - 1 goes into the stage tile t - 1 left (free after its barrier).
-    for (int t = 0; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
+    for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
         if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
         const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, min(STAGES - 1, n_tiles - 1 - t)), * vs = ks + Pipe::tile_elems;

@@ -173,6 +173,10 @@ int decode_splits(int max_len, int n_kv, int head_dim, int batch = 1);
 // the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the tensor-core
 // kernel where it applies (2-2.4x faster on an H100, perf-log), unless QINFER_DECODE_ATTN=simt.
 enum class DecodeKernel { Auto, Simt, TensorCore };
+// The tensor-core kernel requests the block table and its first tiles of keys before the new key's (the ones written
+// by earlier steps) ahead of pdl_wait, so they overlap the end of the kernel ahead under programmatic dependent launch
+// (attention_decode_tc.cu). QINFER_DECODE_EARLY_KV=1 sets it at start; not measured yet, so off by default.
+void set_decode_early_kv(bool on);
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1,
                       DecodeKernel kernel = DecodeKernel::Auto);
