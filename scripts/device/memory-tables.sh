@@ -1,0 +1,13 @@
+# shellcheck shell=bash
+# Stage `memory-tables` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+for q in ${TABLE_QUANTS:-bf16 gptq-int8 gptq-int4}; do
+    for kv in ${TABLE_KVS:-bf16 int8}; do
+        "$Q" bench --preset qwen2.5-7b --quant $q --kv-dtype $kv --input-lens 1 --gen 1024 --batch ${TABLE_BATCHES:-1,4,16,32,64,100} \
+            --json "$OUT/batch-7b-$q-kv$kv.json" 2>&1 | tee -a "$OUT/memory.log" | grep -E "^\| qwen"
+        "$Q" bench --preset qwen2.5-7b --quant $q --kv-dtype $kv --input-lens 512,1024,2048,4096,8192 --gen 1 \
+            --json "$OUT/length-7b-$q-kv$kv.json" 2>&1 | tee -a "$OUT/memory.log" | grep -E "^\| qwen"
+    done
+    rm -rf "${QINFER_CACHE:-$HOME/.cache/qinfer}"/synth/*
+done
+"$Q" memory-table --json "$(ls "$OUT"/batch-7b-*.json | paste -sd,)" --by batch | tee "$OUT/memory-table-batch.md"
+"$Q" memory-table --json "$(ls "$OUT"/length-7b-*.json | paste -sd,)" --by input_len | tee "$OUT/memory-table-length.md"
