@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `attn-profile` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Where the wgmma prefill kernel's time goes: ncu on its first launch at 4097 keys (d 128, 14/2 heads, bf16 cache):
 # speed of light, occupancy, warp stall reasons, and per-instruction stall samples (SASS, gzip).
 command -v ncu >/dev/null || return 0

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `chunk-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Prefill pass length for dequantized weights (each pass dequantizes every projection once): 7B GPTQ-Int4 at 30720
 # with QINFER_PREFILL_CHUNK forced, alternated.
 n_chunk=0

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `decode-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Attention A/B: the older kernels (QINFER_DECODE_ATTN=simt, QINFER_PREFILL_ATTN=tiled) against the defaults (tensor-core
 # decode, pipelined prefill), kernels and end to end, same run.
 build-device/tests/qinfer_tests --gtest_filter='*Attention*' 2>&1 | grep -E "^\[ kernel \]|FAILED|PASSED" | tee "$OUT/decode-ab-kernels.log"

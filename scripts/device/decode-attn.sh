@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `decode-attn` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Decode attention on 7B's shapes (CudaDecodeTimings, caches of several layers in turn) for each blocks-per-SM
 # setting in DECODE_BPS, then ncu of one 30720-key step (the split kernel and its combine; the 2048-key case runs
 # first: 48 layers x 22 calls of each kernel are skipped).

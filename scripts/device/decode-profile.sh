@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `decode-profile` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Where a batch-1 decode step of the small models goes: eager per-op profiles (0.5B/1.5B/7B BF16, 0.5B GPTQ-Int4),
 # the duration of every kernel of the captured 0.5B step (ncu, one graph node at a time), and per-instruction stall
 # samples of the 4-bit ring GEMV on 7B's gate_up shape.

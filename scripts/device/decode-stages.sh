@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `decode-stages` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Decode attention K/V stages (QINFER_DECODE_STAGES 2 or 3; 3 is the default at head_dim 128, two blocks per SM),
 # alternated: kernel timings on 7B's shapes, the decode tests under each, then BF16 rows end to end (DECODE_ROW_SPECS
 # preset:lengths).

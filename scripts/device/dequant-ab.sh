@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `dequant-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Prefill dequantization: the quantized tests and goldens, the prefill GEMM timings per format; then programmatic
 # dependent launch on 7B BF16 (off by default above 8 GB of checkpoint), alternated.
 build-device/tests/qinfer_tests --gtest_filter='*Quant*:*Dequant*:*GoldenCuda*' >"$OUT/dequant-test.log" 2>&1

@@ -1,7 +1,5 @@
 # shellcheck shell=bash
-# Stage `dequant-emb` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
-# Issue 6's memory tables in the seed's form: Qwen2.5-7B generating 1024 tokens at batch 1..100 and batch 1 at
-# lengths 512..8192, BF16 and Int8/Int4 weights, without and with KV cache quantization (int8, as the seed).
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Row-coalesced dequantization (default) against the per-word kernel (QINFER_DEQUANT=scatter), and the untied
 # token embedding in host memory (default) against --embedding-on-gpu, alternating in one run. Everything lands in
 # one tar in $OUT (only 8 files come back), rewritten after each run so a call cut short keeps what it measured;

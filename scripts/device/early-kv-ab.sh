@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `early-kv-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # The decode attention's block table and first key tiles requested before pdl_wait (QINFER_DECODE_EARLY_KV=1): the
 # goldens with it on (graphs under PDL), then each model alternated off / on.
 QINFER_DECODE_EARLY_KV=1 build-device/tests/qinfer_tests --gtest_filter='GoldenCuda*' >"$OUT/early-kv-goldens.log" 2>&1

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `final-quant` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # The issue-5 record in one call: the quantized tests, then each format at 2048 generated next to BF16 of the same
 # shapes, and a decode profile of 7B GPTQ-Int4.
 F="$OUT/final"

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `gemv-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # The balanced BF16 GEMV against the row kernels (QINFER_GEMV_BALANCED=0): the GEMV tests, kernel timings, then decode
 # of 0.5B / 1.5B / 7B BF16 with the settings alternated (GEMV_AB_MODES: values of QINFER_GEMV_BALANCED), and a decode
 # profile of 7B per GEMV_AB_PROFILE setting.

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `pdl-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Programmatic dependent launch (QINFER_PDL=1): the end-to-end GPU tests under it, then decode speed with and without.
 QINFER_PDL=1 build-device/tests/qinfer_tests --gtest_filter='*GoldenCuda*:*Batch*:*CudaSampling*:*KvBackends*:*QuantGemv*' 2>&1 |
     tee "$OUT/pdl-test.log" | grep -E "FAILED|Failure|PASSED" | head -20

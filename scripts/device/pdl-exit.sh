@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `pdl-exit` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Whether the decode losses under programmatic dependent launch go with builds whose kernels let dependents launch
 # later (CMake QINFER_PDL_TRIGGER: loop = after the GEMV / decode attention main loops, exit = as blocks exit): 0.5B
 # fused/unfused and 7B PDL on at 1 and 30720, the three builds alternated.

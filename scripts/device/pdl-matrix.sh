@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `pdl-matrix` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Which decode-attention launches should go without programmatic dependent launch, per model: every model with PDL
 # on, the split kernel and/or its combine launched normally (QINFER_PDL_SKIP), each model's current default first.
 for spec in ${PDL_MATRIX_SPECS:-qwen2.5-0.5b:bf16:1,30720 qwen2.5-1.5b:bf16:1,30720 qwen2.5-7b:bf16:1,6144,30720 qwen2.5-7b:gptq-int4:1,30720}; do

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `pdl-skip` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Which early launch costs under PDL (QINFER_PDL_SKIP: the decode attention / its combine launched without it):
 # 0.5B with the fused QKV RoPE (lost 3.6% under PDL at 6a70101) and 7B BF16 with PDL forced on at 1 and 30720
 # (-6.9% at 30720), each against the defaults, alternated.

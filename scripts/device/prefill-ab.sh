@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `prefill-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Prefill attention kernels end to end: QINFER_PREFILL_ATTN=pipelined (mma.sync) against the default (=auto: wgmma
 # where it runs), alternated, at 30720 (time to first token and speed incl. prefill). The runs of this session's results
 # (12ba010..506c63c) were labelled "wgmma": the default at 12ba010 and 29e214f, a forcing value at 506c63c (since

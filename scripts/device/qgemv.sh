@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `qgemv` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # The 4-bit GEMV: kernels on 7B shapes with the bf16 GEMV for scale (QGEMV_KS="0 2 4": forced K splits, 0 = the
 # default rule), hardware counters of the qkv and gate_up kernels, a decode-step profile of 7B GPTQ-Int4.
 for ks in ${QGEMV_KS:-0}; do

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `quant-tune` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Warps per row group of the quantized GEMVs (QINFER_QKS), per format: the decode profile's GEMV lines and tokens/s.
 for q in ${TUNE_QUANTS:-gptq-int4}; do
     for ks in 0 1 2 4 8; do

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `ring-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Decode GEMV prologue and codes prefetch: RMSNorm staging in float4 batches (default) vs the per-256 loop
 # (QINFER_QSTAGE=scalar), and 4-bit codes requested into L2 ahead of the ring kernel's registers
 # (QINFER_QGEMV_L2AHEAD blocks): kernel timings on 7B shapes, the quantized/GEMV tests with the prefetch on, and

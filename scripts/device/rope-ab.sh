@@ -1,7 +1,5 @@
 # shellcheck shell=bash
-# Stage `rope-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
-# Every GPU test (kernels against the CPU, end-to-end goldens, batches, KV dtypes) without the CPU-only suites, with
-# the failures' full messages; the kernel timing lines; then the quantized-attention tests repeated (a flaky case).
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # The QKV GEMV with bias/RoPE/cache store fused (default) against the two kernels (QINFER_FUSED_ROPE=0), alternated:
 # the CUDA op tests (the fused kernel's among them) and the end-to-end GPU tests, then decode speed (ROPE_AB_SPECS preset:lengths) under each.
 build-device/tests/qinfer_tests --gtest_filter='CudaOps.*:*GoldenCuda*:*Batch*:*KvBackends*:*ArgmaxRows*' >"$OUT/rope-test.log" 2>&1

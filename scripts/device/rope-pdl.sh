@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `rope-pdl` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Why the fused QKV RoPE slowed 0.5B (head_dim 64): fused x PDL alternated on 0.5B, eager per-op profiles of both,
 # and PDL on 7B BF16 (off by default over 8 GB) at 1 and 30720 now that its decode attention takes 104 KB per block.
 for rep in 1 2; do

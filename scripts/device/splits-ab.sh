@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `splits-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Decode grid in whole waves (the default) against the previous rule (QINFER_DECODE_SPLITS=fill), 7B with YaRN at
 # 129024 (the row it is for) and 30720, 256 generated, same run.
 for sp in fill waves fill waves; do

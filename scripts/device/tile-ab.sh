@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `tile-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # 8-bit and bitsandbytes codes in the tile layout (default) against the untiled fp32 kernels (QINFER_QTILE=affine4):
 # the quantized/GEMV/golden tests, then 7B decode speed per format, alternated in the same run.
 build-device/tests/qinfer_tests --gtest_filter='*Quant*:*Gemv*:*GoldenCuda*' >"$OUT/tile-test.log" 2>&1

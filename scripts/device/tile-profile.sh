@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `tile-profile` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Kernel timings of every tiled format on 7B shapes, the quantized GEMV tests, and per-instruction stall samples of
 # the 8-bit and lookup gate_up kernels (reports stay on the device; the per-instruction CSVs come back gzipped).
 build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 | grep -E "^\[ kernel \]|FAILED" |

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `tune` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # Knobs timed in one run: decode splits per SM (QINFER_DECODE_BLOCKS_PER_SM) on the kernels, the BF16 GEMV's weight
 # prefetch ahead of the fused RMSNorm (QINFER_GEMV_PREFETCH, alternated), prefill chunk size (QINFER_PREFILL_CHUNK) on
 # 7B's time to first token at 30720.

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Stage `wave-ab` of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
 # The row GEMV (gate_up of 7B, lm_head) as one wave of resident blocks striding over the rows (QINFER_GEMV_WAVE=1)
 # (the default) against one block per row group (=0), with programmatic dependent launch off and on for 7B: kernel
 # timings under both grids, then decode, alternated.
