@@ -14,6 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
+# A device's $OUT has held earlier sessions' files: those over an hour old (no call runs that long) move out of the
+# way, so that they neither join this run's archive nor come back beside it.
+mkdir -p /tmp/qinfer-stale-out && find "$OUT" -type f -mmin +60 -exec mv -t /tmp/qinfer-stale-out {} + 2>/dev/null
 stages=${*:-test bench}
 has() { [[ " $stages " == *" $1 "* ]]; }
 summary=()
