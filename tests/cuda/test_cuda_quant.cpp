@@ -65,12 +65,15 @@ std::vector<QuantScheme> cuda_schemes() {
 
 class QuantGemv : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
-// Every format, m, input and output form of the quantized GEMV for one weight shape.
-static void check_quant_gemv(int n, int k) {
+// Every format, m, input and output form of the quantized GEMV for one weight shape; deep: the deep-ring variant
+// (cuda::set_qgemv_ring_deep) for the forms that take it (bf16 input from global memory added to a residual).
+static void check_quant_gemv(int n, int k, bool deep = false) {
+    cuda::set_qgemv_ring_deep(deep);
     for (const QuantScheme & s : cuda_schemes()) {
         for (int m : {1, 3, 8}) {
             for (int in = 0; in < 2; in++) {
                 for (int out = 0; out < 4; out++) {
+                    if (deep && (in != 0 || out != 2)) continue;
                     const bool silu = out == 3;
                     const int rows = silu ? 2 * n : n;
                     auto ql = make_quant_linear(s, rows, k, rng()());
@@ -118,17 +121,19 @@ static void check_quant_gemv(int n, int k) {
                     const double tol_f32 = dq.q.tiled && dq.q.lut ? 6e-3 : in ? 2e-3 : 2e-5;
                     const double tol = (out == 1 || out == 2) ? tol_f32 : silu ? 2e-2 : 8e-3;
                     EXPECT_LT(rel_err(got, want), tol)
-                        << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in << " out " << out;
+                        << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in << " out " << out << " deep " << deep;
                 }
             }
         }
     }
+    cuda::set_qgemv_ring_deep(false);
 }
 
 TEST_P(QuantGemv, MatchesCpu) {
     REQUIRE_GPU();
     const auto [n, k] = GetParam();
     check_quant_gemv(n, k);
+    check_quant_gemv(n, k, true);
 }
 
 // N = rows of the weight (a multiple of 8 for GPTQ packing), K a multiple of 64 but not of 128 where possible.
@@ -230,6 +235,16 @@ TEST(CudaQuant, DecodeGemvTimings) {
                 }, 3);
                 const double bytes = double(code_bytes + dq.scales.bytes() + dq.zeros.bytes() + dq.absmax.bytes());  // as stored on the device
                 std::printf("[ kernel ] qgemv %-9s %-7s m %d n %d k %d: %.1f us, %.0f GB/s\n", format, sh.name, m, rows, sh.k, us, bytes / us / 1e3);
+                if (sh.in == cuda::GemvIn::Bf16 && sh.out == cuda::GemvOut::AddF32) {  // the deep ring's forms
+                    cuda::set_qgemv_ring_deep(true);
+                    const double deep_us = 1e3 * time_ms(200, [&] {
+                        q.codes = reinterpret_cast<const uint32_t *>(codes.as<char>() + (call++ % copies) * code_bytes);
+                        cuda::qgemv(q, a, sh.in, sh.out, scratch.get(), nullptr);
+                    }, 3);
+                    cuda::set_qgemv_ring_deep(false);
+                    std::printf("[ kernel ] qgemv %-9s %-7s m %d n %d k %d, deep ring: %.1f us, %.0f GB/s\n", format, sh.name, m, rows, sh.k, deep_us,
+                                bytes / deep_us / 1e3);
+                }
                 if (m == 1 && format == formats[0].first) {  // the same projection with bf16 weights (the unquantized GEMV), for scale
                     const size_t w_bytes = size_t(rows) * sh.k * 2;
                     const int w_copies = int(std::max<size_t>(1, (size_t(128) << 20) / w_bytes + 1));

@@ -62,6 +62,10 @@ struct QuantMatrix {
 // inputs are staged (qgemv_scratch_bytes); may be null for other layouts.
 void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream);
 size_t qgemv_scratch_bytes(int k_padded, int m);
+// The tiled layout's o_proj / down kernels (input from global memory, added to a residual) with twice the code loads in
+// flight per lane where their grid holds at most two blocks per SM (qgemv_ring.cuh). QINFER_QRING_DEEP=1 sets it at
+// start; not measured yet, so off by default.
+void set_qgemv_ring_deep(bool on);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 

@@ -7,6 +7,7 @@
 // into the staged input (x * 2^-shift), so sum(code * x) comes out exact per term. The zero point is applied per
 // 16-byte chunk: s * (sum(q x) - z sum(x)), with sum(x) per chunk computed once per block.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "backends/cuda/common.cuh"
@@ -288,6 +289,11 @@ void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut o
 }
 
 }  // namespace
+
+static std::atomic<bool> ring_deep_on{env_is("QINFER_QRING_DEEP", "1")};
+
+bool qgemv_ring_deep() { return ring_deep_on; }
+void set_qgemv_ring_deep(bool on) { ring_deep_on = on; }
 
 size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
 

@@ -36,6 +36,11 @@ constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
 constexpr int k_ring = 6;             // 16-byte loads of codes in flight per lane (8 spilled at 80 registers)
 constexpr int k_blocks_per_sm = 3;    // the launch bound the register budget is set for
+// The deep ring (qgemv_ring_deep(), not yet measured): twice the loads in flight per lane, for grids of at most two
+// blocks per SM (7B's down and o_proj: 224 blocks), whose warps each stream a long stretch of K with the SMs
+// part-empty; a launch bound of two blocks per SM leaves the registers for it.
+constexpr int k_ring_deep = 12;
+template <int RINGK> constexpr int blocks_per_sm_for() { return RINGK > k_ring ? 2 : k_blocks_per_sm; }
 constexpr int k_max_stage_bytes = 48 * 1024;  // largest input staged in shared memory (bf16 [m, k_padded])
 
 static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over qstage::k_threads threads");
@@ -72,10 +77,11 @@ template <Codes C> __device__ __forceinline__ uint32_t pack_group(const QuantMat
 // then for Lookup4 the pair table (uint32 [256, 32]).
 __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
 
-template <Codes C, GemvOut OUT, int KS, XSrc XS> __global__ void __launch_bounds__(k_threads, k_blocks_per_sm)
+template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring>
+__global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
     constexpr int PLANES = planes_of(C);     // 16-byte loads per lane and 64-wide K block
-    constexpr int RING = k_ring / PLANES;    // K blocks in flight
+    constexpr int RING = RINGK / PLANES;     // K blocks in flight
     constexpr int TILE = 32 * PLANES;        // uint4 per row block and K block
     constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     constexpr int RBB = k_warps / (MATS * KS);

@@ -19,6 +19,9 @@ void qgemv_ring_global(const QuantMatrix & w, const bf16 * x, int ldx, const Gem
 void qgemv_ring_stage_norm(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 
+// Whether launches that qualify use the deep ring (ring4::k_ring_deep; set_qgemv_ring_deep, QINFER_QRING_DEEP=1).
+bool qgemv_ring_deep();
+
 // QINFER_QKS=1|2|4|8 forces the warps per row group of both quantized GEMVs (tuning experiments).
 inline int forced_ks() {
     static const int ks = env_int("QINFER_QKS", 0);
@@ -57,7 +60,18 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
                          ring4::planes_of(C);
     GemvArgs args = a;
     args.vec_norm = XS == ring4::XSrc::StageNorm && !w.perm && qstage::vec_norm_ok(a);
-    launch_kernel(kernel, (n_rb + RBB - 1) / RBB, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+    const int grid = (n_rb + RBB - 1) / RBB;
+    // The deep ring for inputs read from global memory into a residual (o_proj, down) where the grid leaves room.
+    if constexpr (XS == ring4::XSrc::Global && OUT == GemvOut::AddF32) {
+        if (qgemv_ring_deep() && grid <= 2 * sm_count()) {
+            auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
+            static size_t configured_deep = 0;
+            allow_dynamic_smem(deep, smem, configured_deep);
+            launch_kernel(deep, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+            return;
+        }
+    }
+    launch_kernel(kernel, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
 }
 
 constexpr size_t k_ring_max_smem = 160 * 1024;
