@@ -21,6 +21,20 @@ stages=${*:-test bench}
 has() { [[ " $stages " == *" $1 "* ]]; }
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
+# ab VAR "VALUES" "SPECS" TAG: `qinfer bench` (2048 generated) for each preset:quant:lengths spec with the environment
+# variable VAR at each value in turn, AB_REPS times (default 2); rows to $OUT/TAG.log, one JSON per run.
+ab() {
+    local var=$1 values=$2 specs=$3 tag=$4 rep spec p q lens v
+    for rep in $(seq "${AB_REPS:-2}"); do
+        for spec in $specs; do
+            IFS=: read -r p q lens <<<"$spec"
+            for v in $values; do
+                env "$var=$v" "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen 2048 --json "$OUT/$tag-$p-$q-$v-$rep.json" 2>&1 |
+                    grep -E "^\| qwen" | sed "s/^/$tag $v /" | tee -a "$OUT/$tag.log"
+            done
+        done
+    done
+}
 
 # Carried .deb files (scripts/fetch-device-deps.sh): unpack into .deps/root.
 if ls .deps/*.deb >/dev/null 2>&1; then

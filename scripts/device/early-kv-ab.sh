@@ -4,12 +4,4 @@
 # goldens with it on (graphs under PDL), then each model alternated off / on.
 QINFER_DECODE_EARLY_KV=1 build-device/tests/qinfer_tests --gtest_filter='GoldenCuda*' >"$OUT/early-kv-goldens.log" 2>&1
 note "goldens with early KV: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/early-kv-goldens.log" | tr '\n' ' ')"
-for rep in $(seq ${EARLY_KV_REPS:-2}); do
-    for spec in ${EARLY_KV_SPECS:-qwen2.5-0.5b:bf16:1 qwen2.5-1.5b:bf16:1 qwen2.5-7b:bf16:1,30720 qwen2.5-0.5b:gptq-int4:1}; do
-        IFS=: read -r p q lens <<<"$spec"
-        for cfg in 0 1; do
-            QINFER_DECODE_EARLY_KV=$cfg "$Q" bench --preset $p --quant $q --input-lens $lens --gen 2048 --json "$OUT/early-kv-$p-$q-$cfg-$rep.json" 2>&1 |
-                grep -E "^\| qwen" | sed "s/^/early-kv $cfg /" | tee -a "$OUT/early-kv-ab.log"
-        done
-    done
-done
+ab QINFER_DECODE_EARLY_KV "0 1" "${EARLY_KV_SPECS:-qwen2.5-0.5b:bf16:1 qwen2.5-1.5b:bf16:1 qwen2.5-7b:bf16:1,30720 qwen2.5-0.5b:gptq-int4:1}" early-kv-ab

@@ -6,12 +6,4 @@
 build-device/tests/qinfer_tests --gtest_filter='OddShapes/QuantGemv.*:CudaQuant.DecodeGemvTimings' >"$OUT/ring-deep-test.log" 2>&1
 note "quantized GEMV tests with the deep ring: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/ring-deep-test.log" | tr '\n' ' ')"
 grep -E "qgemv .*(o_proj|down) .*m 1" "$OUT/ring-deep-test.log"
-for rep in $(seq ${RING_DEEP_REPS:-2}); do
-    for spec in ${RING_DEEP_SPECS:-qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:gptq-int8:1 qwen2.5-7b:awq:1 qwen2.5-0.5b:gptq-int4:1}; do
-        IFS=: read -r p q lens <<<"$spec"
-        for cfg in 0 1; do
-            QINFER_QRING_DEEP=$cfg "$Q" bench --preset $p --quant $q --input-lens $lens --gen 2048 --json "$OUT/ring-deep-$p-$q-$cfg-$rep.json" 2>&1 |
-                grep -E "^\| qwen" | sed "s/^/ring-deep $cfg /" | tee -a "$OUT/ring-deep-ab.log"
-        done
-    done
-done
+ab QINFER_QRING_DEEP "0 1" "${RING_DEEP_SPECS:-qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:gptq-int8:1 qwen2.5-7b:awq:1 qwen2.5-0.5b:gptq-int4:1}" ring-deep-ab
