@@ -23,6 +23,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/attention_decode_tc.cu
   src/backends/cuda/attention_prefill_pipelined.cu
   src/backends/cuda/attention_prefill_wgmma.cu
+  src/backends/cuda/attention_prefill_tma.cu
   src/backends/cuda/gemm.cpp
   src/model/qwen_cuda.cpp
   src/model/qwen_cuda_decode.cpp)

@@ -22,14 +22,15 @@ has() { [[ " $stages " == *" $1 "* ]]; }
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 # ab VAR "VALUES" "SPECS" TAG: `qinfer bench` (2048 generated) for each preset:quant:lengths spec with the environment
-# variable VAR at each value in turn, AB_REPS times (default 2); rows to $OUT/TAG.log, one JSON per run.
+# variable VAR at each value in turn, AB_REPS times (default 2), AB_GEN tokens generated (default 2048); rows to
+# $OUT/TAG.log, one JSON per run.
 ab() {
     local var=$1 values=$2 specs=$3 tag=$4 rep spec p q lens v
     for rep in $(seq "${AB_REPS:-2}"); do
         for spec in $specs; do
             IFS=: read -r p q lens <<<"$spec"
             for v in $values; do
-                env "$var=$v" "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen 2048 --json "$OUT/$tag-$p-$q-$v-$rep.json" 2>&1 |
+                env "$var=$v" "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen "${AB_GEN:-2048}" --json "$OUT/$tag-$p-$q-$v-$rep.json" 2>&1 |
                     grep -E "^\| qwen" | sed "s/^/$tag $v /" | tee -a "$OUT/$tag.log"
             done
         done
@@ -57,7 +58,7 @@ Q=$PWD/build-device/qinfer
 # The stages, in this order, each a file in scripts/device/ (its comment says what it runs and why).
 for stage in goldens quant-goldens chat test quant-test batch-test kernels bench quant-quick quant-tune final-quant \
     hf-quick bench-full bench-quant kv-test long pdl-ab max-batch decode-ab rope-ab rope-pdl pdl-skip pdl-matrix \
-    early-kv-ab ring-deep-ab pdl-exit gpu-test attn-test attn-profile tune splits-ab qgemv decode-profile ring-ab tile-ab \
+    tma-ab early-kv-ab ring-deep-ab pdl-exit gpu-test attn-test attn-profile tune splits-ab qgemv decode-profile ring-ab tile-ab \
     tile-profile gemv-ab dequant-ab chunk-ab chunk-small prefill-ab wave-ab prefill-profile decode-attn \
     decode-stages rows dequant-emb memory-tables; do
     if has "$stage"; then source "scripts/device/$stage.sh"; fi

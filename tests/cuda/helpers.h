@@ -154,21 +154,23 @@ inline std::vector<float> norm_rows(const std::vector<float> & x, const std::vec
 
 // The prefill attention kernels that take this head_dim (the pipelined one: 64 and 128).
 inline std::vector<cuda::PrefillKernel> prefill_kernels(int head_dim) {
-    if (cuda::prefill_wgmma_available(head_dim)) return {cuda::PrefillKernel::Tiled, cuda::PrefillKernel::Pipelined, cuda::PrefillKernel::Wgmma};
+    if (cuda::prefill_wgmma_available(head_dim)) {
+        return {cuda::PrefillKernel::Tiled, cuda::PrefillKernel::Pipelined, cuda::PrefillKernel::Wgmma, cuda::PrefillKernel::Tma};
+    }
     if (head_dim == 64 || head_dim == 128) return {cuda::PrefillKernel::Tiled, cuda::PrefillKernel::Pipelined};
     return {cuda::PrefillKernel::Tiled};
 }
 
 // The decode attention kernels that take this head_dim (the tensor-core one: 64 and 128).
 // The decode kernels' correctness cases: each kernel, the tensor-core one also with its early tile requests
-// (cuda::set_decode_early_kv); run() sets the mode and puts it back off.
+// (cuda::set_decode_early_kv); run() sets the mode and puts back the start-up setting.
 struct DecodeCase {
     cuda::DecodeKernel kernel;
     bool early_kv;
     template <class F> void run(F && f) const {
         cuda::set_decode_early_kv(early_kv);
         f();
-        cuda::set_decode_early_kv(false);
+        cuda::reset_decode_early_kv();
     }
 };
 inline std::vector<DecodeCase> decode_cases(int head_dim) {

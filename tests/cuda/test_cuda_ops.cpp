@@ -203,7 +203,7 @@ struct PagedCache {
         v = upload(vc);
         bt = upload(table);
     }
-    cuda::KVLayer layer() const { return {k.as<bf16>(), v.as<bf16>(), bt.as<int>(), block_size, 0, {}}; }
+    cuda::KVLayer layer() const { return {k.as<bf16>(), v.as<bf16>(), bt.as<int>(), block_size, 0, {}, int64_t(table.size()) * n_kv * block_size}; }
 };
 
 class Attention : public ::testing::TestWithParam<std::tuple<int, int, int>> {};

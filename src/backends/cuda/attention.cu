@@ -409,6 +409,7 @@ const char * prefill_kernel_name(PrefillKernel kernel) {
     case PrefillKernel::Tiled: return "tiled";
     case PrefillKernel::Pipelined: return "pipelined";
     case PrefillKernel::Wgmma: return "wgmma";
+    case PrefillKernel::Tma: return "tma";
     }
     return "?";
 }
@@ -420,10 +421,15 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
     if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
     if (kernel == PrefillKernel::Auto) {
-        static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled"), pipelined = env_is("QINFER_PREFILL_ATTN", "pipelined");
+        static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled"), pipelined = env_is("QINFER_PREFILL_ATTN", "pipelined"),
+                          tma = env_is("QINFER_PREFILL_ATTN", "tma");
         if (tiled || (head_dim != 64 && head_dim != 128)) kernel = PrefillKernel::Tiled;
         else if (pipelined || !prefill_wgmma_available(head_dim)) kernel = PrefillKernel::Pipelined;
-        else kernel = PrefillKernel::Wgmma;
+        else kernel = tma ? PrefillKernel::Tma : PrefillKernel::Wgmma;
+    }
+    if (kernel == PrefillKernel::Tma) {
+        if (launch_attention_prefill_tma(a, stream)) return;
+        kernel = PrefillKernel::Wgmma;
     }
     if (kernel == PrefillKernel::Wgmma) {
         if (launch_attention_prefill_wgmma(a, stream)) return;
@@ -468,10 +474,12 @@ static int decode_blocks_per_sm(int head_dim) {
     return decode_tc_stages(head_dim) == 3 ? 2 : 3;
 }
 
-// Off by default until measured: QINFER_DECODE_EARLY_KV=1 or set_decode_early_kv(true) turns it on.
-static std::atomic<bool> decode_early_kv_on{env_is("QINFER_DECODE_EARLY_KV", "1")};
+// On by default (H100, alternated: 0.5B BF16 +2.1%, 1.5B +1.0%, 7B +0.3%, 0.5B GPTQ-Int4 +2.6%;
+// bench/results/2026-11-27-h100-early-kv); QINFER_DECODE_EARLY_KV=0 or set_decode_early_kv(false) turns it off.
+static std::atomic<bool> decode_early_kv_on{!env_is("QINFER_DECODE_EARLY_KV", "0")};
 
 void set_decode_early_kv(bool on) { decode_early_kv_on = on; }
+void reset_decode_early_kv() { decode_early_kv_on = !env_is("QINFER_DECODE_EARLY_KV", "0"); }
 
 int decode_splits(int max_len, int n_kv, int head_dim, int batch) {
     static const bool fill = env_is("QINFER_DECODE_SPLITS", "fill");

@@ -63,9 +63,11 @@ struct QuantMatrix {
 void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream);
 size_t qgemv_scratch_bytes(int k_padded, int m);
 // The tiled layout's o_proj / down kernels (input from global memory, added to a residual) with twice the code loads in
-// flight per lane where their grid holds at most two blocks per SM (qgemv_ring.cuh). QINFER_QRING_DEEP=1 sets it at
-// start; not measured yet, so off by default.
+// flight per lane where their grid holds at most two blocks per SM (qgemv_ring.cuh). By default for 4-bit affine codes
+// (GPTQ/AWQ/AutoRound Int4) only; QINFER_QRING_DEEP=1 at start: for every code kind, =0: never. set_qgemv_ring_deep
+// overrides both (true: every kind); reset_qgemv_ring_deep puts back the start-up setting.
 void set_qgemv_ring_deep(bool on);
+void reset_qgemv_ring_deep();
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 
@@ -109,6 +111,7 @@ struct KVLayer {
     int block_size = 16;
     int table_stride = 0;
     KVQuant quant;
+    int64_t rows = 0;  // rows of this layer's k/v arrays (n_blocks * n_kv * block_size; 0: unknown, no tensor maps)
 };
 
 // The new tokens' q/k/v after the QKV projection: add biases, per-head RMSNorm of q and k (Qwen3), rotate-half RoPE,
@@ -150,11 +153,14 @@ void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream
 // Three implementations: 64 queries per block with each K/V tile loaded then used (any head_dim above); 128 queries
 // per block with the next tile in flight through cp.async while the current one is used (head_dim 64 and 128;
 // attention_prefill_pipelined.cu); the same pipeline feeding Hopper's warpgroup MMAs (head_dim 64 and 128, sm_90a
-// builds on compute capability 9.0; attention_prefill_wgmma.cu). Auto: the last that applies, unless
-// QINFER_PREFILL_ATTN=tiled or =pipelined (for A/B runs; a forced kind is passed as `kernel`).
-enum class PrefillKernel { Auto, Tiled, Pipelined, Wgmma };
+// builds on compute capability 9.0; attention_prefill_wgmma.cu); and for bf16 caches with known rows and block sizes
+// that divide 128 (multiples of 8), the warp-specialised form: a producer warp moves K/V pages with the tensor copy
+// engine into a three-stage ring guarded by mbarriers, two consumer warpgroups run the wgmma loop without block barriers
+// (attention_prefill_tma.cu; Tma where it does not apply runs Wgmma). Auto: Wgmma unless QINFER_PREFILL_ATTN=tiled,
+// =pipelined or =tma (for A/B runs; a forced kind is passed as `kernel`).
+enum class PrefillKernel { Auto, Tiled, Pipelined, Wgmma, Tma };
 const char * prefill_kernel_name(PrefillKernel kernel);
-// Whether the warpgroup-MMA kernel runs here for this head_dim.
+// Whether the warpgroup-MMA kernels run here for this head_dim.
 bool prefill_wgmma_available(int head_dim);
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
                        cudaStream_t stream, PrefillKernel kernel = PrefillKernel::Auto);
@@ -179,8 +185,10 @@ int decode_splits(int max_len, int n_kv, int head_dim, int batch = 1);
 enum class DecodeKernel { Auto, Simt, TensorCore };
 // The tensor-core kernel requests the block table and its first tiles of keys before the new key's (the ones written
 // by earlier steps) ahead of pdl_wait, so they overlap the end of the kernel ahead under programmatic dependent launch
-// (attention_decode_tc.cu). QINFER_DECODE_EARLY_KV=1 sets it at start; not measured yet, so off by default.
+// (attention_decode_tc.cu). On by default; QINFER_DECODE_EARLY_KV=0 turns it off at start; reset_decode_early_kv puts
+// back the start-up setting.
 void set_decode_early_kv(bool on);
+void reset_decode_early_kv();
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1,
                       DecodeKernel kernel = DecodeKernel::Auto);

@@ -290,10 +290,18 @@ void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut o
 
 }  // namespace
 
-static std::atomic<bool> ring_deep_on{env_is("QINFER_QRING_DEEP", "1")};
+// The deep ring's mode: 1 every code kind, 0 none, -1 4-bit affine codes only (the default: on an H100, 7B GPTQ-Int4
+// down 25.2 -> 22.2 us and o_proj 8.1 -> 7.6, while GPTQ-Int8 lost 1.1-1.3 us and NF4 tied;
+// bench/results/2026-11-27-h100-early-kv).
+static int ring_deep_start_mode() { return env_is("QINFER_QRING_DEEP", "1") ? 1 : env_is("QINFER_QRING_DEEP", "0") ? 0 : -1; }
+static std::atomic<int> ring_deep_mode{ring_deep_start_mode()};
 
-bool qgemv_ring_deep() { return ring_deep_on; }
-void set_qgemv_ring_deep(bool on) { ring_deep_on = on; }
+bool qgemv_ring_deep(bool affine4) {
+    const int mode = ring_deep_mode;
+    return mode == 1 || (mode == -1 && affine4);
+}
+void set_qgemv_ring_deep(bool on) { ring_deep_mode = on ? 1 : 0; }
+void reset_qgemv_ring_deep() { ring_deep_mode = ring_deep_start_mode(); }
 
 size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
 

@@ -19,8 +19,9 @@ void qgemv_ring_global(const QuantMatrix & w, const bf16 * x, int ldx, const Gem
 void qgemv_ring_stage_norm(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 
-// Whether launches that qualify use the deep ring (ring4::k_ring_deep; set_qgemv_ring_deep, QINFER_QRING_DEEP=1).
-bool qgemv_ring_deep();
+// Whether launches that qualify use the deep ring (ring4::k_ring_deep) for this code kind (set_qgemv_ring_deep,
+// QINFER_QRING_DEEP; by default 4-bit affine codes only).
+bool qgemv_ring_deep(bool affine4);
 
 // QINFER_QKS=1|2|4|8 forces the warps per row group of both quantized GEMVs (tuning experiments).
 inline int forced_ks() {
@@ -63,7 +64,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     const int grid = (n_rb + RBB - 1) / RBB;
     // The deep ring for inputs read from global memory into a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS == ring4::XSrc::Global && OUT == GemvOut::AddF32) {
-        if (qgemv_ring_deep() && grid <= 2 * sm_count()) {
+        if (qgemv_ring_deep(C == ring4::Codes::Affine4) && grid <= 2 * sm_count()) {
             auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
             static size_t configured_deep = 0;
             allow_dynamic_smem(deep, smem, configured_deep);

@@ -1,0 +1,235 @@
+// Causal prefill attention on Hopper, warp-specialised (FlashAttention-3's structure), for bf16 caches at head_dim 64
+// and 128.
+//
+// A block owns 128 queries of one head: two consumer warpgroups of 64 queries run the wgmma loop of
+// attention_prefill_wgmma.cu (S of tile t + 1 issued with P V of tile t), and one producer warp moves the K/V tiles
+// of 128 keys with the tensor copy engine. A 2-D tensor map per cache array (rows of head_dim bf16, boxes of 64
+// columns x block_size rows, 128-byte swizzle) lets one instruction bring one cache page's 64 columns straight into
+// wgmma's swizzled panel layout, so the consumers issue no loads and no address arithmetic for K/V. Three stages,
+// each guarded by two mbarriers: `full` (the producer's expected bytes, completed by the copies) and `empty` (every
+// consumer thread arrives once its MMAs on the stage are done). No block-wide barrier after the start: the two
+// warpgroups drift apart and their softmax phases need not coincide.
+//
+// Keys past the block's last one: pages past it are replaced by its last page (finite data, masked), and the last
+// tile's V rows past the end are zeroed in shared memory before any P V reads them (a cache slot never written may
+// hold NaN bit patterns; 0 x NaN would reach O). K rows there need nothing: their scores are set to -inf.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+
+#include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/attention_prefill_wgmma.cuh"
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/wgmma.cuh"
+
+namespace qinfer::cuda {
+
+namespace {
+
+using namespace prefill_wgmma;
+constexpr int k_consumer_threads = 128 * k_warpgroups;
+constexpr int k_threads = k_consumer_threads + 32;  // + the producer warp
+constexpr int k_stages = 3;
+constexpr int k_bar_tail = 3;  // named barriers 1, 2: each warpgroup's Q; 3: the two warpgroups at the last tile
+
+template <int D> struct TmaSmem {
+    static constexpr size_t tile_bytes = size_t(k_keys) * D * 2;  // K or V: [D / 64][k_keys][64] bf16, swizzled
+    static constexpr size_t stage_bytes = 2 * tile_bytes;
+    static constexpr size_t q_offset = k_stages * stage_bytes;  // Q: [D / 64][k_rows][64], swizzled
+    static constexpr size_t bar_offset = q_offset + size_t(k_rows) * D * 2;
+    static constexpr size_t bytes = bar_offset + 2 * k_stages * sizeof(uint64_t) + 1024;  // + the base's alignment
+};
+
+// grid (n_head, query tiles): heads fastest (a KV group's heads share its pages in L2), the heaviest query tiles first.
+// 224 registers per thread: 9 warps x 32 x 224 fill the 64K-register file of an SM (a launch bound of 288 threads makes
+// ptxas assume whole warpgroups, 168 registers, and spill the consumers' accumulators).
+constexpr int k_max_registers = 224;
+static_assert(k_threads * k_max_registers <= 65536, "one block per SM");
+
+template <int D>
+__global__ void __maxnreg__(k_max_registers)
+    attention_prefill_tma_kernel(PrefillArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Layout = TmaSmem<D>;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
+    unsigned char * qs = smem + Layout::q_offset;
+    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * empty = full + k_stages;
+
+    const int head = blockIdx.x, kvh = head / (a.n_head / a.n_kv);
+    const int q_tile = (gridDim.y - 1 - blockIdx.y) * k_rows;
+    const int last_row = min(q_tile + k_rows, a.n) - 1;
+    const int n_keys = a.pos0 + last_row + 1;  // causal: keys this block needs
+    const int n_tiles = (n_keys + k_keys - 1) / k_keys;
+    // Warp-uniform roles (a shuffle, so that ptxas sees uniform branches around the warpgroup MMAs).
+    const int warp_idx = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < k_stages; s++) {
+            sm90::mbar_init(&full[s], 1);
+            sm90::mbar_init(&empty[s], k_consumer_threads);
+        }
+        sm90::fence_mbar_init();
+    }
+    __syncthreads();
+
+    if (warp_idx == 2 * 4) {
+        // The producer: lane i handles page i of each tile (block_size >= 8, so at most 16 pages per tile).
+        const int lane = threadIdx.x % 32, bs = a.cache.block_size, pages = k_keys / bs, last_page = (n_keys - 1) / bs;
+        if (lane == 0) {
+            sm90::prefetch_tensor_map(&k_map);
+            sm90::prefetch_tensor_map(&v_map);
+        }
+        for (int t = 0; t < n_tiles; t++) {
+            const int s = t % k_stages;
+            int row = 0;
+            if (lane < pages) row = (a.cache.block_table[min(t * pages + lane, last_page)] * a.n_kv + kvh) * bs;
+            if (t >= k_stages) sm90::mbar_wait(&empty[s], (t / k_stages - 1) & 1);
+            if (lane == 0) sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Layout::stage_bytes));
+            __syncwarp();
+            if (lane < pages) {
+                unsigned char * ks = smem + s * Layout::stage_bytes, * vs = ks + Layout::tile_bytes;
+#pragma unroll
+                for (int c = 0; c < D / 64; c++) {
+                    const size_t at = size_t(c) * k_keys * 128 + size_t(lane) * bs * 128;
+                    sm90::tma_load_2d(ks + at, &k_map, &full[s], c * 64, row);
+                    sm90::tma_load_2d(vs + at, &v_map, &full[s], c * 64, row);
+                }
+            }
+        }
+        return;
+    }
+
+    // The consumers.
+    const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), warp = warp_idx % 4, g = threadIdx.x % 32 / 4;
+    const int wg_row = q_tile + wg * 64;
+    RowState rs;
+    rs.warp_row = wg_row + warp * 16;
+    rs.row0 = rs.warp_row + g;
+    rs.row1 = rs.row0 + 8;
+
+    // This warpgroup's 64 rows of Q, rows past the chunk zero.
+    for (int c = threadIdx.x % 128; c < 64 * (D / 8); c += 128) {
+        const int r = wg * 64 + c / (D / 8), ch = c % (D / 8), row = q_tile + r;
+        const bool valid = row < a.n;
+        cp_async16(qs + sm90::swizzle128_offset(r, ch, k_rows), a.q + (int64_t(valid ? row : 0) * a.n_head + head) * D + ch * 8, valid);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    sm90::fence_proxy_async_smem();
+    sm90::named_barrier(1 + wg, 128);
+
+    auto k_tile = [&](int t) { return reinterpret_cast<const bf16 *>(smem + (t % k_stages) * Layout::stage_bytes); };
+    const int tail_keys = n_keys - (n_tiles - 1) * k_keys;  // keys of the last tile that exist (1..k_keys)
+    // Waits for tile t; the last tile's V rows past the block's keys become zero (both warpgroups, then together).
+    auto landed = [&](int t) {
+        sm90::mbar_wait(&full[t % k_stages], (t / k_stages) & 1);
+        if (t == n_tiles - 1 && tail_keys < k_keys) {
+            unsigned char * vs = smem + (t % k_stages) * Layout::stage_bytes + Layout::tile_bytes;
+            const int chunks = (k_keys - tail_keys) * (D / 64) * 8;  // 16-byte chunks of the rows past the end
+            for (int i = threadIdx.x; i < chunks; i += k_consumer_threads) {
+                const int line = i / 8, key = tail_keys + line / (D / 64), panel = line % (D / 64);
+                *reinterpret_cast<uint4 *>(vs + size_t(panel) * k_keys * 128 + key * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            sm90::fence_proxy_async_smem();
+            sm90::named_barrier(k_bar_tail, k_consumer_threads);
+        }
+    };
+    auto release = [&](int t) { sm90::mbar_arrive(&empty[t % k_stages]); };
+
+    const uint32_t q_addr = sm90::smem_addr(qs) + wg * 64 * 128;
+    float o[D / 2] = {};  // this warpgroup's 64 x D output: D / 8 m16n8 fragments per warp
+    float s[k_keys / 2];  // S, then P, of one tile
+    uint32_t pf[k_keys / 16][4];
+    // Every tile of the block, fully masked where this warpgroup's rows do not reach it (a per-warpgroup bound
+    // around the MMAs would make ptxas serialise them, C7520).
+    landed(0);
+    sm90::wgmma_fence();
+    issue_qk<D>(s, q_addr, k_tile(0));
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(s);
+    for (int t = 0; t < n_tiles; t++) {
+        // s = S of tile t; P V of tile t - 1 may still run.
+        const float2 alpha = softmax_tile(s, rs, t * k_keys, a);
+        sm90::wgmma_wait<0>();
+        sm90::fence_operands(o);
+        for (auto & f : pf) sm90::fence_operands(f);
+        if (t > 0) release(t - 1);  // its K (S of t - 1) and V (P V of t - 1) are read
+        rescale_and_pack<D>(o, alpha, s, pf);
+        if (t + 1 < n_tiles) landed(t + 1);
+        sm90::fence_operands(s);
+        sm90::fence_operands(o);
+        for (auto & f : pf) sm90::fence_operands(f);
+        sm90::wgmma_fence();
+        if (t + 1 < n_tiles) issue_qk<D>(s, q_addr, k_tile(t + 1));
+        sm90::wgmma_commit();
+        issue_pv<D>(o, pf, k_tile(t) + Layout::tile_bytes / 2);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<1>();  // S of tile t + 1
+        sm90::fence_operands(s);
+    }
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(o);
+    store_prefill_rows<D / 8, true>(o, rs.l0, rs.l1, rs.row0, rs.row1, a, head);
+#else
+    __trap();  // launched only where prefill_wgmma_available() (an sm_90a build on a compute capability 9.0 device)
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, looked up once through the runtime (no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void * fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
+        }
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    return encode;
+}
+
+// The map of one cache array: rows of d bf16 ([rows, d]), boxes of 64 columns x block_size rows, 128-byte swizzle.
+bool cache_tensor_map(CUtensorMap * map, const bf16 * base, int64_t rows, int d, int block_size) {
+    const auto encode = tensor_map_encoder();
+    if (!encode) return false;
+    const cuuint64_t dims[2] = {cuuint64_t(d), cuuint64_t(rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(d) * 2};
+    const cuuint32_t box[2] = {64, cuuint32_t(block_size)};
+    const cuuint32_t element_strides[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16 *>(base), dims, strides, box, element_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int D> bool launch(const PrefillArgs & a, cudaStream_t stream) {
+    CUtensorMap k_map, v_map;
+    if (!cache_tensor_map(&k_map, a.cache.k, a.cache.rows, D, a.cache.block_size) ||
+        !cache_tensor_map(&v_map, a.cache.v, a.cache.rows, D, a.cache.block_size)) {
+        return false;
+    }
+    constexpr size_t smem = TmaSmem<D>::bytes;
+    static size_t configured = 0;  // once per instantiation
+    allow_dynamic_smem(attention_prefill_tma_kernel<D>, smem, configured);
+    const dim3 grid(a.n_head, (a.n + k_rows - 1) / k_rows);
+    attention_prefill_tma_kernel<D><<<grid, k_threads, smem, stream>>>(a, k_map, v_map);
+    CUDA_CHECK(cudaGetLastError());
+    return true;
+}
+
+}  // namespace
+
+bool launch_attention_prefill_tma(const PrefillArgs & a, cudaStream_t stream) {
+    const int bs = a.cache.block_size;
+    const bool applies = prefill_wgmma_available(a.d) && a.cache.quant.kind == KVKind::BF16 && a.cache.rows > 0 && bs >= 8 &&
+                         bs <= k_keys && k_keys % bs == 0 && (bs & (bs - 1)) == 0 && a.cache.table_stride == 0 &&
+                         a.cache.rows <= INT32_MAX;
+    if (!applies) return false;
+    return a.d == 64 ? launch<64>(a, stream) : launch<128>(a, stream);
+}
+
+}  // namespace qinfer::cuda
