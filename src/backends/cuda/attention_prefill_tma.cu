@@ -29,7 +29,10 @@ namespace {
 
 using namespace prefill_wgmma;
 constexpr int k_consumer_threads = 128 * k_warpgroups;
-constexpr int k_threads = k_consumer_threads + 32;  // + the producer warp
+constexpr int k_threads = k_consumer_threads + 128;  // + the producer warpgroup (one warp of it works)
+// Registers per thread after setmaxnreg: an SM quarter holds 16K registers and 3 of the block's 12 warps (one of the
+// producer's, two consumers'): 24 x 32 + 2 x 240 x 32 = 16128. At launch ptxas grants 168 (65536 / 384).
+constexpr int k_producer_registers = 24, k_consumer_registers = 240;
 constexpr int k_stages = 3;
 constexpr int k_bar_tail = 3;  // named barriers 1, 2: each warpgroup's Q; 3: the two warpgroups at the last tile
 
@@ -42,13 +45,8 @@ template <int D> struct TmaSmem {
 };
 
 // grid (n_head, query tiles): heads fastest (a KV group's heads share its pages in L2), the heaviest query tiles first.
-// 224 registers per thread: 9 warps x 32 x 224 fill the 64K-register file of an SM (a launch bound of 288 threads makes
-// ptxas assume whole warpgroups, 168 registers, and spill the consumers' accumulators).
-constexpr int k_max_registers = 224;
-static_assert(k_threads * k_max_registers <= 65536, "one block per SM");
-
 template <int D>
-__global__ void __maxnreg__(k_max_registers)
+__global__ void __launch_bounds__(k_threads, 1)
     attention_prefill_tma_kernel(PrefillArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Layout = TmaSmem<D>;
@@ -74,7 +72,9 @@ __global__ void __maxnreg__(k_max_registers)
     }
     __syncthreads();
 
-    if (warp_idx == 2 * 4) {
+    if (warp_idx >= 2 * 4) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(k_producer_registers));
+        if (warp_idx != 2 * 4) return;
         // The producer: lane i handles page i of each tile (block_size >= 8, so at most 16 pages per tile).
         const int lane = threadIdx.x % 32, bs = a.cache.block_size, pages = k_keys / bs, last_page = (n_keys - 1) / bs;
         if (lane == 0) {
@@ -102,6 +102,7 @@ __global__ void __maxnreg__(k_max_registers)
     }
 
     // The consumers.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(k_consumer_registers));
     const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0), warp = warp_idx % 4, g = threadIdx.x % 32 / 4;
     const int wg_row = q_tile + wg * 64;
     RowState rs;
