@@ -155,7 +155,8 @@ inline std::vector<float> norm_rows(const std::vector<float> & x, const std::vec
 // The prefill attention kernels that take this head_dim (the pipelined one: 64 and 128).
 inline std::vector<cuda::PrefillKernel> prefill_kernels(int head_dim) {
     if (cuda::prefill_wgmma_available(head_dim)) {
-        return {cuda::PrefillKernel::Tiled, cuda::PrefillKernel::Pipelined, cuda::PrefillKernel::Wgmma, cuda::PrefillKernel::Tma};
+        return {cuda::PrefillKernel::Tiled, cuda::PrefillKernel::Pipelined, cuda::PrefillKernel::Wgmma, cuda::PrefillKernel::Tma,
+                cuda::PrefillKernel::TmaPingpong};
     }
     if (head_dim == 64 || head_dim == 128) return {cuda::PrefillKernel::Tiled, cuda::PrefillKernel::Pipelined};
     return {cuda::PrefillKernel::Tiled};

@@ -410,6 +410,7 @@ const char * prefill_kernel_name(PrefillKernel kernel) {
     case PrefillKernel::Pipelined: return "pipelined";
     case PrefillKernel::Wgmma: return "wgmma";
     case PrefillKernel::Tma: return "tma";
+    case PrefillKernel::TmaPingpong: return "tma-pingpong";
     }
     return "?";
 }
@@ -422,13 +423,14 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
     if (kernel == PrefillKernel::Auto) {
         static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled"), pipelined = env_is("QINFER_PREFILL_ATTN", "pipelined"),
-                          tma = env_is("QINFER_PREFILL_ATTN", "tma");
+                          wgmma = env_is("QINFER_PREFILL_ATTN", "wgmma"), pingpong = env_is("QINFER_PREFILL_ATTN", "tma-pingpong");
         if (tiled || (head_dim != 64 && head_dim != 128)) kernel = PrefillKernel::Tiled;
         else if (pipelined || !prefill_wgmma_available(head_dim)) kernel = PrefillKernel::Pipelined;
-        else kernel = tma ? PrefillKernel::Tma : PrefillKernel::Wgmma;
+        else if (wgmma) kernel = PrefillKernel::Wgmma;
+        else kernel = pingpong ? PrefillKernel::TmaPingpong : PrefillKernel::Tma;
     }
-    if (kernel == PrefillKernel::Tma) {
-        if (launch_attention_prefill_tma(a, stream)) return;
+    if (kernel == PrefillKernel::Tma || kernel == PrefillKernel::TmaPingpong) {
+        if (launch_attention_prefill_tma(a, kernel == PrefillKernel::TmaPingpong, stream)) return;
         kernel = PrefillKernel::Wgmma;
     }
     if (kernel == PrefillKernel::Wgmma) {

@@ -85,8 +85,9 @@ template <class Launch> void for_kv_kind(KVKind kind, Launch && launch) {
 bool launch_attention_prefill_pipelined(const PrefillArgs & a, cudaStream_t stream);
 // The warpgroup-MMA prefill kernel (attention_prefill_wgmma.cu): false where prefill_wgmma_available is.
 bool launch_attention_prefill_wgmma(const PrefillArgs & a, cudaStream_t stream);
-// The warp-specialised form (attention_prefill_tma.cu): false where it does not apply (see PrefillKernel::Tma).
-bool launch_attention_prefill_tma(const PrefillArgs & a, cudaStream_t stream);
+// The warp-specialised form (attention_prefill_tma.cu), its consumers taking turns to issue MMAs where `pingpong`:
+// false where it does not apply (see PrefillKernel::Tma).
+bool launch_attention_prefill_tma(const PrefillArgs & a, bool pingpong, cudaStream_t stream);
 
 // Dims [col, col + 8) of a quantized cache row as 8 bf16 (one 16-byte shared-memory store).
 template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant & q, bool value, int64_t row, int d, int col) {

@@ -34,7 +34,9 @@ constexpr int k_threads = k_consumer_threads + 128;  // + the producer warpgroup
 // producer's, two consumers'): 24 x 32 + 2 x 240 x 32 = 16128. At launch ptxas grants 168 (65536 / 384).
 constexpr int k_producer_registers = 24, k_consumer_registers = 240;
 constexpr int k_stages = 3;
-constexpr int k_bar_tail = 3;  // named barriers 1, 2: each warpgroup's Q; 3: the two warpgroups at the last tile
+// Named barriers: 1, 2: each warpgroup's Q; 3: the two warpgroups at the last tile; 4, 5: warpgroup 0 / 1 may issue
+// its MMAs (PINGPONG).
+constexpr int k_bar_tail = 3, k_bar_turn = 4;
 
 template <int D> struct TmaSmem {
     static constexpr size_t tile_bytes = size_t(k_keys) * D * 2;  // K or V: [D / 64][k_keys][64] bf16, swizzled
@@ -45,7 +47,9 @@ template <int D> struct TmaSmem {
 };
 
 // grid (n_head, query tiles): heads fastest (a KV group's heads share its pages in L2), the heaviest query tiles first.
-template <int D>
+// PINGPONG (FlashAttention-3's inter-warpgroup schedule): the two consumer warpgroups take turns to issue their MMAs,
+// each handing the turn over right after its issue, so one warpgroup's softmax runs while the other's MMAs do.
+template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(k_threads, 1)
     attention_prefill_tma_kernel(PrefillArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -138,6 +142,15 @@ __global__ void __launch_bounds__(k_threads, 1)
         }
     };
     auto release = [&](int t) { sm90::mbar_arrive(&empty[t % k_stages]); };
+    auto await_turn = [&] {
+        if constexpr (PINGPONG) sm90::named_barrier(k_bar_turn + wg, k_consumer_threads);
+    };
+    auto pass_turn = [&] {
+        if constexpr (PINGPONG) sm90::named_barrier_arrive(k_bar_turn + 1 - wg, k_consumer_threads);
+    };
+    if constexpr (PINGPONG) {
+        if (wg == 0) sm90::named_barrier_arrive(k_bar_turn, k_consumer_threads);  // warpgroup 0 starts
+    }
 
     const uint32_t q_addr = sm90::smem_addr(qs) + wg * 64 * 128;
     float o[D / 2] = {};  // this warpgroup's 64 x D output: D / 8 m16n8 fragments per warp
@@ -146,9 +159,11 @@ __global__ void __launch_bounds__(k_threads, 1)
     // Every tile of the block, fully masked where this warpgroup's rows do not reach it (a per-warpgroup bound
     // around the MMAs would make ptxas serialise them, C7520).
     landed(0);
+    await_turn();
     sm90::wgmma_fence();
     issue_qk<D>(s, q_addr, k_tile(0));
     sm90::wgmma_commit();
+    pass_turn();
     sm90::wgmma_wait<0>();
     sm90::fence_operands(s);
     for (int t = 0; t < n_tiles; t++) {
@@ -163,11 +178,13 @@ __global__ void __launch_bounds__(k_threads, 1)
         sm90::fence_operands(s);
         sm90::fence_operands(o);
         for (auto & f : pf) sm90::fence_operands(f);
+        await_turn();
         sm90::wgmma_fence();
         if (t + 1 < n_tiles) issue_qk<D>(s, q_addr, k_tile(t + 1));
         sm90::wgmma_commit();
         issue_pv<D>(o, pf, k_tile(t) + Layout::tile_bytes / 2);
         sm90::wgmma_commit();
+        pass_turn();
         sm90::wgmma_wait<1>();  // S of tile t + 1
         sm90::fence_operands(s);
     }
@@ -207,7 +224,7 @@ bool cache_tensor_map(CUtensorMap * map, const bf16 * base, int64_t rows, int d,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D> bool launch(const PrefillArgs & a, cudaStream_t stream) {
+template <int D, bool PINGPONG> bool launch(const PrefillArgs & a, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!cache_tensor_map(&k_map, a.cache.k, a.cache.rows, D, a.cache.block_size) ||
         !cache_tensor_map(&v_map, a.cache.v, a.cache.rows, D, a.cache.block_size)) {
@@ -215,22 +232,23 @@ template <int D> bool launch(const PrefillArgs & a, cudaStream_t stream) {
     }
     constexpr size_t smem = TmaSmem<D>::bytes;
     static size_t configured = 0;  // once per instantiation
-    allow_dynamic_smem(attention_prefill_tma_kernel<D>, smem, configured);
+    allow_dynamic_smem(attention_prefill_tma_kernel<D, PINGPONG>, smem, configured);
     const dim3 grid(a.n_head, (a.n + k_rows - 1) / k_rows);
-    attention_prefill_tma_kernel<D><<<grid, k_threads, smem, stream>>>(a, k_map, v_map);
+    attention_prefill_tma_kernel<D, PINGPONG><<<grid, k_threads, smem, stream>>>(a, k_map, v_map);
     CUDA_CHECK(cudaGetLastError());
     return true;
 }
 
 }  // namespace
 
-bool launch_attention_prefill_tma(const PrefillArgs & a, cudaStream_t stream) {
+bool launch_attention_prefill_tma(const PrefillArgs & a, bool pingpong, cudaStream_t stream) {
     const int bs = a.cache.block_size;
     const bool applies = prefill_wgmma_available(a.d) && a.cache.quant.kind == KVKind::BF16 && a.cache.rows > 0 && bs >= 8 &&
                          bs <= k_keys && k_keys % bs == 0 && (bs & (bs - 1)) == 0 && a.cache.table_stride == 0 &&
                          a.cache.rows <= INT32_MAX;
     if (!applies) return false;
-    return a.d == 64 ? launch<64>(a, stream) : launch<128>(a, stream);
+    if (pingpong) return a.d == 64 ? launch<64, true>(a, stream) : launch<128, true>(a, stream);
+    return a.d == 64 ? launch<64, false>(a, stream) : launch<128, false>(a, stream);
 }
 
 }  // namespace qinfer::cuda

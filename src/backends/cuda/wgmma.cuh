@@ -77,6 +77,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t * bar, uint32_t parity) {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` without waiting (the other threads of its count wait with named_barrier).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // The tensor copy engine: box (c0, c1) of the 2-D tensor map `map` (a __grid_constant__ kernel parameter) into shared
 // memory at dst, its bytes counted on `bar`.
 __device__ __forceinline__ void tma_load_2d(void * dst, const void * map, uint64_t * bar, int c0, int c1) {
