@@ -423,11 +423,11 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
     if (kernel == PrefillKernel::Auto) {
         static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled"), pipelined = env_is("QINFER_PREFILL_ATTN", "pipelined"),
-                          wgmma = env_is("QINFER_PREFILL_ATTN", "wgmma"), pingpong = env_is("QINFER_PREFILL_ATTN", "tma-pingpong");
+                          wgmma = env_is("QINFER_PREFILL_ATTN", "wgmma"), no_pingpong = env_is("QINFER_PREFILL_ATTN", "tma");
         if (tiled || (head_dim != 64 && head_dim != 128)) kernel = PrefillKernel::Tiled;
         else if (pipelined || !prefill_wgmma_available(head_dim)) kernel = PrefillKernel::Pipelined;
         else if (wgmma) kernel = PrefillKernel::Wgmma;
-        else kernel = pingpong ? PrefillKernel::TmaPingpong : PrefillKernel::Tma;
+        else kernel = no_pingpong ? PrefillKernel::Tma : PrefillKernel::TmaPingpong;
     }
     if (kernel == PrefillKernel::Tma || kernel == PrefillKernel::TmaPingpong) {
         if (launch_attention_prefill_tma(a, kernel == PrefillKernel::TmaPingpong, stream)) return;

@@ -157,8 +157,8 @@ void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream
 // that divide 128 (multiples of 8), the warp-specialised form: a producer warp moves K/V pages with the tensor copy
 // engine into a three-stage ring guarded by mbarriers, two consumer warpgroups run the wgmma loop without block barriers
 // (attention_prefill_tma.cu; Tma where it does not apply runs Wgmma); TmaPingpong: the same with the consumer
-// warpgroups taking turns to issue their MMAs. Auto: Tma where it applies, else Wgmma, unless QINFER_PREFILL_ATTN=tiled,
-// =pipelined, =wgmma or =tma-pingpong (for A/B runs; a forced kind is passed as `kernel`).
+// warpgroups taking turns to issue their MMAs. Auto: TmaPingpong where it applies, else Wgmma, unless
+// QINFER_PREFILL_ATTN=tiled, =pipelined, =wgmma or =tma (for A/B runs; a forced kind is passed as `kernel`).
 enum class PrefillKernel { Auto, Tiled, Pipelined, Wgmma, Tma, TmaPingpong };
 const char * prefill_kernel_name(PrefillKernel kernel);
 // Whether the warpgroup-MMA kernels run here for this head_dim.
