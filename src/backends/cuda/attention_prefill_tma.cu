@@ -30,13 +30,7 @@ namespace {
 using namespace prefill_wgmma;
 constexpr int k_consumer_threads = 128 * k_warpgroups;
 constexpr int k_threads = k_consumer_threads + 128;  // + the producer warpgroup (one warp of it works)
-// Registers per thread after setmaxnreg: an SM quarter holds 16K registers and 3 of the block's 12 warps (one of the
-// producer's, two consumers'): 24 x 32 + 2 x 240 x 32 = 16128. At launch ptxas grants 168 (65536 / 384).
-constexpr int k_producer_registers = 24, k_consumer_registers = 240;
 constexpr int k_stages = 3;
-// Named barriers: 1, 2: each warpgroup's Q; 3: the two warpgroups at the last tile; 4, 5: warpgroup 0 / 1 may issue
-// its MMAs (PINGPONG).
-constexpr int k_bar_tail = 3, k_bar_turn = 4;
 
 template <int D> struct TmaSmem {
     static constexpr size_t tile_bytes = size_t(k_keys) * D * 2;  // K or V: [D / 64][k_keys][64] bf16, swizzled
@@ -53,6 +47,12 @@ template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(k_threads, 1)
     attention_prefill_tma_kernel(PrefillArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // Registers per thread after setmaxnreg: an SM quarter holds 16K registers and 3 of the block's 12 warps (one of
+    // the producer's, two consumers'): 24 x 32 + 2 x 240 x 32 = 16128. At launch ptxas grants 168 (65536 / 384).
+    constexpr int k_producer_registers = 24, k_consumer_registers = 240;
+    // Named barriers: 1, 2: each warpgroup's Q; 3: the two warpgroups at the last tile; 4, 5: warpgroup 0 / 1 may
+    // issue its MMAs (PINGPONG).
+    constexpr int k_bar_tail = 3, k_bar_turn = 4;
     using Layout = TmaSmem<D>;
     extern __shared__ unsigned char smem_raw[];
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
