@@ -2,13 +2,13 @@
 // and 128.
 //
 // A block owns 128 queries of one head: two consumer warpgroups of 64 queries run the wgmma loop of
-// attention_prefill_wgmma.cu (S of tile t + 1 issued with P V of tile t), and one producer warp moves the K/V tiles
-// of 128 keys with the tensor copy engine. A 2-D tensor map per cache array (rows of head_dim bf16, boxes of 64
+// attention_prefill_wgmma.cu (S of tile t + 1 issued with P V of tile t), and one warp of a producer warpgroup (its
+// registers handed to the consumers with setmaxnreg) moves the K/V tiles of 128 keys with the tensor copy engine. A 2-D tensor map per cache array (rows of head_dim bf16, boxes of 64
 // columns x block_size rows, 128-byte swizzle) lets one instruction bring one cache page's 64 columns straight into
 // wgmma's swizzled panel layout, so the consumers issue no loads and no address arithmetic for K/V. Three stages,
 // each guarded by two mbarriers: `full` (the producer's expected bytes, completed by the copies) and `empty` (every
-// consumer thread arrives once its MMAs on the stage are done). No block-wide barrier after the start: the two
-// warpgroups drift apart and their softmax phases need not coincide.
+// consumer thread arrives once its MMAs on the stage are done). No block-wide barrier after the start; with PINGPONG
+// (the default form) the two warpgroups take turns to issue their MMAs, so one's softmax overlaps the other's MMAs.
 //
 // Keys past the block's last one: pages past it are replaced by its last page (finite data, masked), and the last
 // tile's V rows past the end are zeroed in shared memory before any P V reads them (a cache slot never written may
