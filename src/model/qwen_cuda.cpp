@@ -371,11 +371,12 @@ void CudaQwenEngine::ensure_workspace(int c) {
 
 cuda::KVLayer CudaQwenEngine::kv_layer(int layer, int seq) const {
     const ModelConfig & c = model_->config;
-    const size_t rows = size_t(table_->n_blocks()) * c.num_key_value_heads * block_size_ * size_t(layer);  // before this layer
+    const size_t layer_rows = size_t(table_->n_blocks()) * c.num_key_value_heads * block_size_;
+    const size_t rows = layer_rows * size_t(layer);  // before this layer
     cuda::KVLayer kv;
     kv.block_table = block_tables_.at(seq).as<int>();
     kv.block_size = block_size_;
-    kv.rows = int64_t(table_->n_blocks()) * c.num_key_value_heads * block_size_;
+    kv.rows = int64_t(layer_rows);
     if (kv_kind_ == cuda::KVKind::BF16) {
         kv.k = reinterpret_cast<bf16 *>(k_cache_.as<uint8_t>() + rows * kv_row_bytes_);
         kv.v = reinterpret_cast<bf16 *>(v_cache_.as<uint8_t>() + rows * kv_row_bytes_);

@@ -229,21 +229,21 @@ TEST(CudaQuant, DecodeGemvTimings) {
                 cuda::GemvArgs a = gemv_args(sh.n, sh.k, m, dx, dnorm, dy);
                 cuda::QuantMatrix q = dq.q;
                 int call = 0;
-                cuda::set_qgemv_ring_deep(false);
-                const double us = 1e3 * time_ms(200, [&] {
-                    q.codes = reinterpret_cast<const uint32_t *>(codes.as<char>() + (call++ % copies) * code_bytes);
-                    cuda::qgemv(q, a, sh.in, sh.out, scratch.get(), nullptr);
-                }, 3);
-                cuda::reset_qgemv_ring_deep();
-                const double bytes = double(code_bytes + dq.scales.bytes() + dq.zeros.bytes() + dq.absmax.bytes());  // as stored on the device
-                std::printf("[ kernel ] qgemv %-9s %-7s m %d n %d k %d: %.1f us, %.0f GB/s\n", format, sh.name, m, rows, sh.k, us, bytes / us / 1e3);
-                if (sh.in == cuda::GemvIn::Bf16 && sh.out == cuda::GemvOut::AddF32) {  // the deep ring's forms
-                    cuda::set_qgemv_ring_deep(true);
-                    const double deep_us = 1e3 * time_ms(200, [&] {
+                // Microseconds per call with the deep ring off or on (each call reads another copy of the codes).
+                auto time_us = [&](bool deep) {
+                    cuda::set_qgemv_ring_deep(deep);
+                    const double t = 1e3 * time_ms(200, [&] {
                         q.codes = reinterpret_cast<const uint32_t *>(codes.as<char>() + (call++ % copies) * code_bytes);
                         cuda::qgemv(q, a, sh.in, sh.out, scratch.get(), nullptr);
                     }, 3);
                     cuda::reset_qgemv_ring_deep();
+                    return t;
+                };
+                const double us = time_us(false);
+                const double bytes = double(code_bytes + dq.scales.bytes() + dq.zeros.bytes() + dq.absmax.bytes());  // as stored on the device
+                std::printf("[ kernel ] qgemv %-9s %-7s m %d n %d k %d: %.1f us, %.0f GB/s\n", format, sh.name, m, rows, sh.k, us, bytes / us / 1e3);
+                if (sh.in == cuda::GemvIn::Bf16 && sh.out == cuda::GemvOut::AddF32) {  // the deep ring's forms
+                    const double deep_us = time_us(true);
                     std::printf("[ kernel ] qgemv %-9s %-7s m %d n %d k %d, deep ring: %.1f us, %.0f GB/s\n", format, sh.name, m, rows, sh.k, deep_us,
                                 bytes / deep_us / 1e3);
                 }

@@ -478,10 +478,11 @@ static int decode_blocks_per_sm(int head_dim) {
 
 // On by default (H100, alternated: 0.5B BF16 +2.1%, 1.5B +1.0%, 7B +0.3%, 0.5B GPTQ-Int4 +2.6%;
 // bench/results/2026-11-27-h100-early-kv); QINFER_DECODE_EARLY_KV=0 or set_decode_early_kv(false) turns it off.
-static std::atomic<bool> decode_early_kv_on{!env_is("QINFER_DECODE_EARLY_KV", "0")};
+static bool decode_early_kv_start() { return !env_is("QINFER_DECODE_EARLY_KV", "0"); }
+static std::atomic<bool> decode_early_kv_on{decode_early_kv_start()};
 
 void set_decode_early_kv(bool on) { decode_early_kv_on = on; }
-void reset_decode_early_kv() { decode_early_kv_on = !env_is("QINFER_DECODE_EARLY_KV", "0"); }
+void reset_decode_early_kv() { decode_early_kv_on = decode_early_kv_start(); }
 
 int decode_splits(int max_len, int n_kv, int head_dim, int batch) {
     static const bool fill = env_is("QINFER_DECODE_SPLITS", "fill");
