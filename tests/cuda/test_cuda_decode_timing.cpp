@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 
+#include "core/env.h"
 #include "cuda/helpers.h"
 
 namespace qinfer::test {
@@ -51,8 +52,11 @@ void time_decode(const char * name, int n_head, int n_kv, int d, int len) {
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// QINFER_DECODE_TIMING_LEN=N times that one length instead (for profiling a single case under ncu).
 TEST(CudaDecodeTimings, Qwen7BShapes) {
     REQUIRE_GPU();
+    const int only = env_int("QINFER_DECODE_TIMING_LEN", 0);
+    if (only > 0) return time_decode("7B", 28, 4, 128, only);
     for (int len : {1024, 2048, 4096, 8192, 30720, 129024}) time_decode("7B", 28, 4, 128, len);
 }
 
