@@ -25,6 +25,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/attention_prefill_wgmma.cu
   src/backends/cuda/attention_prefill_tma.cu
   src/backends/cuda/gemm.cpp
+  src/backends/cuda/tensor_map.cpp
   src/model/qwen_cuda.cpp
   src/model/qwen_cuda_decode.cpp)
 target_compile_definitions(qinfer_lib PUBLIC QINFER_CUDA)

@@ -162,8 +162,24 @@ inline std::vector<cuda::PrefillKernel> prefill_kernels(int head_dim) {
     return {cuda::PrefillKernel::Tiled};
 }
 
-// The decode attention kernels that take this head_dim (the tensor-core one: 64 and 128).
-// The decode kernels' correctness cases: each kernel, the tensor-core one also with its early tile requests
+// The decode attention kernels that take this cache and head_dim: the SIMT one always, the tensor-core one at 64 and
+// 128, its tensor-copy form where cuda::decode_tma_applies.
+inline std::vector<cuda::DecodeKernel> decode_kernels(int head_dim, const cuda::KVLayer & cache) {
+    std::vector<cuda::DecodeKernel> kernels{cuda::DecodeKernel::Simt};
+    if (head_dim == 64 || head_dim == 128) kernels.push_back(cuda::DecodeKernel::TensorCore);
+    if (cuda::decode_tma_applies(cache, head_dim)) kernels.push_back(cuda::DecodeKernel::TensorCoreTma);
+    return kernels;
+}
+inline const char * decode_kernel_name(cuda::DecodeKernel kernel) {
+    switch (kernel) {
+    case cuda::DecodeKernel::Simt: return "simt";
+    case cuda::DecodeKernel::TensorCore: return "tensor cores";
+    case cuda::DecodeKernel::TensorCoreTma: return "tensor cores, tensor copies";
+    default: return "auto";
+    }
+}
+
+// The decode kernels' correctness cases: each kernel, the tensor-core ones also with their early tile requests
 // (cuda::set_decode_early_kv); run() sets the mode and puts back the start-up setting.
 struct DecodeCase {
     cuda::DecodeKernel kernel;
@@ -174,18 +190,13 @@ struct DecodeCase {
         cuda::reset_decode_early_kv();
     }
 };
-inline std::vector<DecodeCase> decode_cases(int head_dim) {
-    std::vector<DecodeCase> cases{{cuda::DecodeKernel::Simt, false}};
-    if (head_dim == 64 || head_dim == 128) {
-        cases.push_back({cuda::DecodeKernel::TensorCore, false});
-        cases.push_back({cuda::DecodeKernel::TensorCore, true});
+inline std::vector<DecodeCase> decode_cases(int head_dim, const cuda::KVLayer & cache) {
+    std::vector<DecodeCase> cases;
+    for (cuda::DecodeKernel kernel : decode_kernels(head_dim, cache)) {
+        cases.push_back({kernel, false});
+        if (kernel != cuda::DecodeKernel::Simt) cases.push_back({kernel, true});
     }
     return cases;
-}
-
-inline std::vector<cuda::DecodeKernel> decode_kernels(int head_dim) {
-    if (head_dim == 64 || head_dim == 128) return {cuda::DecodeKernel::Simt, cuda::DecodeKernel::TensorCore};
-    return {cuda::DecodeKernel::Simt};
 }
 
 }  // namespace qinfer::test

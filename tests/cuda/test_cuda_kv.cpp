@@ -122,10 +122,10 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
     std::vector<float> want(size_t(n_head) * d), want16(size_t(n_head) * d);
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row16, v_row16, want16.data());
-    for (const DecodeCase & c : decode_cases(d)) {
+    for (const DecodeCase & c : decode_cases(d, cache.layer())) {
         cudaMemset(dout.get(), 0xff, dout.bytes());
         c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, c.kernel); });
-        const std::vector<float> & ref = c.kernel == cuda::DecodeKernel::TensorCore ? want16 : want;
+        const std::vector<float> & ref = c.kernel == cuda::DecodeKernel::Simt ? want : want16;
         EXPECT_LT(rel_err(download_bf16(dout, ref.size()), ref), 2e-2)
             << name << " decode len " << len << " d " << d << " rep " << n_rep << " kernel " << int(c.kernel) << " early " << c.early_kv;
     }
@@ -150,12 +150,12 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
         // Timings for the perf log (not assertions): decode with each kernel, and one 1024-query prefill chunk at the
         // end of the cache (what the engine runs per chunk of a long prompt).
         const double kv_bytes = 2.0 * len * n_kv * (row_bytes(t, d) + (t == KVDType::FP8 ? 0 : 8));
-        for (cuda::DecodeKernel kernel : decode_kernels(d)) {
+        for (cuda::DecodeKernel kernel : decode_kernels(d, cache.layer())) {
             const double ms = time_ms(50, [&] {
                 cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
             });
             std::printf("[ kernel ] attention_decode (%s) %s len %d d %d heads %d/%d: %.1f us, %.0f GB/s of KV\n",
-                        kernel == cuda::DecodeKernel::TensorCore ? "tensor cores" : "simt", name, len, d, n_head, n_kv, ms * 1e3,
+                        decode_kernel_name(kernel), name, len, d, n_head, n_kv, ms * 1e3,
                         kv_bytes / (ms * 1e-3) / 1e9);
         }
         const int nc = std::min(len, 1024);

@@ -250,7 +250,7 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
     cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
     std::vector<float> want(size_t(n_head) * d);
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
-    for (const DecodeCase & c : decode_cases(d)) {
+    for (const DecodeCase & c : decode_cases(d, cache.layer())) {
         cudaMemset(dout.get(), 0xff, dout.bytes());
         c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, c.kernel); });
         EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2)
@@ -258,13 +258,13 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
     }
     if ((len == 4097 || len == 129024) && n_rep == 7) {
         // Timings for the perf log (not assertions): decode (each kernel) and prefill over this cache.
-        for (cuda::DecodeKernel kernel : decode_kernels(d)) {
+        for (cuda::DecodeKernel kernel : decode_kernels(d, cache.layer())) {
             const double ms = time_ms(50, [&] {
                 cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
             });
             const double kv_bytes = 2.0 * len * n_kv * d * 2;
             std::printf("[ kernel ] attention_decode (%s) len %d d %d heads %d/%d: %.1f us, %.0f GB/s of KV\n",
-                        kernel == cuda::DecodeKernel::TensorCore ? "tensor cores" : "simt", len, d, n_head, n_kv, ms * 1e3,
+                        decode_kernel_name(kernel), len, d, n_head, n_kv, ms * 1e3,
                         kv_bytes / (ms * 1e-3) / 1e9);
         }
         const int reps = len > 10000 ? 1 : 5;
@@ -507,6 +507,7 @@ TEST(CudaOps, ArgmaxAdvanceAndMoeRows) {
 // row b of an int [batch, stride] array; K/V fp32 [len, n_kv, d] per sequence (bf16-exact).
 struct BatchCache {
     int block_size = 16, n_kv, d, stride = 0;
+    int64_t rows = 0;  // of the K (or V) array
     std::vector<int> lens, tables;
     std::vector<std::vector<float>> k, v;
     DeviceBuffer dk, dv, dt;
@@ -521,6 +522,7 @@ struct BatchCache {
         std::shuffle(pool.begin(), pool.end(), rng());
         tables.assign(lens.size() * size_t(stride), -1);
         std::vector<uint16_t> kc(pool.size() * n_kv * block_size * d, 0xffff), vc = kc;
+        rows = int64_t(pool.size()) * n_kv * block_size;
         size_t next = 0;
         for (size_t b = 0; b < lens.size(); b++) {
             const int len = lens[b];
@@ -542,7 +544,7 @@ struct BatchCache {
         dv = upload(vc);
         dt = upload(tables);
     }
-    cuda::KVLayer layer() const { return {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), block_size, stride, {}}; }
+    cuda::KVLayer layer() const { return {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), block_size, stride, {}, rows}; }
 };
 
 // Batched decode attention: each sequence of the batch, at its own length, equals the CPU reference alone.
@@ -564,7 +566,7 @@ TEST(CudaOps, AttentionDecodeBatch) {
             const int splits = cuda::decode_splits(4097, n_kv, d, B);
             DeviceBuffer po(size_t(B) * n_head * splits * d * 4, "test"), pml(size_t(B) * n_head * splits * 2 * 4, "test");
             cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
-            for (const DecodeCase & c : decode_cases(d)) {
+            for (const DecodeCase & c : decode_cases(d, cache.layer())) {
                 cudaMemset(dout.get(), 0xff, dout.bytes());
                 c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, B, c.kernel); });
                 const std::vector<float> got = download_bf16(dout, q.size());

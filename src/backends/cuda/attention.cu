@@ -497,18 +497,23 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, 16};
     dim3 grid(scratch.max_splits, n_kv, batch);
     if (kernel == DecodeKernel::Auto) {
-        static const bool simt = env_is("QINFER_DECODE_ATTN", "simt");
+        static const bool simt = env_is("QINFER_DECODE_ATTN", "simt"), no_tma = env_is("QINFER_DECODE_TMA", "0");
         kernel = !simt && (head_dim == 64 || head_dim == 128) ? DecodeKernel::TensorCore : DecodeKernel::Simt;
+        if (kernel == DecodeKernel::TensorCore && !no_tma && decode_tma_applies(cache, head_dim)) kernel = DecodeKernel::TensorCoreTma;
     }
-    if (kernel == DecodeKernel::TensorCore) {
+    if (kernel == DecodeKernel::TensorCore || kernel == DecodeKernel::TensorCoreTma) {
         a.early_kv = decode_early_kv_on;
         bool launched;
         {
             static const bool skip = pdl_skip("attention");
             ScopedNoPdl no_pdl(skip);
-            launched = launch_attention_decode_tc(a, head_dim, grid, stream);
+            launched = kernel == DecodeKernel::TensorCoreTma ? launch_attention_decode_tma(a, head_dim, grid, stream)
+                                                             : launch_attention_decode_tc(a, head_dim, grid, stream);
         }
-        if (!launched) QINFER_FAIL() << "attention_decode: the tensor-core kernel takes head_dim 64 or 128 (got " << head_dim << ")";
+        if (!launched) {
+            QINFER_FAIL() << "attention_decode: the " << (kernel == DecodeKernel::TensorCoreTma ? "tensor-copy" : "tensor-core")
+                          << " kernel does not take this cache (head_dim " << head_dim << ", block size " << cache.block_size << ")";
+        }
         a.min_split = 64;
         auto combine = [&](auto d_const) {
             constexpr int D = decltype(d_const)::value;

@@ -249,6 +249,9 @@ __device__ __forceinline__ int decode_split_size(int len, int max_splits, int mi
 // The tensor-core decode kernel (attention_decode_tc.cu) for head_dim 64 and 128: launches the split kernel over
 // `grid` with a.min_split = 64; false for other head dims.
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream);
+// The same kernel with its tiles brought by tensor copies (bf16 caches on sm_90a, see decode_tma_applies); false
+// where it does not apply.
+bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream);
 // Tiles the tensor-core decode kernel keeps resident at this head_dim (2 or 3; attention.cu).
 int decode_tc_stages(int head_dim);
 

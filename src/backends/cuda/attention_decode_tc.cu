@@ -2,61 +2,102 @@
 //
 // grid (max_splits, n_kv, batch), 4 warps per block. The n_rep query heads sharing KV head h are the rows of one
 // m16n8k16 tile (padded to 16 with zeros), so a key is read once for all of them and multiplied on tensor cores. The
-// split's keys stream through shared memory 64 at a time, double-buffered with cp.async (KVTilePipe: a quantized
-// cache's codes arrive raw and are dequantized to bf16 in shared memory); warp w takes keys [16w, 16w + 16) of each tile: S = Q K^T (two n-tiles),
-// online softmax per row in the log2 domain, O += P V with V fragments from ldmatrix.trans (the prefill kernel's
-// fragments, attention.cu). The warps' (m, l, O) merge through shared memory into the split's partial result, which
-// attention_combine_kernel reads as it reads the SIMT kernel's.
+// split's keys stream through shared memory 64 at a time in STAGES resident tiles; warp w takes keys [16w, 16w + 16)
+// of each tile: S = Q K^T (two n-tiles), online softmax per row in the log2 domain, O += P V with V fragments from
+// ldmatrix.trans (the prefill kernel's fragments, attention.cu). The warps' (m, l, O) merge through shared memory into
+// the split's partial result, which attention_combine_kernel reads as it reads the SIMT kernel's.
+//
+// Two ways to bring the tiles in, one tile computation (attend_tile):
+//   cp.async (any cache dtype, sm_80+): every thread requests 16-byte chunks into padded rows (KVTilePipe; a
+//     quantized cache's codes arrive raw and are dequantized to bf16 in shared memory). Each chunk costs its thread
+//     the key's block-table lookup and address arithmetic: at 129024 keys that issue work, not DRAM, set the pace
+//     (ncu on H100: ~950 instructions per warp and tile, DRAM at 74%; bench/results/2026-11-27-h100-decode-tma).
+//   tensor copies (bf16 caches on sm_90a): lanes of warp 0 issue one 2-D copy per 16 keys, 64 columns and K or V
+//     (tensor_map.h: 128-byte swizzle, so the fragments read conflict-free without padding), completing on the
+//     stage's mbarrier; the other warps only wait on it.
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_quant.cuh"
+#include "backends/cuda/tensor_map.h"
+#include "backends/cuda/wgmma.cuh"
 
 namespace qinfer::cuda {
 
 namespace {
 
 constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
+constexpr int k_copy_rows = 16;  // keys per tensor copy: a split starts at a multiple of 16, so 16 keys share a page
 
-// a.early_kv: what does not depend on the kernel ahead is read before pdl_wait(): the context length and the block
-// table (set before the step) and the first tiles whose keys all precede the new one (written by earlier steps); the
-// queries and the new key's K/V come from the kernel ahead (the QKV projection's epilogue or qkv_rope_cache). With
-// programmatic dependent launch those loads overlap the end of that kernel.
-template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
-    if (!a.early_kv) pdl_wait();
-    using Pipe = KVTilePipe<D, K, k_decode_threads, k_tile, false, STAGES>;
-    constexpr int ld = Pipe::ld;
-    extern __shared__ __align__(16) unsigned char smem_raw[];  // Pipe's tiles, then the warps' merge
-    __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
+// Byte offset of 16-byte chunk `chunk` (columns 8 chunk .. 8 chunk + 7) of key row `row` in a K or V tile.
+template <int D> struct PaddedTile {  // KVTilePipe's rows of D + 8 bf16
+    __device__ __forceinline__ static int at(int row, int chunk) { return (row * (D + 8) + chunk * 8) * 2; }
+};
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+struct SwizzledTile {  // panels of 64 columns, 128-byte swizzle (wgmma.cuh); the tensor-copy kernel's (sm_90a)
+    __device__ __forceinline__ static int at(int row, int chunk) { return sm90::swizzle128_offset(row, chunk, k_tile); }
+};
+#endif
 
-    const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int len = a.len_dev[b];
-    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
-    const int begin = split_id * split;
-    if (begin >= len) return;
-    const int end = min(len, begin + split);
-    const int n_rep = a.n_head / a.n_kv;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-    const int bs = a.cache.block_size;
-
-    const int first_block = begin / bs;
-    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
-    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
-    __syncthreads();
-
-    // Tile t: keys begin + 64 t ..
-    auto row_of = [&](int j) { return (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs; };
-    auto load_tile = [&](int t) { Pipe::load(smem_raw, a.cache, t, begin + t * k_tile, end, row_of); };
-    const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    int n_loaded = 0;  // tiles requested so far, in order (one cp.async group each)
-    if (a.early_kv) {
-        while (n_loaded < STAGES - 1 && n_loaded < n_tiles && min(begin + (n_loaded + 1) * k_tile, end) <= len - 1) load_tile(n_loaded++);
-        pdl_wait();
+// This warp's 16 keys of one tile (K at ks, V at vs, layout Tile), the first one `key0`; keys from `end` on are masked.
+// S = Q K^T, the online softmax of row g (m0, l0 in the log2 domain, l0 this lane's partial sum), O += P V.
+template <int D, class Tile>
+__device__ __forceinline__ void attend_tile(const unsigned char * ks, const unsigned char * vs, const uint32_t (&qf)[D / 16][4], int key0, int end,
+                                            float scale_log2, float (&o)[D / 8][4], float & m0, float & l0) {
+    const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, kw = threadIdx.x / 32 * 16;
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0;
+        const int row = kw + nt * 8 + g;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) {
+            const unsigned char * kr = ks + 4 * tq;
+            mma_16816(s[nt], qf[kc], *reinterpret_cast<const uint32_t *>(kr + Tile::at(row, 2 * kc)),
+                      *reinterpret_cast<const uint32_t *>(kr + Tile::at(row, 2 * kc + 1)));
+        }
     }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int key = key0 + nt * 8 + 2 * tq + e;
+            s[nt][e] = key < end ? s[nt][e] * scale_log2 : -INFINITY;
+            mx = fmaxf(mx, s[nt][e]);
+        }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float new_m = fmaxf(m0, mx);
+    const float ref = new_m == -INFINITY ? 0.f : new_m;  // a row with no key yet keeps exp2 finite
+    const float alpha = exp2f(m0 - ref);
+    m0 = new_m;
+    l0 *= alpha;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+        o[dt][0] *= alpha;
+        o[dt][1] *= alpha;
+    }
+    // P as one A fragment over the warp's 16 keys: row g in registers 0 and 2, the padding row g + 8 zero.
+    const float p00 = exp2f(s[0][0] - ref), p01 = exp2f(s[0][1] - ref), p10 = exp2f(s[1][0] - ref), p11 = exp2f(s[1][1] - ref);
+    l0 += p00 + p01 + p10 + p11;
+    const uint32_t pf[4] = {pack_bf16(p00, p01), 0u, pack_bf16(p10, p11), 0u};
+    const uint32_t v_base = uint32_t(__cvta_generic_to_shared(vs));
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+        uint32_t b0, b1;
+        const uint32_t addr = v_base + Tile::at(kw + lane % 16, dt);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
+        mma_16816(o[dt], pf, b0, b1);
+    }
+}
 
-    // Q fragments (A operand): row r is query head kvh * n_rep + r; rows n_rep..15 are zero (row g + 8 always is).
-    uint32_t qf[D / 16][4];
+// Q fragments (A operand) of KV head kvh's query heads: row r is query head kvh * n_rep + r; rows n_rep..15 are zero
+// (row g + 8 always is).
+template <int D> __device__ __forceinline__ void load_q_fragments(const DecodeArgs & a, int b, int kvh, uint32_t (&qf)[D / 16][4]) {
+    const int n_rep = a.n_head / a.n_kv, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const bf16 * q = a.q + (int64_t(b) * a.n_head + int64_t(kvh) * n_rep) * D;
 #pragma unroll
     for (int kc = 0; kc < D / 16; kc++) {
@@ -66,71 +107,19 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
         qf[kc][2] = g < n_rep ? load_pair(q + g * D + c1) : 0u;
         qf[kc][3] = 0u;
     }
+}
 
-    const float scale_log2 = a.scale * float(M_LOG2E);
-    float o[D / 8][4] = {};
-    float m0 = -INFINITY, l0 = 0;  // row g; row g + 8 is padding and never read
-    // Tiles 0 .. STAGES - 2 first; tile t + STAGES - 1 goes into the stage tile t - 1 left (free after its barrier).
-    for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
-    for (int t = 0; t < n_tiles; t++) {
-        if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
-        const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, min(STAGES - 1, n_tiles - 1 - t)), * vs = ks + Pipe::tile_elems;
-        const int kw = warp * 16;  // this warp's keys within the tile
-        float s[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0;
-#pragma unroll
-            for (int kc = 0; kc < D / 16; kc++) {
-                const bf16 * kr = &ks[(kw + nt * 8 + g) * ld + kc * 16 + 2 * tq];
-                mma_16816(s[nt], qf[kc], load_pair(kr), load_pair(kr + 8));
-            }
-        }
-        float mx = -INFINITY;
-        const int k0 = begin + t * k_tile + kw;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int key = k0 + nt * 8 + 2 * tq + e;
-                s[nt][e] = key < end ? s[nt][e] * scale_log2 : -INFINITY;
-                mx = fmaxf(mx, s[nt][e]);
-            }
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_m = fmaxf(m0, mx);
-        const float ref = new_m == -INFINITY ? 0.f : new_m;  // a row with no key yet keeps exp2 finite
-        const float alpha = exp2f(m0 - ref);
-        m0 = new_m;
-        l0 *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            o[dt][0] *= alpha;
-            o[dt][1] *= alpha;
-        }
-        // P as one A fragment over the warp's 16 keys: row g in registers 0 and 2, the padding row g + 8 zero.
-        const float p00 = exp2f(s[0][0] - ref), p01 = exp2f(s[0][1] - ref), p10 = exp2f(s[1][0] - ref), p11 = exp2f(s[1][1] - ref);
-        l0 += p00 + p01 + p10 + p11;
-        const uint32_t pf[4] = {pack_bf16(p00, p01), 0u, pack_bf16(p10, p11), 0u};
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            const bf16 * row = &vs[(kw + (lane % 16)) * ld + dt * 8];
-            uint32_t b0, b1;
-            const uint32_t addr = uint32_t(__cvta_generic_to_shared(row));
-            asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
-            mma_16816(o[dt], pf, b0, b1);
-        }
-        __syncthreads();  // the tile (and its stage) are overwritten next
-    }
-    pdl_trigger();  // the keys are read (QINFER_PDL_TRIGGER=loop builds)
+// After the last tile (its shared memory free, every warp past the barrier): the warps' (m, l, O) of each row merged
+// into the split's partial result.
+template <int D>
+__device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeArgs & a, int b, int kvh, int split_id, const float (&o)[D / 8][4],
+                                            float m0, float l0) {
+    const int n_rep = a.n_head / a.n_kv, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-
-    // Merge the warps (the tiles' shared memory is free now): per row, m and l, and O.
-    float * wm = reinterpret_cast<float *>(smem_raw);  // [warps][8]
-    float * wl = wm + k_decode_warps * 8;              // [warps][8]
-    float * wo = wl + k_decode_warps * 8;              // [warps][8][D]
+    float * wm = reinterpret_cast<float *>(smem);  // [warps][8]
+    float * wl = wm + k_decode_warps * 8;          // [warps][8]
+    float * wo = wl + k_decode_warps * 8;          // [warps][8][D]
     if (g < n_rep) {
         if (tq == 0) {
             wm[warp * 8 + g] = m0;
@@ -165,16 +154,181 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
     }
 }
 
+constexpr size_t k_merge_bytes(int d) { return (2 * k_decode_warps * 8 + k_decode_warps * 8 * size_t(d)) * sizeof(float); }
+
+// a.early_kv: what does not depend on the kernel ahead is read before pdl_wait(): the context length and the block
+// table (set before the step) and the first tiles whose keys all precede the new one (written by earlier steps); the
+// queries and the new key's K/V come from the kernel ahead (the QKV projection's epilogue or qkv_rope_cache). With
+// programmatic dependent launch those loads overlap the end of that kernel.
+template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decode_threads) attention_decode_tc_kernel(DecodeArgs a) {
+    if (!a.early_kv) pdl_wait();
+    using Pipe = KVTilePipe<D, K, k_decode_threads, k_tile, false, STAGES>;
+    extern __shared__ __align__(16) unsigned char smem_raw[];  // Pipe's tiles, then the warps' merge
+    __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
+
+    const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int len = a.len_dev[b];
+    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
+    const int begin = split_id * split;
+    if (begin >= len) return;
+    const int end = min(len, begin + split);
+    const int bs = a.cache.block_size;
+
+    const int first_block = begin / bs;
+    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
+    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
+    __syncthreads();
+
+    // Tile t: keys begin + 64 t ..
+    auto row_of = [&](int j) { return (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs; };
+    auto load_tile = [&](int t) { Pipe::load(smem_raw, a.cache, t, begin + t * k_tile, end, row_of); };
+    const int n_tiles = (end - begin + k_tile - 1) / k_tile;
+    int n_loaded = 0;  // tiles requested so far, in order (one cp.async group each)
+    if (a.early_kv) {
+        while (n_loaded < STAGES - 1 && n_loaded < n_tiles && min(begin + (n_loaded + 1) * k_tile, end) <= len - 1) load_tile(n_loaded++);
+        pdl_wait();
+    }
+    uint32_t qf[D / 16][4];
+    load_q_fragments<D>(a, b, kvh, qf);
+
+    const float scale_log2 = a.scale * float(M_LOG2E);
+    float o[D / 8][4] = {};
+    float m0 = -INFINITY, l0 = 0;  // row g; row g + 8 is padding and never read
+    // Tiles 0 .. STAGES - 2 first; tile t + STAGES - 1 goes into the stage tile t - 1 left (free after its barrier).
+    for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
+    for (int t = 0; t < n_tiles; t++) {
+        if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
+        const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, min(STAGES - 1, n_tiles - 1 - t)), * vs = ks + Pipe::tile_elems;
+        attend_tile<D, PaddedTile<D>>(reinterpret_cast<const unsigned char *>(ks), reinterpret_cast<const unsigned char *>(vs), qf,
+                                      begin + t * k_tile + threadIdx.x / 32 * 16, end, scale_log2, o, m0, l0);
+        __syncthreads();  // the tile (and its stage) are overwritten next
+    }
+    pdl_trigger();  // the keys are read (QINFER_PDL_TRIGGER=loop builds)
+    merge_warps<D>(smem_raw, a, b, kvh, split_id, o, m0, l0);
+}
+
+template <int D, int STAGES> struct TmaDecodeSmem {
+    static constexpr int tile_bytes = k_tile * D * 2;  // K or V: [D / 64][k_tile][64] bf16, swizzled
+    static constexpr int stage_bytes = 2 * tile_bytes;
+    static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
+    static constexpr size_t bytes = bar_offset + STAGES * sizeof(uint64_t) + 1024;  // + the base's alignment
+    static_assert(bar_offset >= k_merge_bytes(D), "the warp merge fits the tiles' memory");
+};
+
+// The same split over a bf16 cache, its tiles brought by the tensor copy engine (launched where decode_tma_applies).
+template <int D, int STAGES>
+__global__ void __launch_bounds__(k_decode_threads)
+    attention_decode_tma_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (!a.early_kv) pdl_wait();
+    using Layout = TmaDecodeSmem<D, STAGES>;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
+    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset);
+    __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
+
+    const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int len = a.len_dev[b];
+    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
+    const int begin = split_id * split;
+    if (begin >= len) return;
+    const int end = min(len, begin + split);
+    const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    const int first_block = begin / bs;
+    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
+    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) sm90::mbar_init(&full[s], 1);
+        sm90::fence_mbar_init();
+        sm90::prefetch_tensor_map(&k_map);
+        sm90::prefetch_tensor_map(&v_map);
+    }
+    __syncthreads();
+
+    // Tile t (keys begin + 64 t ..) into stage t % STAGES, by warp 0: lane i copies 16-key group i / (D / 32), panel
+    // i / 2 % (D / 64), K (even i) or V. Groups wholly past `end` are not copied.
+    constexpr int copies_per_group = 2 * (D / 64);
+    auto load_tile = [&](int t) {
+        if (warp != 0) return;
+        const int k0 = begin + t * k_tile, s = t % STAGES;
+        const int groups = (min(end - k0, k_tile) + k_copy_rows - 1) / k_copy_rows;
+        if (lane == 0) sm90::mbar_arrive_expect_tx(&full[s], uint32_t(groups * copies_per_group * k_copy_rows * 128));
+        __syncwarp();
+        if (lane < groups * copies_per_group) {
+            const int group = lane / copies_per_group, panel = lane / 2 % (D / 64), is_v = lane % 2, key = k0 + group * k_copy_rows;
+            const int row = (blocks[key / bs - first_block] * a.n_kv + kvh) * bs + key % bs;
+            unsigned char * dst = smem + s * Layout::stage_bytes + is_v * Layout::tile_bytes + panel * k_tile * 128 + group * k_copy_rows * 128;
+            sm90::tma_load_2d(dst, is_v ? &v_map : &k_map, &full[s], panel * 64, row);
+        }
+    };
+    const int n_tiles = (end - begin + k_tile - 1) / k_tile;
+    int n_loaded = 0;
+    if (a.early_kv) {
+        while (n_loaded < STAGES - 1 && n_loaded < n_tiles && min(begin + (n_loaded + 1) * k_tile, end) <= len - 1) load_tile(n_loaded++);
+        pdl_wait();
+    }
+    uint32_t qf[D / 16][4];
+    load_q_fragments<D>(a, b, kvh, qf);
+
+    const float scale_log2 = a.scale * float(M_LOG2E);
+    float o[D / 8][4] = {};
+    float m0 = -INFINITY, l0 = 0;
+    for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
+    for (int t = 0; t < n_tiles; t++) {
+        if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
+        const int s = t % STAGES, k0 = begin + t * k_tile;
+        unsigned char * ks = smem + s * Layout::stage_bytes, * vs = ks + Layout::tile_bytes;
+        sm90::mbar_wait(&full[s], (t / STAGES) & 1);
+        if (end - k0 < k_tile) {
+            // The last tile: V rows past `end` (slots never written, or groups not copied) become zero, so that no
+            // NaN pattern meets a zero probability in P V.
+            const int rows_valid = end - k0, chunks = (k_tile - rows_valid) * (D / 64) * 8;
+            for (int i = threadIdx.x; i < chunks; i += k_decode_threads) {
+                const int line = i / 8, row = rows_valid + line / (D / 64), panel = line % (D / 64);
+                *reinterpret_cast<uint4 *>(vs + panel * k_tile * 128 + row * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            __syncthreads();
+        }
+        attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0);
+        __syncthreads();  // the stage is refilled next
+    }
+    pdl_trigger();
+    merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0);
+#else
+    __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)
+#endif
+}
+
 template <int D, KVKind K, int STAGES> void launch(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     constexpr size_t smem = KVTilePipe<D, K, k_decode_threads, k_tile, false, STAGES>::smem_bytes;
-    static_assert(smem >= (2 * k_decode_warps * 8 + k_decode_warps * 8 * D) * sizeof(float), "the warp merge fits the tiles' memory");
+    static_assert(smem >= k_merge_bytes(D), "the warp merge fits the tiles' memory");
     static size_t configured = 0;  // once per instantiation, before any graph capture (the engine warms up first)
     allow_dynamic_smem(attention_decode_tc_kernel<D, K, STAGES>, smem, configured);
     a.min_split = k_tile;
     launch_kernel(attention_decode_tc_kernel<D, K, STAGES>, grid, k_decode_threads, smem, stream, a);
 }
 
+template <int D, int STAGES> bool launch_tma(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+    CUtensorMap k_map, v_map;
+    if (!cache_tensor_map(&k_map, a.cache.k, a.cache.rows, D, k_copy_rows) || !cache_tensor_map(&v_map, a.cache.v, a.cache.rows, D, k_copy_rows)) {
+        return false;
+    }
+    constexpr size_t smem = TmaDecodeSmem<D, STAGES>::bytes;
+    static size_t configured = 0;
+    allow_dynamic_smem(attention_decode_tma_kernel<D, STAGES>, smem, configured);
+    a.min_split = k_tile;
+    launch_kernel(attention_decode_tma_kernel<D, STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
+    return true;
+}
+
 }  // namespace
+
+bool decode_tma_applies(const KVLayer & cache, int head_dim) {
+    const int bs = cache.block_size;
+    return prefill_wgmma_available(head_dim) && cache.quant.kind == KVKind::BF16 && cache.rows > 0 && cache.rows <= INT32_MAX && bs >= k_copy_rows &&
+           bs % k_copy_rows == 0;
+}
 
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
     if (a.n_head / a.n_kv > 8 || (head_dim != 64 && head_dim != 128)) return false;
@@ -185,6 +339,13 @@ bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, c
         else three ? launch<128, K, 3>(a, grid, stream) : launch<128, K, 2>(a, grid, stream);
     });
     return true;
+}
+
+bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
+    if (a.n_head / a.n_kv > 8 || !decode_tma_applies(a.cache, head_dim)) return false;
+    const bool three = decode_tc_stages(head_dim) == 3;
+    if (head_dim == 64) return three ? launch_tma<64, 3>(a, grid, stream) : launch_tma<64, 2>(a, grid, stream);
+    return three ? launch_tma<128, 3>(a, grid, stream) : launch_tma<128, 2>(a, grid, stream);
 }
 
 }  // namespace qinfer::cuda

@@ -13,14 +13,12 @@
 // Keys past the block's last one: pages past it are replaced by its last page (finite data, masked), and the last
 // tile's V rows past the end are zeroed in shared memory before any P V reads them (a cache slot never written may
 // hold NaN bit patterns; 0 x NaN would reach O). K rows there need nothing: their scores are set to -inf.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/attention_prefill_wgmma.cuh"
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/tensor_map.h"
 #include "backends/cuda/wgmma.cuh"
 
 namespace qinfer::cuda {
@@ -194,34 +192,6 @@ __global__ void __launch_bounds__(k_threads, 1)
 #else
     __trap();  // launched only where prefill_wgmma_available() (an sm_90a build on a compute capability 9.0 device)
 #endif
-}
-
-// cuTensorMapEncodeTiled from the driver, looked up once through the runtime (no link to libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void * fn = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-            found != cudaDriverEntryPointSuccess) {
-            cudaGetLastError();
-            return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
-        }
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }();
-    return encode;
-}
-
-// The map of one cache array: rows of d bf16 ([rows, d]), boxes of 64 columns x block_size rows, 128-byte swizzle.
-bool cache_tensor_map(CUtensorMap * map, const bf16 * base, int64_t rows, int d, int block_size) {
-    const auto encode = tensor_map_encoder();
-    if (!encode) return false;
-    const cuuint64_t dims[2] = {cuuint64_t(d), cuuint64_t(rows)};
-    const cuuint64_t strides[1] = {cuuint64_t(d) * 2};
-    const cuuint32_t box[2] = {64, cuuint32_t(block_size)};
-    const cuuint32_t element_strides[2] = {1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16 *>(base), dims, strides, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 template <int D, bool PINGPONG> bool launch(const PrefillArgs & a, cudaStream_t stream) {

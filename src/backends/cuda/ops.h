@@ -183,7 +183,12 @@ int decode_splits(int max_len, int n_kv, int head_dim, int batch = 1);
 // Two implementations: SIMT lanes with an online softmax per lane group (any head_dim above), and tensor cores with
 // the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the tensor-core
 // kernel where it applies (2-2.4x faster on an H100, perf-log), unless QINFER_DECODE_ATTN=simt.
-enum class DecodeKernel { Auto, Simt, TensorCore };
+// TensorCoreTma: the tensor-core kernel with its K/V tiles brought by the tensor copy engine, where
+// decode_tma_applies (the default there; QINFER_DECODE_TMA=0 keeps cp.async).
+enum class DecodeKernel { Auto, Simt, TensorCore, TensorCoreTma };
+// Whether the tensor-copy decode kernel takes this cache: a bf16 cache with its rows known (KVLayer::rows), block
+// size a multiple of 16, on an sm_90a build running on a compute capability 9.0 device, head_dim 64 or 128.
+bool decode_tma_applies(const KVLayer & cache, int head_dim);
 // The tensor-core kernel requests the block table and its first tiles of keys before the new key's (the ones written
 // by earlier steps) ahead of pdl_wait, so they overlap the end of the kernel ahead under programmatic dependent launch
 // (attention_decode_tc.cu). On by default; QINFER_DECODE_EARLY_KV=0 turns it off at start; reset_decode_early_kv puts

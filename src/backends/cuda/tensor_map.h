@@ -1,0 +1,16 @@
+// 2-D tensor maps (the descriptors of Hopper's tensor copy engine, cp.async.bulk.tensor) over the paged KV cache.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda {
+
+// The map of one cache array, rows of d bf16 ([rows, d]), copied in boxes of 64 columns x box_rows rows with the
+// 128-byte swizzle (wgmma.cuh's panel layout). False where the driver has no encoder or the shape is refused.
+bool cache_tensor_map(CUtensorMap * map, const bf16 * base, int64_t rows, int d, int box_rows);
+
+}  // namespace qinfer::cuda
