@@ -6,16 +6,18 @@
 
 namespace qinfer {
 
-constexpr int k_decode_max_split_keys = 1024;  // keys per split at most (backends/cuda/attention_common.cuh)
+constexpr int k_decode_max_split_keys = 2048;  // keys a split may take at most (the kernels' block-table copies)
+constexpr int k_decode_split_keys = 1024;      // keys per split at most by default (QINFER_DECODE_SPLIT_KEYS)
 
 // Grid (splits x KV heads x batch) rounded up to whole waves of `slots` blocks (blocks per SM x SMs), with at least
-// one wave and at most 1024-key splits. On an H100 (396 slots), 7B with YaRN at 129024 keys needs 128 splits x 4 KV
+// one wave and at most split_keys keys per split (<= k_decode_max_split_keys). On an H100 (396 slots), 7B with YaRN at 129024 keys needs 128 splits x 4 KV
 // heads = 512 blocks, 1.3 waves: rounding to 2 full waves (198 splits) took decode from 109.3 to 113.6 tok/s, with
 // 30720 unchanged (bench/results/2026-11-26-h100-1370962). whole_waves = false gives the previous rule (one wave at
 // least, else 1024-key splits) for timing.
-inline int decode_splits_for(int max_len, int n_kv, int batch, int slots, bool whole_waves = true) {
+inline int decode_splits_for(int max_len, int n_kv, int batch, int slots, bool whole_waves = true, int split_keys = k_decode_split_keys) {
     const int per_split = std::max(1, n_kv * batch);
-    const int for_length = (max_len + k_decode_max_split_keys - 1) / k_decode_max_split_keys;
+    split_keys = std::clamp(split_keys, 64, k_decode_max_split_keys);
+    const int for_length = (max_len + split_keys - 1) / split_keys;
     if (!whole_waves) return std::min(1024, std::max({1, (slots + per_split - 1) / per_split, for_length}));
     const int blocks = std::max(for_length * per_split, slots);
     const int waves = (blocks + slots - 1) / slots;

@@ -18,17 +18,21 @@ inline double prefill_bytes_per_token(const ModelConfig & c) {
 // with 1024-token passes, 1.77 s with 4096) but holds more activations (7B: ~166 KB per token against 57 KB of bf16
 // KV). The pass is the longer of:
 // - a 32nd of the per-sequence cache, in multiples of 128, within [1024, 4096]: activations stay near a tenth of the
-//   KV cache (30720 + 2048 tokens: 1024; 63488 + 2048: 2048; 129024 + 2048: 4096). Quantized weights are
-//   dequantized once per pass and projection, so there it is an 8th of the cache (30720 + 2048: 4096; 7B GPTQ-Int4
-//   at 30720 on an H100: time to first token 2.35 -> 1.99 s, peak 6.83 -> 7.34 GB, bench/results/2026-11-26-h100-dequant);
+//   KV cache (30720 + 2048 tokens: 1024; 63488 + 2048: 2048). Quantized weights are dequantized once per pass and
+//   projection, so there it is an 8th of the cache (30720 + 2048: 4096; 7B GPTQ-Int4 at 30720 on an H100: time to
+//   first token 2.35 -> 1.99 s, peak 6.83 -> 7.34 GB, bench/results/2026-11-26-h100-dequant). Past 65536 tokens of
+//   cache the pass doubles (129024 + 2048: 8192 either way): each pass pays the weights' read (and dequantization)
+//   and the launches once, and the cache dwarfs the activations (7B YaRN at 129024 on an H100: time to first token
+//   9.76 -> 9.41 s with BF16 weights, 9.84 -> 9.67 s with GPTQ-Int4, +0.7 GB;
+//   bench/results/2026-11-27-h100-chunk-long, bench/results/2026-11-27-h100-decode-tma);
 // - as many 1024-token blocks (up to 4) as fit 0.2 GB of activations: small models' passes are cheap (0.5B: 42 KB
 //   per token, 4096; 1.5B: 76 KB, 2048; 7B: 1024). 0.5B at 30720: time to first token 0.55-0.60 -> 0.41-0.47 s,
 //   +0.13 GB (bench/results/2026-11-26-h100-chunk-small).
 inline int prefill_chunk_for_cache(int kv_tokens, bool dequantized_weights, double bytes_per_token) {
-    constexpr int k_min = 1024, k_max = 4096;
+    constexpr int k_min = 1024, k_max = 4096, k_long_cache = 65536;
     constexpr double k_activation_budget = 0.2e9;
     const int share = dequantized_weights ? 8 : 32;
-    const int by_cache = std::clamp(kv_tokens / share / 128 * 128, k_min, k_max);
+    const int by_cache = std::clamp(kv_tokens / share / 128 * 128, k_min, k_max) * (kv_tokens > k_long_cache ? 2 : 1);
     const int by_budget = std::clamp(int(k_activation_budget / bytes_per_token) / 1024 * 1024, k_min, k_max);
     return std::max(by_cache, by_budget);
 }

@@ -115,17 +115,21 @@ TEST(Plan, BatchesAndCacheDtypes) {
     EXPECT_GE(max_batch(KVDType::INT4), 3 * max_batch(KVDType::BF16));
 }
 
-// Prefill passes: a 32nd of the cache (an 8th with quantized weights) in multiples of 128 within [1024, 4096] (the
-// seed's rows for 7B: 1024 up to 30720 + 2048 tokens, 2048 at 63488 + 2048, 4096 at 129024 + 2048), or as many
-// 1024-token blocks as fit 0.2 GB of activations where that is longer (0.5B: 4096, 1.5B: 2048).
+// Prefill passes: a 32nd of the cache (an 8th with quantized weights) in multiples of 128 within [1024, 4096], twice
+// that past 65536 tokens of cache (the seed's rows for 7B: 1024 up to 30720 + 2048 tokens, 2048 at 63488 + 2048,
+// 8192 at 129024 + 2048), or as many 1024-token blocks as fit 0.2 GB of activations where that is longer (0.5B: 4096,
+// 1.5B: 2048).
 TEST(Plan, PrefillChunkFollowsTheCache) {
     const double b7 = prefill_bytes_per_token(preset_config("qwen2.5-7b", ""));
     EXPECT_EQ(prefill_chunk_for_cache(16, false, b7), 1024);
     EXPECT_EQ(prefill_chunk_for_cache(32768, false, b7), 1024);
     EXPECT_EQ(prefill_chunk_for_cache(65536, false, b7), 2048);
-    EXPECT_EQ(prefill_chunk_for_cache(100000, false, b7), 3072);
-    EXPECT_EQ(prefill_chunk_for_cache(131072, false, b7), 4096);
-    EXPECT_EQ(prefill_chunk_for_cache(1 << 30, false, b7), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(65537, false, b7), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(100000, false, b7), 6144);
+    EXPECT_EQ(prefill_chunk_for_cache(131072, false, b7), 8192);
+    EXPECT_EQ(prefill_chunk_for_cache(1 << 30, false, b7), 8192);
+    EXPECT_EQ(prefill_chunk_for_cache(65536, true, b7), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(131072, true, b7), 8192);
     EXPECT_EQ(prefill_chunk_for_cache(8192, true, b7), 1024);
     EXPECT_EQ(prefill_chunk_for_cache(16384, true, b7), 2048);
     EXPECT_EQ(prefill_chunk_for_cache(32768, true, b7), 4096);
@@ -143,9 +147,11 @@ TEST(DecodeSplits, WholeWaves) {
     EXPECT_EQ(decode_splits_for(1, 2, 1, 396), 198);
     EXPECT_EQ(decode_splits_for(1, 4, 100, 396), 1);
     EXPECT_EQ(decode_splits_for(1 << 30, 1, 1, 396), 1024);
+    // 2048-key splits (QINFER_DECODE_SPLIT_KEYS): the same cache in one wave of 264 blocks (2 per SM).
+    EXPECT_EQ(decode_splits_for(131072, 4, 1, 264, true, 2048), 66);
     for (int len : {1, 17, 4097, 129024, 1 << 20})
         for (int batch : {1, 3, 64})
-            EXPECT_GE(decode_splits_for(len, 4, batch, 396) * k_decode_max_split_keys, std::min(len, 1024 * 1024));
+            EXPECT_GE(decode_splits_for(len, 4, batch, 396) * k_decode_split_keys, std::min(len, 1024 * 1024));
 }
 
 }  // namespace qinfer
