@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
-# Fewer, longer decode splits: QINFER_DECODE_SPLIT_KEYS 1024 (the default) against SPLIT_KEYS_VALUES (default 2048),
+# Fewer, longer decode splits: QINFER_DECODE_SPLIT_KEYS 1024 (the default until e9c0fa9) against SPLIT_KEYS_VALUES (2048),
 # alternated: the decode attention on 7B's shapes at 129024 keys (one wave of 264 blocks instead of two), then rows
 # end to end (SPLIT_KEYS_SPECS preset:quant:lengths, AB_GEN tokens generated, default 2048).
 for keys in 1024 ${SPLIT_KEYS_VALUES:-2048} 1024 ${SPLIT_KEYS_VALUES:-2048}; do

@@ -50,11 +50,12 @@ TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
 
 // The default placement (an untied token embedding in pinned host memory), measured at cd6a074
 // (bench/results/2026-11-26-h100-cd6a074; batch 1, 2048 generated); 7B GPTQ-Int4 at 30720 with 4096-token prefill
-// passes at 31e49b1 (bench/results/2026-11-26-h100-dequant).
+// passes at 31e49b1 (bench/results/2026-11-26-h100-dequant); 7B YaRN at 129024 with 8192-token passes, GPTQ-Int4 at
+// 9893a16 and BF16 at e9c0fa9 (bench/results/2026-11-27-h100-decode-tma, bench/results/2026-11-27-h100-split-keys).
 TEST(Plan, MemoryModelMatchesHostEmbeddingPeaks) {
     const Measured rows[] = {{"qwen2.5-7b", "", 1, 14.262},           {"qwen2.5-7b", "gptq-int4", 1, 4.576},
                              {"qwen2.5-7b", "gptq-int4", 30720, 7.337}, {"qwen2.5-7b-yarn", "gptq-int4", 129024, 13.65},
-                             {"qwen2.5-7b-yarn", "", 129024, 23.04}};
+                             {"qwen2.5-7b-yarn", "", 129024, 23.03}};
     for (const Measured & m : rows) {
         const ModelConfig c = preset_config(m.preset, m.quant);
         const double est = estimate_cuda_memory(c, KVDType::BF16, 1, m.input, m.input + 2048).total() / 1e9;
@@ -138,17 +139,19 @@ TEST(Plan, PrefillChunkFollowsTheCache) {
     EXPECT_EQ(prefill_chunk_for_cache(16, false, prefill_bytes_per_token(preset_config("qwen2.5-0.5b", ""))), 4096);
 }
 
-// Decode splits in whole waves of 396 blocks (H100, 3 per SM): 7B (4 KV heads) at 129024 + 2048 keys needs 128
-// 1024-key splits = 512 blocks, rounded up to two waves (198 splits); short contexts fill one wave; the cap holds.
+// Decode splits in whole waves of 396 blocks (3 per SM on an H100): with 1024-key splits 7B (4 KV heads) at 129024 +
+// 2048 keys needs 128 splits = 512 blocks, rounded up to two waves (198 splits); with the default 2048-key splits 64
+// splits fit one wave (99); short contexts fill one wave; the cap holds.
 TEST(DecodeSplits, WholeWaves) {
-    EXPECT_EQ(decode_splits_for(131072, 4, 1, 396), 198);
-    EXPECT_EQ(decode_splits_for(131072, 4, 1, 396, false), 128);
+    EXPECT_EQ(decode_splits_for(131072, 4, 1, 396, true, 1024), 198);
+    EXPECT_EQ(decode_splits_for(131072, 4, 1, 396, false, 1024), 128);
+    EXPECT_EQ(decode_splits_for(131072, 4, 1, 396), 99);
     EXPECT_EQ(decode_splits_for(32768, 4, 1, 396), 99);
     EXPECT_EQ(decode_splits_for(1, 2, 1, 396), 198);
     EXPECT_EQ(decode_splits_for(1, 4, 100, 396), 1);
     EXPECT_EQ(decode_splits_for(1 << 30, 1, 1, 396), 1024);
-    // 2048-key splits (QINFER_DECODE_SPLIT_KEYS): the same cache in one wave of 264 blocks (2 per SM).
-    EXPECT_EQ(decode_splits_for(131072, 4, 1, 264, true, 2048), 66);
+    // The same cache in one wave of 264 blocks (2 per SM, the tensor-core kernel at head_dim 128).
+    EXPECT_EQ(decode_splits_for(131072, 4, 1, 264), 66);
     for (int len : {1, 17, 4097, 129024, 1 << 20})
         for (int batch : {1, 3, 64})
             EXPECT_GE(decode_splits_for(len, 4, batch, 396) * k_decode_split_keys, std::min(len, 1024 * 1024));

@@ -484,7 +484,7 @@ static std::atomic<bool> decode_early_kv_on{decode_early_kv_start()};
 void set_decode_early_kv(bool on) { decode_early_kv_on = on; }
 void reset_decode_early_kv() { decode_early_kv_on = decode_early_kv_start(); }
 
-// QINFER_DECODE_SPLIT_KEYS: the most keys per split (64..2048, default 1024), for timing fewer, longer splits.
+// QINFER_DECODE_SPLIT_KEYS: the most keys per split (64..2048, default k_decode_split_keys = 2048), for timing.
 int decode_splits(int max_len, int n_kv, int head_dim, int batch) {
     static const bool fill = env_is("QINFER_DECODE_SPLITS", "fill");
     static const int split_keys = env_int("QINFER_DECODE_SPLIT_KEYS", k_decode_split_keys);
