@@ -22,9 +22,10 @@ inline double prefill_bytes_per_token(const ModelConfig & c) {
 //   projection, so there it is an 8th of the cache (30720 + 2048: 4096; 7B GPTQ-Int4 at 30720 on an H100: time to
 //   first token 2.35 -> 1.99 s, peak 6.83 -> 7.34 GB, bench/results/2026-11-26-h100-dequant). Past 65536 tokens of
 //   cache the pass doubles (129024 + 2048: 8192 either way): each pass pays the weights' read (and dequantization)
-//   and the launches once, and the cache dwarfs the activations (7B YaRN at 129024 on an H100: time to first token
-//   9.76 -> 9.41 s with BF16 weights, 9.84 -> 9.67 s with GPTQ-Int4, +0.7 GB;
-//   bench/results/2026-11-27-h100-chunk-long, bench/results/2026-11-27-h100-decode-tma);
+//   and the launches once, and the cache dwarfs the activations (7B YaRN at 129024 on an H100, same-call A/Bs: time
+//   to first token 9.76 -> 9.41 s with BF16 weights at 652252a, 9.84 -> 9.67 s with GPTQ-Int4 at 9893a16, +0.7 GB;
+//   a later BF16 pair across calls showed no gain, 9.49 -> 9.51 s; bench/results/2026-11-27-h100-chunk-long,
+//   bench/results/2026-11-27-h100-decode-tma, bench/results/2026-11-27-h100-split-keys);
 // - as many 1024-token blocks (up to 4) as fit 0.2 GB of activations: small models' passes are cheap (0.5B: 42 KB
 //   per token, 4096; 1.5B: 76 KB, 2048; 7B: 1024). 0.5B at 30720: time to first token 0.55-0.60 -> 0.41-0.47 s,
 //   +0.13 GB (bench/results/2026-11-26-h100-chunk-small).
