@@ -88,6 +88,7 @@ struct QuantCache {
         l.quant.k_sz = ksz.as<float2>();
         l.quant.v_sz = vsz.as<float2>();
         l.quant.fp8_scale = scales.as<float>();
+        l.rows = int64_t(table.size()) * n_kv * block_size;
         return l;
     }
 };
