@@ -73,17 +73,13 @@ __global__ void __launch_bounds__(k_decode_threads)
     __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int len = a.len_dev[b];
-    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
-    const int begin = split_id * split;
-    if (begin >= len) return;
-    const int end = min(len, begin + split);
+    const DecodeSplit sp = decode_split(a);
+    if (sp.begin >= sp.len) return;
+    const int begin = sp.begin, end = sp.end, first_block = sp.first_block;
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int n_rep = a.n_head / a.n_kv, kw = warp * 16;
 
-    const int first_block = begin / bs;
-    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
-    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
+    copy_split_blocks(sp, bs, blocks);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) sm90::mbar_init(&full[s], 1);
         sm90::fence_mbar_init();
@@ -114,11 +110,7 @@ __global__ void __launch_bounds__(k_decode_threads)
         }
     };
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    int n_loaded = 0;
-    if (a.early_kv) {
-        while (n_loaded < STAGES - 1 && n_loaded < n_tiles && min(begin + (n_loaded + 1) * k_tile, end) <= len - 1) load_tile(n_loaded++);
-        pdl_wait();
-    }
+    const int n_loaded = request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far, in order
 
     // Q (A operand, fp16, in the log2 domain): in k-slice kc, positions 2 tq, 2 tq + 1 are dims 32 tq + 4 kc + {0, 1}
     // and positions 2 tq + 8, 2 tq + 9 dims 32 tq + 4 kc + {2, 3}; rows n_rep..15 zero. q_sum: row g's sum of the

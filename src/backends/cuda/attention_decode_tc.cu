@@ -120,27 +120,19 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
     __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int len = a.len_dev[b];
-    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
-    const int begin = split_id * split;
-    if (begin >= len) return;
-    const int end = min(len, begin + split);
+    const DecodeSplit sp = decode_split(a);
+    if (sp.begin >= sp.len) return;
+    const int begin = sp.begin, end = sp.end, first_block = sp.first_block;
     const int bs = a.cache.block_size;
 
-    const int first_block = begin / bs;
-    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
-    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
+    copy_split_blocks(sp, bs, blocks);
     __syncthreads();
 
     // Tile t: keys begin + 64 t ..
     auto row_of = [&](int j) { return (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs; };
     auto load_tile = [&](int t) { Pipe::load(smem_raw, a.cache, t, begin + t * k_tile, end, row_of); };
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    int n_loaded = 0;  // tiles requested so far, in order (one cp.async group each)
-    if (a.early_kv) {
-        while (n_loaded < STAGES - 1 && n_loaded < n_tiles && min(begin + (n_loaded + 1) * k_tile, end) <= len - 1) load_tile(n_loaded++);
-        pdl_wait();
-    }
+    const int n_loaded = request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far, in order
     uint32_t qf[D / 16][4];
     load_q_fragments<D>(a, b, kvh, qf);
 
@@ -181,16 +173,12 @@ __global__ void __launch_bounds__(k_decode_threads)
     __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int len = a.len_dev[b];
-    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
-    const int begin = split_id * split;
-    if (begin >= len) return;
-    const int end = min(len, begin + split);
+    const DecodeSplit sp = decode_split(a);
+    if (sp.begin >= sp.len) return;
+    const int begin = sp.begin, end = sp.end, first_block = sp.first_block;
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    const int first_block = begin / bs;
-    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
-    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
+    copy_split_blocks(sp, bs, blocks);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) sm90::mbar_init(&full[s], 1);
         sm90::fence_mbar_init();
@@ -216,11 +204,7 @@ __global__ void __launch_bounds__(k_decode_threads)
         }
     };
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    int n_loaded = 0;
-    if (a.early_kv) {
-        while (n_loaded < STAGES - 1 && n_loaded < n_tiles && min(begin + (n_loaded + 1) * k_tile, end) <= len - 1) load_tile(n_loaded++);
-        pdl_wait();
-    }
+    const int n_loaded = request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far, in order
     uint32_t qf[D / 16][4];
     load_q_fragments<D>(a, b, kvh, qf);
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/common.cuh"
 
 namespace qinfer::cuda::decode_tc {
 
@@ -15,6 +16,36 @@ constexpr int k_copy_rows = 16;  // keys per tensor copy: a split starts at a mu
 struct MmaColumns {
     __device__ __forceinline__ int operator()(int dt, int e) const { return dt * 8 + 2 * int(threadIdx.x % 4) + e; }
 };
+
+// This block's split (blockIdx.x) of sequence blockIdx.z: keys [begin, end) of the sequence's len; the whole block
+// returns when it is empty (begin >= len: a short sequence in a grid sized for the longest context).
+struct DecodeSplit {
+    int len, begin, end, first_block;  // first_block: the table index of the block holding key `begin`
+    const int * table;                 // the sequence's block table
+};
+__device__ __forceinline__ DecodeSplit decode_split(const DecodeArgs & a) {
+    const int b = blockIdx.z, len = a.len_dev[b];
+    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
+    const int begin = int(blockIdx.x) * split;
+    return {len, begin, min(len, begin + split), begin / a.cache.block_size, a.cache.block_table + int64_t(b) * a.cache.table_stride};
+}
+// The split's block-table entries into shared `blocks` (the caller's barrier publishes them).
+__device__ __forceinline__ void copy_split_blocks(const DecodeSplit & sp, int block_size, int * blocks) {
+    for (int i = threadIdx.x; i <= (sp.end - 1) / block_size - sp.first_block; i += blockDim.x) blocks[i] = sp.table[sp.first_block + i];
+}
+
+// a.early_kv: the first tiles (up to STAGES - 1) whose keys all precede the new one, written by earlier steps, are
+// requested before pdl_wait(), so they overlap the end of the kernel ahead; returns how many were. Without it the
+// kernel waited at its start and none are.
+template <int STAGES, class Load>
+__device__ __forceinline__ int request_early_tiles(const DecodeArgs & a, const DecodeSplit & sp, int n_tiles, Load load_tile) {
+    int n = 0;
+    if (a.early_kv) {
+        while (n < STAGES - 1 && n < n_tiles && min(sp.begin + (n + 1) * k_tile, sp.end) <= sp.len - 1) load_tile(n++);
+        pdl_wait();
+    }
+    return n;
+}
 
 // After the last tile (its shared memory free, every warp past the barrier): the warps' (m, l, O) of each row merged
 // into the split's partial result; col(dt, e) is the column of this lane's o[dt][e].
