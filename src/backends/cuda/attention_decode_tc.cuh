@@ -38,7 +38,7 @@ __device__ __forceinline__ void copy_split_blocks(const DecodeSplit & sp, int bl
 // requested before pdl_wait(), so they overlap the end of the kernel ahead; returns how many were. Without it the
 // kernel waited at its start and none are.
 template <int STAGES, class Load>
-__device__ __forceinline__ int request_early_tiles(const DecodeArgs & a, const DecodeSplit & sp, int n_tiles, Load load_tile) {
+__device__ __forceinline__ int request_early_tiles(const DecodeArgs & a, const DecodeSplit & sp, int n_tiles, const Load & load_tile) {
     int n = 0;
     if (a.early_kv) {
         while (n < STAGES - 1 && n < n_tiles && min(sp.begin + (n + 1) * k_tile, sp.end) <= sp.len - 1) load_tile(n++);
