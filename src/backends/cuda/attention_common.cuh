@@ -237,6 +237,7 @@ struct DecodeArgs {
     DecodeScratch scratch;
     int min_split;  // fewest keys a split takes (the kernel's tile)
     bool early_kv = false;  // tensor-core kernel: keys before the new one requested before pdl_wait (set_decode_early_kv)
+    bf16 * out = nullptr;   // [batch, n_head, d]: where the tensor-core kernels' last split block writes (scratch.arrivals)
 };
 
 // Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of

@@ -150,6 +150,7 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
     }
     pdl_trigger();  // the keys are read (QINFER_PDL_TRIGGER=loop builds)
     merge_warps<D>(smem_raw, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
+    if (a.scratch.arrivals) combine_if_last<D>(a, sp, b, kvh);
 }
 
 template <int D, int STAGES> struct TmaDecodeSmem {
@@ -232,6 +233,7 @@ __global__ void __launch_bounds__(k_decode_threads)
     }
     pdl_trigger();
     merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
+    if (a.scratch.arrivals) combine_if_last<D>(a, sp, b, kvh);
 #else
     __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)
 #endif
