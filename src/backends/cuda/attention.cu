@@ -518,7 +518,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
                           << " kernel does not take this cache (head_dim " << head_dim << ", block size " << cache.block_size << ")";
         }
         if (scratch.arrivals) return;  // merged by the kernel's last split blocks
-        a.min_split = 64;
+        a.min_split = decode_min_split();
         auto combine = [&](auto d_const) {
             constexpr int D = decltype(d_const)::value;
             launch_combine<D>(scratch, len_dev, a.min_split, out, n_head, batch, stream);

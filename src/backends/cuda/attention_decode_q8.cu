@@ -251,7 +251,7 @@ template <int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t strea
     constexpr size_t smem = Q8Smem<STAGES>::bytes;
     static size_t configured = 0;
     allow_dynamic_smem(attention_decode_q8_kernel<STAGES>, smem, configured);
-    a.min_split = k_tile;
+    a.min_split = decode_min_split();
     launch_kernel(attention_decode_q8_kernel<STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
     return true;
 }
