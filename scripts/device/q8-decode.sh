@@ -8,9 +8,11 @@ build-device/tests/qinfer_tests --gtest_filter='*QuantAttention*:*KvBackends*:*G
 note "int8 decode tests: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/q8-tests.log" | tr '\n' ' ')"
 grep -E "^\[ kernel \] attention_decode|^\[ kv \]" "$OUT/q8-tests.log" | tee -a "$OUT/q8-decode.log"
 grep -E "Failure" -A6 "$OUT/q8-tests.log" | head -30
-for q in ${Q8_WEIGHTS:-gptq-int4 bf16}; do
-    for v in 0 1; do
-        QINFER_DECODE_TMA=$v "$Q" bench --preset qwen2.5-7b-yarn --quant $q --kv-dtype int8 --input-lens 129024 --gen "${AB_GEN:-2048}" \
-            --json "$OUT/q8-$q-$v.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/tma $v /" | tee -a "$OUT/q8-decode.log"
+for kv in ${Q8_KV:-int8 fp8}; do
+    for q in ${Q8_WEIGHTS:-gptq-int4}; do
+        for v in 0 1; do
+            QINFER_DECODE_TMA=$v "$Q" bench --preset qwen2.5-7b-yarn --quant $q --kv-dtype $kv --input-lens 129024 --gen "${AB_GEN:-2048}" \
+                --json "$OUT/q8-$q-$kv-$v.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/tma $v /" | tee -a "$OUT/q8-decode.log"
+        done
     done
 done

@@ -256,7 +256,7 @@ bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, 
 // Keys a tensor-core split takes at least: the tile (64), or QINFER_DECODE_MIN_SPLIT (a multiple of 64 up to 1024),
 // for timing fewer, longer splits at short contexts (fewer partial rows to merge).
 int decode_min_split();
-// Its int8-cache form at head_dim 128 (attention_decode_q8.cu), called by launch_attention_decode_tma.
+// Its int8 / fp8 cache form at head_dim 128 (attention_decode_q8.cu), called by launch_attention_decode_tma.
 bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream);
 // Tiles the tensor-core decode kernel keeps resident at this head_dim (2 or 3; attention.cu).
 int decode_tc_stages(int head_dim);

@@ -1,5 +1,5 @@
-// Decode attention over an int8 cache on Hopper (head_dim 128): the split kernel of attention_decode_tc.cu with the
-// codes multiplied as they are, no dequantization pass.
+// Decode attention over an int8 or fp8 cache on Hopper (head_dim 128): the split kernel of attention_decode_tc.cu
+// with the codes multiplied as they are, no dequantization pass.
 //
 // A cache row is x = (c - z) s (kv_quant.cuh). The scores and the output split into a product with the raw codes and
 // a per-key correction:
@@ -12,8 +12,12 @@
 // supplies dims 16 g .. 16 g + 15 (o[dt][e] of lane (g, tq) is dim 16 (2 tq + e) + dt). Keys past the split's end
 // get P' = 0 from a select, so never-written rows (codes are finite bytes; their scales may be NaN) add nothing.
 //
+// fp8 (e4m3, one scale per layer for K and one for V): codes become fp16 pairs by cvt, S = s_K (Q.E), O = s_V (P E).
+// A byte pattern past the end may be an e4m3 NaN, so there the last tile's V rows are zeroed in shared memory.
+//
 // Tiles arrive as in the bf16 tensor-copy kernel: lanes of warp 0 issue, per 16 keys, one 2-D copy of the K codes and
-// one of the V codes (128-byte rows, 128-byte swizzle) and one bulk copy each of the 16 rows' K and V (scale, zero).
+// one of the V codes (128-byte rows, 128-byte swizzle) and, for int8, one bulk copy each of the 16 rows' K and V
+// (scale, zero).
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
@@ -43,11 +47,16 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
     return *reinterpret_cast<const uint32_t *>(&h);
 }
 __device__ __forceinline__ float2 unpack_f16(uint32_t bits) { return __half22float2(*reinterpret_cast<const __half2 *>(&bits)); }
+// The two e4m3 codes in the low 16 bits of `bits` as an fp16 pair (low byte in the low half).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t bits) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bits & 0xffffu), __NV_E4M3);
+    return uint32_t(h.x) | uint32_t(h.y) << 16;
+}
 #endif
 
-template <int STAGES> struct Q8Smem {
+template <KVKind K, int STAGES> struct Q8Smem {
     static constexpr int codes_bytes = k_tile * D;  // K or V codes: [k_tile][128] bytes, 128-byte swizzle
-    static constexpr int sz_bytes = k_tile * 8;     // K or V (scale, zero): [k_tile] float2
+    static constexpr int sz_bytes = K == KVKind::INT8 ? k_tile * 8 : 0;  // K or V (scale, zero): [k_tile] float2
     static constexpr int stage_bytes = 2 * codes_bytes + 2 * sz_bytes;
     static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
     static constexpr size_t bytes = bar_offset + STAGES * sizeof(uint64_t) + 1024;  // + the base's alignment
@@ -60,13 +69,15 @@ template <int STAGES> struct Q8Smem {
 __device__ __forceinline__ int code_at(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
 #endif
 
-template <int STAGES>
+template <KVKind K, int STAGES>
 __global__ void __launch_bounds__(k_decode_threads)
     attention_decode_q8_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (!a.early_kv) pdl_wait();
     constexpr uint32_t k_magic = 0x64646464u;  // fp16 1024 in each half once a code byte fills the low mantissa byte
-    using Layout = Q8Smem<STAGES>;
+    constexpr bool int8 = K == KVKind::INT8;
+    static_assert(int8 || K == KVKind::FP8, "int8 or fp8 codes");
+    using Layout = Q8Smem<K, STAGES>;
     extern __shared__ unsigned char smem_raw[];
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
     uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset);
@@ -88,17 +99,18 @@ __global__ void __launch_bounds__(k_decode_threads)
     }
     __syncthreads();
 
-    // Tile t into stage t % STAGES by warp 0: lane i takes 16-key group i / 4 and part i % 4 (K codes, V codes, K
-    // (scale, zero), V (scale, zero)). Groups wholly past `end` are not copied.
-    constexpr uint32_t group_bytes = 2 * k_copy_rows * D + 2 * k_copy_rows * 8;
+    // Tile t into stage t % STAGES by warp 0: lane i takes 16-key group i / parts and part i % parts (K codes, V codes,
+    // and for int8 K (scale, zero), V (scale, zero)). Groups wholly past `end` are not copied.
+    constexpr int parts = int8 ? 4 : 2;
+    constexpr uint32_t group_bytes = 2 * k_copy_rows * D + (int8 ? 2 * k_copy_rows * 8 : 0);
     auto load_tile = [&](int t) {
         if (warp != 0) return;
         const int k0 = begin + t * k_tile, s = t % STAGES;
         const int groups = (min(end - k0, k_tile) + k_copy_rows - 1) / k_copy_rows;
         if (lane == 0) sm90::mbar_arrive_expect_tx(&full[s], uint32_t(groups) * group_bytes);
         __syncwarp();
-        if (lane < groups * 4) {
-            const int group = lane / 4, part = lane % 4, key = k0 + group * k_copy_rows;
+        if (lane < groups * parts) {
+            const int group = lane / parts, part = lane % parts, key = k0 + group * k_copy_rows;
             const int row = (blocks[key / bs - first_block] * a.n_kv + kvh) * bs + key % bs;
             unsigned char * st = smem + s * Layout::stage_bytes;
             if (part < 2) {
@@ -115,6 +127,11 @@ __global__ void __launch_bounds__(k_decode_threads)
     // Q (A operand, fp16, in the log2 domain): in k-slice kc, positions 2 tq, 2 tq + 1 are dims 32 tq + 4 kc + {0, 1}
     // and positions 2 tq + 8, 2 tq + 9 dims 32 tq + 4 kc + {2, 3}; rows n_rep..15 zero. q_sum: row g's sum of the
     // fp16 values over all dims (the zero's term).
+    float k_scale = 1.f, v_scale = 1.f;  // fp8: the layer's scales
+    if constexpr (!int8) {
+        k_scale = a.cache.quant.fp8_scale[0];
+        v_scale = a.cache.quant.fp8_scale[1];
+    }
     uint32_t qf[D / 16][4];
     float q_sum = 0;
     {
@@ -143,10 +160,17 @@ __global__ void __launch_bounds__(k_decode_threads)
     for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
         if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
-        const int s = t % STAGES, key0 = begin + t * k_tile + kw;  // this warp's first key
-        const unsigned char * kc_tile = smem + s * Layout::stage_bytes, * vc_tile = kc_tile + Layout::codes_bytes;
+        const int s = t % STAGES, tile0 = begin + t * k_tile, key0 = tile0 + kw;  // this warp's first key
+        unsigned char * kc_tile = smem + s * Layout::stage_bytes, * vc_tile = kc_tile + Layout::codes_bytes;
         const float2 * k_sz = reinterpret_cast<const float2 *>(vc_tile + Layout::codes_bytes), * v_sz = k_sz + k_tile;
         sm90::mbar_wait(&full[s], (t / STAGES) & 1);
+        if (!int8 && end - tile0 < k_tile) {
+            // fp8's last tile: V rows past the end become +0 (an e4m3 NaN there would meet P = 0 in P V).
+            for (int i = threadIdx.x; i < (k_tile - (end - tile0)) * 8; i += k_decode_threads) {
+                *reinterpret_cast<uint4 *>(vc_tile + (end - tile0 + i / 8) * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            __syncthreads();
+        }
 
         // S = Q C^T over the warp's 16 keys (two n-tiles of 8), then each key's scale and zero.
         float sc[2][4];
@@ -158,16 +182,20 @@ __global__ void __launch_bounds__(k_decode_threads)
             const uint32_t w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};  // w[i]: dims 32 tq + 4 i .. + 3
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
 #pragma unroll
-            for (int kc = 0; kc < D / 16; kc++) mma_16816_f16(sc[nt], qf[kc], __byte_perm(w[kc], k_magic, 0x4140), __byte_perm(w[kc], k_magic, 0x4342));
+            for (int kc = 0; kc < D / 16; kc++) {
+                if constexpr (int8) mma_16816_f16(sc[nt], qf[kc], __byte_perm(w[kc], k_magic, 0x4140), __byte_perm(w[kc], k_magic, 0x4342));
+                else mma_16816_f16(sc[nt], qf[kc], e4m3x2_to_f16x2(w[kc]), e4m3x2_to_f16x2(w[kc] >> 16));
+            }
         }
         float sk[2][2];  // scores in the log2 domain, -inf past the end
         float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            const float4 sz = *reinterpret_cast<const float4 *>(k_sz + kw + nt * 8 + 2 * tq);  // (s, z) of keys 2 tq, 2 tq + 1
+            float4 sz = make_float4(k_scale, 0.f, k_scale, 0.f);  // (s, z) of keys 2 tq, 2 tq + 1
+            if constexpr (int8) sz = *reinterpret_cast<const float4 *>(k_sz + kw + nt * 8 + 2 * tq);
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const float scale = e ? sz.z : sz.x, zero = (e ? sz.w : sz.y) + 1024.f;
+                const float scale = e ? sz.z : sz.x, zero = int8 ? (e ? sz.w : sz.y) + 1024.f : 0.f;
                 const int key = key0 + nt * 8 + 2 * tq + e;
                 sk[nt][e] = key < end ? scale * (sc[nt][e] - zero * q_sum) : -INFINITY;
                 mx = fmaxf(mx, sk[nt][e]);
@@ -186,17 +214,21 @@ __global__ void __launch_bounds__(k_decode_threads)
             o[dt][0] *= alpha;
             o[dt][1] *= alpha;
         }
-        // P' = P times V's scale, rounded to fp16 once; z_sum takes the rounded values, so the zero's 1024 cancels.
+        // int8: P' = P times V's scale, rounded to fp16 once; z_sum takes the rounded values, so the zero's 1024 cancels.
+        // fp8: P' = P (V's scale is applied to O at the end).
         uint32_t pf[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            const float4 sz = *reinterpret_cast<const float4 *>(v_sz + kw + nt * 8 + 2 * tq);
+            float4 sz = make_float4(1.f, 0.f, 1.f, 0.f);
+            if constexpr (int8) sz = *reinterpret_cast<const float4 *>(v_sz + kw + nt * 8 + 2 * tq);
             const float p0 = exp2f(sk[nt][0] - ref), p1 = exp2f(sk[nt][1] - ref);
             l0 += p0 + p1;
             const bool in0 = key0 + nt * 8 + 2 * tq < end, in1 = key0 + nt * 8 + 2 * tq + 1 < end;
             pf[2 * nt] = pack_f16(in0 ? p0 * sz.x : 0.f, in1 ? p1 * sz.z : 0.f);
-            const float2 pr = unpack_f16(pf[2 * nt]);
-            z_sum += (in0 ? pr.x * (sz.y + 1024.f) : 0.f) + (in1 ? pr.y * (sz.w + 1024.f) : 0.f);
+            if constexpr (int8) {
+                const float2 pr = unpack_f16(pf[2 * nt]);
+                z_sum += (in0 ? pr.x * (sz.y + 1024.f) : 0.f) + (in1 ? pr.y * (sz.w + 1024.f) : 0.f);
+            }
         }
         // O += P' C: lane (g, tq) supplies dims 16 g .. 16 g + 15 of keys 2 tq, 2 tq + 1 (b0) and 2 tq + 8, 2 tq + 9
         // (b1); column g of n-tile dt is dim 16 g + dt.
@@ -211,7 +243,16 @@ __global__ void __launch_bounds__(k_decode_threads)
             v[r][3] = c.w;
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 4 && !int8; i++) {
+            // fp8: n-tile 4 i + j takes byte j of word i of rows (2 tq, 2 tq + 1) and (2 tq + 8, 2 tq + 9).
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint32_t sel = uint32_t(j) | uint32_t(4 + j) << 4;
+                mma_16816_f16(o[4 * i + j], pf, e4m3x2_to_f16x2(__byte_perm(v[0][i], v[1][i], sel)), e4m3x2_to_f16x2(__byte_perm(v[2][i], v[3][i], sel)));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4 && int8; i++) {
             // Each row's word as two fp16 pairs (1024 + code): dims 4 i, 4 i + 1 and 4 i + 2, 4 i + 3.
             uint32_t lo[4], hi[4];
 #pragma unroll
@@ -232,8 +273,8 @@ __global__ void __launch_bounds__(k_decode_threads)
     z_sum += __shfl_xor_sync(0xffffffffu, z_sum, 2);
 #pragma unroll
     for (int dt = 0; dt < D / 8; dt++) {
-        o[dt][0] -= z_sum;
-        o[dt][1] -= z_sum;
+        o[dt][0] = (o[dt][0] - z_sum) * v_scale;  // int8: z_sum; fp8: v_scale (the other is 0 / 1)
+        o[dt][1] = (o[dt][1] - z_sum) * v_scale;
     }
     // o[dt][e] of lane (g, tq) is dim 16 (2 tq + e) + dt.
     merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, [](int dt, int e) { return 16 * (2 * int(threadIdx.x % 4) + e) + dt; });
@@ -243,21 +284,24 @@ __global__ void __launch_bounds__(k_decode_threads)
 #endif
 }
 
-template <int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!code_tensor_map(&k_map, a.cache.quant.k, a.cache.rows, D, k_copy_rows) || !code_tensor_map(&v_map, a.cache.quant.v, a.cache.rows, D, k_copy_rows)) {
         return false;
     }
-    constexpr size_t smem = Q8Smem<STAGES>::bytes;
+    constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
     static size_t configured = 0;
-    allow_dynamic_smem(attention_decode_q8_kernel<STAGES>, smem, configured);
+    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES>, smem, configured);
     a.min_split = decode_min_split();
-    launch_kernel(attention_decode_q8_kernel<STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
+    launch_kernel(attention_decode_q8_kernel<K, STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
     return true;
 }
 
 }  // namespace
 
-bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream) { return launch_q8<3>(a, grid, stream); }
+bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
+    if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, 3>(a, grid, stream);
+    return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, 3>(a, grid, stream);
+}
 
 }  // namespace qinfer::cuda

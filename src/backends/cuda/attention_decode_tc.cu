@@ -273,7 +273,7 @@ bool decode_tma_applies(const KVLayer & cache, int head_dim) {
     const int bs = cache.block_size;
     const bool pages = prefill_wgmma_available(head_dim) && cache.rows > 0 && cache.rows <= INT32_MAX && bs >= k_copy_rows && bs % k_copy_rows == 0;
     if (cache.quant.kind == KVKind::BF16) return pages;
-    return pages && cache.quant.kind == KVKind::INT8 && head_dim == 128;  // attention_decode_q8.cu
+    return pages && (cache.quant.kind == KVKind::INT8 || cache.quant.kind == KVKind::FP8) && head_dim == 128;  // attention_decode_q8.cu
 }
 
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
@@ -289,7 +289,7 @@ bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, c
 
 bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
     if (a.n_head / a.n_kv > 8 || !decode_tma_applies(a.cache, head_dim)) return false;
-    if (a.cache.quant.kind == KVKind::INT8) return launch_attention_decode_q8(a, grid, stream);
+    if (a.cache.quant.kind != KVKind::BF16) return launch_attention_decode_q8(a, grid, stream);
     const bool three = decode_tc_stages(head_dim) == 3;
     if (head_dim == 64) return three ? launch_tma<64, 3>(a, grid, stream) : launch_tma<64, 2>(a, grid, stream);
     return three ? launch_tma<128, 3>(a, grid, stream) : launch_tma<128, 2>(a, grid, stream);
