@@ -267,8 +267,6 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
         max_splits_ = cuda::decode_splits(kv_tokens_, c.num_key_value_heads, c.head_dim, n_sequences);
         split_out_ = DeviceBuffer(size_t(n_sequences) * c.num_attention_heads * max_splits_ * c.head_dim * sizeof(float), "attention splits");
         split_ml_ = DeviceBuffer(size_t(n_sequences) * c.num_attention_heads * max_splits_ * 2 * sizeof(float), "attention splits");
-        split_arrivals_ = DeviceBuffer(size_t(n_sequences) * c.num_key_value_heads * sizeof(int), "attention splits");
-        CUDA_CHECK(cudaMemset(split_arrivals_.get(), 0, split_arrivals_.bytes()));  // the kernels keep it zero between launches
         tokens_out_ = DeviceBuffer(size_t(n_sequences) * (kv_tokens_ + 1) * sizeof(int), "decode tokens");
         state_ = DeviceBuffer((3 * size_t(n_sequences) + 1) * sizeof(int), "decode state");
         batch_tables_ = DeviceBuffer(size_t(n_sequences) * per_seq * sizeof(int), "block table");

@@ -207,7 +207,7 @@ private:
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
     // Decode state of a batch of B on the device: int tokens [B], positions [B], step, context lengths [B] (for B = 1
     // the layout argmax_advance expects); tokens_out_ int [steps, B] produced by the graph.
-    DeviceBuffer state_, tokens_out_, split_out_, split_ml_, split_arrivals_, argmax_scratch_;
+    DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;
     int max_splits_ = 0;
     cudaGraphExec_t graph_ = nullptr;
     std::vector<int> graph_seqs_;  // the batch the graph was captured for (empty: none)

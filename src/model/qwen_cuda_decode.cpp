@@ -3,8 +3,6 @@
 // step captured in a CUDA graph.
 #include "model/qwen_cuda.h"
 
-#include "core/env.h"
-
 namespace qinfer::cuda_engine {
 
 // Makes `seqs` the decoding batch: their block tables side by side on the device, tokens/positions/lengths in the
@@ -58,9 +56,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     const bool fused = B <= k_gemv_max_m;
     cuda::embedding(embed_table_, tokens, B, H, x, stream_);
     prof_.mark("embedding");
-    // QINFER_DECODE_COMBINE=kernel: the separate combine kernel instead of the split kernels' last blocks (for A/B).
-    static const bool combine_kernel = env_is("QINFER_DECODE_COMBINE", "kernel");
-    cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_, combine_kernel ? nullptr : split_arrivals_.as<int>()};
+    cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_};
     bool pending = false;  // unfused: tmp_ holds an MLP output not yet added to x
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         const DevLayer & L = layers_[size_t(l)];

@@ -180,41 +180,23 @@ inline const char * decode_kernel_name(cuda::DecodeKernel kernel) {
 }
 
 // The decode kernels' correctness cases: each kernel, the tensor-core ones also with their early tile requests
-// (cuda::set_decode_early_kv) and with their last split blocks merging the splits (DecodeScratch::arrivals) instead
-// of the combine kernel; run() sets the mode and puts back the start-up setting.
+// (cuda::set_decode_early_kv); run() sets the mode and puts back the start-up setting.
 struct DecodeCase {
     cuda::DecodeKernel kernel;
     bool early_kv;
-    bool fused_combine = false;
     template <class F> void run(F && f) const {
         cuda::set_decode_early_kv(early_kv);
         f();
         cuda::reset_decode_early_kv();
-    }
-    // `base` with this case's arrival counters (`arrivals`: zeroed ints, batch x n_kv at least) where fused_combine.
-    cuda::DecodeScratch scratch(cuda::DecodeScratch base, const DeviceBuffer & arrivals) const {
-        base.arrivals = fused_combine ? arrivals.as<int>() : nullptr;
-        return base;
     }
 };
 inline std::vector<DecodeCase> decode_cases(int head_dim, const cuda::KVLayer & cache) {
     std::vector<DecodeCase> cases;
     for (cuda::DecodeKernel kernel : decode_kernels(head_dim, cache)) {
         cases.push_back({kernel, false});
-        if (kernel == cuda::DecodeKernel::Simt) continue;
-        cases.push_back({kernel, true});
-        cases.push_back({kernel, true, true});
+        if (kernel != cuda::DecodeKernel::Simt) cases.push_back({kernel, true});
     }
     return cases;
-}
-// n zeroed int counters on the device, and whether they are all zero again (the fused combine resets them).
-inline DeviceBuffer zero_counters(size_t n) { return upload(std::vector<int>(n, 0)); }
-inline bool counters_zero(const DeviceBuffer & b, size_t n) {
-    std::vector<int> h(n, -1);
-    if (cudaMemcpy(h.data(), b.get(), n * sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) return false;
-    for (int x : h)
-        if (x != 0) return false;
-    return true;
 }
 
 }  // namespace qinfer::test

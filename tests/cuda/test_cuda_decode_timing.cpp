@@ -13,8 +13,7 @@ namespace {
 
 using cuda::bf16;
 
-// The tensor-core split kernel (each way of loading its tiles), with the combine kernel or merged by its last split
-// blocks, per layer.
+// The tensor-core split kernel (each way of loading its tiles) and its combine, per layer.
 void time_decode(const char * name, int n_head, int n_kv, int d, int len) {
     const int block_size = 16;
     const int blocks = (len + block_size - 1) / block_size;
@@ -42,23 +41,17 @@ void time_decode(const char * name, int n_head, int n_kv, int d, int len) {
     auto layer = [&](int l) {
         return cuda::KVLayer{k[size_t(l)].as<bf16>(), v[size_t(l)].as<bf16>(), bt.as<int>(), block_size, 0, {}, int64_t(blocks) * n_kv * block_size};
     };
-    DeviceBuffer arrivals = zero_counters(size_t(n_kv));
     for (cuda::DecodeKernel kernel : decode_kernels(d, layer(0))) {
         if (kernel == cuda::DecodeKernel::Simt) continue;
-        for (bool fused : {false, true}) {
-            cuda::DecodeScratch sc = scratch;
-            sc.arrivals = fused ? arrivals.as<int>() : nullptr;
-            auto step = [&] {
-                for (int l = 0; l < layers; l++) {
-                    cuda::attention_decode(dq.as<bf16>(), layer(l), dlen.as<int>(), n_head, n_kv, d, sc, dout.as<bf16>(), nullptr, 1, kernel);
-                }
-            };
-            const double us = 1e3 * time_ms(20, step, 2) / layers;
-            const double kv_bytes = 2.0 * len * n_kv * d * 2;
-            std::printf("[ kernel ] attention_decode (%s, %s) %s layer len %d (%d splits, %d layers in turn): %.1f us, %.0f GB/s of KV\n",
-                        decode_kernel_name(kernel), fused ? "last block merges" : "combine kernel", name, len, splits, layers, us,
-                        kv_bytes / (us * 1e-6) / 1e9);
-        }
+        auto step = [&] {
+            for (int l = 0; l < layers; l++) {
+                cuda::attention_decode(dq.as<bf16>(), layer(l), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, kernel);
+            }
+        };
+        const double us = 1e3 * time_ms(20, step, 2) / layers;
+        const double kv_bytes = 2.0 * len * n_kv * d * 2;
+        std::printf("[ kernel ] attention_decode (%s) %s layer len %d (%d splits, %d layers in turn): %.1f us, %.0f GB/s of KV\n",
+                    decode_kernel_name(kernel), name, len, splits, layers, us, kv_bytes / (us * 1e-6) / 1e9);
     }
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }

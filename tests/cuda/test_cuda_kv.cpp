@@ -123,17 +123,16 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
     std::vector<float> want(size_t(n_head) * d), want16(size_t(n_head) * d);
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row16, v_row16, want16.data());
-    DeviceBuffer arrivals = zero_counters(size_t(n_kv));
     for (const DecodeCase & c : decode_cases(d, cache.layer())) {
         cudaMemset(dout.get(), 0xff, dout.bytes());
-        c.run([&] {
-            cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, c.scratch(scratch, arrivals), dout.as<bf16>(), nullptr, 1,
-                                   c.kernel);
-        });
-        const std::vector<float> & ref = c.kernel == cuda::DecodeKernel::Simt ? want : want16;
-        EXPECT_LT(rel_err(download_bf16(dout, ref.size()), ref), 2e-2) << name << " decode len " << len << " d " << d << " rep " << n_rep << " kernel "
-                                                                      << int(c.kernel) << " early " << c.early_kv << " fused " << c.fused_combine;
-        EXPECT_TRUE(counters_zero(arrivals, size_t(n_kv)));
+        c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, c.kernel); });
+        // The tensor-copy kernel of int8 and fp8 caches (attention_decode_q8.cu) multiplies the codes as they are (exact
+        // in fp16) and applies the scales in fp32: no bf16 rounding of K/V, so its reference is the fp32 one. (Against
+        // the bf16-rounded one it was 0.0236 off in one fp8 run at 129024 keys, H100, 07ce35f.)
+        const bool raw_codes = c.kernel == cuda::DecodeKernel::TensorCoreTma && t != KVDType::BF16;
+        const std::vector<float> & ref = c.kernel == cuda::DecodeKernel::Simt || raw_codes ? want : want16;
+        EXPECT_LT(rel_err(download_bf16(dout, ref.size()), ref), 2e-2)
+            << name << " decode len " << len << " d " << d << " rep " << n_rep << " kernel " << int(c.kernel) << " early " << c.early_kv;
     }
 
     // Prefill of the last n queries; tiles are rounded to bf16 on their way to the tensor cores.

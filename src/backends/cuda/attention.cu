@@ -505,7 +505,6 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     }
     if (kernel == DecodeKernel::TensorCore || kernel == DecodeKernel::TensorCoreTma) {
         a.early_kv = decode_early_kv_on;
-        a.out = out;  // the last split block of each KV head merges into it where scratch.arrivals is set
         bool launched;
         {
             static const bool skip = pdl_skip("attention");
@@ -517,8 +516,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
             QINFER_FAIL() << "attention_decode: the " << (kernel == DecodeKernel::TensorCoreTma ? "tensor-copy" : "tensor-core")
                           << " kernel does not take this cache (head_dim " << head_dim << ", block size " << cache.block_size << ")";
         }
-        if (scratch.arrivals) return;  // merged by the kernel's last split blocks
-        a.min_split = decode_min_split();
+        a.min_split = 64;
         auto combine = [&](auto d_const) {
             constexpr int D = decltype(d_const)::value;
             launch_combine<D>(scratch, len_dev, a.min_split, out, n_head, batch, stream);

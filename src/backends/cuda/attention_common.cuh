@@ -237,7 +237,6 @@ struct DecodeArgs {
     DecodeScratch scratch;
     int min_split;  // fewest keys a split takes (the kernel's tile)
     bool early_kv = false;  // tensor-core kernel: keys before the new one requested before pdl_wait (set_decode_early_kv)
-    bf16 * out = nullptr;   // [batch, n_head, d]: where the tensor-core kernels' last split block writes (scratch.arrivals)
 };
 
 // Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of
@@ -253,9 +252,6 @@ bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, c
 // The same kernel with its tiles brought by tensor copies (bf16 caches on sm_90a, see decode_tma_applies); false
 // where it does not apply.
 bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream);
-// Keys a tensor-core split takes at least: the tile (64), or QINFER_DECODE_MIN_SPLIT (a multiple of 64 up to 1024),
-// for timing fewer, longer splits at short contexts (fewer partial rows to merge).
-int decode_min_split();
 // Its int8 / fp8 cache form at head_dim 128 (attention_decode_q8.cu), called by launch_attention_decode_tma.
 bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream);
 // Tiles the tensor-core decode kernel keeps resident at this head_dim (2 or 3; attention.cu).

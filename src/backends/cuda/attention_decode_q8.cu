@@ -278,7 +278,6 @@ __global__ void __launch_bounds__(k_decode_threads)
     }
     // o[dt][e] of lane (g, tq) is dim 16 (2 tq + e) + dt.
     merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, [](int dt, int e) { return 16 * (2 * int(threadIdx.x % 4) + e) + dt; });
-    if (a.scratch.arrivals) combine_if_last<D>(a, sp, b, kvh);
 #else
     __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)
 #endif
@@ -292,7 +291,7 @@ template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStre
     constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
     static size_t configured = 0;
     allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES>, smem, configured);
-    a.min_split = decode_min_split();
+    a.min_split = k_tile;
     launch_kernel(attention_decode_q8_kernel<K, STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
     return true;
 }

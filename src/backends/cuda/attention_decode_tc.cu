@@ -23,7 +23,6 @@
 #include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/tensor_map.h"
 #include "backends/cuda/wgmma.cuh"
-#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -151,7 +150,6 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
     }
     pdl_trigger();  // the keys are read (QINFER_PDL_TRIGGER=loop builds)
     merge_warps<D>(smem_raw, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
-    if (a.scratch.arrivals) combine_if_last<D>(a, sp, b, kvh);
 }
 
 template <int D, int STAGES> struct TmaDecodeSmem {
@@ -234,7 +232,6 @@ __global__ void __launch_bounds__(k_decode_threads)
     }
     pdl_trigger();
     merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
-    if (a.scratch.arrivals) combine_if_last<D>(a, sp, b, kvh);
 #else
     __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)
 #endif
@@ -245,7 +242,7 @@ template <int D, KVKind K, int STAGES> void launch(DecodeArgs a, dim3 grid, cuda
     static_assert(smem >= k_merge_bytes(D), "the warp merge fits the tiles' memory");
     static size_t configured = 0;  // once per instantiation, before any graph capture (the engine warms up first)
     allow_dynamic_smem(attention_decode_tc_kernel<D, K, STAGES>, smem, configured);
-    a.min_split = decode_min_split();
+    a.min_split = k_tile;
     launch_kernel(attention_decode_tc_kernel<D, K, STAGES>, grid, k_decode_threads, smem, stream, a);
 }
 
@@ -257,17 +254,12 @@ template <int D, int STAGES> bool launch_tma(DecodeArgs a, dim3 grid, cudaStream
     constexpr size_t smem = TmaDecodeSmem<D, STAGES>::bytes;
     static size_t configured = 0;
     allow_dynamic_smem(attention_decode_tma_kernel<D, STAGES>, smem, configured);
-    a.min_split = decode_min_split();
+    a.min_split = k_tile;
     launch_kernel(attention_decode_tma_kernel<D, STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
     return true;
 }
 
 }  // namespace
-
-int decode_min_split() {
-    static const int forced = env_int("QINFER_DECODE_MIN_SPLIT", k_tile);
-    return forced >= k_tile && forced <= 1024 && forced % k_tile == 0 ? forced : k_tile;
-}
 
 bool decode_tma_applies(const KVLayer & cache, int head_dim) {
     const int bs = cache.block_size;

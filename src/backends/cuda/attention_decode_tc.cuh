@@ -91,44 +91,6 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
     }
 }
 
-// With scratch.arrivals: once this block's partial rows are written (merge_warps), the last split block of KV head kvh
-// of sequence b to finish merges every active split's rows of its n_rep query heads into a.out, as
-// attention_combine_kernel does (weights e^(m_s - M), natural-log units), and sets the counter back to zero for the
-// next launch. The partial rows of other blocks are read through L2 (__ldcg): L1 is not coherent across SMs.
-template <int D> __device__ __forceinline__ void combine_if_last(const DecodeArgs & a, const DecodeSplit & sp, int b, int kvh) {
-    __shared__ bool last;
-    const int split = decode_split_size(sp.len, a.scratch.max_splits, a.min_split);
-    const int splits = (sp.len + split - 1) / split;
-    __threadfence();  // this thread's partial rows, device-wide, before the block counts itself in
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int * counter = a.scratch.arrivals + b * a.n_kv + kvh;
-        last = atomicAdd(counter, 1) == splits - 1;
-        if (last) *counter = 0;  // every other split of this launch has counted itself in
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int n_rep = a.n_head / a.n_kv;
-    for (int i = threadIdx.x; i < n_rep * D; i += blockDim.x) {
-        const int r = i / D, c = i % D;
-        const int64_t h = int64_t(b) * a.n_head + kvh * n_rep + r;
-        const float2 * ml = reinterpret_cast<const float2 *>(a.scratch.partial_ml) + h * a.scratch.max_splits;
-        const float * po = a.scratch.partial_out + h * a.scratch.max_splits * D + c;
-        float mx = -INFINITY;
-        for (int s = 0; s < splits; s++) mx = fmaxf(mx, __ldcg(&ml[s].x));
-        float acc = 0, l = 0;
-#pragma unroll 4
-        for (int s = 0; s < splits; s++) {
-            const float2 v = __ldcg(&ml[s]);
-            const float w = __expf(v.x - mx);
-            acc += w * __ldcg(po + int64_t(s) * D);
-            l += w * v.y;
-        }
-        a.out[h * D + c] = __float2bfloat16(acc / l);
-    }
-}
-
 constexpr size_t k_merge_bytes(int d) { return (2 * k_decode_warps * 8 + k_decode_warps * 8 * size_t(d)) * sizeof(float); }
 
 }  // namespace qinfer::cuda::decode_tc

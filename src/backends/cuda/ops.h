@@ -176,10 +176,6 @@ struct DecodeScratch {
     float * partial_out = nullptr;  // [batch, n_head, max_splits, d]
     float * partial_ml = nullptr;   // [batch, n_head, max_splits, 2]
     int max_splits = 0;
-    // [batch, n_kv], zero between launches (allocate zeroed): the tensor-core kernels' split blocks count themselves
-    // in as they finish and the last one of each KV head merges the splits (no combine kernel). Null: the combine
-    // kernel merges them.
-    int * arrivals = nullptr;
 };
 // Splits for contexts up to max_len: whole waves of the blocks this GPU holds at this head_dim, no split above the
 // maximum (model/decode_splits.h; QINFER_DECODE_SPLITS=fill for the previous one-wave-at-least rule).
