@@ -21,6 +21,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/sampling.cu
   src/backends/cuda/attention.cu
   src/backends/cuda/attention_decode_tc.cu
+  src/backends/cuda/attention_decode_q8.cu
   src/backends/cuda/attention_prefill_pipelined.cu
   src/backends/cuda/attention_prefill_wgmma.cu
   src/backends/cuda/attention_prefill_tma.cu

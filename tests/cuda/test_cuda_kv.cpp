@@ -88,6 +88,7 @@ struct QuantCache {
         l.quant.k_sz = ksz.as<float2>();
         l.quant.v_sz = vsz.as<float2>();
         l.quant.fp8_scale = scales.as<float>();
+        l.rows = int64_t(table.size()) * n_kv * block_size;
         return l;
     }
 };
@@ -125,7 +126,11 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
     for (const DecodeCase & c : decode_cases(d, cache.layer())) {
         cudaMemset(dout.get(), 0xff, dout.bytes());
         c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, c.kernel); });
-        const std::vector<float> & ref = c.kernel == cuda::DecodeKernel::Simt ? want : want16;
+        // The tensor-copy kernel of int8 and fp8 caches (attention_decode_q8.cu) multiplies the codes as they are (exact
+        // in fp16) and applies the scales in fp32: no bf16 rounding of K/V, so its reference is the fp32 one. (Against
+        // the bf16-rounded one it was 0.0236 off in one fp8 run at 129024 keys, H100, 07ce35f.)
+        const bool raw_codes = c.kernel == cuda::DecodeKernel::TensorCoreTma && t != KVDType::BF16;
+        const std::vector<float> & ref = c.kernel == cuda::DecodeKernel::Simt || raw_codes ? want : want16;
         EXPECT_LT(rel_err(download_bf16(dout, ref.size()), ref), 2e-2)
             << name << " decode len " << len << " d " << d << " rep " << n_rep << " kernel " << int(c.kernel) << " early " << c.early_kv;
     }

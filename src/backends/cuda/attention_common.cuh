@@ -252,6 +252,8 @@ bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, c
 // The same kernel with its tiles brought by tensor copies (bf16 caches on sm_90a, see decode_tma_applies); false
 // where it does not apply.
 bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream);
+// Its int8 / fp8 cache form at head_dim 128 (attention_decode_q8.cu), called by launch_attention_decode_tma.
+bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream);
 // Tiles the tensor-core decode kernel keeps resident at this head_dim (2 or 3; attention.cu).
 int decode_tc_stages(int head_dim);
 

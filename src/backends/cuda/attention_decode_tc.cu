@@ -18,6 +18,7 @@
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/attention_decode_tc.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/tensor_map.h"
@@ -27,8 +28,7 @@ namespace qinfer::cuda {
 
 namespace {
 
-constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
-constexpr int k_copy_rows = 16;  // keys per tensor copy: a split starts at a multiple of 16, so 16 keys share a page
+using namespace decode_tc;
 
 // Byte offset of 16-byte chunk `chunk` (columns 8 chunk .. 8 chunk + 7) of key row `row` in a K or V tile.
 template <int D> struct PaddedTile {  // KVTilePipe's rows of D + 8 bf16
@@ -109,53 +109,6 @@ template <int D> __device__ __forceinline__ void load_q_fragments(const DecodeAr
     }
 }
 
-// After the last tile (its shared memory free, every warp past the barrier): the warps' (m, l, O) of each row merged
-// into the split's partial result.
-template <int D>
-__device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeArgs & a, int b, int kvh, int split_id, const float (&o)[D / 8][4],
-                                            float m0, float l0) {
-    const int n_rep = a.n_head / a.n_kv, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    float * wm = reinterpret_cast<float *>(smem);  // [warps][8]
-    float * wl = wm + k_decode_warps * 8;          // [warps][8]
-    float * wo = wl + k_decode_warps * 8;          // [warps][8][D]
-    if (g < n_rep) {
-        if (tq == 0) {
-            wm[warp * 8 + g] = m0;
-            wl[warp * 8 + g] = l0;
-        }
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            const int c = dt * 8 + 2 * tq;
-            wo[(warp * 8 + g) * D + c] = o[dt][0];
-            wo[(warp * 8 + g) * D + c + 1] = o[dt][1];
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
-        const int r = i / D, c = i % D;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < k_decode_warps; w++) mx = fmaxf(mx, wm[w * 8 + r]);
-        float lsum = 0, osum = 0;
-#pragma unroll
-        for (int w = 0; w < k_decode_warps; w++) {
-            const float cw = wm[w * 8 + r] == -INFINITY ? 0.f : exp2f(wm[w * 8 + r] - mx);
-            lsum += wl[w * 8 + r] * cw;
-            osum += wo[(w * 8 + r) * D + c] * cw;
-        }
-        const int64_t prow = (int64_t(b) * a.n_head + kvh * n_rep + r) * a.scratch.max_splits + split_id;
-        a.scratch.partial_out[prow * D + c] = osum;
-        if (c == 0) {
-            a.scratch.partial_ml[prow * 2] = mx * float(M_LN2);  // the combine kernel works in natural-log units
-            a.scratch.partial_ml[prow * 2 + 1] = lsum;
-        }
-    }
-}
-
-constexpr size_t k_merge_bytes(int d) { return (2 * k_decode_warps * 8 + k_decode_warps * 8 * size_t(d)) * sizeof(float); }
-
 // a.early_kv: what does not depend on the kernel ahead is read before pdl_wait(): the context length and the block
 // table (set before the step) and the first tiles whose keys all precede the new one (written by earlier steps); the
 // queries and the new key's K/V come from the kernel ahead (the QKV projection's epilogue or qkv_rope_cache). With
@@ -167,27 +120,19 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
     __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int len = a.len_dev[b];
-    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
-    const int begin = split_id * split;
-    if (begin >= len) return;
-    const int end = min(len, begin + split);
+    const DecodeSplit sp = decode_split(a);
+    if (sp.begin >= sp.len) return;
+    const int begin = sp.begin, end = sp.end, first_block = sp.first_block;
     const int bs = a.cache.block_size;
 
-    const int first_block = begin / bs;
-    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
-    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
+    copy_split_blocks(sp, bs, blocks);
     __syncthreads();
 
     // Tile t: keys begin + 64 t ..
     auto row_of = [&](int j) { return (int64_t(blocks[j / bs - first_block]) * a.n_kv + kvh) * bs + j % bs; };
     auto load_tile = [&](int t) { Pipe::load(smem_raw, a.cache, t, begin + t * k_tile, end, row_of); };
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    int n_loaded = 0;  // tiles requested so far, in order (one cp.async group each)
-    if (a.early_kv) {
-        while (n_loaded < STAGES - 1 && n_loaded < n_tiles && min(begin + (n_loaded + 1) * k_tile, end) <= len - 1) load_tile(n_loaded++);
-        pdl_wait();
-    }
+    const int n_loaded = request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far, in order
     uint32_t qf[D / 16][4];
     load_q_fragments<D>(a, b, kvh, qf);
 
@@ -204,7 +149,7 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
         __syncthreads();  // the tile (and its stage) are overwritten next
     }
     pdl_trigger();  // the keys are read (QINFER_PDL_TRIGGER=loop builds)
-    merge_warps<D>(smem_raw, a, b, kvh, split_id, o, m0, l0);
+    merge_warps<D>(smem_raw, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
 }
 
 template <int D, int STAGES> struct TmaDecodeSmem {
@@ -228,16 +173,12 @@ __global__ void __launch_bounds__(k_decode_threads)
     __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int len = a.len_dev[b];
-    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
-    const int begin = split_id * split;
-    if (begin >= len) return;
-    const int end = min(len, begin + split);
+    const DecodeSplit sp = decode_split(a);
+    if (sp.begin >= sp.len) return;
+    const int begin = sp.begin, end = sp.end, first_block = sp.first_block;
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    const int first_block = begin / bs;
-    const int * table = a.cache.block_table + int64_t(b) * a.cache.table_stride;
-    for (int i = threadIdx.x; i <= (end - 1) / bs - first_block; i += k_decode_threads) blocks[i] = table[first_block + i];
+    copy_split_blocks(sp, bs, blocks);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) sm90::mbar_init(&full[s], 1);
         sm90::fence_mbar_init();
@@ -263,11 +204,7 @@ __global__ void __launch_bounds__(k_decode_threads)
         }
     };
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    int n_loaded = 0;
-    if (a.early_kv) {
-        while (n_loaded < STAGES - 1 && n_loaded < n_tiles && min(begin + (n_loaded + 1) * k_tile, end) <= len - 1) load_tile(n_loaded++);
-        pdl_wait();
-    }
+    const int n_loaded = request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far, in order
     uint32_t qf[D / 16][4];
     load_q_fragments<D>(a, b, kvh, qf);
 
@@ -294,7 +231,7 @@ __global__ void __launch_bounds__(k_decode_threads)
         __syncthreads();  // the stage is refilled next
     }
     pdl_trigger();
-    merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0);
+    merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
 #else
     __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)
 #endif
@@ -326,8 +263,9 @@ template <int D, int STAGES> bool launch_tma(DecodeArgs a, dim3 grid, cudaStream
 
 bool decode_tma_applies(const KVLayer & cache, int head_dim) {
     const int bs = cache.block_size;
-    return prefill_wgmma_available(head_dim) && cache.quant.kind == KVKind::BF16 && cache.rows > 0 && cache.rows <= INT32_MAX && bs >= k_copy_rows &&
-           bs % k_copy_rows == 0;
+    const bool pages = prefill_wgmma_available(head_dim) && cache.rows > 0 && cache.rows <= INT32_MAX && bs >= k_copy_rows && bs % k_copy_rows == 0;
+    if (cache.quant.kind == KVKind::BF16) return pages;
+    return pages && (cache.quant.kind == KVKind::INT8 || cache.quant.kind == KVKind::FP8) && head_dim == 128;  // attention_decode_q8.cu
 }
 
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
@@ -343,6 +281,7 @@ bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, c
 
 bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
     if (a.n_head / a.n_kv > 8 || !decode_tma_applies(a.cache, head_dim)) return false;
+    if (a.cache.quant.kind != KVKind::BF16) return launch_attention_decode_q8(a, grid, stream);
     const bool three = decode_tc_stages(head_dim) == 3;
     if (head_dim == 64) return three ? launch_tma<64, 3>(a, grid, stream) : launch_tma<64, 2>(a, grid, stream);
     return three ? launch_tma<128, 3>(a, grid, stream) : launch_tma<128, 2>(a, grid, stream);

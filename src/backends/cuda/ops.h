@@ -186,8 +186,9 @@ int decode_splits(int max_len, int n_kv, int head_dim, int batch = 1);
 // TensorCoreTma: the tensor-core kernel with its K/V tiles brought by the tensor copy engine, where
 // decode_tma_applies (the default there; QINFER_DECODE_TMA=0 keeps cp.async).
 enum class DecodeKernel { Auto, Simt, TensorCore, TensorCoreTma };
-// Whether the tensor-copy decode kernel takes this cache: a bf16 cache with its rows known (KVLayer::rows), block
-// size a multiple of 16, on an sm_90a build running on a compute capability 9.0 device, head_dim 64 or 128.
+// Whether the tensor-copy decode kernel takes this cache: a bf16 cache (head_dim 64 or 128) or an int8 or fp8 one
+// (head_dim 128) with its rows known (KVLayer::rows), block size a multiple of 16, on an sm_90a build running on a compute
+// capability 9.0 device.
 bool decode_tma_applies(const KVLayer & cache, int head_dim);
 // The tensor-core kernel requests the block table and its first tiles of keys before the new key's (the ones written
 // by earlier steps) ahead of pdl_wait, so they overlap the end of the kernel ahead under programmatic dependent launch

@@ -36,4 +36,16 @@ bool cache_tensor_map(CUtensorMap * map, const bf16 * base, int64_t rows, int d,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+bool code_tensor_map(CUtensorMap * map, const uint8_t * base, int64_t rows, int row_bytes, int box_rows) {
+    const auto encode = tensor_map_encoder();
+    if (!encode || row_bytes > 128 || row_bytes % 16 != 0) return false;
+    const cuuint64_t dims[2] = {cuuint64_t(row_bytes), cuuint64_t(rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
+    const cuuint32_t box[2] = {cuuint32_t(row_bytes), cuuint32_t(box_rows)};
+    const cuuint32_t element_strides[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t *>(base), dims, strides, box, element_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace qinfer::cuda

@@ -89,6 +89,13 @@ __device__ __forceinline__ void tma_load_2d(void * dst, const void * map, uint64
                  "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
                  : "memory");
 }
+// The bulk copy engine without a map: `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from
+// global src into shared dst, counted on `bar`.
+__device__ __forceinline__ void bulk_load(void * dst, const void * src, uint32_t bytes, uint64_t * bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
 __device__ __forceinline__ void prefetch_tensor_map(const void * map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }

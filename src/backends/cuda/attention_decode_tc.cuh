@@ -1,0 +1,96 @@
+// Pieces the tensor-core decode attention kernels share (attention_decode_tc.cu, attention_decode_q8.cu): the tile
+// and copy sizes, and the merge of the warps' (m, l, O) into a split's partial result.
+#pragma once
+
+#include <cmath>
+
+#include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/common.cuh"
+
+namespace qinfer::cuda::decode_tc {
+
+constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
+constexpr int k_copy_rows = 16;  // keys per tensor copy: a split starts at a multiple of 16, so 16 keys share a page
+
+// The m16n8 C fragment's columns: o[dt][e] of lane (g, tq) is column 8 dt + 2 tq + e.
+struct MmaColumns {
+    __device__ __forceinline__ int operator()(int dt, int e) const { return dt * 8 + 2 * int(threadIdx.x % 4) + e; }
+};
+
+// This block's split (blockIdx.x) of sequence blockIdx.z: keys [begin, end) of the sequence's len; the whole block
+// returns when it is empty (begin >= len: a short sequence in a grid sized for the longest context).
+struct DecodeSplit {
+    int len, begin, end, first_block;  // first_block: the table index of the block holding key `begin`
+    const int * table;                 // the sequence's block table
+};
+__device__ __forceinline__ DecodeSplit decode_split(const DecodeArgs & a) {
+    const int b = blockIdx.z, len = a.len_dev[b];
+    const int split = decode_split_size(len, a.scratch.max_splits, a.min_split);
+    const int begin = int(blockIdx.x) * split;
+    return {len, begin, min(len, begin + split), begin / a.cache.block_size, a.cache.block_table + int64_t(b) * a.cache.table_stride};
+}
+// The split's block-table entries into shared `blocks` (the caller's barrier publishes them).
+__device__ __forceinline__ void copy_split_blocks(const DecodeSplit & sp, int block_size, int * blocks) {
+    for (int i = threadIdx.x; i <= (sp.end - 1) / block_size - sp.first_block; i += blockDim.x) blocks[i] = sp.table[sp.first_block + i];
+}
+
+// a.early_kv: the first tiles (up to STAGES - 1) whose keys all precede the new one, written by earlier steps, are
+// requested before pdl_wait(), so they overlap the end of the kernel ahead; returns how many were. Without it the
+// kernel waited at its start and none are.
+template <int STAGES, class Load>
+__device__ __forceinline__ int request_early_tiles(const DecodeArgs & a, const DecodeSplit & sp, int n_tiles, const Load & load_tile) {
+    int n = 0;
+    if (a.early_kv) {
+        while (n < STAGES - 1 && n < n_tiles && min(sp.begin + (n + 1) * k_tile, sp.end) <= sp.len - 1) load_tile(n++);
+        pdl_wait();
+    }
+    return n;
+}
+
+// After the last tile (its shared memory free, every warp past the barrier): the warps' (m, l, O) of each row merged
+// into the split's partial result; col(dt, e) is the column of this lane's o[dt][e].
+template <int D, class Col>
+__device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeArgs & a, int b, int kvh, int split_id, const float (&o)[D / 8][4],
+                                            float m0, float l0, Col col) {
+    const int n_rep = a.n_head / a.n_kv, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    float * wm = reinterpret_cast<float *>(smem);  // [warps][8]
+    float * wl = wm + k_decode_warps * 8;          // [warps][8]
+    float * wo = wl + k_decode_warps * 8;          // [warps][8][D]
+    if (g < n_rep) {
+        if (tq == 0) {
+            wm[warp * 8 + g] = m0;
+            wl[warp * 8 + g] = l0;
+        }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            wo[(warp * 8 + g) * D + col(dt, 0)] = o[dt][0];
+            wo[(warp * 8 + g) * D + col(dt, 1)] = o[dt][1];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
+        const int r = i / D, c = i % D;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < k_decode_warps; w++) mx = fmaxf(mx, wm[w * 8 + r]);
+        float lsum = 0, osum = 0;
+#pragma unroll
+        for (int w = 0; w < k_decode_warps; w++) {
+            const float cw = wm[w * 8 + r] == -INFINITY ? 0.f : exp2f(wm[w * 8 + r] - mx);
+            lsum += wl[w * 8 + r] * cw;
+            osum += wo[(w * 8 + r) * D + c] * cw;
+        }
+        const int64_t prow = (int64_t(b) * a.n_head + kvh * n_rep + r) * a.scratch.max_splits + split_id;
+        a.scratch.partial_out[prow * D + c] = osum;
+        if (c == 0) {
+            a.scratch.partial_ml[prow * 2] = mx * float(M_LN2);  // the combine kernel works in natural-log units
+            a.scratch.partial_ml[prow * 2 + 1] = lsum;
+        }
+    }
+}
+
+constexpr size_t k_merge_bytes(int d) { return (2 * k_decode_warps * 8 + k_decode_warps * 8 * size_t(d)) * sizeof(float); }
+
+}  // namespace qinfer::cuda::decode_tc
