@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 
 #include "core/env.h"
 
@@ -241,7 +242,7 @@ void CudaQwenEngine::upload_weights() {
 void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const ModelConfig & c = model_->config;
     ws_tokens_ = 0;
-    for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &moe_rows_, &moe_scale_, &moe_in_,
+    for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &prefill_k_, &prefill_v_, &moe_rows_, &moe_scale_, &moe_in_,
                              &moe_gu_, &moe_act_, &moe_out_, &router_logits_, &sample_seen_, &sample_counts_, &sample_work_}) {
         *b = DeviceBuffer();
     }
@@ -270,9 +271,22 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
         tokens_out_ = DeviceBuffer(size_t(n_sequences) * (kv_tokens_ + 1) * sizeof(int), "decode tokens");
         state_ = DeviceBuffer((3 * size_t(n_sequences) + 1) * sizeof(int), "decode state");
         batch_tables_ = DeviceBuffer(size_t(n_sequences) * per_seq * sizeof(int), "block table");
+        std::vector<int> identity(static_cast<size_t>(per_seq));
+        std::iota(identity.begin(), identity.end(), 0);
+        prefill_table_ = DeviceBuffer(identity.size() * sizeof(int), "block table");
+        CUDA_CHECK(cudaMemcpy(prefill_table_.get(), identity.data(), identity.size() * sizeof(int), cudaMemcpyHostToDevice));
     }
     table_ = std::make_unique<BlockTable>(blocks, block_size_);
     cuda::DeviceAllocator::instance().reset_peak();
+}
+
+// Prefill attention over a quantized cache through its bf16 dequantization (kv_dequantize_blocks) rather than the
+// kernels that read codes: on an H100 the bf16 ping-pong kernel took a 1024-query chunk at 3073 keys (d 128, 14/2
+// heads) in 0.071 ms against 0.205 (int8) and 0.192 (fp8) for the quantized wgmma kernel (bench/results/
+// 2026-11-27-h100-q8-decode). QINFER_PREFILL_DEQUANT=0 keeps the quantized kernels.
+bool CudaQwenEngine::prefill_via_bf16(int head_dim) {
+    static const bool off = env_is("QINFER_PREFILL_DEQUANT", "0");
+    return !off && head_dim % 16 == 0;
 }
 
 int CudaQwenEngine::max_quantized_k() const {
@@ -547,6 +561,14 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     const float eps = float(cfg.rms_norm_eps);
     const int chunk = std::min(n, prefill_chunk());
     ensure_workspace(chunk);
+    // Over a quantized cache, each pass's attention runs the bf16 kernels on the cache dequantized so far
+    // (prefill_via_bf16); the buffers hold the whole prompt's blocks.
+    const bool via_bf16 = kv_kind_ != cuda::KVKind::BF16 && prefill_via_bf16(cfg.head_dim);
+    const int64_t prompt_rows = int64_t((pos_start + n + block_size_ - 1) / block_size_) * cfg.num_key_value_heads * block_size_;
+    if (via_bf16) {
+        prefill_k_.ensure(size_t(prompt_rows) * cfg.head_dim * sizeof(bf16), "prefill KV (bf16)");
+        prefill_v_.ensure(size_t(prompt_rows) * cfg.head_dim * sizeof(bf16), "prefill KV (bf16)");
+    }
     const int n_out = all_logits ? n : 1;
     logits.resize(size_t(n_out) * V);
     if (all_logits) logits_.ensure(size_t(std::min(n, chunk)) * V * sizeof(float), "logits");
@@ -589,7 +611,14 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
             }
             cuda::qkv_rope_cache(r, stream_);
             prof_.mark("bias/norm/rope/cache");
-            cuda::attention_prefill(q_.as<bf16>(), r.cache, c, pos0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            cuda::KVLayer attn_cache = r.cache;
+            if (via_bf16) {
+                const int n_blocks = (pos0 + c + block_size_ - 1) / block_size_;
+                cuda::kv_dequantize_blocks(r.cache, n_blocks, cfg.num_key_value_heads, cfg.head_dim, prefill_k_.as<bf16>(), prefill_v_.as<bf16>(), stream_);
+                attn_cache = cuda::KVLayer{prefill_k_.as<bf16>(), prefill_v_.as<bf16>(), prefill_table_.as<int>(), block_size_, 0, {},
+                                           int64_t(n_blocks) * cfg.num_key_value_heads * block_size_};
+            }
+            cuda::attention_prefill(q_.as<bf16>(), attn_cache, c, pos0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                                     attn_.as<bf16>(), stream_);
             prof_.mark("attention");
             linear(attn_.as<bf16>(), c, L.o, tmp_.as<bf16>());

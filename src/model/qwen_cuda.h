@@ -150,6 +150,7 @@ private:
     void ensure_workspace(int c);
     int max_quantized_k() const;  // largest padded k of a quantized projection (0: none)
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
+    static bool prefill_via_bf16(int head_dim);  // prefill attention over a quantized cache on its bf16 dequantization
     cuda::KVLayer kv_layer(int layer, int seq) const;
     cuda::KVLayer kv_layer_batch(int layer) const;
     cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
@@ -203,6 +204,9 @@ private:
     // cudaMemcpyAsync waited for the stream, and the GPU idled while the host queued every pass (forward()).
     cuda::HostMappedBuffer ids_host_;
     DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
+    // Prefill over a quantized cache: the sequence's cache so far as bf16 [blocks, n_kv, block_size, head_dim] (K and V,
+    // one layer at a time) read through an identity block table [blocks per sequence] by the bf16 attention kernels.
+    DeviceBuffer prefill_k_, prefill_v_, prefill_table_;
     DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_qgemv_max_m, largest padded k]
     DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
     // Decode state of a batch of B on the device: int tokens [B], positions [B], step, context lengths [B] (for B = 1

@@ -151,6 +151,39 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
             << name << " prefill len " << len << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
     }
 
+    // Prefill as the engine runs it over a quantized cache (CudaQwenEngine::prefill_via_bf16): the sequence's blocks
+    // dequantized to bf16 in table order, each value the CPU's rounded to bf16 (within one bf16 step), then the bf16
+    // kernel through an identity table; the slots past the end keep the codes' values (NaN where the scales are NaN).
+    if (d % 16 == 0) {
+        const int n_blocks = (len + cache.block_size - 1) / cache.block_size;
+        const size_t rows = size_t(n_blocks) * n_kv * cache.block_size;
+        DeviceBuffer kb = poisoned(rows * d * 2), vb = poisoned(rows * d * 2);
+        std::vector<int> identity(static_cast<size_t>(n_blocks));
+        std::iota(identity.begin(), identity.end(), 0);
+        DeviceBuffer ib = upload(identity);
+        cuda::kv_dequantize_blocks(cache.layer(), n_blocks, n_kv, d, kb.as<bf16>(), vb.as<bf16>(), nullptr);
+        const std::vector<float> kg = download_bf16(kb, rows * d), vg = download_bf16(vb, rows * d);
+        size_t off_by_more = 0;
+        auto differ = [](float got, float want) { return !(std::fabs(got - want) <= std::fabs(want) * 0x1p-7f); };
+        for (int j = 0; j < len; j++) {
+            for (int h = 0; h < n_kv; h++) {
+                for (int e = 0; e < d; e++) {
+                    const size_t src = (size_t(j) * n_kv + h) * d + e;
+                    const size_t dst = ((size_t(j / cache.block_size) * n_kv + h) * cache.block_size + j % cache.block_size) * d + e;
+                    off_by_more += differ(kg[dst], kd16[src]) + differ(vg[dst], vd16[src]);
+                }
+            }
+        }
+        EXPECT_EQ(off_by_more, 0u) << name << " dequantized blocks len " << len << " d " << d;
+        const cuda::KVLayer bf{kb.as<bf16>(), vb.as<bf16>(), ib.as<int>(), cache.block_size, 0, {}, int64_t(rows)};
+        for (cuda::PrefillKernel kernel : prefill_kernels(d)) {
+            cudaMemset(dop.get(), 0xff, dop.bytes());
+            cuda::attention_prefill(dqp.as<bf16>(), bf, n, pos0, n_head, n_kv, d, dop.as<bf16>(), nullptr, kernel);
+            EXPECT_LT(rel_err(download_bf16(dop, wp.size()), wp), 2e-2)
+                << name << " prefill on the bf16 dequantization, len " << len << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
+        }
+    }
+
     if ((len == 4097 || len == 129024) && n_rep == 7) {
         // Timings for the perf log (not assertions): decode with each kernel, and one 1024-query prefill chunk at the
         // end of the cache (what the engine runs per chunk of a long prompt).

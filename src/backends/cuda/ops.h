@@ -161,6 +161,11 @@ void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream
 // QINFER_PREFILL_ATTN=tiled, =pipelined, =wgmma or =tma (for A/B runs; a forced kind is passed as `kernel`).
 enum class PrefillKernel { Auto, Tiled, Pipelined, Wgmma, Tma, TmaPingpong };
 const char * prefill_kernel_name(PrefillKernel kernel);
+// Prefill over a quantized cache through the bf16 kernels (kv_dequant.cu): the sequence's first n_blocks blocks
+// (cache.block_table's row) dequantized as the quantized kernels read them (kv_quant.cuh, rounded to bf16) into
+// k_out / v_out, bf16 [n_blocks, n_kv, block_size, head_dim] in table order (read them with an identity table).
+// head_dim a multiple of 16.
+void kv_dequantize_blocks(const KVLayer & cache, int n_blocks, int n_kv, int head_dim, bf16 * k_out, bf16 * v_out, cudaStream_t stream);
 // Whether the warpgroup-MMA kernels run here for this head_dim.
 bool prefill_wgmma_available(int head_dim);
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
