@@ -51,7 +51,8 @@ TEST(Plan, MemoryModelMatchesMeasuredPeaks) {
 // The default placement (an untied token embedding in pinned host memory), measured at cd6a074
 // (bench/results/2026-11-26-h100-cd6a074; batch 1, 2048 generated); 7B GPTQ-Int4 at 30720 with 4096-token prefill
 // passes at 31e49b1 (bench/results/2026-11-26-h100-dequant); 7B YaRN at 129024 with 8192-token passes, GPTQ-Int4 at
-// 9893a16 and BF16 at e9c0fa9 (bench/results/2026-11-27-h100-decode-tma, bench/results/2026-11-27-h100-split-keys).
+// 9893a16 and BF16 at e9c0fa9 (bench/results/2026-11-27-h100-decode-tma, bench/results/2026-11-27-h100-split-keys);
+// int8 and fp8 caches below.
 TEST(Plan, MemoryModelMatchesHostEmbeddingPeaks) {
     const Measured rows[] = {{"qwen2.5-7b", "", 1, 14.262},           {"qwen2.5-7b", "gptq-int4", 1, 4.576},
                              {"qwen2.5-7b", "gptq-int4", 30720, 7.337}, {"qwen2.5-7b-yarn", "gptq-int4", 129024, 13.65},
@@ -62,6 +63,17 @@ TEST(Plan, MemoryModelMatchesHostEmbeddingPeaks) {
         EXPECT_NEAR(est, m.peak_gb, 0.02 * m.peak_gb) << m.preset << " " << m.quant << " input " << m.input;
         std::printf("[ plan ] %-13s %-10s input %5d, embedding in host memory: model %.3f GB, measured %.3f GB\n", m.preset,
                     *m.quant ? m.quant : "bf16", m.input, est, m.peak_gb);
+    }
+    // Quantized caches with GPTQ-Int4 weights at 0626479, prefill attention on the bf16 dequantization of the prompt
+    // (bench/results/2026-11-27-h100-kv-prefill).
+    const struct {
+        KVDType kv;
+        double peak_gb;
+    } caches[] = {{KVDType::INT8, 10.39}, {KVDType::FP8, 10.16}};
+    for (const auto & m : caches) {
+        const double est = estimate_cuda_memory(preset_config("qwen2.5-7b-yarn", "gptq-int4"), m.kv, 1, 129024, 129024 + 2048).total() / 1e9;
+        EXPECT_NEAR(est, m.peak_gb, 0.02 * m.peak_gb) << "kv " << kv_dtype_name(m.kv);
+        std::printf("[ plan ] qwen2.5-7b-yarn gptq-int4  input 129024, %s cache: model %.3f GB, measured %.3f GB\n", kv_dtype_name(m.kv), est, m.peak_gb);
     }
 }
 
