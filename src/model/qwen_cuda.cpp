@@ -291,6 +291,17 @@ bool CudaQwenEngine::prefill_via_bf16(int head_dim) {
     return !off && head_dim % 16 == 0;
 }
 
+// With a quantized cache where prefill_via_bf16: prefill_k_ / prefill_v_ large enough for a sequence of `tokens`
+// (whole blocks); returns whether prefill goes that way.
+bool CudaQwenEngine::ensure_prefill_kv(int tokens) {
+    const ModelConfig & c = model_->config;
+    if (kv_kind_ == cuda::KVKind::BF16 || !prefill_via_bf16(c.head_dim)) return false;
+    const size_t rows = size_t((tokens + block_size_ - 1) / block_size_) * c.num_key_value_heads * block_size_;
+    prefill_k_.ensure(rows * c.head_dim * sizeof(bf16), "prefill KV (bf16)");
+    prefill_v_.ensure(rows * c.head_dim * sizeof(bf16), "prefill KV (bf16)");
+    return true;
+}
+
 int CudaQwenEngine::max_quantized_k() const {
     int max_k = 0;
     for (const auto & L : layers_) {
@@ -334,6 +345,7 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
         }
     }
     if (largest > 0 && rows > k_gemv_max_m) dequant_.ensure(largest * sizeof(bf16), "dequantized weights");
+    ensure_prefill_kv(prompt_tokens);
     return cuda::DeviceAllocator::instance().in_use();
 }
 
@@ -565,12 +577,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     ensure_workspace(chunk);
     // Over a quantized cache, each pass's attention runs the bf16 kernels on the cache dequantized so far
     // (prefill_via_bf16); the buffers hold the whole prompt's blocks.
-    const bool via_bf16 = kv_kind_ != cuda::KVKind::BF16 && prefill_via_bf16(cfg.head_dim);
-    const int64_t prompt_rows = int64_t((pos_start + n + block_size_ - 1) / block_size_) * cfg.num_key_value_heads * block_size_;
-    if (via_bf16) {
-        prefill_k_.ensure(size_t(prompt_rows) * cfg.head_dim * sizeof(bf16), "prefill KV (bf16)");
-        prefill_v_.ensure(size_t(prompt_rows) * cfg.head_dim * sizeof(bf16), "prefill KV (bf16)");
-    }
+    const bool via_bf16 = ensure_prefill_kv(pos_start + n);
     const int n_out = all_logits ? n : 1;
     logits.resize(size_t(n_out) * V);
     if (all_logits) logits_.ensure(size_t(std::min(n, chunk)) * V * sizeof(float), "logits");

@@ -151,6 +151,7 @@ private:
     int max_quantized_k() const;  // largest padded k of a quantized projection (0: none)
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
     static bool prefill_via_bf16(int head_dim);  // prefill attention over a quantized cache on its bf16 dequantization
+    bool ensure_prefill_kv(int tokens);
     cuda::KVLayer kv_layer(int layer, int seq) const;
     cuda::KVLayer kv_layer_batch(int layer) const;
     cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
