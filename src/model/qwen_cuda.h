@@ -1,6 +1,7 @@
-// The CUDA engine's class and device-side weight structs, shared by its two source files: qwen_cuda.cpp (loading,
-// the KV cache and workspaces, prefill) and qwen_cuda_decode.cpp (decode steps of one sequence or a static batch, and
-// their CUDA graphs). See qwen_cuda.cpp for what the engine does.
+// The CUDA engine's class and device-side weight structs, shared by its three source files: qwen_cuda.cpp (loading,
+// the KV cache and workspaces, the linear/MLP/MoE layers), qwen_cuda_prefill.cpp (prompts in passes) and
+// qwen_cuda_decode.cpp (decode steps of one sequence or a static batch, and their CUDA graphs). See qwen_cuda.cpp for
+// what the engine does.
 #pragma once
 
 #include <cuda_runtime.h>
