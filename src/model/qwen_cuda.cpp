@@ -9,7 +9,6 @@
 // prefill dequantizes each one to bf16 and multiplies with cuBLASLt.
 #include "model/qwen_cuda.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
