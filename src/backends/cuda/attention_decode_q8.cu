@@ -25,6 +25,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/tensor_map.h"
 #include "backends/cuda/wgmma.cuh"
+#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -296,11 +297,24 @@ template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStre
     return true;
 }
 
+// Stages of codes in flight: 3 (51 KB of shared memory with int8's scales), or QINFER_Q8_STAGES=6 (104 KB, still two
+// blocks per SM). Why 6 is worth timing: at 129024 keys the kernel moves ~1.6-2.0 TB/s, with two 17 KB tiles in
+// flight per block while it computes the third; the bf16 kernel keeps two 32 KB tiles in flight and moves 2.3-2.7
+// TB/s (bench/results/2026-11-27-h100-kv-prefill).
+int q8_stages() {
+    static const int stages = env_int("QINFER_Q8_STAGES", 3);
+    return stages == 6 ? 6 : 3;
+}
+
+template <KVKind K> bool launch_q8_staged(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
+    return q8_stages() == 6 ? launch_q8<K, 6>(a, grid, stream) : launch_q8<K, 3>(a, grid, stream);
+}
+
 }  // namespace
 
 bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
-    if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, 3>(a, grid, stream);
-    return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, 3>(a, grid, stream);
+    if (a.cache.quant.kind == KVKind::FP8) return launch_q8_staged<KVKind::FP8>(a, grid, stream);
+    return a.cache.quant.kind == KVKind::INT8 && launch_q8_staged<KVKind::INT8>(a, grid, stream);
 }
 
 }  // namespace qinfer::cuda
