@@ -60,7 +60,7 @@ template <KVKind K, int STAGES> struct Q8Smem {
     static constexpr int sz_bytes = K == KVKind::INT8 ? k_tile * 8 : 0;  // K or V (scale, zero): [k_tile] float2
     static constexpr int stage_bytes = 2 * codes_bytes + 2 * sz_bytes;
     static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
-    static constexpr size_t bytes = bar_offset + 2 * STAGES * sizeof(uint64_t) + 1024;  // full, empty; + the alignment
+    static constexpr size_t bytes = bar_offset + STAGES * sizeof(uint64_t) + 1024;  // + the base's alignment
     static_assert(stage_bytes % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
     static_assert(bar_offset >= k_merge_bytes(D), "the warp merge fits the tiles' memory");
 };
@@ -70,9 +70,7 @@ template <KVKind K, int STAGES> struct Q8Smem {
 __device__ __forceinline__ int code_at(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
 #endif
 
-// FREE: each warp releases a stage through the stage's `empty` mbarrier when it has read it, and warp 0 waits there
-// before refilling it, instead of a block barrier after every tile (warps 1-3 then never wait for warp 0's copies).
-template <KVKind K, int STAGES, bool FREE>
+template <KVKind K, int STAGES>
 __global__ void __launch_bounds__(k_decode_threads)
     attention_decode_q8_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -83,7 +81,7 @@ __global__ void __launch_bounds__(k_decode_threads)
     using Layout = Q8Smem<K, STAGES>;
     extern __shared__ unsigned char smem_raw[];
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
-    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * empty = full + STAGES;
+    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset);
     __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -95,10 +93,7 @@ __global__ void __launch_bounds__(k_decode_threads)
 
     copy_split_blocks(sp, bs, blocks);
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            sm90::mbar_init(&full[s], 1);
-            sm90::mbar_init(&empty[s], k_decode_warps);
-        }
+        for (int s = 0; s < STAGES; s++) sm90::mbar_init(&full[s], 1);
         sm90::fence_mbar_init();
         sm90::prefetch_tensor_map(&k_map);
         sm90::prefetch_tensor_map(&v_map);
@@ -113,7 +108,6 @@ __global__ void __launch_bounds__(k_decode_threads)
         if (warp != 0) return;
         const int k0 = begin + t * k_tile, s = t % STAGES;
         const int groups = (min(end - k0, k_tile) + k_copy_rows - 1) / k_copy_rows;
-        if (FREE && t >= STAGES) sm90::mbar_wait(&empty[s], (t / STAGES - 1) & 1);  // every warp has read tile t - STAGES
         if (lane == 0) sm90::mbar_arrive_expect_tx(&full[s], uint32_t(groups) * group_bytes);
         __syncwarp();
         if (lane < groups * parts) {
@@ -179,9 +173,8 @@ __global__ void __launch_bounds__(k_decode_threads)
             __syncthreads();
         }
 
-        // S = Q C^T over the warp's 16 keys (two n-tiles of 8), then each key's scale and zero. Even and odd k-slices
-        // accumulate apart (four MMA chains of four, not two of eight).
-        float sc[2][4], sc_odd[2][4];
+        // S = Q C^T over the warp's 16 keys (two n-tiles of 8), then each key's scale and zero.
+        float sc[2][4];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             const int row = kw + nt * 8 + g;
@@ -189,15 +182,11 @@ __global__ void __launch_bounds__(k_decode_threads)
             const uint4 c1 = *reinterpret_cast<const uint4 *>(kc_tile + code_at(row, 2 * tq + 1));
             const uint32_t w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};  // w[i]: dims 32 tq + 4 i .. + 3
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
-            sc_odd[nt][0] = sc_odd[nt][1] = sc_odd[nt][2] = sc_odd[nt][3] = 0;
 #pragma unroll
             for (int kc = 0; kc < D / 16; kc++) {
-                float * acc = kc % 2 ? sc_odd[nt] : sc[nt];
-                if constexpr (int8) mma_16816_f16(acc, qf[kc], __byte_perm(w[kc], k_magic, 0x4140), __byte_perm(w[kc], k_magic, 0x4342));
-                else mma_16816_f16(acc, qf[kc], e4m3x2_to_f16x2(w[kc]), e4m3x2_to_f16x2(w[kc] >> 16));
+                if constexpr (int8) mma_16816_f16(sc[nt], qf[kc], __byte_perm(w[kc], k_magic, 0x4140), __byte_perm(w[kc], k_magic, 0x4342));
+                else mma_16816_f16(sc[nt], qf[kc], e4m3x2_to_f16x2(w[kc]), e4m3x2_to_f16x2(w[kc] >> 16));
             }
-#pragma unroll
-            for (int e = 0; e < 4; e++) sc[nt][e] += sc_odd[nt][e];
         }
         float sk[2][2];  // scores in the log2 domain, -inf past the end
         float mx = -INFINITY;
@@ -278,14 +267,8 @@ __global__ void __launch_bounds__(k_decode_threads)
             mma_16816_f16(o[4 * i + 2], pf, __byte_perm(hi[0], hi[1], 0x5410), __byte_perm(hi[2], hi[3], 0x5410));
             mma_16816_f16(o[4 * i + 3], pf, __byte_perm(hi[0], hi[1], 0x7632), __byte_perm(hi[2], hi[3], 0x7632));
         }
-        if constexpr (FREE) {
-            __syncwarp();
-            if (lane == 0) sm90::mbar_arrive(&empty[s]);
-        } else {
-            __syncthreads();  // the stage is refilled next
-        }
+        __syncthreads();  // the stage is refilled next
     }
-    if constexpr (FREE) __syncthreads();  // the merge reuses the tiles' memory
     pdl_trigger();
     z_sum += __shfl_xor_sync(0xffffffffu, z_sum, 1);
     z_sum += __shfl_xor_sync(0xffffffffu, z_sum, 2);
@@ -301,37 +284,31 @@ __global__ void __launch_bounds__(k_decode_threads)
 #endif
 }
 
-template <KVKind K, int STAGES, bool FREE> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!code_tensor_map(&k_map, a.cache.quant.k, a.cache.rows, D, k_copy_rows) || !code_tensor_map(&v_map, a.cache.quant.v, a.cache.rows, D, k_copy_rows)) {
         return false;
     }
     constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
     static size_t configured = 0;
-    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES, FREE>, smem, configured);
+    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES>, smem, configured);
     a.min_split = k_tile;
-    launch_kernel(attention_decode_q8_kernel<K, STAGES, FREE>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
+    launch_kernel(attention_decode_q8_kernel<K, STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
     return true;
 }
 
-// Stages of codes in flight: 3 (51 KB of shared memory with int8's scales), or QINFER_Q8_STAGES=6 (104 KB, still two
-// blocks per SM). Why 6 is worth timing: at 129024 keys the kernel moves ~1.6-2.0 TB/s, with two 17 KB tiles in
-// flight per block while it computes the third; the bf16 kernel keeps two 32 KB tiles in flight and moves 2.3-2.7
-// TB/s (bench/results/2026-11-27-h100-kv-prefill).
+// Stages of codes in flight: 6 (104 KB of shared memory with int8's scales, two blocks per SM), or
+// QINFER_Q8_STAGES=3 (51 KB). Alone the kernel is ~3% slower with 6 (7B layer at 129024 keys: 64.5 vs 62.3 us), but
+// the model's decode step is faster (7B YaRN GPTQ-Int4 with an int8 cache at 129024: 242.6 -> 253.3 decode tokens/s,
+// bench/results/2026-11-27-h100-q8-stages), most likely because the first STAGES - 1 tiles are requested before
+// pdl_wait() and overlap the kernel ahead: 5 tiles instead of 2 (not profiled).
 int q8_stages() {
-    static const int stages = env_int("QINFER_Q8_STAGES", 3);
-    return stages == 6 ? 6 : 3;
-}
-
-// QINFER_Q8_FREE=1: stages released through mbarriers, not a block barrier per tile (the kernel's FREE).
-bool q8_free() {
-    static const bool on = env_int("QINFER_Q8_FREE", 0) != 0;
-    return on;
+    static const int stages = env_int("QINFER_Q8_STAGES", 6);
+    return stages == 3 ? 3 : 6;
 }
 
 template <KVKind K> bool launch_q8_staged(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
-    if (q8_free()) return q8_stages() == 6 ? launch_q8<K, 6, true>(a, grid, stream) : launch_q8<K, 3, true>(a, grid, stream);
-    return q8_stages() == 6 ? launch_q8<K, 6, false>(a, grid, stream) : launch_q8<K, 3, false>(a, grid, stream);
+    return q8_stages() == 3 ? launch_q8<K, 3>(a, grid, stream) : launch_q8<K, 6>(a, grid, stream);
 }
 
 }  // namespace
