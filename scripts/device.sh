@@ -36,6 +36,22 @@ ab() {
         done
     done
 }
+# ncu_decode TAG KERNEL SKIP LEN TEST SECTION...: one launch of the kernels matching KERNEL (a regex), after SKIP of
+# them, in the gtest TEST run with QINFER_DECODE_TIMING_LEN=LEN, profiled by ncu with the named sections: details to
+# $OUT/TAG.txt, per-instruction samples (SASS) to $OUT/TAG-sass.csv.gz, ncu's own output to $OUT/TAG-run.txt, the
+# headline lines printed. Nothing where ncu is missing.
+ncu_decode() {
+    local tag=$1 kernel=$2 skip=$3 len=$4 test=$5 section sections=()
+    shift 5
+    command -v ncu >/dev/null || return 0
+    for section in "$@"; do sections+=(--section "$section"); done
+    QINFER_DECODE_TIMING_LEN=$len timeout 240 ncu --clock-control none -k "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
+        "${sections[@]}" -f -o "/tmp/$tag" build-device/tests/qinfer_tests --gtest_filter="$test" >"$OUT/$tag-run.txt" 2>&1
+    ncu -i "/tmp/$tag.ncu-rep" --page details >"$OUT/$tag.txt" 2>&1
+    ncu -i "/tmp/$tag.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip >"$OUT/$tag-sass.csv.gz"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Hit|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slot|No Eligible|Executed Ipc" \
+        "$OUT/$tag.txt" | head -30
+}
 
 # Carried .deb files (scripts/fetch-device-deps.sh): unpack into .deps/root.
 if ls .deps/*.deb >/dev/null 2>&1; then
