@@ -484,6 +484,15 @@ static std::atomic<bool> decode_early_kv_on{decode_early_kv_start()};
 void set_decode_early_kv(bool on) { decode_early_kv_on = on; }
 void reset_decode_early_kv() { decode_early_kv_on = decode_early_kv_start(); }
 
+// The tensor-core decode kernels skip the online softmax's rescale of O and l for a tile where no row of the warp has
+// a new maximum (alpha is then exactly 1, so the result is the same bit for bit): 32 of the int8 kernel's ~430
+// instructions per warp and tile (ncu, bench/results/2026-11-27-h100-q8-stages). On by default on the branch that
+// adds it; QINFER_DECODE_LAZY=0 rescales every tile (the A/B: device.sh lazy-ab).
+static bool decode_lazy_rescale() {
+    static const bool on = !env_is("QINFER_DECODE_LAZY", "0");
+    return on;
+}
+
 // QINFER_DECODE_SPLIT_KEYS: the most keys per split (64..2048, default k_decode_split_keys = 2048), for timing.
 int decode_splits(int max_len, int n_kv, int head_dim, int batch) {
     static const bool fill = env_is("QINFER_DECODE_SPLITS", "fill");
@@ -505,6 +514,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     }
     if (kernel == DecodeKernel::TensorCore || kernel == DecodeKernel::TensorCoreTma) {
         a.early_kv = decode_early_kv_on;
+        a.lazy_rescale = decode_lazy_rescale();
         bool launched;
         {
             static const bool skip = pdl_skip("attention");

@@ -206,15 +206,17 @@ __global__ void __launch_bounds__(k_decode_threads)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float new_m = fmaxf(m0, mx);
         const float ref = new_m == -INFINITY ? 0.f : new_m;
-        const float alpha = exp2f(m0 - ref);
-        m0 = new_m;
-        l0 *= alpha;
-        z_sum *= alpha;
+        if (!a.lazy_rescale || __any_sync(0xffffffffu, new_m != m0)) {  // else alpha is exactly 1
+            const float alpha = exp2f(m0 - ref);
+            l0 *= alpha;
+            z_sum *= alpha;
 #pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            o[dt][0] *= alpha;
-            o[dt][1] *= alpha;
+            for (int dt = 0; dt < D / 8; dt++) {
+                o[dt][0] *= alpha;
+                o[dt][1] *= alpha;
+            }
         }
+        m0 = new_m;
         // int8: P' = P times V's scale, rounded to fp16 once; z_sum takes the rounded values, so the zero's 1024 cancels.
         // fp8: P' = P (V's scale is applied to O at the end).
         uint32_t pf[4] = {0u, 0u, 0u, 0u};

@@ -42,9 +42,10 @@ struct SwizzledTile {  // panels of 64 columns, 128-byte swizzle (wgmma.cuh); th
 
 // This warp's 16 keys of one tile (K at ks, V at vs, layout Tile), the first one `key0`; keys from `end` on are masked.
 // S = Q K^T, the online softmax of row g (m0, l0 in the log2 domain, l0 this lane's partial sum), O += P V.
+// lazy: O and l0 are rescaled only when some row of the warp has a new maximum (DecodeArgs::lazy_rescale).
 template <int D, class Tile>
 __device__ __forceinline__ void attend_tile(const unsigned char * ks, const unsigned char * vs, const uint32_t (&qf)[D / 16][4], int key0, int end,
-                                            float scale_log2, float (&o)[D / 8][4], float & m0, float & l0) {
+                                            float scale_log2, float (&o)[D / 8][4], float & m0, float & l0, bool lazy) {
     const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, kw = threadIdx.x / 32 * 16;
     float s[2][4];
 #pragma unroll
@@ -72,14 +73,16 @@ __device__ __forceinline__ void attend_tile(const unsigned char * ks, const unsi
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float new_m = fmaxf(m0, mx);
     const float ref = new_m == -INFINITY ? 0.f : new_m;  // a row with no key yet keeps exp2 finite
-    const float alpha = exp2f(m0 - ref);
-    m0 = new_m;
-    l0 *= alpha;
+    if (!lazy || __any_sync(0xffffffffu, new_m != m0)) {
+        const float alpha = exp2f(m0 - ref);
+        l0 *= alpha;
 #pragma unroll
-    for (int dt = 0; dt < D / 8; dt++) {
-        o[dt][0] *= alpha;
-        o[dt][1] *= alpha;
+        for (int dt = 0; dt < D / 8; dt++) {
+            o[dt][0] *= alpha;
+            o[dt][1] *= alpha;
+        }
     }
+    m0 = new_m;
     // P as one A fragment over the warp's 16 keys: row g in registers 0 and 2, the padding row g + 8 zero.
     const float p00 = exp2f(s[0][0] - ref), p01 = exp2f(s[0][1] - ref), p10 = exp2f(s[1][0] - ref), p11 = exp2f(s[1][1] - ref);
     l0 += p00 + p01 + p10 + p11;
@@ -145,7 +148,7 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
         if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
         const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, min(STAGES - 1, n_tiles - 1 - t)), * vs = ks + Pipe::tile_elems;
         attend_tile<D, PaddedTile<D>>(reinterpret_cast<const unsigned char *>(ks), reinterpret_cast<const unsigned char *>(vs), qf,
-                                      begin + t * k_tile + threadIdx.x / 32 * 16, end, scale_log2, o, m0, l0);
+                                      begin + t * k_tile + threadIdx.x / 32 * 16, end, scale_log2, o, m0, l0, a.lazy_rescale);
         __syncthreads();  // the tile (and its stage) are overwritten next
     }
     pdl_trigger();  // the keys are read (QINFER_PDL_TRIGGER=loop builds)
@@ -227,7 +230,7 @@ __global__ void __launch_bounds__(k_decode_threads)
             }
             __syncthreads();
         }
-        attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0);
+        attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0, a.lazy_rescale);
         __syncthreads();  // the stage is refilled next
     }
     pdl_trigger();
