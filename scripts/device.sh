@@ -71,14 +71,16 @@ cmake --build build-device -j16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 
 note "build: ok in $(( $(date +%s) - t0 )) s"
 Q=$PWD/build-device/qinfer
 
+ran=""
 # The stages, in this order, each a file in scripts/device/ (its comment says what it runs and why).
 for stage in goldens quant-goldens chat test quant-test batch-test kernels bench quant-quick quant-tune final-quant \
     hf-quick bench-full bench-quant kv-test long pdl-ab max-batch decode-ab rope-ab rope-pdl pdl-skip pdl-matrix \
     tma-ab early-kv-ab ring-deep-ab chunk-long pdl-exit gpu-test attn-test attn-profile tune splits-ab qgemv decode-profile ring-ab tile-ab \
     tile-profile gemv-ab dequant-ab chunk-ab chunk-small prefill-ab wave-ab prefill-profile decode-attn \
-    decode-stages decode-ncu decode-tma split-keys q8-decode q8-ncu q8-stages lazy-ab kv-prefill rows dequant-emb memory-tables; do
-    if has "$stage"; then source "scripts/device/$stage.sh"; fi
+    decode-stages decode-ncu decode-tma split-keys q8-decode q8-ncu q8-stages lazy-ab half-ab kv-prefill rows dequant-emb memory-tables; do
+    if has "$stage"; then source "scripts/device/$stage.sh"; ran+=" $stage "; fi
 done
+for stage in $stages; do [[ "$ran" == *" $stage "* ]] || note "stage $stage: not in device.sh's list of stages (not run)"; done
 # Everything in one archive: the device tool brings back at most eight files.
 (cd "$OUT" && tar -cf results.tar --exclude=results.tar --exclude=goldens.tar --exclude=final.tar . &&
     find . -type f ! -name results.tar ! -name goldens.tar ! -name final.tar -delete)

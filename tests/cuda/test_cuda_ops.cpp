@@ -27,8 +27,11 @@ class Gemv : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 TEST_P(Gemv, MatchesCpu) {
     REQUIRE_GPU();
     const auto [n, k, m] = GetParam();
-    for (const bool balanced : {false, true}) {  // the row kernels only, then the balanced kernel where it applies
+    // The row kernels (half-warp rows where they apply, then whole warps only), then the balanced kernel where it applies.
+    for (int mode = 0; mode < 3; mode++) {
+        const bool balanced = mode == 2;
         cuda::set_gemv_balanced(balanced);
+        cuda::set_gemv_half_rows(mode != 1);
         for (int in = 0; in < 2; in++) {
             for (int out = 0; out < 4; out++) {
                 const bool silu = out == 3;
@@ -76,11 +79,12 @@ TEST_P(Gemv, MatchesCpu) {
                 const double scale = silu ? std::max(mass, mass * mass) : mass;
                 const double tol = (out == 1 || out == 2) ? (in ? 2e-3 : 1e-5) : 8e-3;
                 EXPECT_LT(err / scale, tol) << "n " << n << " k " << k << " m " << m << " in " << in << " out " << out
-                                            << (balanced ? " balanced" : " rows");
+                                            << (balanced ? " balanced" : mode == 0 ? " rows" : " whole-warp rows");
             }
         }
     }
     cuda::set_gemv_balanced(true);
+    cuda::set_gemv_half_rows(true);
 }
 
 INSTANTIATE_TEST_SUITE_P(OddShapes, Gemv,
@@ -125,6 +129,42 @@ TEST(CudaOps, GemvTimings) {
         cuda::set_gemv_balanced(true);
         std::printf("[ kernel ] gemv BF16 %-12s n %5d k %5d: rows %.1f / %.1f us, balanced %.1f / %.1f us (%.0f / %.0f GB/s)\n", sh.name, rows,
                     sh.k, us[0][0], us[1][0], us[0][1], us[1][1], w_bytes / us[0][0] / 1e3, w_bytes / us[0][1] / 1e3);
+    }
+}
+
+// Timings for the record: lm_head shapes (151936 rows, fp32 logits from the normalised residual) with the row kernels
+// giving rows of at most 1024 values half a warp each (0.5B, and 1024 as Qwen3-0.6B) against whole warps, alternated
+// twice; 1.5B's rows (1536) always take whole warps (a control).
+TEST(CudaOps, GemvLmHeadTimings) {
+    REQUIRE_GPU();
+    const auto N = cuda::GemvIn::NormF32;
+    const GemvShape shapes[] = {{"0.5B lm_head", 151936, 896, N, cuda::GemvOut::F32},
+                                {"k1024 lm_head", 151936, 1024, N, cuda::GemvOut::F32},
+                                {"1.5B lm_head", 151936, 1536, N, cuda::GemvOut::F32}};
+    for (const GemvShape & sh : shapes) {
+        const size_t w_bytes = size_t(sh.n) * sh.k * 2;
+        const int copies = int(std::max<size_t>(1, (size_t(128) << 20) / w_bytes + 1));
+        DeviceBuffer w = upload_bf16(randn(size_t(sh.n) * sh.k, 0.02f));
+        DeviceBuffer ws(w_bytes * copies, "test");
+        for (int c = 0; c < copies; c++) cudaMemcpy(ws.as<char>() + c * w_bytes, w.get(), w_bytes, cudaMemcpyDeviceToDevice);
+        DeviceBuffer dx = upload(randn(size_t(sh.k)));
+        DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
+        DeviceBuffer dy(size_t(sh.n) * 4, "test");
+        cuda::GemvArgs a = gemv_args(sh.n, sh.k, 1, dx, dnorm, dy);
+        int call = 0;
+        double us[2][2];
+        for (int rep = 0; rep < 2; rep++) {
+            for (int half = 0; half < 2; half++) {
+                cuda::set_gemv_half_rows(half == 1);
+                us[rep][half] = 1e3 * time_ms(100, [&] {
+                    a.w = reinterpret_cast<const bf16 *>(ws.as<char>() + (call++ % copies) * w_bytes);
+                    cuda::gemv(a, sh.in, sh.out, nullptr);
+                }, 3);
+            }
+        }
+        cuda::set_gemv_half_rows(true);
+        std::printf("[ kernel ] gemv BF16 %-13s n %6d k %5d: whole warps %.1f / %.1f us, half warps %.1f / %.1f us (%.0f / %.0f GB/s)\n", sh.name,
+                    sh.n, sh.k, us[0][0], us[1][0], us[0][1], us[1][1], w_bytes / us[0][0] / 1e3, w_bytes / us[0][1] / 1e3);
     }
 }
 

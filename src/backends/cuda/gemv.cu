@@ -47,6 +47,12 @@ int sm_count() {
     return n;
 }
 
+static std::atomic<bool> half_rows_on{!env_is("QINFER_GEMV_HALF", "0")};
+
+void set_gemv_half_rows(bool on) { half_rows_on = on; }
+
+bool gemv_half_rows_on() { return half_rows_on; }
+
 // QINFER_GEMV_PREFETCH=0 turns the first-batch prefetch off (for timing it against the plain prologue).
 static bool gemv_prefetch() {
     static const bool on = !env_is("QINFER_GEMV_PREFETCH", "0");

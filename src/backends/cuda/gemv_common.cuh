@@ -33,6 +33,9 @@ template <GemvOut OUT> __device__ __forceinline__ void gemv_store(const GemvArgs
     }
 }
 
+// Half-warp rows in the row kernels (set_gemv_half_rows, gemv.cu).
+bool gemv_half_rows_on();
+
 // The row kernels for a bf16 / a normalised fp32 input, m 1..4 (gemv_rows_bf16.cu, gemv_rows_norm.cu).
 void gemv_rows_bf16(const GemvArgs & a, GemvOut out, cudaStream_t stream);
 void gemv_rows_norm(const GemvArgs & a, GemvOut out, cudaStream_t stream);

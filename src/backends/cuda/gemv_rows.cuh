@@ -2,8 +2,9 @@
 // input is read from global memory (shared by all blocks, so L1/L2 hits); an fp32 residual input is RMS-normalised
 // into shared memory by every block (RMSNorm fused into the projection, qstage.cuh), behind the block's first weight
 // loads. Each output row is computed by `wpr` warps that split k (reduced through shared memory), enough to fill the
-// GPU when n is small. gemv_rows_bf16.cu and gemv_rows_norm.cu instantiate them for one input kind each (two compiler
-// processes: this file alone took ~50 s to compile for sm_90a).
+// GPU when n is small. Rows of at most 1024 values (0.5B's lm_head: 151936 x 896) take half a warp each (LANES 16):
+// a whole warp gave each lane only 3-4 of its 8 loads in flight. gemv_rows_bf16.cu and gemv_rows_norm.cu instantiate
+// them for one input kind each (two compiler processes: this file alone took ~50 s to compile for sm_90a).
 #pragma once
 
 #include <algorithm>
@@ -20,19 +21,31 @@ namespace {
 constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
 
-template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
+// Sum over the LANES lanes of a row (LANES 32: the warp; 16: each half on its own).
+template <int LANES> __device__ __forceinline__ float row_sum(float v) {
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true, int LANES = 32>
+__global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
     extern __shared__ uint4 smem_raw[];
     bf16 * xs = reinterpret_cast<bf16 *>(smem_raw);  // bf16 [M, k]
     __shared__ float red[k_warps][M][2];
     __shared__ float norm_red[k_warps];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int k = a.k;
-    constexpr int rows_per_block = k_warps / WPR;
+    static_assert(LANES == 32 || (LANES == 16 && WPR == 1), "half-warp rows take one row per half");
+    constexpr int rows_per_warp = 32 / LANES;
+    constexpr int rows_per_block = k_warps / WPR * rows_per_warp;
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
-    constexpr int stride = WPR * 32;  // 16-byte chunks between a lane's loads
+    constexpr int stride = WPR * LANES;  // 16-byte chunks between a lane's loads
     constexpr int batch = 8;          // loads in flight per lane
     constexpr int per_mat = PAIR ? batch / n_mats : batch;  // a batch takes the same chunks of gate and up (SiluMulBf16)
     const int part = warp % WPR;
+    const int rlane = lane % LANES;                                         // lane within the row
+    const int warp_row = (warp / WPR) * rows_per_warp + lane / LANES;  // the row's place in the block's group
     const int chunks = k / 8;
     // Load u of a batch at `base`: matrix u / per_mat, chunk base + (u % per_mat) * stride.
     auto row_ptrs = [&](int row, const uint4 * (&w)[2]) {
@@ -52,12 +65,12 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
         row_ptrs(row, w);
 #pragma unroll
         for (int u = 0; u < batch; u++) {
-            const int c = part * 32 + lane + (u % per_mat) * stride;
+            const int c = part * LANES + rlane + (u % per_mat) * stride;
             first[u] = c < chunks ? load_stream(w[u / per_mat] + c) : make_uint4(0, 0, 0, 0);
         }
         have_first = true;
     };
-    load_first(blockIdx.x * rows_per_block + warp / WPR);
+    load_first(blockIdx.x * rows_per_block + warp_row);
     pdl_wait();
 
     // Prologue: stage the input rows (float4 batches when aligned: one round trip to memory per 4096 values).
@@ -69,7 +82,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
     const bf16 * xsrc = IN == GemvIn::NormF32 ? xs : static_cast<const bf16 *>(a.x);
 
     for (int row0 = blockIdx.x * rows_per_block; row0 < a.n; row0 += gridDim.x * rows_per_block) {
-        const int row = row0 + warp / WPR;
+        const int row = row0 + warp_row;
         float acc[M][2] = {};
         if (row < a.n) {
             const uint4 * w[2] = {};
@@ -78,7 +91,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
             // in the order lane, lane + stride, ... (PAIR false: one matrix after the other)
 #pragma unroll
             for (int mat0 = 0; mat0 < (PAIR ? 1 : n_mats); mat0++) {
-                for (int base = part * 32 + lane; base < chunks; base += per_mat * stride) {
+                for (int base = part * LANES + rlane; base < chunks; base += per_mat * stride) {
                     uint4 wv[batch];
                     if (have_first) {  // the prefetched batch is this one (first row, first base)
 #pragma unroll
@@ -110,7 +123,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
 #pragma unroll
         for (int m = 0; m < M; m++) {
 #pragma unroll
-            for (int mat = 0; mat < n_mats; mat++) s[m][mat] = warp_sum(acc[m][mat]);
+            for (int mat = 0; mat < n_mats; mat++) s[m][mat] = row_sum<LANES>(acc[m][mat]);
         }
         if constexpr (WPR > 1) {
             // The row's warps meet in shared memory; the first of them finishes.
@@ -136,24 +149,24 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true> __global__ v
         if (part == 0 && row < a.n) {
 #pragma unroll
             for (int m = 0; m < M; m++) {
-                if (lane != m) continue;
+                if (rlane != m) continue;
                 gemv_store<OUT>(a, m, row, s[m][0], s[m][n_mats - 1]);
             }
         }
     }
 }
 
-template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a, cudaStream_t stream) {
+template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(const GemvArgs & a, cudaStream_t stream) {
     const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     // Gate and up share load batches only where that puts both whole rows into the first batch (k <= 1024 per warp
     // of a row): 0.5B's gate_up, +5% decode; where rows are longer, two streams per batch were ~1% slower (1.5B,
     // 7B; H100, bench/results/2026-11-26-h100-a050da2).
     constexpr int pair_max_k = 1024 * WPR;
     const bool pair = OUT != GemvOut::SiluMulBf16 || a.k <= pair_max_k;
-    auto kernel = pair ? gemv_kernel<M, WPR, IN, OUT> : gemv_kernel<M, WPR, IN, OUT, false>;
+    auto kernel = pair ? gemv_kernel<M, WPR, IN, OUT, true, LANES> : gemv_kernel<M, WPR, IN, OUT, false, LANES>;
     static size_t configured[2] = {0, 0};  // per kernel
     if (IN == GemvIn::NormF32) allow_dynamic_smem(kernel, smem, configured[pair]);
-    constexpr int rows_per_block = k_warps / WPR;
+    constexpr int rows_per_block = k_warps / WPR * (32 / LANES);
     // One wave of resident blocks strides over the row groups: under programmatic dependent launch the next kernel's
     // blocks, resident early, would otherwise take the slots of this kernel's later waves. On an H100 (PDL on, decode
     // tok/s, bench/results/2026-11-27-h100-wave-pdl): 1.5B +1.8%, 7B +0.2% (-0.3% without PDL), 0.5B -0.5% (noise).
@@ -171,8 +184,14 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT> void launch(const GemvArgs & a
 
 // Warps per row: one warp per row for tall matrices; short ones (o_proj/down of small models) split k over more
 // warps so that every SM still gets a couple of blocks.
+// Rows of at most 1024 values (128 chunks: 8 loads per lane of half a warp) take half a warp each where every SM still
+// gets two blocks of 16 rows, unless set_gemv_half_rows(false) (QINFER_GEMV_HALF=0); not for SiluMulBf16, whose
+// gate and up rows already share a warp's batch.
 template <int M, GemvIn IN, GemvOut OUT> void launch_wpr(const GemvArgs & a, cudaStream_t stream) {
     const int rows_per_block = a.n / (2 * sm_count());
+    if constexpr (OUT != GemvOut::SiluMulBf16) {
+        if (rows_per_block >= 16 && a.k <= 1024 && gemv_half_rows_on()) return launch<M, 1, IN, OUT, 16>(a, stream);
+    }
     if (rows_per_block >= 8) return launch<M, 1, IN, OUT>(a, stream);
     if (rows_per_block >= 4) return launch<M, 2, IN, OUT>(a, stream);
     if (rows_per_block >= 2) return launch<M, 4, IN, OUT>(a, stream);

@@ -39,6 +39,9 @@ void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)
 // unless this is off (default on; QINFER_GEMV_BALANCED=0 makes the default off).
 void set_gemv_balanced(bool on);
+// The row kernels give rows of at most 1024 values half a warp each (0.5B's lm_head) unless this is off (default on;
+// QINFER_GEMV_HALF=0 makes the default off).
+void set_gemv_half_rows(bool on);
 
 // Programmatic dependent launch for the kernels launched from now on (common.cuh; QINFER_PDL=1 / 0 overrides).
 void set_pdl_default(bool on);
