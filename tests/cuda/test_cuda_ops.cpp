@@ -91,9 +91,36 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, Gemv,
                          ::testing::Combine(::testing::Values(1, 7, 257, 4864), ::testing::Values(8, 96, 896, 4104),
                                             ::testing::Values(1, 3, 4)));
 
+// Times cuda::gemv on shape sh at m 1 under two settings, set(0) and set(1) before each timing, alternated twice:
+// us[rep][setting], microseconds per call. Weights are cycled through copies of at least 128 MB so no call finds them
+// in the 50 MB L2. Returns the weight bytes one call reads.
+template <class Set> size_t time_gemv_ab(const GemvShape & sh, int reps, Set && set, double (&us)[2][2]) {
+    const int rows = sh.out == cuda::GemvOut::SiluMulBf16 ? 2 * sh.n : sh.n;
+    const size_t w_bytes = size_t(rows) * sh.k * 2;
+    const int copies = int(std::max<size_t>(1, (size_t(128) << 20) / w_bytes + 1));
+    DeviceBuffer w = upload_bf16(randn(size_t(rows) * sh.k, 0.02f));
+    DeviceBuffer ws(w_bytes * copies, "test");
+    for (int c = 0; c < copies; c++) cudaMemcpy(ws.as<char>() + c * w_bytes, w.get(), w_bytes, cudaMemcpyDeviceToDevice);
+    DeviceBuffer dx = sh.in == cuda::GemvIn::NormF32 ? upload(randn(size_t(sh.k))) : upload_bf16(randn(size_t(sh.k)));
+    DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
+    DeviceBuffer dy(size_t(sh.n) * 4, "test");
+    cudaMemset(dy.get(), 0, dy.bytes());
+    cuda::GemvArgs a = gemv_args(sh.n, sh.k, 1, dx, dnorm, dy);
+    int call = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        for (int setting = 0; setting < 2; setting++) {
+            set(setting);
+            us[rep][setting] = 1e3 * time_ms(reps, [&] {
+                a.w = reinterpret_cast<const bf16 *>(ws.as<char>() + (call++ % copies) * w_bytes);
+                cuda::gemv(a, sh.in, sh.out, nullptr);
+            }, 3);
+        }
+    }
+    return w_bytes;
+}
+
 // Timings for the record (not assertions): the BF16 decode GEMVs of Qwen2.5 0.5B / 1.5B / 7B at m 1, with the input
-// and output forms the engine uses, the row kernels against the balanced kernel, alternated twice. Weights are
-// cycled through copies of at least 128 MB so no call finds them in the 50 MB L2 (scripts/device.sh gemv-ab).
+// and output forms the engine uses, the row kernels against the balanced kernel (scripts/device.sh gemv-ab).
 TEST(CudaOps, GemvTimings) {
     REQUIRE_GPU();
     const auto N = cuda::GemvIn::NormF32, B = cuda::GemvIn::Bf16;
@@ -104,37 +131,18 @@ TEST(CudaOps, GemvTimings) {
                             {"0.5B qkv", 1152, 896, N, cuda::GemvOut::Bf16},         {"0.5B o_proj", 896, 896, B, cuda::GemvOut::AddF32},
                             {"0.5B gate_up", 4864, 896, N, cuda::GemvOut::SiluMulBf16}, {"0.5B down", 896, 4864, B, cuda::GemvOut::AddF32}};
     for (const GemvShape & sh : shapes) {
-        const int rows = sh.out == cuda::GemvOut::SiluMulBf16 ? 2 * sh.n : sh.n;
-        const size_t w_bytes = size_t(rows) * sh.k * 2;
-        const int copies = int(std::max<size_t>(1, (size_t(128) << 20) / w_bytes + 1));
-        DeviceBuffer w = upload_bf16(randn(size_t(rows) * sh.k, 0.02f));
-        DeviceBuffer ws(w_bytes * copies, "test");
-        for (int c = 0; c < copies; c++) cudaMemcpy(ws.as<char>() + c * w_bytes, w.get(), w_bytes, cudaMemcpyDeviceToDevice);
-        DeviceBuffer dx = sh.in == N ? upload(randn(size_t(sh.k))) : upload_bf16(randn(size_t(sh.k)));
-        DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
-        DeviceBuffer dy(size_t(sh.n) * 4, "test");
-        cudaMemset(dy.get(), 0, dy.bytes());
-        cuda::GemvArgs a = gemv_args(sh.n, sh.k, 1, dx, dnorm, dy);
-        int call = 0;
         double us[2][2];
-        for (int rep = 0; rep < 2; rep++) {
-            for (int balanced = 0; balanced < 2; balanced++) {
-                cuda::set_gemv_balanced(balanced == 1);
-                us[rep][balanced] = 1e3 * time_ms(200, [&] {
-                    a.w = reinterpret_cast<const bf16 *>(ws.as<char>() + (call++ % copies) * w_bytes);
-                    cuda::gemv(a, sh.in, sh.out, nullptr);
-                }, 3);
-            }
-        }
+        const size_t w_bytes = time_gemv_ab(sh, 200, [](int balanced) { cuda::set_gemv_balanced(balanced == 1); }, us);
         cuda::set_gemv_balanced(true);
+        const int rows = sh.out == cuda::GemvOut::SiluMulBf16 ? 2 * sh.n : sh.n;
         std::printf("[ kernel ] gemv BF16 %-12s n %5d k %5d: rows %.1f / %.1f us, balanced %.1f / %.1f us (%.0f / %.0f GB/s)\n", sh.name, rows,
                     sh.k, us[0][0], us[1][0], us[0][1], us[1][1], w_bytes / us[0][0] / 1e3, w_bytes / us[0][1] / 1e3);
     }
 }
 
 // Timings for the record: lm_head shapes (151936 rows, fp32 logits from the normalised residual) with the row kernels
-// giving rows of at most 1024 values half a warp each (0.5B, and 1024 as Qwen3-0.6B) against whole warps, alternated
-// twice; 1.5B's rows (1536) always take whole warps (a control).
+// giving rows of at most 1024 values half a warp each (0.5B, and 1024 as Qwen3-0.6B) against whole warps; 1.5B's
+// rows (1536) always take whole warps (a control).
 TEST(CudaOps, GemvLmHeadTimings) {
     REQUIRE_GPU();
     const auto N = cuda::GemvIn::NormF32;
@@ -142,26 +150,8 @@ TEST(CudaOps, GemvLmHeadTimings) {
                                 {"k1024 lm_head", 151936, 1024, N, cuda::GemvOut::F32},
                                 {"1.5B lm_head", 151936, 1536, N, cuda::GemvOut::F32}};
     for (const GemvShape & sh : shapes) {
-        const size_t w_bytes = size_t(sh.n) * sh.k * 2;
-        const int copies = int(std::max<size_t>(1, (size_t(128) << 20) / w_bytes + 1));
-        DeviceBuffer w = upload_bf16(randn(size_t(sh.n) * sh.k, 0.02f));
-        DeviceBuffer ws(w_bytes * copies, "test");
-        for (int c = 0; c < copies; c++) cudaMemcpy(ws.as<char>() + c * w_bytes, w.get(), w_bytes, cudaMemcpyDeviceToDevice);
-        DeviceBuffer dx = upload(randn(size_t(sh.k)));
-        DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
-        DeviceBuffer dy(size_t(sh.n) * 4, "test");
-        cuda::GemvArgs a = gemv_args(sh.n, sh.k, 1, dx, dnorm, dy);
-        int call = 0;
         double us[2][2];
-        for (int rep = 0; rep < 2; rep++) {
-            for (int half = 0; half < 2; half++) {
-                cuda::set_gemv_half_rows(half == 1);
-                us[rep][half] = 1e3 * time_ms(100, [&] {
-                    a.w = reinterpret_cast<const bf16 *>(ws.as<char>() + (call++ % copies) * w_bytes);
-                    cuda::gemv(a, sh.in, sh.out, nullptr);
-                }, 3);
-            }
-        }
+        const size_t w_bytes = time_gemv_ab(sh, 100, [](int half) { cuda::set_gemv_half_rows(half == 1); }, us);
         cuda::set_gemv_half_rows(true);
         std::printf("[ kernel ] gemv BF16 %-13s n %6d k %5d: whole warps %.1f / %.1f us, half warps %.1f / %.1f us (%.0f / %.0f GB/s)\n", sh.name,
                     sh.n, sh.k, us[0][0], us[1][0], us[0][1], us[1][1], w_bytes / us[0][0] / 1e3, w_bytes / us[0][1] / 1e3);
