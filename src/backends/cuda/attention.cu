@@ -107,17 +107,8 @@ template <int D, KVKind K> __global__ void __launch_bounds__(128) attention_pref
             mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
             mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
         }
-        // The four threads of a quad share a row.
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float new_m0 = fmaxf(m0, mx0), new_m1 = fmaxf(m1, mx1);
-        // A fully masked row keeps reference 0 so exp2 never sees (-inf) - (-inf).
-        const float ref0 = new_m0 == -INFINITY ? 0.f : new_m0, ref1 = new_m1 == -INFINITY ? 0.f : new_m1;
-        const float alpha0 = exp2f(m0 - ref0), alpha1 = exp2f(m1 - ref1);
-        m0 = new_m0;
-        m1 = new_m1;
+        const SoftmaxStep st = online_softmax_step(mx0, mx1, m0, m1);
+        const float ref0 = st.ref.x, ref1 = st.ref.y, alpha0 = st.alpha.x, alpha1 = st.alpha.y;
         l0 *= alpha0;
         l1 *= alpha1;
 #pragma unroll

@@ -258,4 +258,24 @@ bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t st
 // Tiles the tensor-core decode kernel keeps resident at this head_dim (2 or 3; attention.cu).
 int decode_tc_stages(int head_dim);
 
+// One online-softmax step for the two rows a thread holds in an m16n8 fragment (g and g + 8): mx0 / mx1 are the
+// thread's maxima of this tile's scores in the log2 domain (scaled), reduced here over the quad (the four lanes of a
+// row); m0 / m1, the running maxima, move to the new maxima. alpha = exp2(old - new) rescales l and O; ref is what
+// this tile's exp2 subtracts: the new maximum, or 0 for a row still fully masked (so exp2 never sees (-inf) - (-inf)).
+struct SoftmaxStep {
+    float2 alpha, ref;
+};
+__device__ __forceinline__ SoftmaxStep online_softmax_step(float mx0, float mx1, float & m0, float & m1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float new_m0 = fmaxf(m0, mx0), new_m1 = fmaxf(m1, mx1);
+    const float ref0 = new_m0 == -INFINITY ? 0.f : new_m0, ref1 = new_m1 == -INFINITY ? 0.f : new_m1;
+    const SoftmaxStep st{make_float2(exp2f(m0 - ref0), exp2f(m1 - ref1)), make_float2(ref0, ref1)};
+    m0 = new_m0;
+    m1 = new_m1;
+    return st;
+}
+
 }  // namespace qinfer::cuda

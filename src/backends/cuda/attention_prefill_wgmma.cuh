@@ -44,16 +44,10 @@ __device__ __forceinline__ float2 softmax_tile(float (&s)[k_keys / 2], RowState 
         mx0 = fmaxf(mx0, fmaxf(s[nt * 4 + 0], s[nt * 4 + 1]));
         mx1 = fmaxf(mx1, fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
     }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float new_m0 = fmaxf(r.m0, mx0 * a.scale_log2), new_m1 = fmaxf(r.m1, mx1 * a.scale_log2);
-    // A fully masked row keeps reference 0 so exp2 never sees (-inf) - (-inf).
-    const float ref0 = new_m0 == -INFINITY ? 0.f : new_m0, ref1 = new_m1 == -INFINITY ? 0.f : new_m1;
-    const float2 alpha = make_float2(exp2f(r.m0 - ref0), exp2f(r.m1 - ref1));
-    r.m0 = new_m0;
-    r.m1 = new_m1;
+    // Scaling before the quad's max gives the same maxima (scale_log2 > 0).
+    const SoftmaxStep st = online_softmax_step(mx0 * a.scale_log2, mx1 * a.scale_log2, r.m0, r.m1);
+    const float2 alpha = st.alpha;
+    const float ref0 = st.ref.x, ref1 = st.ref.y;
     float sum0 = 0, sum1 = 0;
 #pragma unroll
     for (int nt = 0; nt < k_keys / 8; nt++) {
