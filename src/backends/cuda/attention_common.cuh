@@ -1,8 +1,9 @@
-// Pieces shared by the attention kernels: tensor-core fragments (mma.sync m16n8k16 bf16) and the decode split
-// arguments.
+// Pieces shared by the attention kernels: tensor-core fragments (mma.sync m16n8k16, bf16 or fp16 inputs) and the
+// decode split arguments.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -13,11 +14,26 @@
 
 namespace qinfer::cuda {
 
-__device__ __forceinline__ void mma_16816(float * c, const uint32_t * a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// d[16 x 8] += a[16 x 16] b[16 x 8] with fp32 accumulators; inputs bf16 (T = bf16) or fp16 (T = __half).
+template <class T = bf16> __device__ __forceinline__ void mma_16816(float * c, const uint32_t * a, uint32_t b0, uint32_t b1) {
+    static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, __half>, "bf16 or fp16 inputs");
+    if constexpr (std::is_same_v<T, bf16>) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Max over the four lanes of an m16n8 fragment's quad (they hold one row).
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -266,10 +282,8 @@ struct SoftmaxStep {
     float2 alpha, ref;
 };
 __device__ __forceinline__ SoftmaxStep online_softmax_step(float mx0, float mx1, float & m0, float & m1) {
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = quad_max(mx0);
+    mx1 = quad_max(mx1);
     const float new_m0 = fmaxf(m0, mx0), new_m1 = fmaxf(m1, mx1);
     const float ref0 = new_m0 == -INFINITY ? 0.f : new_m0, ref1 = new_m1 == -INFINITY ? 0.f : new_m1;
     const SoftmaxStep st{make_float2(exp2f(m0 - ref0), exp2f(m1 - ref1)), make_float2(ref0, ref1)};

@@ -36,13 +36,6 @@ using namespace decode_tc;
 constexpr int D = 128;
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the kernel's body is sm_90a only
-// d[16 x 8] += a[16 x 16] b[16 x 8], fp16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma_16816_f16(float * c, const uint32_t * a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t *>(&h);
@@ -184,8 +177,8 @@ __global__ void __launch_bounds__(k_decode_threads)
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
 #pragma unroll
             for (int kc = 0; kc < D / 16; kc++) {
-                if constexpr (int8) mma_16816_f16(sc[nt], qf[kc], __byte_perm(w[kc], k_magic, 0x4140), __byte_perm(w[kc], k_magic, 0x4342));
-                else mma_16816_f16(sc[nt], qf[kc], e4m3x2_to_f16x2(w[kc]), e4m3x2_to_f16x2(w[kc] >> 16));
+                if constexpr (int8) mma_16816<__half>(sc[nt], qf[kc], __byte_perm(w[kc], k_magic, 0x4140), __byte_perm(w[kc], k_magic, 0x4342));
+                else mma_16816<__half>(sc[nt], qf[kc], e4m3x2_to_f16x2(w[kc]), e4m3x2_to_f16x2(w[kc] >> 16));
             }
         }
         float sk[2][2];  // scores in the log2 domain, -inf past the end
@@ -202,8 +195,7 @@ __global__ void __launch_bounds__(k_decode_threads)
                 mx = fmaxf(mx, sk[nt][e]);
             }
         }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = quad_max(mx);
         const float new_m = fmaxf(m0, mx);
         const float ref = new_m == -INFINITY ? 0.f : new_m;
         if (!a.lazy_rescale || __any_sync(0xffffffffu, new_m != m0)) {  // else alpha is exactly 1
@@ -251,7 +243,7 @@ __global__ void __launch_bounds__(k_decode_threads)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const uint32_t sel = uint32_t(j) | uint32_t(4 + j) << 4;
-                mma_16816_f16(o[4 * i + j], pf, e4m3x2_to_f16x2(__byte_perm(v[0][i], v[1][i], sel)), e4m3x2_to_f16x2(__byte_perm(v[2][i], v[3][i], sel)));
+                mma_16816<__half>(o[4 * i + j], pf, e4m3x2_to_f16x2(__byte_perm(v[0][i], v[1][i], sel)), e4m3x2_to_f16x2(__byte_perm(v[2][i], v[3][i], sel)));
             }
         }
 #pragma unroll
@@ -264,10 +256,10 @@ __global__ void __launch_bounds__(k_decode_threads)
                 hi[r] = __byte_perm(v[r][i], k_magic, 0x4342);
             }
             // n-tile 4 i + j: b0 = (row 2 tq, row 2 tq + 1), b1 = (row 2 tq + 8, row 2 tq + 9) at dim 16 g + 4 i + j.
-            mma_16816_f16(o[4 * i + 0], pf, __byte_perm(lo[0], lo[1], 0x5410), __byte_perm(lo[2], lo[3], 0x5410));
-            mma_16816_f16(o[4 * i + 1], pf, __byte_perm(lo[0], lo[1], 0x7632), __byte_perm(lo[2], lo[3], 0x7632));
-            mma_16816_f16(o[4 * i + 2], pf, __byte_perm(hi[0], hi[1], 0x5410), __byte_perm(hi[2], hi[3], 0x5410));
-            mma_16816_f16(o[4 * i + 3], pf, __byte_perm(hi[0], hi[1], 0x7632), __byte_perm(hi[2], hi[3], 0x7632));
+            mma_16816<__half>(o[4 * i + 0], pf, __byte_perm(lo[0], lo[1], 0x5410), __byte_perm(lo[2], lo[3], 0x5410));
+            mma_16816<__half>(o[4 * i + 1], pf, __byte_perm(lo[0], lo[1], 0x7632), __byte_perm(lo[2], lo[3], 0x7632));
+            mma_16816<__half>(o[4 * i + 2], pf, __byte_perm(hi[0], hi[1], 0x5410), __byte_perm(hi[2], hi[3], 0x5410));
+            mma_16816<__half>(o[4 * i + 3], pf, __byte_perm(hi[0], hi[1], 0x7632), __byte_perm(hi[2], hi[3], 0x7632));
         }
         __syncthreads();  // the stage is refilled next
     }

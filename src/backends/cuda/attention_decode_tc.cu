@@ -69,8 +69,7 @@ __device__ __forceinline__ void attend_tile(const unsigned char * ks, const unsi
             mx = fmaxf(mx, s[nt][e]);
         }
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = quad_max(mx);
     const float new_m = fmaxf(m0, mx);
     const float ref = new_m == -INFINITY ? 0.f : new_m;  // a row with no key yet keeps exp2 finite
     if (!lazy || __any_sync(0xffffffffu, new_m != m0)) {
