@@ -84,14 +84,7 @@ __global__ void __launch_bounds__(k_decode_threads)
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int n_rep = a.n_head / a.n_kv, kw = warp * 16;
 
-    copy_split_blocks(sp, bs, blocks);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) sm90::mbar_init(&full[s], 1);
-        sm90::fence_mbar_init();
-        sm90::prefetch_tensor_map(&k_map);
-        sm90::prefetch_tensor_map(&v_map);
-    }
-    __syncthreads();
+    start_tma_split<STAGES>(sp, bs, blocks, full, &k_map, &v_map);
 
     // Tile t into stage t % STAGES by warp 0: lane i takes 16-key group i / parts and part i % parts (K codes, V codes,
     // and for int8 K (scale, zero), V (scale, zero)). Groups wholly past `end` are not copied.

@@ -180,14 +180,7 @@ __global__ void __launch_bounds__(k_decode_threads)
     const int begin = sp.begin, end = sp.end, first_block = sp.first_block;
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    copy_split_blocks(sp, bs, blocks);
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) sm90::mbar_init(&full[s], 1);
-        sm90::fence_mbar_init();
-        sm90::prefetch_tensor_map(&k_map);
-        sm90::prefetch_tensor_map(&v_map);
-    }
-    __syncthreads();
+    start_tma_split<STAGES>(sp, bs, blocks, full, &k_map, &v_map);
 
     // Tile t (keys begin + 64 t ..) into stage t % STAGES, by warp 0: lane i copies 16-key group i / (D / 32), panel
     // i / 2 % (D / 64), K (even i) or V. Groups wholly past `end` are not copied.

@@ -6,6 +6,7 @@
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/wgmma.cuh"
 
 namespace qinfer::cuda::decode_tc {
 
@@ -33,6 +34,25 @@ __device__ __forceinline__ DecodeSplit decode_split(const DecodeArgs & a) {
 __device__ __forceinline__ void copy_split_blocks(const DecodeSplit & sp, int block_size, int * blocks) {
     for (int i = threadIdx.x; i <= (sp.end - 1) / block_size - sp.first_block; i += blockDim.x) blocks[i] = sp.table[sp.first_block + i];
 }
+
+// The start of the split kernels whose tiles come by tensor copies (the bf16 one in attention_decode_tc.cu, the
+// raw-code one in attention_decode_q8.cu; sm_90a only): the split's block-table entries into `blocks`, the STAGES
+// stage barriers at `full` set for one arrival each, both tensor maps prefetched, then a block barrier that
+// publishes all of it.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int STAGES>
+__device__ __forceinline__ void start_tma_split(const DecodeSplit & sp, int block_size, int * blocks, uint64_t * full, const void * k_map,
+                                                const void * v_map) {
+    copy_split_blocks(sp, block_size, blocks);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) sm90::mbar_init(&full[s], 1);
+        sm90::fence_mbar_init();
+        sm90::prefetch_tensor_map(k_map);
+        sm90::prefetch_tensor_map(v_map);
+    }
+    __syncthreads();
+}
+#endif
 
 // a.early_kv: the first tiles (up to STAGES - 1) whose keys all precede the new one, written by earlier steps, are
 // requested before pdl_wait(), so they overlap the end of the kernel ahead; returns how many were. Without it the
