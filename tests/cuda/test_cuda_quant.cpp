@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <gtest/gtest.h>
 
 #include "backends/cpu/ops.h"
@@ -198,9 +200,12 @@ TEST(CudaQuant, PrefillGemmTimings) {
 // Timings for the record (not assertions): one decode step's quantized GEMVs of Qwen2.5-7B (GPTQ-Int4 and -Int8 with
 // group 128, NF4), each with the input and output forms the engine uses (qkv and gate_up with the RMSNorm fused in),
 // as GB/s of the weight's bytes on the device (codes, scales, zeros, absmax). The codes are cycled through copies of at least 128 MB in all, so no call finds its weights in the
-// 50 MB L2 (scripts/device.sh qgemv).
+// 50 MB L2 (scripts/device.sh qgemv). QINFER_QGEMV_TIMING_CASE=FORMAT:SHAPE (e.g. GPTQ-Int4:gate_up) times that case
+// alone, m 1 (for ncu: scripts/device/qgemv-ncu.sh).
 TEST(CudaQuant, DecodeGemvTimings) {
     REQUIRE_GPU();
+    const char * only_env = std::getenv("QINFER_QGEMV_TIMING_CASE");
+    const std::string only = only_env ? only_env : "";
     const GemvShape shapes[] = {{"qkv", 4608, 3584, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16},
                             {"o_proj", 3584, 3584, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32},
                             {"gate_up", 18944, 3584, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16},
@@ -210,6 +215,7 @@ TEST(CudaQuant, DecodeGemvTimings) {
                                                             {"NF4", bnb_scheme(QuantPacking::Nf4, false)}};
     for (const GemvShape & sh : shapes) {
         for (const auto & [format, scheme] : formats) {
+            if (!only.empty() && only != std::string(format) + ":" + sh.name) continue;
             const bool silu = sh.out == cuda::GemvOut::SiluMulBf16;
             const int rows = silu ? 2 * sh.n : sh.n;
             auto ql = make_quant_linear(scheme, rows, sh.k, 11);
@@ -221,6 +227,7 @@ TEST(CudaQuant, DecodeGemvTimings) {
                 cudaMemcpy(codes.as<char>() + c * code_bytes, dq.codes.get(), code_bytes, cudaMemcpyDeviceToDevice);
             }
             for (int m : {1, 4}) {
+                if (!only.empty() && m != 1) continue;
                 const bool norm = sh.in == cuda::GemvIn::NormF32;
                 DeviceBuffer dx = norm ? upload(randn(size_t(m) * sh.k)) : upload_bf16(randn(size_t(m) * sh.k));
                 DeviceBuffer dnorm = upload_bf16(std::vector<float>(size_t(sh.k), 1.0f));
