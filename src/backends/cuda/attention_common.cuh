@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/wgmma.cuh"
@@ -42,15 +43,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 __device__ __forceinline__ uint32_t load_pair(const bf16 * p) { return *reinterpret_cast<const uint32_t *>(p); }
-
-// 16 bytes global -> shared without registers; valid false zero-fills them.
-__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool valid) {
-    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
-    const int bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 struct PrefillArgs {
     const bf16 * q;  // [n, n_head, d]

@@ -34,6 +34,15 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// 16 bytes global -> shared without registers; valid false zero-fills them (sm_80 and up).
+__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool valid) {
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+    const int bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 bool pdl_enabled();
 
 // The launches of these roles ("attention": the decode attention's split kernel, "combine": its combine kernel) go

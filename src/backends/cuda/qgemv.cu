@@ -272,9 +272,17 @@ void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void
     }
 }
 
+// Bf16 inputs that need no staging are staged in shared memory all the same where they fit (16-byte copies, then
+// every B fragment from shared memory instead of an L2 round trip per 64-wide K block); QINFER_QGEMV_STAGE_X=0 reads
+// them from global memory in the loop, as before.
+static bool stage_plain_inputs() {
+    static const bool on = !env_is("QINFER_QGEMV_STAGE_X", "0");
+    return on;
+}
+
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
     const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
-    if (needs_stage && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes) {
+    if ((needs_stage || stage_plain_inputs()) && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes) {
         if (in == GemvIn::NormF32) return qgemv_ring_stage_norm(w, a, out, s);
         return qgemv_ring_stage_bf16(w, a, out, s);
     }

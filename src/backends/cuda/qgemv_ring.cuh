@@ -72,6 +72,53 @@ template <Codes C> __device__ __forceinline__ uint32_t pack_group(const QuantMat
     return scale | (uint32_t(__bfloat16_as_ushort(__float2bfloat16(128.0f + float(zero)))) << 16);
 }
 
+// The group parameters of a block's RBB x MATS row blocks into sq (as pack_group), 8 per load: one row block's
+// parameters are contiguous in scales / zeros (16 rows x G), so a thread reads 8 fp16 scales (16 bytes) and their 8
+// zero bytes at once, every load of the block in one batch (two per thread for 7B's gate_up). Needs 16-byte aligned
+// scales and 8-byte aligned zeros (checked by the launch).
+template <Codes C, int RBB, int MATS>
+__device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb, int G, int gs, uint32_t * sq) {
+    constexpr int k_batch = 2;
+    const int per_rb = 2 * G;  // 16 G parameters in loads of 8
+    const int n8 = RBB * MATS * per_rb;
+    for (int i0 = threadIdx.x; i0 < n8; i0 += k_batch * k_threads) {
+        uint4 sc[k_batch];
+        uint2 zb[k_batch];
+#pragma unroll
+        for (int u = 0; u < k_batch; u++) {
+            const int i = i0 + u * k_threads, c = i / per_rb, rb_c = blockIdx.x * RBB + c / MATS;
+            sc[u] = make_uint4(0, 0, 0, 0);
+            zb[u] = make_uint2(0, 0);
+            if (i >= n8 || rb_c >= n_rb) continue;
+            const size_t at = (size_t(c % MATS == 0 ? rb_c : rb_c + n_rb) * 16) * G + size_t(i % per_rb) * 8;
+            sc[u] = *reinterpret_cast<const uint4 *>(w.scales + at);
+            if (w.zeros) zb[u] = *reinterpret_cast<const uint2 *>(w.zeros + at);
+        }
+#pragma unroll
+        for (int u = 0; u < k_batch; u++) {
+            const int i = i0 + u * k_threads, c = i / per_rb;
+            if (i >= n8 || blockIdx.x * RBB + c / MATS >= n_rb) continue;
+            const int e = (i % per_rb) * 8;
+            int r = e / G, gi = e - r * G;
+            const uint32_t * s16 = reinterpret_cast<const uint32_t *>(&sc[u]);
+            const uint32_t * z8 = reinterpret_cast<const uint32_t *>(&zb[u]);
+#pragma unroll
+            for (int v = 0; v < 8; v++) {
+                const uint32_t scale = (s16[v / 2] >> (16 * (v % 2))) & 0xFFFFu;
+                const int zero = w.zeros ? int((z8[v / 4] >> (8 * (v % 4))) & 0xFFu) : w.const_zero;
+                uint32_t packed;
+                if constexpr (C == Codes::Affine8) {
+                    packed = scale | (uint32_t(zero) << 16);
+                } else {
+                    packed = scale | (uint32_t(__bfloat16_as_ushort(__float2bfloat16(128.0f + float(zero)))) << 16);
+                }
+                sq[(c * 16 + r) * gs + gi] = packed;
+                if (++gi == G) gi = 0, r++;
+            }
+        }
+    }
+}
+
 // Shared memory: the staged input (bf16 [m, k_padded], StageNorm/StageBf16 only), then the packed group parameters
 // (uint32 [RBB * MATS * 16 rows, gstride]; gstride = groups | 1, so the 8 rows a warp reads fall in different banks),
 // then for Lookup4 the pair table (uint32 [256, 32]).
@@ -122,9 +169,12 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     bf16 * sx = reinterpret_cast<bf16 *>(smem_raw);
     uint32_t * sq = reinterpret_cast<uint32_t *>(smem_raw) + (XS == XSrc::Global ? 0 : size_t(m) * kp / 2);
     // The block's group parameters: k_param_batch loads in flight per thread before their stores, so the prologue
-    // waits for memory once per batch, not once per parameter.
+    // waits for memory once per batch, not once per parameter; affine ones 8 at a time where aligned (a.vec_params).
     const int n_params = RBB * MATS * 16 * G;
-    for (int i0 = threadIdx.x; i0 < n_params; i0 += k_param_batch * k_threads) {
+    if constexpr (C != Codes::Lookup4) {
+        if (a.vec_params) stage_params_vec<C, RBB, MATS>(w, n_rb, G, gs, sq);
+    }
+    for (int i0 = threadIdx.x; i0 < (C != Codes::Lookup4 && a.vec_params ? 0 : n_params); i0 += k_param_batch * k_threads) {
         uint32_t v[k_param_batch];
         int at[k_param_batch];
 #pragma unroll
@@ -152,7 +202,15 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     pdl_wait();  // the inputs come from the kernel ahead
     if constexpr (XS != XSrc::Global) {
         constexpr GemvIn IN = XS == XSrc::StageNorm ? GemvIn::NormF32 : GemvIn::Bf16;
-        for (int tok = 0; tok < m; tok++) {
+        if (XS == XSrc::StageBf16 && a.vec_bf16) {  // rows of k_padded bf16, 16-byte aligned: copied as they are
+            const int n16 = m * kp / 8;
+            for (int i = threadIdx.x; i < n16; i += k_threads) {
+                cp_async16(sx + size_t(i) * 8, static_cast<const bf16 *>(a.x) + size_t(i) * 8, true);
+            }
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        for (int tok = 0; tok < (XS == XSrc::StageBf16 && a.vec_bf16 ? 0 : m); tok++) {
             if (XS == XSrc::StageNorm && a.vec_norm) {  // set by qgemv.cu: aligned, no act-order
                 qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * kp, norm_red);
                 continue;

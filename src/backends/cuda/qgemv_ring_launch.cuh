@@ -46,7 +46,14 @@ inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int row
 // both). On an H100 (7B GPTQ-Int4 shapes, m 1): down 29.4 -> 26.1 us with 6 blocks (27.9 with 12), o_proj unchanged,
 // but gate_up 34.9 -> 37.2 and qkv 9.4 -> 9.6: on for kernels reading their input from global memory (o_proj, down)
 // only (bench/results/2026-11-26-h100-ring-ab).
+// Bf16 inputs staged as they are (vec_bf16, below) count as read from global memory here: the same kernels' inputs.
 constexpr int k_ring_l2_ahead_global = 6, k_ring_l2_ahead_staged = 0;
+
+// QINFER_QGEMV_VEC_PARAMS=0: group parameters one at a time (the kernel's scalar prologue), for A/B runs.
+inline bool vec_params_on() {
+    static const bool on = !env_is("QINFER_QGEMV_VEC_PARAMS", "0");
+    return on;
+}
 
 template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
@@ -57,14 +64,18 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     const int n_rb = (a.n + 15) / 16;
     static const int forced_ahead = env_int("QINFER_QGEMV_L2AHEAD", -1);
     // In blocks of 4-bit codes' bytes: 8-bit blocks are twice the size.
-    const int l2_ahead = (forced_ahead >= 0 ? forced_ahead : XS == ring4::XSrc::Global ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) /
-                         ring4::planes_of(C);
     GemvArgs args = a;
     args.vec_norm = XS == ring4::XSrc::StageNorm && !w.perm && qstage::vec_norm_ok(a);
+    args.vec_bf16 = XS == ring4::XSrc::StageBf16 && !w.perm && a.k == w.k_padded && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+    args.vec_params = C != ring4::Codes::Lookup4 && vec_params_on() && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(w.zeros) % 8 == 0;
+    const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
+    const int l2_ahead = (forced_ahead >= 0 ? forced_ahead : plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) /
+                         ring4::planes_of(C);
     const int grid = (n_rb + RBB - 1) / RBB;
-    // The deep ring for inputs read from global memory into a residual (o_proj, down) where the grid leaves room.
-    if constexpr (XS == ring4::XSrc::Global && OUT == GemvOut::AddF32) {
-        if (qgemv_ring_deep(C == ring4::Codes::Affine4) && grid <= 2 * sm_count()) {
+    // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
+    if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
+        if (plain_input && qgemv_ring_deep(C == ring4::Codes::Affine4) && grid <= 2 * sm_count()) {
             auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
             static size_t configured_deep = 0;
             allow_dynamic_smem(deep, smem, configured_deep);
