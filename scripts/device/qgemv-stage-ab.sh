@@ -4,24 +4,31 @@
 # shared memory by 16-byte copies (QINFER_QGEMV_STAGE_X) against the scalar parameter loop and inputs read from
 # global memory in the loop. The quantized GEMV / golden tests with the new defaults and with both off, the 7B-shape
 # kernels under old / params / both, then quantized rows (2048 generated) under the three, alternated QSTAGE_REPS
-# times (default 2).
+# times (default 2). QSTAGE_PARTS (default "tests kernels rows") picks the parts; QSTAGE_ROW_CONFIGS (default
+# "old params both") the configurations of the rows.
+parts=" ${QSTAGE_PARTS:-tests kernels rows} "
 configs=("old QINFER_QGEMV_STAGE_X=0 QINFER_QGEMV_VEC_PARAMS=0" "params QINFER_QGEMV_STAGE_X=0" "both QINFER_QGEMV_STAGE_X=1")
 for c in "${configs[0]}" "${configs[2]}"; do
+    [[ $parts == *" tests "* ]] || break
     read -r tag envs <<<"$c"
-    env $envs build-device/tests/qinfer_tests --gtest_filter='*Quant*:*GoldenCuda*' >"$OUT/qstage-tests-$tag.log" 2>&1
+    env $envs build-device/tests/qinfer_tests --gtest_filter='*Quant*:*GoldenCuda*:-*Timings*' >"$OUT/qstage-tests-$tag.log" 2>&1
     note "quantized / golden tests ($tag): $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/qstage-tests-$tag.log" | tr '\n' ' ')"
     grep -E "Failure" -A6 "$OUT/qstage-tests-$tag.log" | head -20
 done
 for c in "${configs[@]}"; do
+    [[ $parts == *" kernels "* ]] || break
     read -r tag envs <<<"$c"
     env $envs build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 |
         grep -E "^\[ kernel \] qgemv .*m 1 " | sed "s/^/$tag /" | tee -a "$OUT/qstage-kernels.log"
 done
+row_configs=" ${QSTAGE_ROW_CONFIGS:-old params both} "
 for rep in $(seq "${QSTAGE_REPS:-2}"); do
+    [[ $parts == *" rows "* ]] || break
     for spec in ${QSTAGE_SPECS:-qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:gptq-int8:1 qwen2.5-7b:awq:1 qwen2.5-0.5b:gptq-int4:1}; do
         IFS=: read -r p q lens <<<"$spec"
         for c in "${configs[@]}"; do
             read -r tag envs <<<"$c"
+            [[ $row_configs == *" $tag "* ]] || continue
             env $envs "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen 2048 --json "$OUT/qstage-$p-$q-$tag-$rep.json" 2>&1 |
                 grep -E "^\| qwen" | sed "s/^/$tag /" | tee -a "$OUT/qstage.log"
         done
