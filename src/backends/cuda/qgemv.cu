@@ -272,17 +272,20 @@ void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void
     }
 }
 
-// Bf16 inputs that need no staging are staged in shared memory all the same where they fit (16-byte copies, then
-// every B fragment from shared memory instead of an L2 round trip per 64-wide K block); QINFER_QGEMV_STAGE_X=0 reads
-// them from global memory in the loop, as before.
-static bool stage_plain_inputs() {
-    static const bool on = !env_is("QINFER_QGEMV_STAGE_X", "0");
-    return on;
+// Bf16 inputs that need no staging are staged in shared memory all the same where they fit and are long (16-byte
+// copies, then every B fragment from shared memory instead of an L2 round trip per 64-wide K block). On an H100, 7B
+// GPTQ-Int4 down (k 18944) 22.0 -> 19.0 us, o_proj (k 3584) level, but 0.5B GPTQ-Int4 (o_proj 896, down 4864)
+// -1.9% end to end (bench/results/2026-11-27-h100-qgemv-stage): hence from k_stage_plain_min_k.
+// QINFER_QGEMV_STAGE_X=0 never, =1 at every k; by default from that k.
+constexpr int k_stage_plain_min_k = 8192;
+static bool stage_plain_input(int k) {
+    static const int mode = env_is("QINFER_QGEMV_STAGE_X", "0") ? 0 : env_is("QINFER_QGEMV_STAGE_X", "1") ? 1 : -1;
+    return mode == 1 || (mode == -1 && k >= k_stage_plain_min_k);
 }
 
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
     const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
-    if ((needs_stage || stage_plain_inputs()) && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes) {
+    if ((needs_stage || stage_plain_input(a.k)) && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes) {
         if (in == GemvIn::NormF32) return qgemv_ring_stage_norm(w, a, out, s);
         return qgemv_ring_stage_bf16(w, a, out, s);
     }
