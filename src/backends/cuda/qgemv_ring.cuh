@@ -7,8 +7,9 @@
 // 8 warps holds RBB row blocks x MATS matrices x KS parts and adds the parts up in shared memory. Few registers
 // (three blocks per SM) and no block-level batches, so the grid fills the GPU in one wave for Qwen's shapes.
 // Group scales and zero points of the block's rows are staged in shared memory once, packed per (row, group) as
-// fp16 scale | bf16(128 + zero) << 16; the input rows are read from global memory (L1 hits) or, when they need
-// RMSNorm, an act-order gather or zero padding, staged in shared memory by the block itself. The codes of the first
+// fp16 scale | bf16(128 + zero) << 16 (8 per load where aligned: stage_params_vec); the input rows are read from
+// global memory (L1 hits) or staged in shared memory by the block itself: when they need RMSNorm, an act-order gather
+// or zero padding, and plain bf16 rows where qgemv.cu asks for it (a.vec_bf16: copied by cp.async). The codes of the first
 // ring of codes and the scales are requested before pdl_wait(): they do not depend on the kernel ahead.
 //
 // Dequantization is the one of qgemv_mma.cuh: (w & 0x000F000F) | 0x43004300 is the bf16 pair 128 + q, one HSUB2
