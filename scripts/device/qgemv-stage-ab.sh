@@ -5,10 +5,11 @@
 # global memory in the loop. The quantized GEMV / golden tests with the new defaults and with both off, the 7B-shape
 # kernels under old / params / both, then quantized rows (2048 generated) under the three, alternated QSTAGE_REPS
 # times (default 2). QSTAGE_PARTS (default "tests kernels rows") picks the parts; QSTAGE_ROW_CONFIGS (default
-# "old params both") the configurations of the rows; "default" is the shipped rule (staged from k 8192).
+# "old params both") the configurations of the rows; "default" is the shipped rule (staged from k 8192),
+# "k3584" stages from k 3584 (7B's o_proj and 0.5B's down too).
 parts=" ${QSTAGE_PARTS:-tests kernels rows} "
 configs=("old QINFER_QGEMV_STAGE_X=0 QINFER_QGEMV_VEC_PARAMS=0" "params QINFER_QGEMV_STAGE_X=0" "both QINFER_QGEMV_STAGE_X=1"
-    "default QINFER_QGEMV_STAGE_X=")
+    "default QINFER_QGEMV_STAGE_X=" "k3584 QINFER_QGEMV_STAGE_MIN_K=3584")
 for c in "${configs[0]}" "${configs[2]}"; do
     [[ $parts == *" tests "* ]] || break
     read -r tag envs <<<"$c"

@@ -276,11 +276,13 @@ void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void
 // copies, then every B fragment from shared memory instead of an L2 round trip per 64-wide K block). On an H100, 7B
 // GPTQ-Int4 down (k 18944) 22.0 -> 19.0 us, o_proj (k 3584) level, but 0.5B GPTQ-Int4 (o_proj 896, down 4864)
 // -1.9% end to end (bench/results/2026-11-27-h100-qgemv-stage): hence from k_stage_plain_min_k.
-// QINFER_QGEMV_STAGE_X=0 never, =1 at every k; by default from that k.
+// QINFER_QGEMV_STAGE_X=0 never, =1 at every k; by default from that k (QINFER_QGEMV_STAGE_MIN_K=N moves it, for
+// A/B runs: 7B's o_proj at k 3584 gained ~0.8% staged, and which of 0.5B's two inputs lost is not measured).
 constexpr int k_stage_plain_min_k = 8192;
 static bool stage_plain_input(int k) {
     static const int mode = env_is("QINFER_QGEMV_STAGE_X", "0") ? 0 : env_is("QINFER_QGEMV_STAGE_X", "1") ? 1 : -1;
-    return mode == 1 || (mode == -1 && k >= k_stage_plain_min_k);
+    static const int min_k = env_int("QINFER_QGEMV_STAGE_MIN_K", k_stage_plain_min_k);
+    return mode == 1 || (mode == -1 && k >= min_k);
 }
 
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
