@@ -12,6 +12,9 @@ inline bool env_is(const char * name, const char * value) {
     return e && std::strcmp(e, value) == 0;
 }
 
+// A three-way switch: 1 when the variable is "1", 0 when it is "0", else -1 (the caller's default rule).
+inline int env_mode(const char * name) { return env_is(name, "1") ? 1 : env_is(name, "0") ? 0 : -1; }
+
 // The variable as an integer (atoi), or `fallback` when it is unset.
 inline int env_int(const char * name, int fallback) {
     const char * e = std::getenv(name);

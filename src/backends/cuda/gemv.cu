@@ -79,7 +79,7 @@ void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
 // Fused at head_dim 128 (H100, same call, a6f6ebb: 1.5B +1.1%, 7B +0.3%); at head_dim 64, 0.5B went 1297 -> 1241 tok/s
 // fused under PDL (2.2% faster without PDL; bench/results/2026-11-27-h100-fused-rope). QINFER_FUSED_ROPE=1 / 0 forces
 // it on / off; set_fused_rope as well (tests).
-static std::atomic<int> fused_rope_mode{env_is("QINFER_FUSED_ROPE", "1") ? 1 : env_is("QINFER_FUSED_ROPE", "0") ? 0 : -1};
+static std::atomic<int> fused_rope_mode{env_mode("QINFER_FUSED_ROPE")};
 
 void set_fused_rope(int mode) { fused_rope_mode = mode; }
 

@@ -280,7 +280,7 @@ void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void
 // A/B runs: 7B's o_proj at k 3584 gained ~0.8% staged, and which of 0.5B's two inputs lost is not measured).
 constexpr int k_stage_plain_min_k = 8192;
 static bool stage_plain_input(int k) {
-    static const int mode = env_is("QINFER_QGEMV_STAGE_X", "0") ? 0 : env_is("QINFER_QGEMV_STAGE_X", "1") ? 1 : -1;
+    static const int mode = env_mode("QINFER_QGEMV_STAGE_X");
     static const int min_k = env_int("QINFER_QGEMV_STAGE_MIN_K", k_stage_plain_min_k);
     return mode == 1 || (mode == -1 && k >= min_k);
 }
@@ -306,7 +306,7 @@ void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut o
 // The deep ring's mode: 1 every code kind, 0 none, -1 4-bit affine codes only (the default: on an H100, 7B GPTQ-Int4
 // down 25.2 -> 22.2 us and o_proj 8.1 -> 7.6, while GPTQ-Int8 lost 1.1-1.3 us and NF4 tied;
 // bench/results/2026-11-27-h100-early-kv).
-static int ring_deep_start_mode() { return env_is("QINFER_QRING_DEEP", "1") ? 1 : env_is("QINFER_QRING_DEEP", "0") ? 0 : -1; }
+static int ring_deep_start_mode() { return env_mode("QINFER_QRING_DEEP"); }
 static std::atomic<int> ring_deep_mode{ring_deep_start_mode()};
 
 bool qgemv_ring_deep(bool affine4) {
