@@ -477,8 +477,8 @@ void reset_decode_early_kv() { decode_early_kv_on = decode_early_kv_start(); }
 
 // The tensor-core decode kernels skip the online softmax's rescale of O and l for a tile where no row of the warp has
 // a new maximum (alpha is then exactly 1, so the result is the same bit for bit): 32 of the int8 kernel's ~430
-// instructions per warp and tile (ncu, bench/results/2026-11-27-h100-q8-stages). On by default on the branch that
-// adds it; QINFER_DECODE_LAZY=0 rescales every tile (the A/B: device.sh lazy-ab).
+// instructions per warp and tile (ncu, bench/results/2026-11-27-h100-q8-stages). On by default (kernels -0.1 to
+// -1.1% on an H100, bench/results/2026-11-27-h100-lazy-fold); QINFER_DECODE_LAZY=0 rescales every tile (device.sh lazy-ab).
 static bool decode_lazy_rescale() {
     static const bool on = !env_is("QINFER_DECODE_LAZY", "0");
     return on;
