@@ -294,13 +294,15 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
     const int rows = std::max(std::min(prompt_tokens, prefill_chunk()), n_sequences);
     ensure_workspace(rows);
     logits_.ensure(size_t(std::max(n_sequences, 1)) * model_->config.vocab_size * sizeof(float), "logits");
-    size_t largest = 0;
+    size_t largest = 0;  // bytes: a dequantized weight, or a fused GEMM's gathered inputs
     for (const DevLayer & L : layers_) {
         for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
-            if (l->quantized) largest = std::max(largest, size_t(l->n) * l->k);
+            if (!l->quantized) continue;
+            const size_t need = cuda::qgemm_applies(l->q) ? cuda::qgemm_scratch_bytes(l->q, rows) : size_t(l->n) * l->k * sizeof(bf16);
+            largest = std::max(largest, need);
         }
     }
-    if (largest > 0 && rows > k_gemv_max_m) dequant_.ensure(largest * sizeof(bf16), "dequantized weights");
+    if (largest > 0 && rows > k_gemv_max_m) dequant_.ensure(largest, "dequantized weights");
     ensure_prefill_kv(prompt_tokens);
     return cuda::DeviceAllocator::instance().in_use();
 }
@@ -414,7 +416,8 @@ void CudaQwenEngine::project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn
     cuda::gemv(a, in, out, stream_);
 }
 
-// y[m, n] = x[m, k] W^T: the GEMV kernels for a few rows, cuBLASLt beyond (quantized weights dequantized first).
+// y[m, n] = x[m, k] W^T: the GEMV kernels for a few rows, cuBLASLt beyond (quantized weights: the fused GEMM where it
+// applies, else dequantized first).
 void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y) {
     if (l.quantized) {
         if (m <= (l.q.tiled ? k_qgemv_max_m : k_gemv_max_m)) {
@@ -426,6 +429,7 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
             a.y = y;
             return cuda::qgemv(l.q, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, qscratch_.get(), stream_);
         }
+        if (cuda::qgemm(l.q, x, m, y, dequant_.get(), dequant_.bytes(), stream_)) return;
         dequant_.ensure(size_t(l.n) * l.k * sizeof(bf16), "dequantized weights");
         cuda::dequantize(l.q, dequant_.as<bf16>(), stream_);
         prof_.mark("dequantize");

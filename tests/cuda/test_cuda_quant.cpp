@@ -1,5 +1,6 @@
 // Quantized kernels against the CPU reference (cpu::linear dequantizes by each format's formula): the decode GEMV
-// for m = 1, 3 and 8 with every input/output form, and dequantization + cuBLASLt for m = 16 and 257, on odd shapes
+// for m = 1, 3 and 8 with every input/output form, dequantization + cuBLASLt for m = 16 and 257, and the fused prefill
+// GEMM (sm_90a) for m = 16 to 513, on odd shapes
 // (K and N not multiples of 128 where the format allows) for every format the CUDA backend runs.
 #include <cuda_runtime.h>
 
@@ -164,6 +165,47 @@ TEST(CudaQuant, DequantizeThenGemmMatchesCpu) {
     }
 }
 
+// The fused prefill GEMM (dequantization in registers, wgmma; sm_90a) against the CPU reference and against dequantize
+// + cuBLASLt, which multiplies the same bf16 weights: m across one and several token tiles (128 / 256), n and k not
+// multiples of the 128-row tile or of 128, act-order, and x at an odd address (gathered through the scratch).
+TEST(CudaQuant, FusedGemmMatchesCpu) {
+    REQUIRE_GPU();
+    int checked = 0;
+    for (const QuantScheme & s : cuda_schemes()) {
+        for (auto [m, n, k] : {std::tuple{16, 264, 192}, std::tuple{129, 1160, 4160}, std::tuple{300, 4864, 320}, std::tuple{513, 200, 896}}) {
+            auto ql = make_quant_linear(s, n, k, rng()());
+            DevQuant dq = upload_quant(ql->l);
+            if (!cuda::qgemm_applies(dq.q)) continue;
+            std::vector<float> x = randn(size_t(m) * k);
+            for (bool odd : {false, true}) {
+                // odd: x one bf16 past a 16-byte boundary, so it goes through the scratch.
+                DeviceBuffer dx(size_t(m) * k * 2 + 16, "test"), dy = poisoned(size_t(m) * n * 2 + 16);
+                const std::vector<uint16_t> xb = to_bf16(x);
+                bf16 * xp = dx.as<bf16>() + (odd ? 1 : 0);
+                cudaMemcpy(xp, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice);
+                DeviceBuffer scratch(std::max<size_t>(16, size_t(m) * dq.q.k_padded * 2), "test");
+                ASSERT_TRUE(cuda::qgemm(dq.q, xp, m, dy.as<bf16>(), scratch.get(), scratch.bytes(), nullptr)) << s.describe();
+                const std::vector<float> got = download_bf16(dy, size_t(m) * n);
+                std::vector<float> want(size_t(m) * n);
+                cpu::linear(x.data(), m, ql->l, want.data());
+                EXPECT_LT(rel_err(got, want), 1e-2) << s.describe() << " m " << m << " n " << n << " k " << k << " odd " << odd;
+                // Nothing past y's m x n values is written.
+                std::vector<uint16_t> tail(8);
+                cudaMemcpy(tail.data(), dy.as<bf16>() + size_t(m) * n, 16, cudaMemcpyDeviceToHost);
+                for (uint16_t v : tail) EXPECT_EQ(v, 0xFFFFu) << s.describe() << " wrote past y";
+                checked++;
+                if (odd) continue;
+                // The same weights through dequantize + cuBLASLt: equal up to the order of the fp32 sums.
+                DeviceBuffer w = poisoned(size_t(n) * k * 2), dy2 = poisoned(size_t(m) * n * 2);
+                cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
+                cuda::gemm(xp, w.as<bf16>(), m, n, k, dy2.get(), false, nullptr);
+                EXPECT_LT(rel_err(got, download_bf16(dy2, size_t(m) * n)), 6e-3) << s.describe() << " m " << m << " vs dequantize + GEMM";
+            }
+        }
+    }
+    if (checked == 0) GTEST_SKIP() << "no fused prefill GEMM on this build or device (sm_90a only)";
+}
+
 // Timings for the record (not assertions): prefill of 1024 tokens through each Qwen2.5-7B projection, quantized
 // (GPTQ-Int4 and -Int8 with group 128, NF4: dequantize to bf16, then cuBLASLt, as the engine does) against cuBLASLt on
 // bf16 weights of the same shape, and the dequantization alone (GB/s of codes and parameters read plus bf16 written).
@@ -177,12 +219,14 @@ TEST(CudaQuant, PrefillGemmTimings) {
     for (auto [name, n, k] : {std::tuple{"qkv", 4608, 3584}, std::tuple{"o_proj", 3584, 3584}, std::tuple{"gate_up", 37888, 3584},
                               std::tuple{"down", 3584, 18944}}) {
         DeviceBuffer w(size_t(n) * k * 2, "test"), x = upload_bf16(randn(size_t(m) * k)), y(size_t(m) * n * 2, "test");
-        cudaMemset(w.get(), 0, w.bytes());
-        const double bf16_ms = time_ms(10, [&] { cuda::gemm(x.as<bf16>(), w.as<bf16>(), m, n, k, y.get(), false, nullptr); }, 1);
         const double flop = 2.0 * m * n * k;
         for (const auto & [format, scheme] : formats) {
             auto ql = make_quant_linear(scheme, n, k, 7);
             DevQuant dq = upload_quant(ql->l);
+            // The bf16 baseline multiplies this format's weights dequantized (random values: an all-zero matrix lets
+            // the tensor cores draw less power and run faster than on real weights).
+            cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
+            const double bf16_ms = time_ms(10, [&] { cuda::gemm(x.as<bf16>(), w.as<bf16>(), m, n, k, y.get(), false, nullptr); }, 1);
             const double dq_ms = time_ms(10, [&] { cuda::dequantize(dq.q, w.as<bf16>(), nullptr); }, 1);
             const double quant_ms = time_ms(10, [&] {
                 cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
@@ -190,9 +234,14 @@ TEST(CudaQuant, PrefillGemmTimings) {
             }, 1);
             const double dq_bytes = double(dq.codes.bytes() + dq.scales.bytes() + dq.zeros.bytes() + dq.absmax.bytes()) + double(w.bytes());
             std::printf("[ kernel ] prefill GEMM %-7s %-9s m %d n %d k %d: bf16 %.3f ms (%.0f TFLOP/s), dequantize %.3f ms (%.0f GB/s), "
-                        "dequantize+GEMM %.3f ms (%.0f TFLOP/s, %.0f%%)\n",
+                        "dequantize+GEMM %.3f ms (%.0f TFLOP/s, %.0f%%)",
                         name, format, m, n, k, bf16_ms, flop / bf16_ms / 1e9, dq_ms, dq_bytes / dq_ms / 1e6, quant_ms, flop / quant_ms / 1e9,
                         100.0 * bf16_ms / quant_ms);
+            if (cuda::qgemm_applies(dq.q)) {
+                const double fused_ms = time_ms(10, [&] { cuda::qgemm(dq.q, x.as<bf16>(), m, y.as<bf16>(), nullptr, 0, nullptr); }, 1);
+                std::printf(", fused %.3f ms (%.0f TFLOP/s, %.0f%%)", fused_ms, flop / fused_ms / 1e9, 100.0 * bf16_ms / fused_ms);
+            }
+            std::printf("\n");
         }
     }
 }

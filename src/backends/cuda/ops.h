@@ -75,6 +75,14 @@ void set_qgemv_ring_deep(bool on);
 void reset_qgemv_ring_deep();
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
+// Prefill GEMM with the dequantization in registers (qgemm_wgmma.cu): y bf16 [m, w.rows] = x bf16 [m, w.k] W^T, for
+// the tiled 4-/8-bit affine layout on an sm_90a build and device (qgemm_applies; QINFER_QGEMM=0: never). Act-order
+// inputs, k not a multiple of 8 and x not 16-byte aligned are gathered into scratch first: bf16 [m, w.k_padded]
+// (qgemm_scratch_bytes: what act-order / k need, 0 for aligned x otherwise). False where it does not apply or the
+// scratch is too small (the caller then dequantizes and multiplies with cuBLASLt).
+bool qgemm_applies(const QuantMatrix & w);
+size_t qgemm_scratch_bytes(const QuantMatrix & w, int m);
+bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
 
 // ---- elementwise ----
 // x[t] = float(table[ids[t]]): table bf16 [vocab, hidden]; ids int [n] on the device; x fp32 [n, hidden]

@@ -1,0 +1,25 @@
+# shellcheck shell=bash
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# The fused prefill GEMM (qgemm_wgmma.cu: dequantization in registers, wgmma) against dequantize + cuBLASLt: the
+# quantized and golden tests, the prefill GEMM timings of the 7B shapes at m 1024 (bf16 cuBLASLt on the same
+# weights in the same process), then quantized rows with QINFER_QGEMM=0 / 1 alternated QGEMM_REPS times (default 2).
+# QGEMM_PARTS (default "tests kernels rows") picks the parts, QGEMM_SPECS the rows (preset:quant:lengths).
+parts=" ${QGEMM_PARTS:-tests kernels rows} "
+if [[ $parts == *" tests "* ]]; then
+    build-device/tests/qinfer_tests --gtest_filter='*Quant*:*GoldenCuda*:-*Timings*' >"$OUT/qgemm-tests.log" 2>&1
+    note "quantized / golden tests: $(grep -E '^\[  PASSED  \]|FAILED TEST|SKIPPED \]' "$OUT/qgemm-tests.log" | tr '\n' ' ')"
+    grep -E "Failure" -A6 "$OUT/qgemm-tests.log" | head -40
+fi
+if [[ $parts == *" kernels "* ]]; then
+    build-device/tests/qinfer_tests --gtest_filter='CudaQuant.PrefillGemmTimings' 2>&1 | grep -E "^\[ kernel \] prefill" | tee "$OUT/qgemm-kernels.log"
+fi
+for rep in $(seq "${QGEMM_REPS:-2}"); do
+    [[ $parts == *" rows "* ]] || break
+    for spec in ${QGEMM_SPECS:-qwen2.5-7b:gptq-int4:30720 qwen2.5-7b:awq:30720 qwen2.5-7b:gptq-int8:30720}; do
+        IFS=: read -r p q lens <<<"$spec"
+        for v in 0 1; do
+            QINFER_QGEMM=$v "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen 2048 --json "$OUT/qgemm-$p-$q-$v-$rep.json" 2>&1 |
+                grep -E "^\| qwen" | sed "s/^/qgemm=$v /" | tee -a "$OUT/qgemm.log"
+        done
+    done
+done

@@ -1,0 +1,305 @@
+// Prefill GEMM for tiled 4- and 8-bit affine weights on Hopper (sm_90a): y[m, n] = x[m, k] W^T with W dequantized
+// in registers, on its way into warpgroup MMAs, and never written to memory (the dequantize + cuBLASLt path writes and
+// re-reads 2 bytes per weight: at m 1024 it ran at 54-67% of bf16 cuBLASLt, bench/results/2026-11-26-h100-dequant).
+//
+// The weights are the A operand (rows of W along the MMA's M), the tokens the B operand:
+//   block (token tile, row tile): 128 rows of W x BN tokens (BN 128 or 256), K in steps of 64 (one K block of the
+//   tile layout, model/quant_repack.h). Three warpgroups: a producer (one warp of it works, its registers handed to
+//   the consumers with setmaxnreg) and two consumers of 64 rows each, warp w of consumer c owning the 16-row block
+//   4 c + w of the tile.
+//   producer: per K block, into one of k_stages stages guarded by mbarriers, one tensor copy of the x tile (BN rows
+//   of 64 bf16, 128-byte swizzle; rows past m and columns past k arrive as zeros) and one bulk copy per row block of
+//   its 512 bytes of codes per plane (the tile layout keeps a row block's K block contiguous).
+//   consumers: a lane's 16 bytes of codes per plane are the A fragments of four k16 steps (the GEMV's layout,
+//   qgemv_ring.cuh); each becomes bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's
+//   16 (hi - zh) added, still exact), then times the group's fp16 scale in fp32, rounded once to bf16: the very value
+//   cuda::dequantize writes (s (q - z) in fp32, rounded), so this GEMM multiplies the same bf16 weights as
+//   dequantize + cuBLASLt. Four wgmma.m64nBNk16 per K block with A from registers; the dequantization of K block
+//   kb + 1 runs while the MMAs of kb do (two register sets, one commit group in flight).
+//   epilogue: the fp32 accumulators (rows x tokens) are written to shared memory transposed as bf16, then out in
+//   16-byte row chunks of y (rows past n and tokens past m are not written).
+// Grid: token tiles fastest, so the few token tiles of one row tile run together and read its codes from L2.
+// Act-order weights and k not a multiple of 8 take x gathered / padded into bf16 [m, k_padded] scratch first.
+#include <cuda.h>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+#include "backends/cuda/qgemv_mma.cuh"
+#include "backends/cuda/tensor_map.h"
+#include "backends/cuda/wgmma.cuh"
+#include "core/env.h"
+
+namespace qinfer::cuda {
+
+namespace {
+
+constexpr int k_bm = 128;  // weight rows per block: two consumer warpgroups of 64 (8 row blocks of 16)
+constexpr int k_stages = 4;
+constexpr int k_consumer_threads = 256;
+constexpr int k_threads = k_consumer_threads + 128;  // + the producer warpgroup
+
+template <int BN, int PLANES> struct QgemmSmem {
+    static constexpr int x_bytes = BN * 128;             // x tile: [BN tokens][64 K] bf16, 128-byte swizzle
+    static constexpr int code_bytes = 8 * PLANES * 512;  // the 8 row blocks' codes of one K block
+    static constexpr int stage_bytes = x_bytes + code_bytes;
+    static constexpr int out_ld = k_bm + 8;  // staged output: bf16 [BN tokens][out_ld], rows of the tile along it
+    static constexpr size_t bar_offset = size_t(k_stages) * stage_bytes;
+    static constexpr size_t bytes = bar_offset + 2 * k_stages * sizeof(uint64_t) + 1024;  // + the base's alignment
+    static_assert(stage_bytes % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
+    static_assert(size_t(BN) * out_ld * 2 <= bar_offset, "the staged output fits the stages");
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the kernel body is sm_90a only
+// Group parameters of a lane's rows r0 (e = 0) and r0 + 8 (e = 1) for the two halves of a K block (k16 steps 0-1,
+// 2-3; halves differ only with groups of 32): fp16 scale bits and zero points.
+struct Params {
+    uint32_t s[2][2], z[2][2];  // [half][e]
+};
+
+__device__ __forceinline__ uint32_t bf16x2_add(uint32_t a, uint32_t b) {
+    __nv_bfloat162 d = __hadd2(*reinterpret_cast<__nv_bfloat162 *>(&a), *reinterpret_cast<__nv_bfloat162 *>(&b));
+    return *reinterpret_cast<uint32_t *>(&d);
+}
+
+// The bf16 pair v (two exact integers q - z) times s in fp32, each rounded once to bf16.
+__device__ __forceinline__ uint32_t scale_pair(uint32_t v, float s) {
+    const __nv_bfloat162 r = __floats2bfloat162_rn(__uint_as_float(v << 16) * s, __uint_as_float(v & 0xFFFF0000u) * s);
+    return *reinterpret_cast<const uint32_t *>(&r);
+}
+
+template <int BN> __device__ __forceinline__ void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t b_desc) {
+    if constexpr (BN == 256) sm90::wgmma_m64n256k16_rs_kmajor(d, a, b_desc);
+    else sm90::wgmma_m64n128k16_rs_kmajor(d, a, b_desc);
+}
+#endif
+
+template <int BN, int PLANES>
+__global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, const __grid_constant__ CUtensorMap x_map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    // Registers per thread after setmaxnreg: 40 x 128 + 232 x 256 = 64512 of the SM's 65536.
+    constexpr int k_producer_registers = 40, k_consumer_registers = 232;
+    using Layout = QgemmSmem<BN, PLANES>;
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
+    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * empty = full + k_stages;
+
+    const int nkb = w.k_padded / 64, n_rb = w.rows_padded / 16;
+    const int tok0 = blockIdx.x * BN, rb0 = blockIdx.y * (k_bm / 16);
+    const int warp_idx = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);  // uniform for ptxas
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < k_stages; s++) {
+            sm90::mbar_init(&full[s], 1);
+            sm90::mbar_init(&empty[s], k_consumer_threads);
+        }
+        sm90::fence_mbar_init();
+    }
+    __syncthreads();
+
+    if (warp_idx >= 8) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(k_producer_registers));
+        if (warp_idx != 8) return;
+        const int lane = threadIdx.x % 32, present = min(k_bm / 16, n_rb - rb0);
+        const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);
+        if (lane == 0) sm90::prefetch_tensor_map(&x_map);
+        for (int kb = 0; kb < nkb; kb++) {
+            const int s = kb % k_stages;
+            if (kb >= k_stages) sm90::mbar_wait(&empty[s], (kb / k_stages - 1) & 1);
+            unsigned char * st = smem + s * Layout::stage_bytes;
+            if (lane == 0) {
+                sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Layout::x_bytes + present * PLANES * 512));
+                sm90::tma_load_2d(st, &x_map, &full[s], kb * 64, tok0);
+            }
+            __syncwarp();
+            if (lane < present) {
+                const size_t at = (size_t(rb0 + lane) * nkb + kb) * PLANES * 512;
+                sm90::bulk_load(st + Layout::x_bytes + lane * PLANES * 512, codes + at, PLANES * 512, &full[s]);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(k_consumer_registers));
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int rbl = warp_idx, rb = rb0 + rbl;  // this warp's row block (warpgroup warp_idx / 4)
+    const bool present = rb < n_rb;
+    const int r0 = rb * 16 + g;
+
+    auto load_params = [&](int kb, Params & p) {
+        if (!present) return;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int gi = min((kb * 64 + 32 * h) / w.group, w.groups - 1);
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const size_t at = size_t(r0 + 8 * e) * w.groups + gi;
+                p.s[h][e] = w.scales[at];
+                p.z[h][e] = w.zeros ? uint32_t(w.zeros[at]) : uint32_t(w.const_zero);
+            }
+        }
+    };
+    // A fragments of the four k16 steps of one K block: af[j][r] as mma.m16n8k16's A register r.
+    auto dequantize = [&](const uint4 (&codes)[PLANES], const Params & p, uint32_t (&af)[4][4]) {
+        constexpr uint32_t mask = 0x000F000Fu;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float s[2];
+            uint32_t zz[2][PLANES];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                s[e] = __half2float(__ushort_as_half(uint16_t(p.s[h][e])));
+                const uint32_t z = p.z[h][e];
+                if constexpr (PLANES == 1) {
+                    zz[e][0] = uint32_t(__bfloat16_as_ushort(__float2bfloat16(128.0f + float(z)))) * 0x10001u;  // 128 + z
+                } else {
+                    zz[e][0] = (0x4300u | (z & 15u)) * 0x10001u;         // 128 + zl
+                    zz[e][PLANES - 1] = (0x4500u | (z >> 4)) * 0x10001u;  // 2048 + 16 zh
+                }
+            }
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++) {
+                const int j = 2 * h + jj;
+                const uint32_t lo_word = reinterpret_cast<const uint32_t *>(&codes[0])[j];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const int e = r & 1;  // registers 0, 2: row g; 1, 3: row g + 8
+                    uint32_t v = mma4::bf16x2_sub(mma4::lop3_and_or(lo_word >> (4 * r), mask, 0x43004300u), zz[e][0]);
+                    if constexpr (PLANES == 2) {
+                        const uint32_t hi_word = reinterpret_cast<const uint32_t *>(&codes[PLANES - 1])[j];
+                        v = bf16x2_add(v, mma4::bf16x2_sub(mma4::lop3_and_or(hi_word >> (4 * r), mask, 0x45004500u), zz[e][PLANES - 1]));
+                    }
+                    af[j][r] = scale_pair(v, s[e]);
+                }
+            }
+        }
+    };
+
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    Params next = {};
+    load_params(0, next);
+    // K block kb: its codes (landed in its stage) into A fragments, then its four MMAs, waited for before the stage
+    // goes back to the producer. (Dequantizing K block kb + 1 while kb's MMAs run makes ptxas serialise every wgmma,
+    // C7513; the other warpgroup's MMAs fill the tensor cores meanwhile instead.)
+    for (int kb = 0; kb < nkb; kb++) {
+        const int s = kb % k_stages;
+        const Params p = next;
+        if (kb + 1 < nkb) load_params(kb + 1, next);
+        sm90::mbar_wait(&full[s], (kb / k_stages) & 1);
+        const unsigned char * st = smem + s * Layout::stage_bytes;
+        uint4 codes[PLANES];
+#pragma unroll
+        for (int pl = 0; pl < PLANES; pl++) {
+            codes[pl] = present ? *reinterpret_cast<const uint4 *>(st + Layout::x_bytes + (rbl * PLANES + pl) * 512 + lane * 16)
+                                : make_uint4(0, 0, 0, 0);
+        }
+        uint32_t af[4][4];
+        dequantize(codes, p, af);
+        if (!present) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) af[j][0] = af[j][1] = af[j][2] = af[j][3] = 0u;
+        }
+        sm90::wgmma_fence();
+        const uint32_t x_addr = sm90::smem_addr(st);
+#pragma unroll
+        for (int j = 0; j < 4; j++) wgmma_rs<BN>(d, af[j], sm90::desc128(x_addr + j * 32, 16, 1024));
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::mbar_arrive(&empty[s]);
+    }
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(d);
+
+    // Epilogue: every stage is consumed (both warpgroups past their last wait), so the stages hold the output tile.
+    sm90::named_barrier(1, k_consumer_threads);
+    bf16 * so = reinterpret_cast<bf16 *>(smem);
+    const int row_l = rbl * 16 + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int tok = 8 * j + 2 * t + (e & 1), row = row_l + (e >= 2 ? 8 : 0);
+            so[tok * Layout::out_ld + row] = __float2bfloat16(d[4 * j + e]);
+        }
+    }
+    sm90::named_barrier(1, k_consumer_threads);
+    const int n = w.rows, row_tile = blockIdx.y * k_bm;
+    for (int c = threadIdx.x; c < BN * (k_bm / 8); c += k_consumer_threads) {
+        const int tok = c / (k_bm / 8), row = row_tile + (c % (k_bm / 8)) * 8;
+        if (tok0 + tok >= m || row >= n) continue;
+        const bf16 * src = so + tok * Layout::out_ld + (row - row_tile);
+        bf16 * dst = y + size_t(tok0 + tok) * n + row;
+        if (n % 8 == 0) {
+            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+        } else {
+            for (int i = 0; i < 8 && row + i < n; i++) dst[i] = src[i];
+        }
+    }
+#else
+    __trap();  // launched only where qgemm_applies (an sm_90a build on a compute capability 9.0 device)
+#endif
+}
+
+template <int BN, int PLANES> void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, cudaStream_t stream) {
+    CUtensorMap x_map;
+    if (!cache_tensor_map(&x_map, x, m, kx, BN)) QINFER_FAIL() << "qgemm: the tensor map of x [" << m << ", " << kx << "] was refused";
+    constexpr size_t smem = QgemmSmem<BN, PLANES>::bytes;
+    static size_t configured = 0;  // once per instantiation
+    allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES>, smem, configured);
+    const dim3 grid((m + BN - 1) / BN, (w.rows_padded / 16 + k_bm / 16 - 1) / (k_bm / 16));
+    qgemm_wgmma_kernel<BN, PLANES><<<grid, k_threads, smem, stream>>>(w, m, y, x_map);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+bool hopper_device() {
+    static const bool hopper = [] {
+        int dev = 0, major = 0, minor = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return false;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        return major == 9 && minor == 0;
+    }();
+    return hopper;
+}
+
+// x goes to the tensor copies as it is when its rows are the tile layout's K order, 16-byte aligned.
+bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+
+}  // namespace
+
+bool qgemm_applies(const QuantMatrix & w) {
+#if defined(QINFER_SM90A)
+    static const bool off = env_is("QINFER_QGEMM", "0");
+    return !off && hopper_device() && w.tiled && !w.lut && (w.bits == 4 || w.bits == 8) && w.group > 0;
+#else
+    (void)w;
+    return false;
+#endif
+}
+
+size_t qgemm_scratch_bytes(const QuantMatrix & w, int m) {
+    return qgemm_applies(w) && (w.perm || w.k % 8 != 0) ? size_t(m) * w.k_padded * sizeof(bf16) : 0;
+}
+
+bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
+    if (!qgemm_applies(w) || m <= 0) return false;
+    int kx = w.k;
+    if (!x_direct(w, x)) {
+        if (!scratch || scratch_bytes < size_t(m) * w.k_padded * sizeof(bf16)) return false;
+        GemvArgs a;
+        a.x = x;
+        a.k = w.k;
+        a.m = m;
+        mma4::stage_inputs_kernel<GemvIn::Bf16><<<m, mma4::k_threads, 0, stream>>>(w, a, static_cast<bf16 *>(scratch));
+        CUDA_CHECK(cudaGetLastError());
+        x = static_cast<const bf16 *>(scratch);
+        kx = w.k_padded;
+    }
+    const bool wide = m > 128;
+    if (w.bits == 4) wide ? launch<256, 1>(w, x, kx, m, y, stream) : launch<128, 1>(w, x, kx, m, y, stream);
+    else wide ? launch<256, 2>(w, x, kx, m, y, stream) : launch<128, 2>(w, x, kx, m, y, stream);
+    return true;
+}
+
+}  // namespace qinfer::cuda
