@@ -4,22 +4,26 @@
 //
 // The weights are the A operand (rows of W along the MMA's M), the tokens the B operand:
 //   block (token tile, row tile): 128 rows of W x BN tokens (BN 128 or 256), K in steps of 64 (one K block of the
-//   tile layout, model/quant_repack.h). Three warpgroups: a producer (one warp of it works, its registers handed to
-//   the consumers with setmaxnreg) and two consumers of 64 rows each, warp w of consumer c owning the 16-row block
-//   4 c + w of the tile.
-//   producer: per K block, into one of k_stages stages guarded by mbarriers, one tensor copy of the x tile (BN rows
-//   of 64 bf16, 128-byte swizzle; rows past m and columns past k arrive as zeros) and one bulk copy per row block of
-//   its 512 bytes of codes per plane (the tile layout keeps a row block's K block contiguous).
-//   consumers: a lane's 16 bytes of codes per plane are the A fragments of four k16 steps (the GEMV's layout,
-//   qgemv_ring.cuh); each becomes bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's
-//   16 (hi - zh) added, still exact), then times the group's fp16 scale in fp32, rounded once to bf16: the very value
-//   cuda::dequantize writes (s (q - z) in fp32, rounded), so this GEMM multiplies the same bf16 weights as
-//   dequantize + cuBLASLt. Four wgmma.m64nBNk16 per K block with A from registers; the dequantization of K block
-//   kb + 1 runs while the MMAs of kb do (two register sets, one commit group in flight).
+//   tile layout, model/quant_repack.h), k_stages stages in shared memory guarded by mbarriers. Three warpgroups,
+//   two of consumers and one whose first warp is the producer and whose other three dequantize:
+//   producer: per K block one tensor copy of the x tile (BN rows of 64 bf16, 128-byte swizzle;
+//     rows past m and columns past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes per
+//     plane (the tile layout keeps a row block's K block contiguous).
+//   dequantizers (row blocks 0-2, 3-5, 6-7): a lane's 16 bytes of codes per plane are the A fragments of four k16 steps (the GEMV's layout,
+//     qgemv_ring.cuh); each becomes bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's
+//     16 (hi - zh) added, still exact), then times the group's fp16 scale in fp32, rounded once to bf16: the very
+//     value cuda::dequantize writes (s (q - z) in fp32, rounded), so this GEMM multiplies the same bf16 weights as
+//     dequantize + cuBLASLt. stmatrix puts the fragments into the stage's A tile (128 rows x 64, 128-byte swizzle).
+//   two consumers of 64 rows each: four wgmma.m64nBNk16 per K block, both operands from shared memory, waited for
+//     before the stage goes back (with one group left in flight across K blocks ptxas serialises the wgmmas, C7514;
+//     the other warpgroup's MMAs keep the tensor cores busy meanwhile). A first version dequantized
+//     into the consumers' registers (wgmma with A from registers): 516 TFLOP/s on 7B's gate_up at m 1024 against
+//     cuBLASLt's 810, because ptxas serialises every wgmma when registers feeding one are written while another runs
+//     (C7513), so each warpgroup's dequantization and MMAs alternated.
 //   epilogue: the fp32 accumulators (rows x tokens) are written to shared memory transposed as bf16, then out in
-//   16-byte row chunks of y (rows past n and tokens past m are not written).
+//     16-byte row chunks of y (rows past n and tokens past m are not written).
 // Grid: token tiles fastest, so the few token tiles of one row tile run together and read its codes from L2.
-// Act-order weights and k not a multiple of 8 take x gathered / padded into bf16 [m, k_padded] scratch first.
+// Act-order weights, k not a multiple of 8 and unaligned x take x gathered / padded into bf16 [m, k_padded] first.
 #include <cuda.h>
 
 #include "backends/cuda/common.cuh"
@@ -36,17 +40,20 @@ namespace {
 constexpr int k_bm = 128;  // weight rows per block: two consumer warpgroups of 64 (8 row blocks of 16)
 constexpr int k_stages = 4;
 constexpr int k_consumer_threads = 256;
-constexpr int k_threads = k_consumer_threads + 128;  // + the producer warpgroup
+constexpr int k_threads = k_consumer_threads + 128;  // + the producer / dequantizer warpgroup
+constexpr int k_dequant_warps = 3;
 
 template <int BN, int PLANES> struct QgemmSmem {
     static constexpr int x_bytes = BN * 128;             // x tile: [BN tokens][64 K] bf16, 128-byte swizzle
+    static constexpr int a_bytes = k_bm * 128;           // A tile: [128 rows][64 K] bf16, 128-byte swizzle
     static constexpr int code_bytes = 8 * PLANES * 512;  // the 8 row blocks' codes of one K block
-    static constexpr int stage_bytes = x_bytes + code_bytes;
+    static constexpr int stage_bytes = x_bytes + a_bytes + code_bytes;
     static constexpr int out_ld = k_bm + 8;  // staged output: bf16 [BN tokens][out_ld], rows of the tile along it
     static constexpr size_t bar_offset = size_t(k_stages) * stage_bytes;
-    static constexpr size_t bytes = bar_offset + 2 * k_stages * sizeof(uint64_t) + 1024;  // + the base's alignment
+    static constexpr size_t bytes = bar_offset + 3 * k_stages * sizeof(uint64_t) + 1024;  // + the base's alignment
     static_assert(stage_bytes % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
     static_assert(size_t(BN) * out_ld * 2 <= bar_offset, "the staged output fits the stages");
+    static_assert(bytes <= 227 * 1024, "one block per SM");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the kernel body is sm_90a only
@@ -67,143 +74,169 @@ __device__ __forceinline__ uint32_t scale_pair(uint32_t v, float s) {
     return *reinterpret_cast<const uint32_t *>(&r);
 }
 
-template <int BN> __device__ __forceinline__ void wgmma_rs(float (&d)[BN / 2], const uint32_t (&a)[4], uint64_t b_desc) {
-    if constexpr (BN == 256) sm90::wgmma_m64n256k16_rs_kmajor(d, a, b_desc);
-    else sm90::wgmma_m64n128k16_rs_kmajor(d, a, b_desc);
+// Four 8 x 8 bf16 matrices from the warp's registers into shared memory: matrix i from register i (lane l holds row
+// l / 4, columns 2 (l % 4), + 1), row r of matrix i at the address lane 8 i + r gives.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
+template <int BN> __device__ __forceinline__ void wgmma_ss(float (&d)[BN / 2], uint64_t a_desc, uint64_t b_desc) {
+    if constexpr (BN == 256) sm90::wgmma_m64n256k16_ss_acc(d, a_desc, b_desc);
+    else sm90::wgmma_m64n128k16_ss(d, a_desc, b_desc, 1);
+}
+
+// The dequantizer's A fragments of one row block and K block: af[j][r] is mma.m16n8k16's A register r of k16 step j.
+template <int PLANES>
+__device__ __forceinline__ void dequantize_fragments(const uint4 (&codes)[PLANES], const Params & p, uint32_t (&af)[4][4]) {
+    constexpr uint32_t mask = 0x000F000Fu;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float s[2];
+        uint32_t zz[2][PLANES];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            s[e] = __half2float(__ushort_as_half(uint16_t(p.s[h][e])));
+            const uint32_t z = p.z[h][e];
+            if constexpr (PLANES == 1) {
+                zz[e][0] = uint32_t(__bfloat16_as_ushort(__float2bfloat16(128.0f + float(z)))) * 0x10001u;  // 128 + z
+            } else {
+                zz[e][0] = (0x4300u | (z & 15u)) * 0x10001u;         // 128 + zl
+                zz[e][PLANES - 1] = (0x4500u | (z >> 4)) * 0x10001u;  // 2048 + 16 zh
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) {
+            const int j = 2 * h + jj;
+            const uint32_t lo_word = reinterpret_cast<const uint32_t *>(&codes[0])[j];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int e = r & 1;  // registers 0, 2: row g; 1, 3: row g + 8
+                uint32_t v = mma4::bf16x2_sub(mma4::lop3_and_or(lo_word >> (4 * r), mask, 0x43004300u), zz[e][0]);
+                if constexpr (PLANES == 2) {
+                    const uint32_t hi_word = reinterpret_cast<const uint32_t *>(&codes[PLANES - 1])[j];
+                    v = bf16x2_add(v, mma4::bf16x2_sub(mma4::lop3_and_or(hi_word >> (4 * r), mask, 0x45004500u), zz[e][PLANES - 1]));
+                }
+                af[j][r] = scale_pair(v, s[e]);
+            }
+        }
+    }
 }
 #endif
 
 template <int BN, int PLANES>
 __global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    // Registers per thread after setmaxnreg: 40 x 128 + 232 x 256 = 64512 of the SM's 65536.
-    constexpr int k_producer_registers = 40, k_consumer_registers = 232;
+    // Registers per thread after setmaxnreg: 104 x 128 (producer, dequantizers) + 200 x 256 (consumers) = 64512 of
+    // 65536. (ptxas allocates within the launch bound's 168 either way; the consumers' BN / 2 accumulators need it.)
+    constexpr int k_side_registers = 104, k_consumer_registers = 200;
     using Layout = QgemmSmem<BN, PLANES>;
     extern __shared__ unsigned char smem_raw[];
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
-    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * empty = full + k_stages;
+    // full: x and codes landed; a_full: the A tile written; empty: the consumers' MMAs on the stage are done.
+    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * a_full = full + k_stages, * empty = a_full + k_stages;
+    auto x_tile = [&](int s) { return smem + s * Layout::stage_bytes; };
+    auto a_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes; };
+    auto code_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes + Layout::a_bytes; };
 
     const int nkb = w.k_padded / 64, n_rb = w.rows_padded / 16;
-    const int tok0 = blockIdx.x * BN, rb0 = blockIdx.y * (k_bm / 16);
+    const int tok0 = blockIdx.x * BN, rb0 = blockIdx.y * (k_bm / 16), present = min(k_bm / 16, n_rb - rb0);
     const int warp_idx = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);  // uniform for ptxas
+    const int lane = threadIdx.x % 32;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < k_stages; s++) {
             sm90::mbar_init(&full[s], 1);
+            sm90::mbar_init(&a_full[s], k_dequant_warps * 32);
             sm90::mbar_init(&empty[s], k_consumer_threads);
         }
         sm90::fence_mbar_init();
     }
     __syncthreads();
 
-    if (warp_idx >= 8) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(k_producer_registers));
-        if (warp_idx != 8) return;
-        const int lane = threadIdx.x % 32, present = min(k_bm / 16, n_rb - rb0);
+    if (warp_idx >= 8) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(k_side_registers));
+    if (warp_idx == 8) {  // the producer
         const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);
         if (lane == 0) sm90::prefetch_tensor_map(&x_map);
         for (int kb = 0; kb < nkb; kb++) {
             const int s = kb % k_stages;
             if (kb >= k_stages) sm90::mbar_wait(&empty[s], (kb / k_stages - 1) & 1);
-            unsigned char * st = smem + s * Layout::stage_bytes;
             if (lane == 0) {
                 sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Layout::x_bytes + present * PLANES * 512));
-                sm90::tma_load_2d(st, &x_map, &full[s], kb * 64, tok0);
+                sm90::tma_load_2d(x_tile(s), &x_map, &full[s], kb * 64, tok0);
             }
             __syncwarp();
             if (lane < present) {
                 const size_t at = (size_t(rb0 + lane) * nkb + kb) * PLANES * 512;
-                sm90::bulk_load(st + Layout::x_bytes + lane * PLANES * 512, codes + at, PLANES * 512, &full[s]);
+                sm90::bulk_load(code_tile(s) + lane * PLANES * 512, codes + at, PLANES * 512, &full[s]);
             }
         }
         return;
     }
 
+    if (warp_idx > 8) {  // the dequantizers: warp dw writes row blocks 3 dw .. 3 dw + 2 of each A tile
+        const int dw = warp_idx - 9, g = lane / 4;
+        auto load_params = [&](int kb, int i, Params & p) {
+            const int rb = rb0 + 3 * dw + i;
+            if (rb >= n_rb) return;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int gi = min((kb * 64 + 32 * h) / w.group, w.groups - 1);
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const size_t at = size_t(rb * 16 + g + 8 * e) * w.groups + gi;
+                    p.s[h][e] = w.scales[at];
+                    p.z[h][e] = w.zeros ? uint32_t(w.zeros[at]) : uint32_t(w.const_zero);
+                }
+            }
+        };
+        // stmatrix addresses: lane l gives row l % 8 of matrix l / 8 (registers 0..3: rows 0-7 / 8-15 x k 0-7 / 8-15).
+        const int st_row = lane % 8 + 8 * ((lane / 8) & 1), st_chunk = lane / 16;
+        Params next[3] = {};
+#pragma unroll
+        for (int i = 0; i < 3; i++) load_params(0, i, next[i]);
+        for (int kb = 0; kb < nkb; kb++) {
+            const int s = kb % k_stages;
+            const Params cur[3] = {next[0], next[1], next[2]};
+            if (kb + 1 < nkb) {
+#pragma unroll
+                for (int i = 0; i < 3; i++) load_params(kb + 1, i, next[i]);
+            }
+            sm90::mbar_wait(&full[s], (kb / k_stages) & 1);
+            const uint32_t a_base = sm90::smem_addr(a_tile(s));
+#pragma unroll
+            for (int i = 0; i < 3; i++) {
+                const int rbl = 3 * dw + i;
+                if (rbl >= present) break;  // rows past the weight: their outputs are never stored
+                uint4 codes[PLANES];
+#pragma unroll
+                for (int pl = 0; pl < PLANES; pl++) {
+                    codes[pl] = *reinterpret_cast<const uint4 *>(code_tile(s) + (rbl * PLANES + pl) * 512 + lane * 16);
+                }
+                uint32_t af[4][4];
+                dequantize_fragments<PLANES>(codes, cur[i], af);
+#pragma unroll
+                for (int j = 0; j < 4; j++) stmatrix_x4(a_base + sm90::swizzle128_offset(rbl * 16 + st_row, 2 * j + st_chunk, k_bm), af[j]);
+            }
+            sm90::fence_proxy_async_smem();  // the A tile's writes, visible to the consumers' wgmma
+            sm90::mbar_arrive(&a_full[s]);
+        }
+        return;
+    }
+
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(k_consumer_registers));
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int rbl = warp_idx, rb = rb0 + rbl;  // this warp's row block (warpgroup warp_idx / 4)
-    const bool present = rb < n_rb;
-    const int r0 = rb * 16 + g;
-
-    auto load_params = [&](int kb, Params & p) {
-        if (!present) return;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int gi = min((kb * 64 + 32 * h) / w.group, w.groups - 1);
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const size_t at = size_t(r0 + 8 * e) * w.groups + gi;
-                p.s[h][e] = w.scales[at];
-                p.z[h][e] = w.zeros ? uint32_t(w.zeros[at]) : uint32_t(w.const_zero);
-            }
-        }
-    };
-    // A fragments of the four k16 steps of one K block: af[j][r] as mma.m16n8k16's A register r.
-    auto dequantize = [&](const uint4 (&codes)[PLANES], const Params & p, uint32_t (&af)[4][4]) {
-        constexpr uint32_t mask = 0x000F000Fu;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float s[2];
-            uint32_t zz[2][PLANES];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                s[e] = __half2float(__ushort_as_half(uint16_t(p.s[h][e])));
-                const uint32_t z = p.z[h][e];
-                if constexpr (PLANES == 1) {
-                    zz[e][0] = uint32_t(__bfloat16_as_ushort(__float2bfloat16(128.0f + float(z)))) * 0x10001u;  // 128 + z
-                } else {
-                    zz[e][0] = (0x4300u | (z & 15u)) * 0x10001u;         // 128 + zl
-                    zz[e][PLANES - 1] = (0x4500u | (z >> 4)) * 0x10001u;  // 2048 + 16 zh
-                }
-            }
-#pragma unroll
-            for (int jj = 0; jj < 2; jj++) {
-                const int j = 2 * h + jj;
-                const uint32_t lo_word = reinterpret_cast<const uint32_t *>(&codes[0])[j];
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const int e = r & 1;  // registers 0, 2: row g; 1, 3: row g + 8
-                    uint32_t v = mma4::bf16x2_sub(mma4::lop3_and_or(lo_word >> (4 * r), mask, 0x43004300u), zz[e][0]);
-                    if constexpr (PLANES == 2) {
-                        const uint32_t hi_word = reinterpret_cast<const uint32_t *>(&codes[PLANES - 1])[j];
-                        v = bf16x2_add(v, mma4::bf16x2_sub(mma4::lop3_and_or(hi_word >> (4 * r), mask, 0x45004500u), zz[e][PLANES - 1]));
-                    }
-                    af[j][r] = scale_pair(v, s[e]);
-                }
-            }
-        }
-    };
-
+    const int wg = warp_idx / 4, g = lane / 4, t = lane % 4;
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-    Params next = {};
-    load_params(0, next);
-    // K block kb: its codes (landed in its stage) into A fragments, then its four MMAs, waited for before the stage
-    // goes back to the producer. (Dequantizing K block kb + 1 while kb's MMAs run makes ptxas serialise every wgmma,
-    // C7513; the other warpgroup's MMAs fill the tensor cores meanwhile instead.)
     for (int kb = 0; kb < nkb; kb++) {
         const int s = kb % k_stages;
-        const Params p = next;
-        if (kb + 1 < nkb) load_params(kb + 1, next);
         sm90::mbar_wait(&full[s], (kb / k_stages) & 1);
-        const unsigned char * st = smem + s * Layout::stage_bytes;
-        uint4 codes[PLANES];
-#pragma unroll
-        for (int pl = 0; pl < PLANES; pl++) {
-            codes[pl] = present ? *reinterpret_cast<const uint4 *>(st + Layout::x_bytes + (rbl * PLANES + pl) * 512 + lane * 16)
-                                : make_uint4(0, 0, 0, 0);
-        }
-        uint32_t af[4][4];
-        dequantize(codes, p, af);
-        if (!present) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) af[j][0] = af[j][1] = af[j][2] = af[j][3] = 0u;
-        }
+        sm90::mbar_wait(&a_full[s], (kb / k_stages) & 1);
+        const uint32_t a_addr = sm90::smem_addr(a_tile(s)) + wg * 64 * 128, x_addr = sm90::smem_addr(x_tile(s));
         sm90::wgmma_fence();
-        const uint32_t x_addr = sm90::smem_addr(st);
 #pragma unroll
-        for (int j = 0; j < 4; j++) wgmma_rs<BN>(d, af[j], sm90::desc128(x_addr + j * 32, 16, 1024));
+        for (int j = 0; j < 4; j++) wgmma_ss<BN>(d, sm90::desc128(a_addr + j * 32, 16, 1024), sm90::desc128(x_addr + j * 32, 16, 1024));
         sm90::wgmma_commit();
         sm90::wgmma_wait<0>();
         sm90::mbar_arrive(&empty[s]);
@@ -214,7 +247,7 @@ __global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w
     // Epilogue: every stage is consumed (both warpgroups past their last wait), so the stages hold the output tile.
     sm90::named_barrier(1, k_consumer_threads);
     bf16 * so = reinterpret_cast<bf16 *>(smem);
-    const int row_l = rbl * 16 + g;
+    const int row_l = warp_idx * 16 + g;
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
 #pragma unroll
