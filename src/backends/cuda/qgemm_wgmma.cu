@@ -41,7 +41,6 @@ constexpr int k_bm = 128;  // weight rows per block: two consumer warpgroups of 
 constexpr int k_stages = 4;
 constexpr int k_consumer_threads = 256;
 constexpr int k_threads = k_consumer_threads + 128;  // + the producer / dequantizer warpgroup
-constexpr int k_dequant_warps = 3;
 
 template <int BN, int PLANES> struct QgemmSmem {
     static constexpr int x_bytes = BN * 128;             // x tile: [BN tokens][64 K] bf16, 128-byte swizzle
@@ -130,6 +129,7 @@ __global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w
     // Registers per thread after setmaxnreg: 104 x 128 (producer, dequantizers) + 200 x 256 (consumers) = 64512 of
     // 65536. (ptxas allocates within the launch bound's 168 either way; the consumers' BN / 2 accumulators need it.)
     constexpr int k_side_registers = 104, k_consumer_registers = 200;
+    constexpr int k_dequant_warps = 3;
     using Layout = QgemmSmem<BN, PLANES>;
     extern __shared__ unsigned char smem_raw[];
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
