@@ -4,24 +4,25 @@
 //
 // The weights are the A operand (rows of W along the MMA's M), the tokens the B operand:
 //   block (token tile, row tile): 128 rows of W x BN tokens (BN 128 or 256), K in steps of 64 (one K block of the
-//   tile layout, model/quant_repack.h), k_stages stages in shared memory guarded by mbarriers. Three warpgroups,
-//   two of consumers and one whose first warp is the producer and whose other three dequantize:
-//   producer: per K block one tensor copy of the x tile (BN rows of 64 bf16, 128-byte swizzle;
-//     rows past m and columns past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes per
-//     plane (the tile layout keeps a row block's K block contiguous).
-//   dequantizers (row blocks 0-2, 3-5, 6-7): a lane's 16 bytes of codes per plane are the A fragments of four k16 steps (the GEMV's layout,
-//     qgemv_ring.cuh); each becomes bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's
+//   tile layout, model/quant_repack.h), k_stages stages in shared memory guarded by mbarriers; two consumer
+//   warpgroups of 64 rows (warp w owns 16-row block w of the tile) and one producer warp.
+//   producer: per K block one tensor copy of the x tile (BN rows of 64 bf16, 128-byte swizzle; rows past m and
+//     columns past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes per plane (the tile
+//     layout keeps a row block's K block contiguous).
+//   consumers: while the four wgmma.m64nBNk16 of K block kb run (both operands from shared memory), each warp turns
+//     its row block's codes of K block kb + 1 into that stage's A tile (128 rows x 64, 128-byte swizzle) by
+//     stmatrix: a lane's 16 bytes per plane are the A fragments of four k16 steps (the GEMV's layout,
+//     qgemv_ring.cuh), each made bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's
 //     16 (hi - zh) added, still exact), then times the group's fp16 scale in fp32, rounded once to bf16: the very
 //     value cuda::dequantize writes (s (q - z) in fp32, rounded), so this GEMM multiplies the same bf16 weights as
-//     dequantize + cuBLASLt. stmatrix puts the fragments into the stage's A tile (128 rows x 64, 128-byte swizzle).
-//   two consumers of 64 rows each: four wgmma.m64nBNk16 per K block, both operands from shared memory, waited for
-//     before the stage goes back (with one group left in flight across K blocks ptxas serialises the wgmmas, C7514;
-//     the other warpgroup's MMAs keep the tensor cores busy meanwhile). A first version dequantized
-//     into the consumers' registers (wgmma with A from registers): 516 TFLOP/s on 7B's gate_up at m 1024 against
-//     cuBLASLt's 810, because ptxas serialises every wgmma when registers feeding one are written while another runs
-//     (C7513), so each warpgroup's dequantization and MMAs alternated.
+//     dequantize + cuBLASLt. Then the MMAs are waited for (with a group left in flight across K blocks ptxas
+//     serialises the wgmmas, C7514), the stage goes back to the producer, and the warpgroup synchronises so its A
+//     tile is complete before the next MMAs.
 //   epilogue: the fp32 accumulators (rows x tokens) are written to shared memory transposed as bf16, then out in
 //     16-byte row chunks of y (rows past n and tokens past m are not written).
+// Earlier forms, measured on an H100 (7B gate_up, m 1024; cuBLASLt 800 TFLOP/s on the same bf16 weights): A from the
+// consumers' registers, 516 TFLOP/s (ptxas serialised the MMAs whose register operands were being written, C7513,
+// so dequantization and MMAs alternated); a separate warpgroup of three dequantizing warps, 411 (too few warps).
 // Grid: token tiles fastest, so the few token tiles of one row tile run together and read its codes from L2.
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered / padded into bf16 [m, k_padded] first.
 #include <cuda.h>
@@ -40,7 +41,7 @@ namespace {
 constexpr int k_bm = 128;  // weight rows per block: two consumer warpgroups of 64 (8 row blocks of 16)
 constexpr int k_stages = 4;
 constexpr int k_consumer_threads = 256;
-constexpr int k_threads = k_consumer_threads + 128;  // + the producer / dequantizer warpgroup
+constexpr int k_threads = k_consumer_threads + 32;  // + the producer warp (288 threads: up to 224 registers each)
 
 template <int BN, int PLANES> struct QgemmSmem {
     static constexpr int x_bytes = BN * 128;             // x tile: [BN tokens][64 K] bf16, 128-byte swizzle
@@ -49,7 +50,7 @@ template <int BN, int PLANES> struct QgemmSmem {
     static constexpr int stage_bytes = x_bytes + a_bytes + code_bytes;
     static constexpr int out_ld = k_bm + 8;  // staged output: bf16 [BN tokens][out_ld], rows of the tile along it
     static constexpr size_t bar_offset = size_t(k_stages) * stage_bytes;
-    static constexpr size_t bytes = bar_offset + 3 * k_stages * sizeof(uint64_t) + 1024;  // + the base's alignment
+    static constexpr size_t bytes = bar_offset + 2 * k_stages * sizeof(uint64_t) + 1024;  // + the base's alignment
     static_assert(stage_bytes % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
     static_assert(size_t(BN) * out_ld * 2 <= bar_offset, "the staged output fits the stages");
     static_assert(bytes <= 227 * 1024, "one block per SM");
@@ -126,15 +127,11 @@ __device__ __forceinline__ void dequantize_fragments(const uint4 (&codes)[PLANES
 template <int BN, int PLANES>
 __global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    // Registers per thread after setmaxnreg: 104 x 128 (producer, dequantizers) + 200 x 256 (consumers) = 64512 of
-    // 65536. (ptxas allocates within the launch bound's 168 either way; the consumers' BN / 2 accumulators need it.)
-    constexpr int k_side_registers = 104, k_consumer_registers = 200;
-    constexpr int k_dequant_warps = 3;
     using Layout = QgemmSmem<BN, PLANES>;
     extern __shared__ unsigned char smem_raw[];
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
-    // full: x and codes landed; a_full: the A tile written; empty: the consumers' MMAs on the stage are done.
-    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * a_full = full + k_stages, * empty = a_full + k_stages;
+    // full: x and codes landed; empty: both warpgroups' MMAs on the stage are done.
+    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * empty = full + k_stages;
     auto x_tile = [&](int s) { return smem + s * Layout::stage_bytes; };
     auto a_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes; };
     auto code_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes + Layout::a_bytes; };
@@ -147,14 +144,12 @@ __global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w
     if (threadIdx.x == 0) {
         for (int s = 0; s < k_stages; s++) {
             sm90::mbar_init(&full[s], 1);
-            sm90::mbar_init(&a_full[s], k_dequant_warps * 32);
             sm90::mbar_init(&empty[s], k_consumer_threads);
         }
         sm90::fence_mbar_init();
     }
     __syncthreads();
 
-    if (warp_idx >= 8) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(k_side_registers));
     if (warp_idx == 8) {  // the producer
         const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);
         if (lane == 0) sm90::prefetch_tensor_map(&x_map);
@@ -174,78 +169,71 @@ __global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w
         return;
     }
 
-    if (warp_idx > 8) {  // the dequantizers: warp dw writes row blocks 3 dw .. 3 dw + 2 of each A tile
-        const int dw = warp_idx - 9, g = lane / 4;
-        auto load_params = [&](int kb, int i, Params & p) {
-            const int rb = rb0 + 3 * dw + i;
-            if (rb >= n_rb) return;
+    const int wg = warp_idx / 4, g = lane / 4, t = lane % 4, rbl = warp_idx;
+    const bool mine = rbl < present;  // row blocks past the weight keep stale A rows: their outputs are never stored
+    auto load_params = [&](int kb, Params & p) {
+        if (!mine) return;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int gi = min((kb * 64 + 32 * h) / w.group, w.groups - 1);
+        for (int h = 0; h < 2; h++) {
+            const int gi = min((kb * 64 + 32 * h) / w.group, w.groups - 1);
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const size_t at = size_t(rb * 16 + g + 8 * e) * w.groups + gi;
-                    p.s[h][e] = w.scales[at];
-                    p.z[h][e] = w.zeros ? uint32_t(w.zeros[at]) : uint32_t(w.const_zero);
-                }
+            for (int e = 0; e < 2; e++) {
+                const size_t at = size_t((rb0 + rbl) * 16 + g + 8 * e) * w.groups + gi;
+                p.s[h][e] = w.scales[at];
+                p.z[h][e] = w.zeros ? uint32_t(w.zeros[at]) : uint32_t(w.const_zero);
             }
-        };
-        // stmatrix addresses: lane l gives row l % 8 of matrix l / 8 (registers 0..3: rows 0-7 / 8-15 x k 0-7 / 8-15).
-        const int st_row = lane % 8 + 8 * ((lane / 8) & 1), st_chunk = lane / 16;
-        Params next[3] = {};
+        }
+    };
+    // stmatrix addresses: lane l gives row l % 8 of matrix l / 8 (registers 0..3: rows 0-7 / 8-15 x k 0-7 / 8-15).
+    const int st_row = rbl * 16 + lane % 8 + 8 * ((lane / 8) & 1), st_chunk = lane / 16;
+    // K block kb's codes (once landed) into its stage's A tile, this warp's 16 rows.
+    auto dequantize_block = [&](int kb, const Params & p) {
+        const int s = kb % k_stages;
+        sm90::mbar_wait(&full[s], (kb / k_stages) & 1);
+        if (mine) {
+            uint4 codes[PLANES];
 #pragma unroll
-        for (int i = 0; i < 3; i++) load_params(0, i, next[i]);
-        for (int kb = 0; kb < nkb; kb++) {
-            const int s = kb % k_stages;
-            const Params cur[3] = {next[0], next[1], next[2]};
-            if (kb + 1 < nkb) {
-#pragma unroll
-                for (int i = 0; i < 3; i++) load_params(kb + 1, i, next[i]);
-            }
-            sm90::mbar_wait(&full[s], (kb / k_stages) & 1);
+            for (int pl = 0; pl < PLANES; pl++) codes[pl] = *reinterpret_cast<const uint4 *>(code_tile(s) + (rbl * PLANES + pl) * 512 + lane * 16);
+            uint32_t af[4][4];
+            dequantize_fragments<PLANES>(codes, p, af);
             const uint32_t a_base = sm90::smem_addr(a_tile(s));
 #pragma unroll
-            for (int i = 0; i < 3; i++) {
-                const int rbl = 3 * dw + i;
-                if (rbl >= present) break;  // rows past the weight: their outputs are never stored
-                uint4 codes[PLANES];
-#pragma unroll
-                for (int pl = 0; pl < PLANES; pl++) {
-                    codes[pl] = *reinterpret_cast<const uint4 *>(code_tile(s) + (rbl * PLANES + pl) * 512 + lane * 16);
-                }
-                uint32_t af[4][4];
-                dequantize_fragments<PLANES>(codes, cur[i], af);
-#pragma unroll
-                for (int j = 0; j < 4; j++) stmatrix_x4(a_base + sm90::swizzle128_offset(rbl * 16 + st_row, 2 * j + st_chunk, k_bm), af[j]);
-            }
-            sm90::fence_proxy_async_smem();  // the A tile's writes, visible to the consumers' wgmma
-            sm90::mbar_arrive(&a_full[s]);
+            for (int j = 0; j < 4; j++) stmatrix_x4(a_base + sm90::swizzle128_offset(st_row, 2 * j + st_chunk, k_bm), af[j]);
         }
-        return;
-    }
+        sm90::fence_proxy_async_smem();  // the A tile's writes, visible to the warpgroup's wgmma
+    };
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(k_consumer_registers));
-    const int wg = warp_idx / 4, g = lane / 4, t = lane % 4;
     float d[BN / 2];
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+    Params next = {};
+    load_params(0, next);
+    {
+        const Params p = next;
+        if (nkb > 1) load_params(1, next);
+        dequantize_block(0, p);
+    }
+    sm90::named_barrier(1 + wg, 128);
     for (int kb = 0; kb < nkb; kb++) {
         const int s = kb % k_stages;
-        sm90::mbar_wait(&full[s], (kb / k_stages) & 1);
-        sm90::mbar_wait(&a_full[s], (kb / k_stages) & 1);
         const uint32_t a_addr = sm90::smem_addr(a_tile(s)) + wg * 64 * 128, x_addr = sm90::smem_addr(x_tile(s));
         sm90::wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; j++) wgmma_ss<BN>(d, sm90::desc128(a_addr + j * 32, 16, 1024), sm90::desc128(x_addr + j * 32, 16, 1024));
         sm90::wgmma_commit();
+        if (kb + 1 < nkb) {
+            const Params p = next;
+            if (kb + 2 < nkb) load_params(kb + 2, next);
+            dequantize_block(kb + 1, p);
+        }
         sm90::wgmma_wait<0>();
         sm90::mbar_arrive(&empty[s]);
+        sm90::named_barrier(1 + wg, 128);  // the warpgroup's A tile of kb + 1 is whole
     }
-    sm90::wgmma_wait<0>();
     sm90::fence_operands(d);
 
     // Epilogue: every stage is consumed (both warpgroups past their last wait), so the stages hold the output tile.
-    sm90::named_barrier(1, k_consumer_threads);
+    sm90::named_barrier(3, k_consumer_threads);
     bf16 * so = reinterpret_cast<bf16 *>(smem);
     const int row_l = warp_idx * 16 + g;
 #pragma unroll
@@ -256,7 +244,7 @@ __global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w
             so[tok * Layout::out_ld + row] = __float2bfloat16(d[4 * j + e]);
         }
     }
-    sm90::named_barrier(1, k_consumer_threads);
+    sm90::named_barrier(3, k_consumer_threads);
     const int n = w.rows, row_tile = blockIdx.y * k_bm;
     for (int c = threadIdx.x; c < BN * (k_bm / 8); c += k_consumer_threads) {
         const int tok = c / (k_bm / 8), row = row_tile + (c % (k_bm / 8)) * 8;
