@@ -11,7 +11,8 @@ if [[ $parts == *" tests "* ]]; then
     grep -E "Failure" -A6 "$OUT/qgemm-tests.log" | head -40
 fi
 if [[ $parts == *" kernels "* ]]; then
-    build-device/tests/qinfer_tests --gtest_filter='CudaQuant.PrefillGemmTimings' 2>&1 | grep -E "^\[ kernel \] prefill" | tee "$OUT/qgemm-kernels.log"
+    build-device/tests/qinfer_tests --gtest_filter='CudaQuant.PrefillGemmTimings:CudaQuant.FusedGemmByMTimings' 2>&1 |
+        grep -E "^\[ kernel \] (prefill|fused)" | tee "$OUT/qgemm-kernels.log"
 fi
 for rep in $(seq "${QGEMM_REPS:-2}"); do
     [[ $parts == *" rows "* ]] || break

@@ -298,7 +298,8 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
     for (const DevLayer & L : layers_) {
         for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
             if (!l->quantized) continue;
-            const size_t need = cuda::qgemm_applies(l->q) ? cuda::qgemm_scratch_bytes(l->q, rows) : size_t(l->n) * l->k * sizeof(bf16);
+            const bool fused = cuda::qgemm_applies(l->q) && rows <= cuda::qgemm_max_m();
+            const size_t need = fused ? cuda::qgemm_scratch_bytes(l->q, rows) : size_t(l->n) * l->k * sizeof(bf16);
             largest = std::max(largest, need);
         }
     }
@@ -429,7 +430,7 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
             a.y = y;
             return cuda::qgemv(l.q, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, qscratch_.get(), stream_);
         }
-        if (cuda::qgemm(l.q, x, m, y, dequant_.get(), dequant_.bytes(), stream_)) return;
+        if (m <= cuda::qgemm_max_m() && cuda::qgemm(l.q, x, m, y, dequant_.get(), dequant_.bytes(), stream_)) return;
         dequant_.ensure(size_t(l.n) * l.k * sizeof(bf16), "dequantized weights");
         cuda::dequantize(l.q, dequant_.as<bf16>(), stream_);
         prof_.mark("dequantize");

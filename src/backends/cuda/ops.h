@@ -82,7 +82,12 @@ void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 // scratch is too small (the caller then dequantizes and multiplies with cuBLASLt).
 bool qgemm_applies(const QuantMatrix & w);
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m);
+// The most rows the engine gives qgemm (QINFER_QGEMM_MAX_M); beyond, dequantize + cuBLASLt is faster.
+int qgemm_max_m();
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
+// The fused GEMM's tile for timing: 1 = 256 tokens, 2 = 128 tokens, 3 = 128 tokens with two blocks per SM (4-bit
+// codes; 8-bit take 2); 0 = the rule in qgemm_wgmma.cu.
+void set_qgemm_tile(int tile);
 
 // ---- elementwise ----
 // x[t] = float(table[ids[t]]): table bf16 [vocab, hidden]; ids int [n] on the device; x fp32 [n, hidden]

@@ -27,6 +27,8 @@
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered / padded into bf16 [m, k_padded] first.
 #include <cuda.h>
 
+#include <climits>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
@@ -39,18 +41,19 @@ namespace qinfer::cuda {
 namespace {
 
 constexpr int k_bm = 128;  // weight rows per block: two consumer warpgroups of 64 (8 row blocks of 16)
-constexpr int k_stages = 4;
 constexpr int k_consumer_threads = 256;
 constexpr int k_threads = k_consumer_threads + 32;  // + the producer warp (288 threads: up to 224 registers each)
 
-template <int BN, int PLANES> struct QgemmSmem {
+// A kernel's shape: BN tokens per block, STAGES stages, BLOCKS blocks per SM (launch bound; 2 leaves 112 registers
+// per thread, enough for BN 128's 64 accumulators).
+template <int BN, int PLANES, int STAGES> struct QgemmSmem {
     static constexpr int x_bytes = BN * 128;             // x tile: [BN tokens][64 K] bf16, 128-byte swizzle
     static constexpr int a_bytes = k_bm * 128;           // A tile: [128 rows][64 K] bf16, 128-byte swizzle
     static constexpr int code_bytes = 8 * PLANES * 512;  // the 8 row blocks' codes of one K block
     static constexpr int stage_bytes = x_bytes + a_bytes + code_bytes;
     static constexpr int out_ld = k_bm + 8;  // staged output: bf16 [BN tokens][out_ld], rows of the tile along it
-    static constexpr size_t bar_offset = size_t(k_stages) * stage_bytes;
-    static constexpr size_t bytes = bar_offset + 2 * k_stages * sizeof(uint64_t) + 1024;  // + the base's alignment
+    static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
+    static constexpr size_t bytes = bar_offset + 2 * STAGES * sizeof(uint64_t) + 1024;  // + the base's alignment
     static_assert(stage_bytes % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
     static_assert(size_t(BN) * out_ld * 2 <= bar_offset, "the staged output fits the stages");
     static_assert(bytes <= 227 * 1024, "one block per SM");
@@ -124,10 +127,11 @@ __device__ __forceinline__ void dequantize_fragments(const uint4 (&codes)[PLANES
 }
 #endif
 
-template <int BN, int PLANES>
-__global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, const __grid_constant__ CUtensorMap x_map) {
+template <int BN, int PLANES, int STAGES, int BLOCKS>
+__global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Layout = QgemmSmem<BN, PLANES>;
+    constexpr int k_stages = STAGES;
+    using Layout = QgemmSmem<BN, PLANES, STAGES>;
     extern __shared__ unsigned char smem_raw[];
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
     // full: x and codes landed; empty: both warpgroups' MMAs on the stage are done.
@@ -262,16 +266,20 @@ __global__ void __launch_bounds__(k_threads, 1) qgemm_wgmma_kernel(QuantMatrix w
 #endif
 }
 
-template <int BN, int PLANES> void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, cudaStream_t stream) {
+template <int BN, int PLANES, int STAGES, int BLOCKS>
+void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, cudaStream_t stream) {
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, kx, BN)) QINFER_FAIL() << "qgemm: the tensor map of x [" << m << ", " << kx << "] was refused";
-    constexpr size_t smem = QgemmSmem<BN, PLANES>::bytes;
+    constexpr size_t smem = QgemmSmem<BN, PLANES, STAGES>::bytes;
+    static_assert(smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
     static size_t configured = 0;  // once per instantiation
-    allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES>, smem, configured);
+    allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS>, smem, configured);
     const dim3 grid((m + BN - 1) / BN, (w.rows_padded / 16 + k_bm / 16 - 1) / (k_bm / 16));
-    qgemm_wgmma_kernel<BN, PLANES><<<grid, k_threads, smem, stream>>>(w, m, y, x_map);
+    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, x_map);
     CUDA_CHECK(cudaGetLastError());
 }
+
+int tile_override = 0;  // set_qgemm_tile
 
 bool hopper_device() {
     static const bool hopper = [] {
@@ -289,6 +297,8 @@ bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8
 
 }  // namespace
 
+void set_qgemm_tile(int tile) { tile_override = tile >= 1 && tile <= 3 ? tile : 0; }
+
 bool qgemm_applies(const QuantMatrix & w) {
 #if defined(QINFER_SM90A)
     static const bool off = env_is("QINFER_QGEMM", "0");
@@ -301,6 +311,11 @@ bool qgemm_applies(const QuantMatrix & w) {
 
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m) {
     return qgemm_applies(w) && (w.perm || w.k % 8 != 0) ? size_t(m) * w.k_padded * sizeof(bf16) : 0;
+}
+
+int qgemm_max_m() {
+    static const int max_m = env_int("QINFER_QGEMM_MAX_M", INT_MAX);
+    return max_m;
 }
 
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
@@ -317,9 +332,17 @@ bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratc
         x = static_cast<const bf16 *>(scratch);
         kx = w.k_padded;
     }
-    const bool wide = m > 128;
-    if (w.bits == 4) wide ? launch<256, 1>(w, x, kx, m, y, stream) : launch<128, 1>(w, x, kx, m, y, stream);
-    else wide ? launch<256, 2>(w, x, kx, m, y, stream) : launch<128, 2>(w, x, kx, m, y, stream);
+    // Tiles: 256 tokens, one block per SM, where m fills them; else 128 tokens, and for 4-bit codes two blocks per SM
+    // of three stages each (one block's MMA waits and epilogue overlap the other's work).
+    const int tile = tile_override ? tile_override : m > 128 ? 1 : w.bits == 4 ? 3 : 2;
+    if (w.bits == 4) {
+        if (tile == 1) launch<256, 1, 4, 1>(w, x, kx, m, y, stream);
+        else if (tile == 2) launch<128, 1, 4, 1>(w, x, kx, m, y, stream);
+        else launch<128, 1, 3, 2>(w, x, kx, m, y, stream);
+    } else {
+        if (tile == 1) launch<256, 2, 4, 1>(w, x, kx, m, y, stream);
+        else launch<128, 2, 4, 1>(w, x, kx, m, y, stream);
+    }
     return true;
 }
 
