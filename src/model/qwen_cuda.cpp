@@ -298,8 +298,10 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
     for (const DevLayer & L : layers_) {
         for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
             if (!l->quantized) continue;
-            const bool fused = cuda::qgemm_applies(l->q) && rows <= cuda::qgemm_max_m();
-            const size_t need = fused ? cuda::qgemm_scratch_bytes(l->q, rows) : size_t(l->n) * l->k * sizeof(bf16);
+            // Rows up to `rows` may take either path (qgemm_pays): room for the dequantized weight unless every m
+            // goes to the fused GEMM, and for its gathered inputs.
+            const bool always_fused = cuda::qgemm_pays(l->q, rows);
+            const size_t need = std::max(always_fused ? 0 : size_t(l->n) * l->k * sizeof(bf16), cuda::qgemm_scratch_bytes(l->q, rows));
             largest = std::max(largest, need);
         }
     }
@@ -430,7 +432,7 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
             a.y = y;
             return cuda::qgemv(l.q, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, qscratch_.get(), stream_);
         }
-        if (m <= cuda::qgemm_max_m() && cuda::qgemm(l.q, x, m, y, dequant_.get(), dequant_.bytes(), stream_)) return;
+        if (cuda::qgemm_pays(l.q, m) && cuda::qgemm(l.q, x, m, y, dequant_.get(), dequant_.bytes(), stream_)) return;
         dequant_.ensure(size_t(l.n) * l.k * sizeof(bf16), "dequantized weights");
         cuda::dequantize(l.q, dequant_.as<bf16>(), stream_);
         prof_.mark("dequantize");

@@ -82,8 +82,10 @@ void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 // scratch is too small (the caller then dequantizes and multiplies with cuBLASLt).
 bool qgemm_applies(const QuantMatrix & w);
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m);
-// The most rows the engine gives qgemm (QINFER_QGEMM_MAX_M); beyond, dequantize + cuBLASLt is faster.
+// The engine's rule: qgemm for m up to qgemm_max_m (QINFER_QGEMM_MAX_M, default 512) on weights of at least one
+// 128-row tile per SM; dequantize + cuBLASLt otherwise (faster there, measured: qgemm_wgmma.cu).
 int qgemm_max_m();
+bool qgemm_pays(const QuantMatrix & w, int m);
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
 // The fused GEMM's tile for timing: 1 = 256 tokens, 2 = 128 tokens, 3 = 128 tokens with two blocks per SM (4-bit
 // codes; 8-bit take 2); 0 = the rule in qgemm_wgmma.cu.

@@ -316,8 +316,16 @@ size_t qgemm_scratch_bytes(const QuantMatrix & w, int m) {
 }
 
 int qgemm_max_m() {
-    static const int max_m = env_int("QINFER_QGEMM_MAX_M", INT_MAX);
+    static const int max_m = env_int("QINFER_QGEMM_MAX_M", 512);
     return max_m;
+}
+
+// On an H100 (bench/results/2026-11-27-h100-qgemm, 7B shapes, GPTQ-Int4) the fused kernel beat dequantize +
+// cuBLASLt on gate_up (296 row tiles) up to m 1024 (m 16-128: 2.2-2.4x, 512: 1.3x, 1024: 1.04x, 4096: 0.74x), and
+// lost at every m on qkv, o_proj and down (28-36 row tiles, fewer blocks than SMs: each block walks all of K at
+// ~0.8 us per K block). Hence: rows for at least one block per SM, m up to qgemm_max_m.
+bool qgemm_pays(const QuantMatrix & w, int m) {
+    return qgemm_applies(w) && m <= qgemm_max_m() && (w.rows_padded + k_bm - 1) / k_bm >= sm_count();
 }
 
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
