@@ -152,22 +152,7 @@ template <int D, KVKind K> void launch(const PrefillArgs & a, cudaStream_t strea
 
 }  // namespace
 
-bool prefill_wgmma_available(int head_dim) {
-#if defined(QINFER_SM90A)
-    if (head_dim != 64 && head_dim != 128) return false;
-    static const bool hopper = [] {
-        int dev = 0, major = 0, minor = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return false;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        return major == 9 && minor == 0;
-    }();
-    return hopper;
-#else
-    (void)head_dim;
-    return false;
-#endif
-}
+bool prefill_wgmma_available(int head_dim) { return (head_dim == 64 || head_dim == 128) && sm90a_device(); }
 
 bool launch_attention_prefill_wgmma(const PrefillArgs & a, cudaStream_t stream) {
     if (!prefill_wgmma_available(a.d)) return false;

@@ -37,6 +37,21 @@ bool pdl_skip(const char * role) {
     return skip.find("," + std::string(role) + ",") != std::string::npos;
 }
 
+bool sm90a_device() {
+#if defined(QINFER_SM90A)
+    static const bool hopper = [] {
+        int dev = 0, major = 0, minor = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return false;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        return major == 9 && minor == 0;
+    }();
+    return hopper;
+#else
+    return false;
+#endif
+}
+
 int sm_count() {
     static int n = [] {
         int dev = 0, count = 0;

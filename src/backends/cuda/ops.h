@@ -255,6 +255,8 @@ void sample_rows_advance(const float * logits, int rows, int vocab, int n_valid,
 void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_f32, cudaStream_t stream);
 
 int sm_count();
+// An sm_90a build (QINFER_SM90A) on a compute capability 9.0 device: where the wgmma and tensor-copy kernels run.
+bool sm90a_device();
 // Keeps the stream busy for about `microseconds` (profiling: the host queues a whole step behind it, so event
 // timings measure the GPU, not the launch rate).
 void gpu_sleep(int microseconds, cudaStream_t stream);

@@ -283,17 +283,6 @@ void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, cuda
 
 int tile_override = 0;  // set_qgemm_tile
 
-bool hopper_device() {
-    static const bool hopper = [] {
-        int dev = 0, major = 0, minor = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return false;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        return major == 9 && minor == 0;
-    }();
-    return hopper;
-}
-
 // x goes to the tensor copies as it is when its rows are the tile layout's K order, 16-byte aligned.
 bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
 
@@ -302,13 +291,8 @@ bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8
 void set_qgemm_tile(int tile) { tile_override = tile >= 1 && tile <= 3 ? tile : 0; }
 
 bool qgemm_applies(const QuantMatrix & w) {
-#if defined(QINFER_SM90A)
     static const bool off = env_is("QINFER_QGEMM", "0");
-    return !off && hopper_device() && w.tiled && !w.lut && (w.bits == 4 || w.bits == 8) && w.group > 0;
-#else
-    (void)w;
-    return false;
-#endif
+    return !off && sm90a_device() && w.tiled && !w.lut && (w.bits == 4 || w.bits == 8) && w.group > 0;
 }
 
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m) {
