@@ -65,14 +65,7 @@ __global__ void __launch_bounds__(k_threads, 1)
     // Warp-uniform roles (a shuffle, so that ptxas sees uniform branches around the warpgroup MMAs).
     const int warp_idx = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < k_stages; s++) {
-            sm90::mbar_init(&full[s], 1);
-            sm90::mbar_init(&empty[s], k_consumer_threads);
-        }
-        sm90::fence_mbar_init();
-    }
-    __syncthreads();
+    sm90::init_stage_barriers(full, empty, k_stages, k_consumer_threads);
 
     if (warp_idx >= 2 * 4) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(k_producer_registers));

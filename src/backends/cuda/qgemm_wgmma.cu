@@ -145,14 +145,7 @@ __global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMat
     const int warp_idx = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);  // uniform for ptxas
     const int lane = threadIdx.x % 32;
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < k_stages; s++) {
-            sm90::mbar_init(&full[s], 1);
-            sm90::mbar_init(&empty[s], k_consumer_threads);
-        }
-        sm90::fence_mbar_init();
-    }
-    __syncthreads();
+    sm90::init_stage_barriers(full, empty, k_stages, k_consumer_threads);
 
     if (warp_idx == 8) {  // the producer
         const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);

@@ -73,6 +73,18 @@ __device__ __forceinline__ void mbar_wait(uint64_t * bar, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
+// A block's pipeline barriers, by thread 0: full[s] (one arrival, plus the stage's copied bytes) and empty[s]
+// (`consumers` arrivals) for each of `stages` stages; then the whole block synchronises.
+__device__ __forceinline__ void init_stage_barriers(uint64_t * full, uint64_t * empty, int stages, uint32_t consumers) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], consumers);
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+}
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads, a multiple of 32.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
