@@ -30,8 +30,6 @@
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered / padded into bf16 [m, k_padded] first.
 #include <cuda.h>
 
-#include <climits>
-
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
@@ -68,11 +66,6 @@ template <int BN, int PLANES, int STAGES> struct QgemmSmem {
 struct Params {
     uint32_t s[2][2], z[2][2];  // [half][e]
 };
-
-__device__ __forceinline__ uint32_t bf16x2_add(uint32_t a, uint32_t b) {
-    __nv_bfloat162 d = __hadd2(*reinterpret_cast<__nv_bfloat162 *>(&a), *reinterpret_cast<__nv_bfloat162 *>(&b));
-    return *reinterpret_cast<uint32_t *>(&d);
-}
 
 // The bf16 pair v (two exact integers q - z) times s in fp32, each rounded once to bf16.
 __device__ __forceinline__ uint32_t scale_pair(uint32_t v, float s) {
@@ -121,7 +114,7 @@ __device__ __forceinline__ void dequantize_fragments(const uint4 (&codes)[PLANES
                 uint32_t v = mma4::bf16x2_sub(mma4::lop3_and_or(lo_word >> (4 * r), mask, 0x43004300u), zz[e][0]);
                 if constexpr (PLANES == 2) {
                     const uint32_t hi_word = reinterpret_cast<const uint32_t *>(&codes[PLANES - 1])[j];
-                    v = bf16x2_add(v, mma4::bf16x2_sub(mma4::lop3_and_or(hi_word >> (4 * r), mask, 0x45004500u), zz[e][PLANES - 1]));
+                    v = mma4::bf16x2_add(v, mma4::bf16x2_sub(mma4::lop3_and_or(hi_word >> (4 * r), mask, 0x45004500u), zz[e][PLANES - 1]));
                 }
                 af[j][r] = scale_pair(v, s[e]);
             }
