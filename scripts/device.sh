@@ -36,6 +36,24 @@ ab() {
         done
     done
 }
+# ab_configs TAG REPS "SPECS" "PICKED" CONFIG...: `qinfer bench` (2048 generated) for each preset:quant:lengths spec
+# under each CONFIG ("name VAR=value ...") whose name is in PICKED, alternated REPS times; rows to $OUT/TAG.log, one
+# JSON per run ($OUT/TAG-preset-quant-name-rep.json).
+ab_configs() {
+    local tag=$1 reps=$2 specs=$3 picked=" $4 " rep spec p q lens c name envs
+    shift 4
+    for rep in $(seq "$reps"); do
+        for spec in $specs; do
+            IFS=: read -r p q lens <<<"$spec"
+            for c in "$@"; do
+                read -r name envs <<<"$c"
+                [[ $picked == *" $name "* ]] || continue
+                env $envs "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen 2048 --json "$OUT/$tag-$p-$q-$name-$rep.json" 2>&1 |
+                    grep -E "^\| qwen" | sed "s/^/$name /" | tee -a "$OUT/$tag.log"
+            done
+        done
+    done
+}
 # ncu_decode TAG KERNEL SKIP LEN TEST SECTION...: one launch of the kernels matching KERNEL (a regex), after SKIP of
 # them, in the gtest TEST run with QINFER_DECODE_TIMING_LEN=LEN, profiled by ncu with the named sections: details to
 # $OUT/TAG.txt, per-instruction samples (SASS) to $OUT/TAG-sass.csv.gz, ncu's own output to $OUT/TAG-run.txt, the

@@ -1,9 +1,10 @@
 # shellcheck shell=bash
 # A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
-# The fused prefill GEMM (qgemm_wgmma.cu: dequantization in registers, wgmma) against dequantize + cuBLASLt: the
+# The fused prefill GEMM (qgemm_wgmma.cu: dequantization into shared memory, wgmma) against dequantize + cuBLASLt: the
 # quantized and golden tests, the prefill GEMM timings of the 7B shapes at m 1024 (bf16 cuBLASLt on the same
 # weights in the same process) and the fused kernel against dequantize + cuBLASLt across m, then quantized rows under
-# QGEMM_CONFIGS (default "off all": QINFER_QGEMM=0, fused at every m; "m512": fused up to m 512) alternated
+# QGEMM_CONFIGS (default "off all": QINFER_QGEMM=0, fused at every m; "m512": fused up to m 512; since 7318dbd both
+# on weights of at least one 128-row tile per SM only, qgemm_pays) alternated
 # QGEMM_REPS times (default 2). QGEMM_PARTS (default "tests kernels rows") picks the parts, QGEMM_SPECS the rows
 # (preset:quant:lengths).
 parts=" ${QGEMM_PARTS:-tests kernels rows} "
@@ -17,16 +18,7 @@ if [[ $parts == *" kernels "* ]]; then
         grep -E "^\[ kernel \] (prefill|fused)" | tee "$OUT/qgemm-kernels.log"
 fi
 configs=("off QINFER_QGEMM=0" "all QINFER_QGEMM_MAX_M=1000000" "m512 QINFER_QGEMM_MAX_M=512")
-row_configs=" ${QGEMM_CONFIGS:-off all} "
-for rep in $(seq "${QGEMM_REPS:-2}"); do
-    [[ $parts == *" rows "* ]] || break
-    for spec in ${QGEMM_SPECS:-qwen2.5-7b:gptq-int4:30720 qwen2.5-7b:awq:30720 qwen2.5-7b:gptq-int8:30720}; do
-        IFS=: read -r p q lens <<<"$spec"
-        for c in "${configs[@]}"; do
-            read -r tag envs <<<"$c"
-            [[ $row_configs == *" $tag "* ]] || continue
-            env $envs "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen 2048 --json "$OUT/qgemm-$p-$q-$tag-$rep.json" 2>&1 |
-                grep -E "^\| qwen" | sed "s/^/$tag /" | tee -a "$OUT/qgemm.log"
-        done
-    done
-done
+if [[ $parts == *" rows "* ]]; then
+    ab_configs qgemm "${QGEMM_REPS:-2}" "${QGEMM_SPECS:-qwen2.5-7b:gptq-int4:30720 qwen2.5-7b:awq:30720 qwen2.5-7b:gptq-int8:30720}" \
+        "${QGEMM_CONFIGS:-off all}" "${configs[@]}"
+fi

@@ -23,16 +23,8 @@ for c in "${configs[@]}"; do
     env $envs build-device/tests/qinfer_tests --gtest_filter='CudaQuant.DecodeGemvTimings' 2>&1 |
         grep -E "^\[ kernel \] qgemv .*m 1 " | sed "s/^/$tag /" | tee -a "$OUT/qstage-kernels.log"
 done
-row_configs=" ${QSTAGE_ROW_CONFIGS:-old params both} "
-for rep in $(seq "${QSTAGE_REPS:-2}"); do
-    [[ $parts == *" rows "* ]] || break
-    for spec in ${QSTAGE_SPECS:-qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:gptq-int8:1 qwen2.5-7b:awq:1 qwen2.5-0.5b:gptq-int4:1}; do
-        IFS=: read -r p q lens <<<"$spec"
-        for c in "${configs[@]}"; do
-            read -r tag envs <<<"$c"
-            [[ $row_configs == *" $tag "* ]] || continue
-            env $envs "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen 2048 --json "$OUT/qstage-$p-$q-$tag-$rep.json" 2>&1 |
-                grep -E "^\| qwen" | sed "s/^/$tag /" | tee -a "$OUT/qstage.log"
-        done
-    done
-done
+if [[ $parts == *" rows "* ]]; then
+    ab_configs qstage "${QSTAGE_REPS:-2}" \
+        "${QSTAGE_SPECS:-qwen2.5-7b:gptq-int4:1,30720 qwen2.5-7b:gptq-int8:1 qwen2.5-7b:awq:1 qwen2.5-0.5b:gptq-int4:1}" \
+        "${QSTAGE_ROW_CONFIGS:-old params both}" "${configs[@]}"
+fi
