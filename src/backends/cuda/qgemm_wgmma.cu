@@ -18,10 +18,9 @@
 //     qgemv_ring.cuh), each made bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's
 //     16 (hi - zh) added, still exact), then times the group's fp16 scale in fp32, rounded once to bf16: the very
 //     value cuda::dequantize writes (s (q - z) in fp32, rounded), so this GEMM multiplies the same bf16 weights as
-//     dequantize + cuBLASLt. Then the MMAs are waited for (with a group left in flight across K blocks ptxas
-//     serialises the wgmmas, C7514), the stage goes back to the producer, and the warpgroup synchronises so its A
-//     tile is complete before the next MMAs.
-//   epilogue: the fp32 accumulators (rows x tokens) are written to shared memory transposed as bf16, then out in
+//     dequantize + cuBLASLt. Then the MMAs of kb - 1 are waited for (kb's stay in flight), that stage goes back
+//     to the producer, and the warpgroup synchronises so its A tile of kb + 1 is complete before the next MMAs.
+//   epilogue: the fp32 accumulators (rows x tokens) are written to shared memory transposed, then out as bf16 in
 //     16-byte row chunks of y (rows past n and tokens past m are not written).
 // Earlier forms, measured on an H100 (7B gate_up, m 1024; cuBLASLt 800 TFLOP/s on the same bf16 weights): A from the
 // consumers' registers, 516 TFLOP/s (ptxas serialised the MMAs whose register operands were being written, C7513,
@@ -52,11 +51,14 @@ template <int BN, int PLANES, int STAGES> struct QgemmSmem {
     static constexpr int a_bytes = k_bm * 128;           // A tile: [128 rows][64 K] bf16, 128-byte swizzle
     static constexpr int code_bytes = 8 * PLANES * 512;  // the 8 row blocks' codes of one K block
     static constexpr int stage_bytes = x_bytes + a_bytes + code_bytes;
-    static constexpr int out_ld = k_bm + 8;  // staged output: bf16 [BN tokens][out_ld], rows of the tile along it
+    // Staged output: fp32 [BN tokens][out_ld], rows of the tile along it (132: the warp's 4 token columns x 8 rows
+    // fall in distinct banks). fp32, not bf16: converting the accumulators to bf16 pairs in the epilogue made ptxas
+    // move them while an MMA group was in flight and serialise every wgmma (C7514).
+    static constexpr int out_ld = k_bm + 4;
     static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
     static constexpr size_t bytes = bar_offset + 2 * STAGES * sizeof(uint64_t) + 1024;  // + the base's alignment
     static_assert(stage_bytes % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
-    static_assert(size_t(BN) * out_ld * 2 <= bar_offset, "the staged output fits the stages");
+    static_assert(size_t(BN) * out_ld * 4 <= bar_offset, "the staged output fits the stages");
     static_assert(bytes <= 227 * 1024, "within a block's shared memory");
 };
 
@@ -70,6 +72,11 @@ struct Params {
 // The bf16 pair v (two exact integers q - z) times s in fp32, each rounded once to bf16.
 __device__ __forceinline__ uint32_t scale_pair(uint32_t v, float s) {
     const __nv_bfloat162 r = __floats2bfloat162_rn(__uint_as_float(v << 16) * s, __uint_as_float(v & 0xFFFF0000u) * s);
+    return *reinterpret_cast<const uint32_t *>(&r);
+}
+
+__device__ __forceinline__ uint32_t pack_rn(float lo, float hi) {
+    const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t *>(&r);
 }
 
@@ -221,22 +228,23 @@ __global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMat
             dequantize_block(kb + 1, p);
             if (kb + 2 < nkb) load_params(kb + 2, next);
         }
-        sm90::wgmma_wait<0>();
-        sm90::mbar_arrive(&empty[s]);
+        sm90::wgmma_wait<1>();
+        if (kb > 0) sm90::mbar_arrive(&empty[(kb + k_stages - 1) % k_stages]);
         sm90::named_barrier(1 + wg, 128);  // the warpgroup's A tile of kb + 1 is whole
     }
+    sm90::wgmma_wait<0>();
     sm90::fence_operands(d);
 
     // Epilogue: every stage is consumed (both warpgroups past their last wait), so the stages hold the output tile.
     sm90::named_barrier(3, k_consumer_threads);
-    bf16 * so = reinterpret_cast<bf16 *>(smem);
+    float * so = reinterpret_cast<float *>(smem);
     const int row_l = warp_idx * 16 + g;
 #pragma unroll
     for (int j = 0; j < BN / 8; j++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int tok = 8 * j + 2 * t + (e & 1), row = row_l + (e >= 2 ? 8 : 0);
-            so[tok * Layout::out_ld + row] = __float2bfloat16(d[4 * j + e]);
+            so[tok * Layout::out_ld + row] = d[4 * j + e];
         }
     }
     sm90::named_barrier(3, k_consumer_threads);
@@ -244,12 +252,13 @@ __global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMat
     for (int c = threadIdx.x; c < BN * (k_bm / 8); c += k_consumer_threads) {
         const int tok = c / (k_bm / 8), row = row_tile + (c % (k_bm / 8)) * 8;
         if (tok0 + tok >= m || row >= n) continue;
-        const bf16 * src = so + tok * Layout::out_ld + (row - row_tile);
+        const float * src = so + tok * Layout::out_ld + (row - row_tile);
         bf16 * dst = y + size_t(tok0 + tok) * n + row;
         if (n % 8 == 0) {
-            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+            const float4 lo = *reinterpret_cast<const float4 *>(src), hi = *reinterpret_cast<const float4 *>(src + 4);
+            *reinterpret_cast<uint4 *>(dst) = make_uint4(pack_rn(lo.x, lo.y), pack_rn(lo.z, lo.w), pack_rn(hi.x, hi.y), pack_rn(hi.z, hi.w));
         } else {
-            for (int i = 0; i < 8 && row + i < n; i++) dst[i] = src[i];
+            for (int i = 0; i < 8 && row + i < n; i++) dst[i] = __float2bfloat16(src[i]);
         }
     }
 #else
