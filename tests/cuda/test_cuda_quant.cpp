@@ -183,8 +183,9 @@ TEST(CudaQuant, FusedGemmMatchesCpu) {
                 const std::vector<uint16_t> xb = to_bf16(x);
                 bf16 * xp = dx.as<bf16>() + (odd ? 1 : 0);
                 cudaMemcpy(xp, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice);
-                DeviceBuffer scratch(std::max<size_t>(16, size_t(m) * dq.q.k_padded * 2), "test");
                 cuda::set_qgemm_tile(1 + checked % 3);  // every tile shape in turn
+                // Room for gathered inputs and split-K partial sums (so K is split where the grid is short of SMs).
+                DeviceBuffer scratch(size_t(m) * dq.q.k_padded * 2 + cuda::qgemm_scratch_bytes(dq.q, m), "test");
                 ASSERT_TRUE(cuda::qgemm(dq.q, xp, m, dy.as<bf16>(), scratch.get(), scratch.bytes(), nullptr)) << s.describe();
                 cuda::set_qgemm_tile(0);
                 const std::vector<float> got = download_bf16(dy, size_t(m) * n);
@@ -240,7 +241,8 @@ TEST(CudaQuant, PrefillGemmTimings) {
                         name, format, m, n, k, bf16_ms, flop / bf16_ms / 1e9, dq_ms, dq_bytes / dq_ms / 1e6, quant_ms, flop / quant_ms / 1e9,
                         100.0 * bf16_ms / quant_ms);
             if (cuda::qgemm_applies(dq.q)) {
-                const double fused_ms = time_ms(10, [&] { cuda::qgemm(dq.q, x.as<bf16>(), m, y.as<bf16>(), nullptr, 0, nullptr); }, 1);
+                DeviceBuffer scratch(std::max<size_t>(16, cuda::qgemm_scratch_bytes(dq.q, m)), "test");
+                const double fused_ms = time_ms(10, [&] { cuda::qgemm(dq.q, x.as<bf16>(), m, y.as<bf16>(), scratch.get(), scratch.bytes(), nullptr); }, 1);
                 std::printf(", fused %.3f ms (%.0f TFLOP/s, %.0f%%)", fused_ms, flop / fused_ms / 1e9, 100.0 * bf16_ms / fused_ms);
             }
             std::printf("\n");
@@ -271,7 +273,10 @@ TEST(CudaQuant, FusedGemmByMTimings) {
                 std::printf("[ kernel ] fused GEMM by m %-7s %-9s m %4d: dequantize+GEMM %.4f ms, fused", name, format, m, split_ms);
                 for (int tile = 1; tile <= 3; tile++) {
                     cuda::set_qgemm_tile(tile);
-                    const double fused_ms = time_ms(10, [&] { cuda::qgemm(dq.q, x.as<bf16>(), m, y.as<bf16>(), nullptr, 0, nullptr); }, 1);
+                    DeviceBuffer scratch(std::max<size_t>(16, cuda::qgemm_scratch_bytes(dq.q, m)), "test");  // split-K sums
+                    const double fused_ms = time_ms(10, [&] {
+                        cuda::qgemm(dq.q, x.as<bf16>(), m, y.as<bf16>(), scratch.get(), scratch.bytes(), nullptr);
+                    }, 1);
                     std::printf(" tile %d %.4f ms (%.2fx)", tile, fused_ms, split_ms / fused_ms);
                 }
                 cuda::set_qgemm_tile(0);

@@ -29,6 +29,9 @@
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered / padded into bf16 [m, k_padded] first.
 #include <cuda.h>
 
+#include <algorithm>
+#include <climits>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
@@ -131,7 +134,8 @@ __device__ __forceinline__ void dequantize_fragments(const uint4 (&codes)[PLANES
 #endif
 
 template <int BN, int PLANES, int STAGES, int BLOCKS>
-__global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, const __grid_constant__ CUtensorMap x_map) {
+__global__ void __launch_bounds__(k_threads, BLOCKS)
+    qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, float * partial, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int k_stages = STAGES;
     using Layout = QgemmSmem<BN, PLANES, STAGES>;
@@ -143,7 +147,9 @@ __global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMat
     auto a_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes; };
     auto code_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes + Layout::a_bytes; };
 
+    // Split K (gridDim.z > 1): block z multiplies K blocks [kb0, kb1) and writes fp32 partial sums to partial[z].
     const int nkb = w.k_padded / 64, n_rb = w.rows_padded / 16;
+    const int kb0 = int(blockIdx.z) * nkb / int(gridDim.z), kb1 = (int(blockIdx.z) + 1) * nkb / int(gridDim.z), nk = kb1 - kb0;
     const int tok0 = blockIdx.x * BN, rb0 = blockIdx.y * (k_bm / 16), present = min(k_bm / 16, n_rb - rb0);
     const int warp_idx = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);  // uniform for ptxas
     const int lane = threadIdx.x % 32;
@@ -153,9 +159,9 @@ __global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMat
     if (warp_idx == 8) {  // the producer
         const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);
         if (lane == 0) sm90::prefetch_tensor_map(&x_map);
-        for (int kb = 0; kb < nkb; kb++) {
-            const int s = kb % k_stages;
-            if (kb >= k_stages) sm90::mbar_wait(&empty[s], (kb / k_stages - 1) & 1);
+        for (int i = 0; i < nk; i++) {
+            const int kb = kb0 + i, s = i % k_stages;
+            if (i >= k_stages) sm90::mbar_wait(&empty[s], (i / k_stages - 1) & 1);
             if (lane == 0) {
                 sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Layout::x_bytes + present * PLANES * 512));
                 sm90::tma_load_2d(x_tile(s), &x_map, &full[s], kb * 64, tok0);
@@ -186,10 +192,10 @@ __global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMat
     };
     // stmatrix addresses: lane l gives row l % 8 of matrix l / 8 (registers 0..3: rows 0-7 / 8-15 x k 0-7 / 8-15).
     const int st_row = rbl * 16 + lane % 8 + 8 * ((lane / 8) & 1), st_chunk = lane / 16;
-    // K block kb's codes (once landed) into its stage's A tile, this warp's 16 rows.
-    auto dequantize_block = [&](int kb, const Params & p) {
-        const int s = kb % k_stages;
-        sm90::mbar_wait(&full[s], (kb / k_stages) & 1);
+    // The split's i-th K block's codes (once landed) into its stage's A tile, this warp's 16 rows.
+    auto dequantize_block = [&](int i, const Params & p) {
+        const int s = i % k_stages;
+        sm90::mbar_wait(&full[s], (i / k_stages) & 1);
         if (mine) {
             uint4 codes[PLANES];
 #pragma unroll
@@ -207,29 +213,29 @@ __global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMat
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
     Params next = {};
-    load_params(0, next);
+    load_params(kb0, next);
     {
         const Params p = next;
         dequantize_block(0, p);
-        if (nkb > 1) load_params(1, next);
+        if (nk > 1) load_params(kb0 + 1, next);
     }
     sm90::named_barrier(1 + wg, 128);
-    for (int kb = 0; kb < nkb; kb++) {
-        const int s = kb % k_stages;
+    for (int i = 0; i < nk; i++) {
+        const int s = i % k_stages;
         const uint32_t a_addr = sm90::smem_addr(a_tile(s)) + wg * 64 * 128, x_addr = sm90::smem_addr(x_tile(s));
         sm90::wgmma_fence();
 #pragma unroll
         for (int j = 0; j < 4; j++) wgmma_ss<BN>(d, sm90::desc128(a_addr + j * 32, 16, 1024), sm90::desc128(x_addr + j * 32, 16, 1024));
         sm90::wgmma_commit();
-        if (kb + 1 < nkb) {
+        if (i + 1 < nk) {
             // The next parameters are requested after dequantize_block's proxy fence, which would otherwise wait for
             // them (a guess from the first timings: ~0.9 us per K block at any m, far above the MMAs' time).
             const Params p = next;
-            dequantize_block(kb + 1, p);
-            if (kb + 2 < nkb) load_params(kb + 2, next);
+            dequantize_block(i + 1, p);
+            if (i + 2 < nk) load_params(kb0 + i + 2, next);
         }
         sm90::wgmma_wait<1>();
-        if (kb > 0) sm90::mbar_arrive(&empty[(kb + k_stages - 1) % k_stages]);
+        if (i > 0) sm90::mbar_arrive(&empty[(i + k_stages - 1) % k_stages]);
         sm90::named_barrier(1 + wg, 128);  // the warpgroup's A tile of kb + 1 is whole
     }
     sm90::wgmma_wait<0>();
@@ -253,6 +259,16 @@ __global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMat
         const int tok = c / (k_bm / 8), row = row_tile + (c % (k_bm / 8)) * 8;
         if (tok0 + tok >= m || row >= n) continue;
         const float * src = so + tok * Layout::out_ld + (row - row_tile);
+        if (partial) {  // this split's fp32 sums, added up by qgemm_reduce_kernel
+            float * dst = partial + (size_t(blockIdx.z) * m + tok0 + tok) * n + row;
+            if (n % 8 == 0) {
+                reinterpret_cast<float4 *>(dst)[0] = reinterpret_cast<const float4 *>(src)[0];
+                reinterpret_cast<float4 *>(dst)[1] = reinterpret_cast<const float4 *>(src)[1];
+            } else {
+                for (int i = 0; i < 8 && row + i < n; i++) dst[i] = src[i];
+            }
+            continue;
+        }
         bf16 * dst = y + size_t(tok0 + tok) * n + row;
         if (n % 8 == 0) {
             const float4 lo = *reinterpret_cast<const float4 *>(src), hi = *reinterpret_cast<const float4 *>(src + 4);
@@ -266,20 +282,55 @@ __global__ void __launch_bounds__(k_threads, BLOCKS) qgemm_wgmma_kernel(QuantMat
 #endif
 }
 
+// y = the sum of the splits' partial sums, in split order: partial fp32 [splits, m * n].
+__global__ void qgemm_reduce_kernel(const float * partial, int splits, size_t mn, bf16 * y) {
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < mn; i += size_t(gridDim.x) * blockDim.x) {
+        float sum = 0.0f;
+        for (int z = 0; z < splits; z++) sum += partial[size_t(z) * mn + i];
+        y[i] = __float2bfloat16(sum);
+    }
+}
+
 template <int BN, int PLANES, int STAGES, int BLOCKS>
-void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, cudaStream_t stream) {
+void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, kx, BN)) QINFER_FAIL() << "qgemm: the tensor map of x [" << m << ", " << kx << "] was refused";
     constexpr size_t smem = QgemmSmem<BN, PLANES, STAGES>::bytes;
     static_assert(smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
     static size_t configured = 0;  // once per instantiation
     allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS>, smem, configured);
-    const dim3 grid((m + BN - 1) / BN, (w.rows_padded / 16 + k_bm / 16 - 1) / (k_bm / 16));
-    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, x_map);
+    const dim3 grid((m + BN - 1) / BN, (w.rows_padded / 16 + k_bm / 16 - 1) / (k_bm / 16), splits);
+    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, splits > 1 ? partial : nullptr, x_map);
     CUDA_CHECK(cudaGetLastError());
+    if (splits > 1) {
+        const size_t mn = size_t(m) * w.rows;
+        qgemm_reduce_kernel<<<int(std::min<size_t>((mn + 255) / 256, 4096)), 256, 0, stream>>>(partial, splits, mn, y);
+        CUDA_CHECK(cudaGetLastError());
+    }
 }
 
+// A launch's shape: the tile (1 = 256 tokens, 2 = 128, 3 = 128 with two blocks per SM; set_qgemm_tile overrides) and
+// the K splits: where the grid has fewer blocks than SMs (qkv, o_proj and down of 7B: 28-36 row tiles), K is split
+// until it does, at least 4 K blocks per split.
+struct Shape {
+    int tile, bn, splits;
+};
 int tile_override = 0;  // set_qgemm_tile
+Shape shape_for(const QuantMatrix & w, int m) {
+    Shape sh;
+    sh.tile = tile_override ? tile_override : m > 128 ? 1 : w.bits == 4 ? 3 : 2;
+    if (w.bits != 4 && sh.tile == 3) sh.tile = 2;
+    sh.bn = sh.tile == 1 ? 256 : 128;
+    const int blocks = ((m + sh.bn - 1) / sh.bn) * ((w.rows_padded / 16 + k_bm / 16 - 1) / (k_bm / 16));
+    const int slots = sm_count() * (sh.tile == 3 ? 2 : 1), most = std::max(1, (w.k_padded / 64) / 4);
+    sh.splits = std::min(most, std::max(1, (slots + blocks - 1) / blocks));
+    return sh;
+}
+size_t partial_bytes(const QuantMatrix & w, int m) {
+    const Shape sh = shape_for(w, m);
+    return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
+}
+size_t gather_bytes(const QuantMatrix & w, int m) { return size_t(m) * w.k_padded * sizeof(bf16); }
 
 // x goes to the tensor copies as it is when its rows are the tile layout's K order, 16-byte aligned.
 bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
@@ -293,8 +344,13 @@ bool qgemm_applies(const QuantMatrix & w) {
     return !off && sm90a_device() && w.tiled && !w.lut && (w.bits == 4 || w.bits == 8) && w.group > 0;
 }
 
+// Scratch: the gathered inputs (act-order, k % 8) first, then the splits' partial sums. For any m' <= m: the most
+// partial sums fill one token tile (m' 128 or 256) or all m rows.
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m) {
-    return qgemm_applies(w) && (w.perm || w.k % 8 != 0) ? size_t(m) * w.k_padded * sizeof(bf16) : 0;
+    if (!qgemm_applies(w)) return 0;
+    size_t partials = 0;
+    for (int mm : {m, std::min(m, 128), std::min(m, 256)}) partials = std::max(partials, partial_bytes(w, mm));
+    return (w.perm || w.k % 8 != 0 ? gather_bytes(w, m) : 0) + partials;
 }
 
 int qgemm_max_m() {
@@ -305,7 +361,8 @@ int qgemm_max_m() {
 // On an H100 (bench/results/2026-11-27-h100-qgemm, 7B shapes, GPTQ-Int4) the fused kernel beat dequantize +
 // cuBLASLt on gate_up (296 row tiles) up to m 1024 (m 16-128: 2.2-2.4x, 512: 1.3x, 1024: 1.04x, 4096: 0.74x), and
 // lost at every m on qkv, o_proj and down (28-36 row tiles, fewer blocks than SMs: each block walks all of K at
-// ~0.8 us per K block). Hence: rows for at least one block per SM, m up to qgemm_max_m.
+// ~0.8 us per K block), before K was split for them. (Branch: split K should let those win too at small m; the
+// row-tile condition stays until that is measured.)
 bool qgemm_pays(const QuantMatrix & w, int m) {
     return qgemm_applies(w) && m <= qgemm_max_m() && (w.rows_padded + k_bm - 1) / k_bm >= sm_count();
 }
@@ -313,8 +370,10 @@ bool qgemm_pays(const QuantMatrix & w, int m) {
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_applies(w) || m <= 0) return false;
     int kx = w.k;
-    if (!x_direct(w, x)) {
-        if (!scratch || scratch_bytes < size_t(m) * w.k_padded * sizeof(bf16)) return false;
+    const bool gather = !x_direct(w, x);
+    const size_t gathered = gather ? gather_bytes(w, m) : 0;
+    if (gather) {
+        if (!scratch || scratch_bytes < gathered) return false;
         GemvArgs a;
         a.x = x;
         a.k = w.k;
@@ -325,15 +384,22 @@ bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratc
         kx = w.k_padded;
     }
     // Tiles: 256 tokens, one block per SM, where m fills them; else 128 tokens, and for 4-bit codes two blocks per SM
-    // of three stages each (one block's MMA waits and epilogue overlap the other's work).
-    const int tile = tile_override ? tile_override : m > 128 ? 1 : w.bits == 4 ? 3 : 2;
+    // of three stages each (one block's MMA waits and epilogue overlap the other's work). K split where the grid is
+    // short of the SMs and the scratch holds the partial sums (else one split).
+    Shape sh = shape_for(w, m);
+    float * partial = nullptr;
+    if (sh.splits > 1) {
+        const size_t need = size_t(sh.splits) * m * w.rows * sizeof(float);
+        if (scratch && scratch_bytes >= gathered + need) partial = reinterpret_cast<float *>(static_cast<unsigned char *>(scratch) + gathered);
+        else sh.splits = 1;
+    }
     if (w.bits == 4) {
-        if (tile == 1) launch<256, 1, 4, 1>(w, x, kx, m, y, stream);
-        else if (tile == 2) launch<128, 1, 4, 1>(w, x, kx, m, y, stream);
-        else launch<128, 1, 3, 2>(w, x, kx, m, y, stream);
+        if (sh.tile == 1) launch<256, 1, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
+        else if (sh.tile == 2) launch<128, 1, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
+        else launch<128, 1, 3, 2>(w, x, kx, m, y, sh.splits, partial, stream);
     } else {
-        if (tile == 1) launch<256, 2, 4, 1>(w, x, kx, m, y, stream);
-        else launch<128, 2, 4, 1>(w, x, kx, m, y, stream);
+        if (sh.tile == 1) launch<256, 2, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
+        else launch<128, 2, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
     }
     return true;
 }
