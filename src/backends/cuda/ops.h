@@ -83,7 +83,8 @@ void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 bool qgemm_applies(const QuantMatrix & w);
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m);
 // The engine's rule: qgemm for m up to qgemm_max_m (QINFER_QGEMM_MAX_M, default 512) on weights of at least one
-// 128-row tile per SM; dequantize + cuBLASLt otherwise (faster there, measured: qgemm_wgmma.cu).
+// 128-row tile per SM, and up to qgemm_split_max_m (QINFER_QGEMM_SPLIT_MAX_M, 128) where K splits fill the SMs;
+// dequantize + cuBLASLt otherwise (faster there, measured: qgemm_wgmma.cu).
 int qgemm_max_m();
 bool qgemm_pays(const QuantMatrix & w, int m);
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);

@@ -2,8 +2,8 @@
 // tile by tile into shared memory on its way into warpgroup MMAs, never written to global memory (the dequantize +
 // cuBLASLt path writes and re-reads 2 bytes per weight, 0.19 ms for 7B's gate_up at any m). Measured on an H100
 // (bench/results/2026-11-27-h100-qgemm): 7B gate_up 2.2-2.4x faster than dequantize + cuBLASLt at m <= 128, 1.3x at
-// 512, level at 1024 (68% of bf16 cuBLASLt on the same weights), slower beyond; slower at every m on weights of fewer
-// row tiles than SMs. The engine's rule (qgemm_pays) follows that.
+// 512, level at 1024 (68% of bf16 cuBLASLt on the same weights), slower beyond; weights of fewer row tiles than SMs
+// only with K split and at small m. The engine's rule (qgemm_pays) follows that.
 //
 // The weights are the A operand (rows of W along the MMA's M), the tokens the B operand:
 //   block (token tile, row tile): 128 rows of W x BN tokens (BN 128 or 256), K in steps of 64 (one K block of the
@@ -18,10 +18,14 @@
 //     qgemv_ring.cuh), each made bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's
 //     16 (hi - zh) added, still exact), then times the group's fp16 scale in fp32, rounded once to bf16: the very
 //     value cuda::dequantize writes (s (q - z) in fp32, rounded), so this GEMM multiplies the same bf16 weights as
-//     dequantize + cuBLASLt. Then the MMAs of kb - 1 are waited for (kb's stay in flight), that stage goes back
-//     to the producer, and the warpgroup synchronises so its A tile of kb + 1 is complete before the next MMAs.
+//     dequantize + cuBLASLt. Then the MMAs are waited for, the stage goes back to the producer, and the warpgroup
+//     synchronises so its A tile is complete before the next MMAs. (One group left in flight across K blocks, the
+//     stage released a K block later, was slower on an H100: 7B Int4 gate_up at m 1024 0.517 -> 0.533 ms, at m 128
+//     with three stages 0.126 -> 0.178; bench/results/2026-11-28-h100-qgemm-splitk.)
 //   epilogue: the fp32 accumulators (rows x tokens) are written to shared memory transposed, then out as bf16 in
-//     16-byte row chunks of y (rows past n and tokens past m are not written).
+//     16-byte row chunks of y (rows past n and tokens past m are not written), or as fp32 partial sums of a K split.
+//   split K: where the grid has fewer blocks than SMs (7B's qkv, o_proj, down: 28-36 row tiles) each block takes a
+//     contiguous share of the K blocks and a second kernel adds the splits' sums in split order.
 // Earlier forms, measured on an H100 (7B gate_up, m 1024; cuBLASLt 800 TFLOP/s on the same bf16 weights): A from the
 // consumers' registers, 516 TFLOP/s (ptxas serialised the MMAs whose register operands were being written, C7513,
 // so dequantization and MMAs alternated); a separate warpgroup of three dequantizing warps, 411 (too few warps).
@@ -55,8 +59,7 @@ template <int BN, int PLANES, int STAGES> struct QgemmSmem {
     static constexpr int code_bytes = 8 * PLANES * 512;  // the 8 row blocks' codes of one K block
     static constexpr int stage_bytes = x_bytes + a_bytes + code_bytes;
     // Staged output: fp32 [BN tokens][out_ld], rows of the tile along it (132: the warp's 4 token columns x 8 rows
-    // fall in distinct banks). fp32, not bf16: converting the accumulators to bf16 pairs in the epilogue made ptxas
-    // move them while an MMA group was in flight and serialise every wgmma (C7514).
+    // fall in distinct banks); fp32 for the K splits' partial sums, rounded to bf16 on the way out otherwise.
     static constexpr int out_ld = k_bm + 4;
     static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
     static constexpr size_t bytes = bar_offset + 2 * STAGES * sizeof(uint64_t) + 1024;  // + the base's alignment
@@ -234,11 +237,10 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
             dequantize_block(i + 1, p);
             if (i + 2 < nk) load_params(kb0 + i + 2, next);
         }
-        sm90::wgmma_wait<1>();
-        if (i > 0) sm90::mbar_arrive(&empty[(i + k_stages - 1) % k_stages]);
+        sm90::wgmma_wait<0>();
+        sm90::mbar_arrive(&empty[s]);
         sm90::named_barrier(1 + wg, 128);  // the warpgroup's A tile of kb + 1 is whole
     }
-    sm90::wgmma_wait<0>();
     sm90::fence_operands(d);
 
     // Epilogue: every stage is consumed (both warpgroups past their last wait), so the stages hold the output tile.
@@ -361,10 +363,19 @@ int qgemm_max_m() {
 // On an H100 (bench/results/2026-11-27-h100-qgemm, 7B shapes, GPTQ-Int4) the fused kernel beat dequantize +
 // cuBLASLt on gate_up (296 row tiles) up to m 1024 (m 16-128: 2.2-2.4x, 512: 1.3x, 1024: 1.04x, 4096: 0.74x), and
 // lost at every m on qkv, o_proj and down (28-36 row tiles, fewer blocks than SMs: each block walks all of K at
-// ~0.8 us per K block), before K was split for them. (Branch: split K should let those win too at small m; the
-// row-tile condition stays until that is measured.)
+// ~0.8 us per K block). With K split for those, they win at m <= 128 (bench/results/2026-11-28-h100-qgemm-splitk).
+// Hence: m up to qgemm_max_m on weights of at least one row tile per SM; m up to qgemm_split_max_m
+// (QINFER_QGEMM_SPLIT_MAX_M, default 128) where the K splits fill the SMs.
+int qgemm_split_max_m() {
+    static const int v = env_int("QINFER_QGEMM_SPLIT_MAX_M", 128);
+    return v;
+}
 bool qgemm_pays(const QuantMatrix & w, int m) {
-    return qgemm_applies(w) && m <= qgemm_max_m() && (w.rows_padded + k_bm - 1) / k_bm >= sm_count();
+    if (!qgemm_applies(w) || m > qgemm_max_m()) return false;
+    const int row_tiles = (w.rows_padded + k_bm - 1) / k_bm;
+    if (row_tiles >= sm_count()) return true;
+    const Shape sh = shape_for(w, m);
+    return m <= qgemm_split_max_m() && ((m + sh.bn - 1) / sh.bn) * row_tiles * sh.splits >= sm_count();
 }
 
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
