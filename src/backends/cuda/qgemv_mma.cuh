@@ -84,7 +84,9 @@ template <bool LUT> __device__ __forceinline__ float tile_weight(const QuantMatr
 // are loaded once per tile.
 constexpr int k_dequant_tiles = 4;
 
-template <int PLANES, bool LUT> __global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantMatrix w, bf16 * out) {
+// LINES: eight lanes per row in the stores (whole lines per instruction); else two lanes per row, 16 rows at once.
+template <int PLANES, bool LUT, bool LINES>
+__global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantMatrix w, bf16 * out) {
     constexpr int ld = 72;  // tile row stride in bf16 (144 bytes: 16-byte aligned, conflict-free both ways)
     constexpr int T = k_dequant_tiles;
     __shared__ __align__(16) bf16 tile[k_warps][16 * ld];
@@ -156,13 +158,24 @@ template <int PLANES, bool LUT> __global__ void __launch_bounds__(k_threads) deq
             }
         }
         __syncwarp();
-        const int r = lane / 2, half = lane % 2;
-        const int64_t row = rb * 16 + r;
-        if (row < w.rows) {
+        if constexpr (LINES) {
+            // Eight lanes per row: each store instruction writes four rows' whole 128-byte lines.
+            const int col = (lane % 8) * 8, pos = kb * 64 + col;
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                const int col = half * 32 + 8 * u, pos = kb * 64 + col;
-                if (pos < w.k) *reinterpret_cast<uint4 *>(out + row * w.k + pos) = *reinterpret_cast<const uint4 *>(tw + r * ld + col);
+                const int r = 4 * u + lane / 8;
+                const int64_t row = rb * 16 + r;
+                if (row < w.rows && pos < w.k) *reinterpret_cast<uint4 *>(out + row * w.k + pos) = *reinterpret_cast<const uint4 *>(tw + r * ld + col);
+            }
+        } else {
+            const int r = lane / 2, half = lane % 2;
+            const int64_t row = rb * 16 + r;
+            if (row < w.rows) {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int col = half * 32 + 8 * u, pos = kb * 64 + col;
+                    if (pos < w.k) *reinterpret_cast<uint4 *>(out + row * w.k + pos) = *reinterpret_cast<const uint4 *>(tw + r * ld + col);
+                }
             }
         }
         __syncwarp();
