@@ -1,9 +1,9 @@
 // Prefill GEMM for tiled 4- and 8-bit affine weights on Hopper (sm_90a): y[m, n] = x[m, k] W^T with W dequantized
 // tile by tile into shared memory on its way into warpgroup MMAs, never written to global memory (the dequantize +
 // cuBLASLt path writes and re-reads 2 bytes per weight, 0.19 ms for 7B's gate_up at any m). Measured on an H100
-// (bench/results/2026-11-27-h100-qgemm): 7B gate_up 2.2-2.4x faster than dequantize + cuBLASLt at m <= 128, 1.3x at
-// 512, level at 1024 (68% of bf16 cuBLASLt on the same weights), slower beyond; weights of fewer row tiles than SMs
-// only with K split and at small m. The engine's rule (qgemm_pays) follows that.
+// (bench/results/2026-11-27-h100-qgemm, -27-h100-qgemm-splitk): 7B gate_up 1.9x faster than dequantize + cuBLASLt at
+// m 64-128, 1.07x at 512, slower from 1024 (66% of bf16 cuBLASLt on the same weights, the split path 73%); weights of
+// fewer row tiles than SMs only with K split, at small m and long K. The engine's rule (qgemm_pays) follows that.
 //
 // The weights are the A operand (rows of W along the MMA's M), the tokens the B operand:
 //   block (token tile, row tile): 128 rows of W x BN tokens (BN 128 or 256), K in steps of 64 (one K block of the
@@ -21,7 +21,7 @@
 //     dequantize + cuBLASLt. Then the MMAs are waited for, the stage goes back to the producer, and the warpgroup
 //     synchronises so its A tile is complete before the next MMAs. (One group left in flight across K blocks, the
 //     stage released a K block later, was slower on an H100: 7B Int4 gate_up at m 1024 0.517 -> 0.533 ms, at m 128
-//     with three stages 0.126 -> 0.178; bench/results/2026-11-28-h100-qgemm-splitk.)
+//     with three stages 0.126 -> 0.178; bench/results/2026-11-27-h100-qgemm-splitk.)
 //   epilogue: the fp32 accumulators (rows x tokens) are written to shared memory transposed, then out as bf16 in
 //     16-byte row chunks of y (rows past n and tokens past m are not written), or as fp32 partial sums of a K split.
 //   split K: where the grid has fewer blocks than SMs (7B's qkv, o_proj, down: 28-36 row tiles) each block takes a
@@ -360,12 +360,13 @@ int qgemm_max_m() {
     return max_m;
 }
 
-// On an H100 (bench/results/2026-11-27-h100-qgemm, 7B shapes, GPTQ-Int4) the fused kernel beat dequantize +
-// cuBLASLt on gate_up (296 row tiles) up to m 1024 (m 16-128: 2.2-2.4x, 512: 1.3x, 1024: 1.04x, 4096: 0.74x), and
-// lost at every m on qkv, o_proj and down (28-36 row tiles, fewer blocks than SMs: each block walks all of K at
-// ~0.8 us per K block). With K split for those, they win at m <= 128 (bench/results/2026-11-28-h100-qgemm-splitk).
-// Hence: m up to qgemm_max_m on weights of at least one row tile per SM; m up to qgemm_split_max_m
-// (QINFER_QGEMM_SPLIT_MAX_M, default 128) where the K splits fill the SMs.
+// On an H100 (bench/results/2026-11-27-h100-qgemm-splitk, 7B shapes, against dequantize + cuBLASLt with the
+// whole-line dequantize stores) the fused kernel wins on gate_up (296 row tiles) up to m 512 (Int4 m 64-128: 1.9x,
+// 256: 1.4x, 512: 1.07x; Int8 1.5x / 1.3x / 1.0x). With K split, down (k 18944) wins at m <= 128 (Int4 1.6x, Int8
+// 1.1x); qkv and o_proj (k 3584, 6-10 K blocks per split) mostly lose (Int4 qkv 1.25x at m 16, 0.94x at 128; Int8
+// 0.85-0.97x). Hence: m up to qgemm_max_m on weights of at least one row tile per SM; m up to qgemm_split_max_m
+// (QINFER_QGEMM_SPLIT_MAX_M, default 128) where the K splits fill the SMs with at least k_split_min_kb K blocks each.
+constexpr int k_split_min_kb = 16;
 int qgemm_split_max_m() {
     static const int v = env_int("QINFER_QGEMM_SPLIT_MAX_M", 128);
     return v;
@@ -375,7 +376,8 @@ bool qgemm_pays(const QuantMatrix & w, int m) {
     const int row_tiles = (w.rows_padded + k_bm - 1) / k_bm;
     if (row_tiles >= sm_count()) return true;
     const Shape sh = shape_for(w, m);
-    return m <= qgemm_split_max_m() && ((m + sh.bn - 1) / sh.bn) * row_tiles * sh.splits >= sm_count();
+    return m <= qgemm_split_max_m() && ((m + sh.bn - 1) / sh.bn) * row_tiles * sh.splits >= sm_count() &&
+           (w.k_padded / 64) / sh.splits >= k_split_min_kb;
 }
 
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <type_traits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -345,23 +344,17 @@ void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
     if (w.tiled) {
         // QINFER_DEQUANT=scatter: the per-word kernel for every tiled matrix (timing the two in one run).
         static const bool scatter = env_is("QINFER_DEQUANT", "scatter");
-        // QINFER_DEQUANT=pairs: two lanes per row in the stores (the form before whole-line stores), for A/B timing.
-        static const bool pairs = env_is("QINFER_DEQUANT", "pairs");
         if (!w.perm && w.k % 8 == 0 && !scatter) {
             const int64_t tasks = int64_t(w.rows_padded / 16) * (w.k_padded / 64);
             const int64_t per_block = int64_t(mma4::k_warps) * mma4::k_dequant_tiles;
             const unsigned blocks = unsigned((tasks + per_block - 1) / per_block);
-            auto run = [&](auto lines) {
-                if (w.lut) {
-                    mma4::dequantize_tiled_rows_kernel<1, true, lines.value><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
-                } else if (w.bits == 8) {
-                    mma4::dequantize_tiled_rows_kernel<2, false, lines.value><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
-                } else {
-                    mma4::dequantize_tiled_rows_kernel<1, false, lines.value><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
-                }
-            };
-            if (pairs) run(std::false_type{});
-            else run(std::true_type{});
+            if (w.lut) {
+                mma4::dequantize_tiled_rows_kernel<1, true><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
+            } else if (w.bits == 8) {
+                mma4::dequantize_tiled_rows_kernel<2, false><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
+            } else {
+                mma4::dequantize_tiled_rows_kernel<1, false><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
+            }
             CUDA_CHECK(cudaGetLastError());
             return;
         }
