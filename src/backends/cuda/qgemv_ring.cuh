@@ -1,9 +1,7 @@
 // Tensor-core GEMV for 4- and 8-bit affine weights in the tile layout of model/quant_repack.h (up to 8 tokens), built
-// for memory-level parallelism: every warp keeps a ring of 16-byte loads of codes in flight, requesting a block as
-// soon as the one in its slot is multiplied, so the loads never drain between batches. The ring lives in registers
-// (k_ring: 6 64-wide K blocks of 4-bit codes, 3 of 8-bit) or, where the shared memory fits (qgemv_ring_launch.cuh),
-// in each thread's own slots of shared memory filled by cp.async (ASYNC: k_ring_async, twice as many, no registers;
-// a thread reads only the slots it filled, so cp.async.wait_group alone orders them).
+// for memory-level parallelism: every warp keeps a ring of k_ring 16-byte loads of codes in flight (6 64-wide K
+// blocks of 4-bit codes, 3 of 8-bit), requesting a block as soon as the one in its slot is multiplied, so the loads
+// never drain between batches.
 //
 // A warp owns one 16-row block of one matrix (gate or up for the fused SwiGLU projection) over 1/KS of K; a block of
 // 8 warps holds RBB row blocks x MATS matrices x KS parts and adds the parts up in shared memory. Few registers
@@ -43,16 +41,7 @@ constexpr int k_blocks_per_sm = 3;    // the launch bound the register budget is
 // for grids of at most two blocks per SM (7B's down and o_proj: 224 blocks), whose warps each stream a long stretch
 // of K with the SMs part-empty; a launch bound of two blocks per SM leaves the registers for it.
 constexpr int k_ring_deep = 12;
-// The shared-memory ring (ASYNC): each lane's codes copied by cp.async into its own 16-byte slots of shared memory, so
-// the loads in flight cost no registers: k_ring_async per lane at three blocks per SM (twice the register ring), and
-// k_ring_async_deep at two where the deep ring applies.
-constexpr int k_ring_async = 12;
-constexpr int k_ring_async_deep = 14;
-template <int RINGK, bool ASYNC = false> constexpr int blocks_per_sm_for() {
-    return RINGK > (ASYNC ? k_ring_async : k_ring) ? 2 : k_blocks_per_sm;
-}
-// Bytes of the shared-memory ring of RINGK 16-byte slots per thread.
-__host__ __device__ constexpr size_t async_ring_bytes(int ringk) { return size_t(ringk) * k_threads * 16; }
+template <int RINGK> constexpr int blocks_per_sm_for() { return RINGK > k_ring ? 2 : k_blocks_per_sm; }
 constexpr int k_max_stage_bytes = 48 * 1024;  // largest input staged in shared memory (bf16 [m, k_padded])
 
 static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over qstage::k_threads threads");
@@ -136,8 +125,8 @@ __device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb
 // then for Lookup4 the pair table (uint32 [256, 32]).
 __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
 
-template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring, bool ASYNC = false>
-__global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
+template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring>
+__global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
     constexpr int PLANES = planes_of(C);     // 16-byte loads per lane and 64-wide K block
     constexpr int RING = RINGK / PLANES;     // K blocks in flight
@@ -160,24 +149,14 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
     // Plane p of K block kb at src + kb * TILE + p * 32.
     const uint4 * src = reinterpret_cast<const uint4 *>(w.codes) + size_t(grb) * nkb * TILE + lane;
 
-    // The first RING blocks of codes, requested before anything else: into registers, or (ASYNC) into the thread's
-    // slots at the start of shared memory ([RING * PLANES][k_threads] uint4), one cp.async group per K block.
-    uint4 ring[ASYNC ? 1 : RING][PLANES];
-    uint4 * const slots = smem_raw + threadIdx.x;  // ASYNC: slot (u, p) at slots[(u * PLANES + p) * k_threads]
-    const uint4 * const codes0 = reinterpret_cast<const uint4 *>(w.codes);  // a valid address for empty copies
+    // The first RING blocks of codes, requested before anything else.
+    uint4 ring[RING][PLANES];
 #pragma unroll
     for (int u = 0; u < RING; u++) {
-        const bool ok = active && kb_begin + u < kb_end;
 #pragma unroll
         for (int p = 0; p < PLANES; p++) {
-            const uint4 * from = src + size_t(kb_begin + u) * TILE + p * 32;
-            if constexpr (ASYNC) {
-                cp_async16(slots + (u * PLANES + p) * k_threads, ok ? from : codes0, ok);
-            } else {
-                ring[u][p] = ok ? mma4::load_stream(from) : make_uint4(0, 0, 0, 0);
-            }
+            ring[u][p] = active && kb_begin + u < kb_end ? mma4::load_stream(src + size_t(kb_begin + u) * TILE + p * 32) : make_uint4(0, 0, 0, 0);
         }
-        if constexpr (ASYNC) cp_async_commit();
     }
     // l2_ahead (set by qgemv.cu; 0: none): blocks [kb_begin + RING, + l2_ahead) of codes asked into L2 here, and each
     // round of the loop below moves that window on by RING.
@@ -188,8 +167,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
     };
     if (active && l2_ahead > 0) prefetch_blocks(kb_begin + RING, kb_begin + RING + l2_ahead);
 
-    bf16 * sx = reinterpret_cast<bf16 *>(smem_raw + (ASYNC ? RING * PLANES * k_threads : 0));
-    uint32_t * sq = reinterpret_cast<uint32_t *>(sx) + (XS == XSrc::Global ? 0 : size_t(m) * kp / 2);
+    bf16 * sx = reinterpret_cast<bf16 *>(smem_raw);
+    uint32_t * sq = reinterpret_cast<uint32_t *>(smem_raw) + (XS == XSrc::Global ? 0 : size_t(m) * kp / 2);
     // The block's group parameters: k_param_batch loads in flight per thread before their stores, so the prologue
     // waits for memory once per batch, not once per parameter; affine ones 8 at a time where aligned (a.vec_params).
     const int n_params = RBB * MATS * 16 * G;
@@ -335,23 +314,10 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
 #pragma unroll
             for (int u = 0; u < RING; u++) {
                 if (kb0 + u >= kb_end) break;
-                const bool more = kb0 + u + RING < kb_end;
-                if constexpr (ASYNC) {
-                    // Slot u's group is the oldest one pending; every slot read is followed by one commit.
-                    cp_async_wait<RING - 1>();
-                    uint4 codes[PLANES];
+                multiply(ring[u], xk, pos0);
+                if (kb0 + u + RING < kb_end) {
 #pragma unroll
-                    for (int p = 0; p < PLANES; p++) codes[p] = slots[(u * PLANES + p) * k_threads];
-                    multiply(codes, xk, pos0);
-#pragma unroll
-                    for (int p = 0; p < PLANES; p++) cp_async16(slots + (u * PLANES + p) * k_threads, more ? ahead + p * 32 : codes0, more);
-                    cp_async_commit();
-                } else {
-                    multiply(ring[u], xk, pos0);
-                    if (more) {
-#pragma unroll
-                        for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + p * 32);
-                    }
+                    for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + p * 32);
                 }
                 ahead += TILE;
                 xk += 32;
@@ -360,7 +326,6 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
         }
         flush();
     }
-    if constexpr (ASYNC) cp_async_wait<0>();  // no copy outlives the block
 
     // The KS parts and MATS matrices of each row block meet in shared memory; the first warp of the row block writes.
 #pragma unroll

@@ -55,35 +55,6 @@ inline bool vec_params_on() {
     return on;
 }
 
-constexpr size_t k_ring_max_smem = 160 * 1024;
-
-// QINFER_QRING_ASYNC=0: codes in flight in registers only (the ring before the shared-memory one), for A/B runs.
-inline bool async_ring_on() {
-    static const bool on = !env_is("QINFER_QRING_ASYNC", "0");
-    return on;
-}
-
-// The shared-memory ring of RINGK slots per thread where `blocks` blocks of it fit on an SM with `smem` bytes of the
-// rest: launched (true), or nothing (false).
-template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS, int RINGK>
-bool launch_async(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & args, size_t smem, int grid, int blocks, int l2_ahead,
-                  cudaStream_t s) {
-    auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS, RINGK, true>;
-    const size_t bytes = smem + ring4::async_ring_bytes(RINGK);
-    if (bytes > k_ring_max_smem) return false;
-    static size_t configured = 0;
-    allow_dynamic_smem(kernel, bytes, configured);
-    static size_t asked = 0;  // the last size asked about, and how many blocks of it fit an SM
-    static int fit = 0;
-    if (bytes != asked) {
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, ring4::k_threads, bytes));
-        asked = bytes;
-    }
-    if (fit < blocks) return false;
-    launch_kernel(kernel, grid, ring4::k_threads, bytes, s, w, x, ldx, args, l2_ahead);
-    return true;
-}
-
 template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
@@ -103,30 +74,19 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
                          ring4::planes_of(C);
     const int grid = (n_rb + RBB - 1) / RBB;
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
-    bool deep = false;
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
-        deep = plain_input && qgemv_ring_deep(C == ring4::Codes::Affine4) && grid <= 2 * sm_count();
-    }
-    // The shared-memory ring where its blocks fit as many per SM as the grid needs for one wave (at most three, two
-    // for the deep ring): the deep one's 14 slots per thread (7B's down with its 38 KB input: two blocks per SM), else 12.
-    if (async_ring_on()) {
-        const int blocks = std::min(deep ? 2 : ring4::k_blocks_per_sm, (grid + sm_count() - 1) / sm_count());
-        if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
-            if (deep && launch_async<C, OUT, KS, XS, ring4::k_ring_async_deep>(w, x, ldx, args, smem, grid, blocks, l2_ahead, s)) return;
-        }
-        if (launch_async<C, OUT, KS, XS, ring4::k_ring_async>(w, x, ldx, args, smem, grid, blocks, l2_ahead, s)) return;
-    }
-    if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
-        if (deep) {
-            auto deep_kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
+        if (plain_input && qgemv_ring_deep(C == ring4::Codes::Affine4) && grid <= 2 * sm_count()) {
+            auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
             static size_t configured_deep = 0;
-            allow_dynamic_smem(deep_kernel, smem, configured_deep);
-            launch_kernel(deep_kernel, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+            allow_dynamic_smem(deep, smem, configured_deep);
+            launch_kernel(deep, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
             return;
         }
     }
     launch_kernel(kernel, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
 }
+
+constexpr size_t k_ring_max_smem = 160 * 1024;
 
 // K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
 // split as row blocks x matrices x parts), with at least one 64-wide K block per part; more where the block's group
