@@ -6,8 +6,7 @@
 # QGEMM_CONFIGS (default "off all": QINFER_QGEMM=0, fused at every m; "m512": fused up to m 512; since 7318dbd both
 # on weights of at least one 128-row tile per SM only, qgemm_pays) alternated
 # QGEMM_REPS times (default 2). QGEMM_PARTS (default "tests kernels rows") picks the parts, QGEMM_SPECS the rows
-# (preset:quant:lengths). Part "dequant": the prefill GEMM timings with 8-bit codes dequantized four (QINFER_DEQUANT8_TILES=4)
-# or two tiles per warp, alternated.
+# (preset:quant:lengths).
 parts=" ${QGEMM_PARTS:-tests kernels rows} "
 if [[ $parts == *" tests "* ]]; then
     build-device/tests/qinfer_tests --gtest_filter='*Quant*:*GoldenCuda*:-*Timings*' >"$OUT/qgemm-tests.log" 2>&1
@@ -17,12 +16,6 @@ fi
 if [[ $parts == *" kernels "* ]]; then
     build-device/tests/qinfer_tests --gtest_filter='CudaQuant.PrefillGemmTimings:CudaQuant.FusedGemmByMTimings' 2>&1 |
         grep -E "^\[ kernel \] (prefill|fused)" | tee "$OUT/qgemm-kernels.log"
-fi
-if [[ $parts == *" dequant "* ]]; then  # 8-bit dequantize: four tiles per warp (old) vs two (dequant_tiles), alternated
-    for v in 4 2 4 2; do
-        QINFER_DEQUANT8_TILES=$v build-device/tests/qinfer_tests --gtest_filter='CudaQuant.PrefillGemmTimings' 2>&1 |
-            grep -E "^\[ kernel \] prefill" | sed "s/^/tiles$v /" | tee -a "$OUT/qgemm-dequant.log"
-    done
 fi
 configs=("off QINFER_QGEMM=0" "all QINFER_QGEMM_MAX_M=1000000" "m512 QINFER_QGEMM_MAX_M=512")
 if [[ $parts == *" rows "* ]]; then

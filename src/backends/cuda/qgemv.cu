@@ -344,17 +344,13 @@ void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
     if (w.tiled) {
         // QINFER_DEQUANT=scatter: the per-word kernel for every tiled matrix (timing the two in one run).
         static const bool scatter = env_is("QINFER_DEQUANT", "scatter");
-        // QINFER_DEQUANT8_TILES=4: 8-bit codes four tiles per warp (80 registers), as before dequant_tiles, for A/B runs.
-        static const bool tiles4 = env_is("QINFER_DEQUANT8_TILES", "4");
         if (!w.perm && w.k % 8 == 0 && !scatter) {
             const int64_t tasks = int64_t(w.rows_padded / 16) * (w.k_padded / 64);
-            const int tiles = w.bits == 8 && !w.lut ? (tiles4 ? 4 : mma4::dequant_tiles<2>()) : mma4::dequant_tiles<1>();
+            const int tiles = w.bits == 8 && !w.lut ? mma4::dequant_tiles<2>() : mma4::dequant_tiles<1>();
             const int64_t per_block = int64_t(mma4::k_warps) * tiles;
             const unsigned blocks = unsigned((tasks + per_block - 1) / per_block);
             if (w.lut) {
                 mma4::dequantize_tiled_rows_kernel<1, true><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
-            } else if (w.bits == 8 && tiles4) {
-                mma4::dequantize_tiled_rows_kernel<2, false, 4><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
             } else if (w.bits == 8) {
                 mma4::dequantize_tiled_rows_kernel<2, false><<<blocks, mma4::k_threads, 0, stream>>>(w, out);
             } else {

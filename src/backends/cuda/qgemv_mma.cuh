@@ -83,14 +83,15 @@ template <bool LUT> __device__ __forceinline__ float tile_weight(const QuantMatr
 // Where a tile lies within one quantization group (group a multiple of 64, every lookup format) its rows' parameters
 // are loaded once per tile.
 constexpr int k_dequant_tiles = 4;
-// Tiles per warp for a code kind: 8-bit codes (two planes) take half as many, the same bytes of codes in flight and
-// the registers of the 4-bit kernel (64: four blocks per SM; with four tiles they took 80, three blocks per SM, and
-// 7B's qkv, 504 blocks, ran in 1.3 waves).
+// Tiles per warp for a code kind: 8-bit codes (two planes) take half as many, the same bytes of codes in flight with
+// fewer registers than the 4-bit kernel (54: four blocks per SM). With four tiles they took 80 registers, three
+// blocks per SM, and on an H100 7B's Int8 qkv took 0.024 ms against 0.020 now, gate_up 0.157 / 0.147, down 0.085 /
+// 0.076 (bench/results/2026-11-27-h100-qgemm-splitk).
 template <int PLANES> constexpr int dequant_tiles() { return k_dequant_tiles / PLANES; }
 
-template <int PLANES, bool LUT, int T = dequant_tiles<PLANES>()>
-__global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantMatrix w, bf16 * out) {
+template <int PLANES, bool LUT> __global__ void __launch_bounds__(k_threads) dequantize_tiled_rows_kernel(QuantMatrix w, bf16 * out) {
     constexpr int ld = 72;  // tile row stride in bf16 (144 bytes: 16-byte aligned, conflict-free both ways)
+    constexpr int T = dequant_tiles<PLANES>();
     __shared__ __align__(16) bf16 tile[k_warps][16 * ld];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int nkb = w.k_padded / 64;
