@@ -3,8 +3,8 @@
 # The fused prefill GEMM (qgemm_wgmma.cu: dequantization into shared memory, wgmma) against dequantize + cuBLASLt: the
 # quantized and golden tests, the prefill GEMM timings of the 7B shapes at m 1024 (bf16 cuBLASLt on the same
 # weights in the same process) and the fused kernel against dequantize + cuBLASLt across m, then quantized rows under
-# QGEMM_CONFIGS (default "off all": QINFER_QGEMM=0, fused at every m; "m512": fused up to m 512; since 7318dbd both
-# on weights of at least one 128-row tile per SM only, qgemm_pays) alternated
+# QGEMM_CONFIGS (default "off all": QINFER_QGEMM=0, fused at every m; "m512": fused up to m 512; both only where
+# qgemm_pays takes the weight: one 128-row tile per SM, or K splits of 16 K blocks at m <= 128) alternated
 # QGEMM_REPS times (default 2). QGEMM_PARTS (default "tests kernels rows") picks the parts, QGEMM_SPECS the rows
 # (preset:quant:lengths).
 parts=" ${QGEMM_PARTS:-tests kernels rows} "

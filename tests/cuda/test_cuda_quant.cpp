@@ -165,7 +165,7 @@ TEST(CudaQuant, DequantizeThenGemmMatchesCpu) {
     }
 }
 
-// The fused prefill GEMM (dequantization in registers, wgmma; sm_90a) against the CPU reference and against dequantize
+// The fused prefill GEMM (dequantization into shared memory, wgmma; sm_90a) against the CPU reference and against dequantize
 // + cuBLASLt, which multiplies the same bf16 weights: m across one and several token tiles (128 / 256), n and k not
 // multiples of the 128-row tile or of 128, act-order, and x at an odd address (gathered through the scratch).
 TEST(CudaQuant, FusedGemmMatchesCpu) {
@@ -252,7 +252,7 @@ TEST(CudaQuant, PrefillGemmTimings) {
 
 // Timings for the record (not assertions): the fused prefill GEMM against dequantize + cuBLASLt across m (the
 // dequantization costs the same at every m, the GEMMs grow with it), 7B shapes, GPTQ-Int4 and -Int8 with group 128.
-// Where the fused kernel wins is the engine's rule (qgemm_max_m).
+// Where the fused kernel wins is the engine's rule (qgemm_pays).
 TEST(CudaQuant, FusedGemmByMTimings) {
     REQUIRE_GPU();
     const std::pair<const char *, QuantScheme> formats[] = {{"GPTQ-Int4", gptq_scheme(4, 128, true, QuantPacking::GptqV1)},

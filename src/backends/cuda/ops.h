@@ -75,11 +75,13 @@ void set_qgemv_ring_deep(bool on);
 void reset_qgemv_ring_deep();
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
-// Prefill GEMM with the dequantization in registers (qgemm_wgmma.cu): y bf16 [m, w.rows] = x bf16 [m, w.k] W^T, for
-// the tiled 4-/8-bit affine layout on an sm_90a build and device (qgemm_applies; QINFER_QGEMM=0: never). Act-order
-// inputs, k not a multiple of 8 and x not 16-byte aligned are gathered into scratch first: bf16 [m, w.k_padded]
-// (qgemm_scratch_bytes: what act-order / k need, 0 for aligned x otherwise). False where it does not apply or the
-// scratch is too small (the caller then dequantizes and multiplies with cuBLASLt).
+// Prefill GEMM with the weights dequantized into shared memory (qgemm_wgmma.cu): y bf16 [m, w.rows] = x bf16 [m, w.k]
+// W^T, for the tiled 4-/8-bit affine layout on an sm_90a build and device (qgemm_applies; QINFER_QGEMM=0: never).
+// Act-order inputs, k not a multiple of 8 and x not 16-byte aligned are gathered into scratch first: bf16 [m,
+// w.k_padded]; after them the scratch holds the K splits' fp32 partial sums (qgemm_scratch_bytes: what act-order / k
+// and the splits of any m' <= m need; unaligned x needs the gather on top; with too little room for the partial
+// sums K is not split). False where it does not apply or the scratch cannot hold the gathered inputs (the caller
+// then dequantizes and multiplies with cuBLASLt).
 bool qgemm_applies(const QuantMatrix & w);
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m);
 // The engine's rule: qgemm for m up to qgemm_max_m (QINFER_QGEMM_MAX_M, default 512) on weights of at least one

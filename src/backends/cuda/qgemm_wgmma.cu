@@ -34,7 +34,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <climits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -50,6 +49,9 @@ namespace {
 constexpr int k_bm = 128;  // weight rows per block: two consumer warpgroups of 64 (8 row blocks of 16)
 constexpr int k_consumer_threads = 256;
 constexpr int k_threads = k_consumer_threads + 32;  // + the producer warp (288 threads: up to 224 registers each)
+
+// Blocks of k_bm weight rows (the grid's y).
+int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_bm - 1) / k_bm; }
 
 // A kernel's shape: BN tokens per block, STAGES stages, BLOCKS blocks per SM (launch bound; 2 leaves 112 registers
 // per thread, enough for BN 128's 64 accumulators).
@@ -301,7 +303,7 @@ void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, int 
     static_assert(smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
     static size_t configured = 0;  // once per instantiation
     allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS>, smem, configured);
-    const dim3 grid((m + BN - 1) / BN, (w.rows_padded / 16 + k_bm / 16 - 1) / (k_bm / 16), splits);
+    const dim3 grid((m + BN - 1) / BN, row_tiles(w), splits);
     qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, splits > 1 ? partial : nullptr, x_map);
     CUDA_CHECK(cudaGetLastError());
     if (splits > 1) {
@@ -316,6 +318,7 @@ void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, int 
 // until it does, at least 4 K blocks per split.
 struct Shape {
     int tile, bn, splits;
+    int blocks;  // token tiles x row tiles, before the split
 };
 int tile_override = 0;  // set_qgemm_tile
 Shape shape_for(const QuantMatrix & w, int m) {
@@ -323,13 +326,13 @@ Shape shape_for(const QuantMatrix & w, int m) {
     sh.tile = tile_override ? tile_override : m > 128 ? 1 : w.bits == 4 ? 3 : 2;
     if (w.bits != 4 && sh.tile == 3) sh.tile = 2;
     sh.bn = sh.tile == 1 ? 256 : 128;
-    const int blocks = ((m + sh.bn - 1) / sh.bn) * ((w.rows_padded / 16 + k_bm / 16 - 1) / (k_bm / 16));
+    sh.blocks = ((m + sh.bn - 1) / sh.bn) * row_tiles(w);
     const int slots = sm_count() * (sh.tile == 3 ? 2 : 1), most = std::max(1, (w.k_padded / 64) / 4);
-    sh.splits = std::min(most, std::max(1, (slots + blocks - 1) / blocks));
+    sh.splits = std::min(most, std::max(1, (slots + sh.blocks - 1) / sh.blocks));
     return sh;
 }
-size_t partial_bytes(const QuantMatrix & w, int m) {
-    const Shape sh = shape_for(w, m);
+// The splits' fp32 partial sums of y [m, w.rows] (none for one split).
+size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
     return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
 }
 size_t gather_bytes(const QuantMatrix & w, int m) { return size_t(m) * w.k_padded * sizeof(bf16); }
@@ -351,7 +354,7 @@ bool qgemm_applies(const QuantMatrix & w) {
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_applies(w)) return 0;
     size_t partials = 0;
-    for (int mm : {m, std::min(m, 128), std::min(m, 256)}) partials = std::max(partials, partial_bytes(w, mm));
+    for (int mm : {m, std::min(m, 128), std::min(m, 256)}) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
     return (w.perm || w.k % 8 != 0 ? gather_bytes(w, m) : 0) + partials;
 }
 
@@ -373,11 +376,9 @@ int qgemm_split_max_m() {
 }
 bool qgemm_pays(const QuantMatrix & w, int m) {
     if (!qgemm_applies(w) || m > qgemm_max_m()) return false;
-    const int row_tiles = (w.rows_padded + k_bm - 1) / k_bm;
-    if (row_tiles >= sm_count()) return true;
+    if (row_tiles(w) >= sm_count()) return true;
     const Shape sh = shape_for(w, m);
-    return m <= qgemm_split_max_m() && ((m + sh.bn - 1) / sh.bn) * row_tiles * sh.splits >= sm_count() &&
-           (w.k_padded / 64) / sh.splits >= k_split_min_kb;
+    return m <= qgemm_split_max_m() && sh.blocks * sh.splits >= sm_count() && (w.k_padded / 64) / sh.splits >= k_split_min_kb;
 }
 
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
@@ -402,8 +403,7 @@ bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratc
     Shape sh = shape_for(w, m);
     float * partial = nullptr;
     if (sh.splits > 1) {
-        const size_t need = size_t(sh.splits) * m * w.rows * sizeof(float);
-        if (scratch && scratch_bytes >= gathered + need) partial = reinterpret_cast<float *>(static_cast<unsigned char *>(scratch) + gathered);
+        if (scratch && scratch_bytes >= gathered + partial_bytes(w, m, sh)) partial = reinterpret_cast<float *>(static_cast<unsigned char *>(scratch) + gathered);
         else sh.splits = 1;
     }
     if (w.bits == 4) {

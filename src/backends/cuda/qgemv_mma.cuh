@@ -77,9 +77,9 @@ template <bool LUT> __device__ __forceinline__ float tile_weight(const QuantMatr
 }
 
 // The dequantized weight from the tile layout without act-order: bf16 [rows, k] (k a multiple of 8). A warp takes
-// k_dequant_tiles consecutive 16 x 64 tiles (one lane's 16 bytes of codes per plane and tile), requests all their
-// codes and group parameters at once, then turns each tile into bf16 in shared memory and writes it out as 16-byte row
-// chunks, so the stores are whole sectors; value = scale * (q - zero) (or table[q] * absmax) rounded once, as below.
+// dequant_tiles consecutive 16 x 64 tiles (one lane's 16 bytes of codes per plane and tile), requests all their
+// codes and group parameters at once, then turns each tile into bf16 in shared memory and writes it out in whole
+// 128-byte lines; value = scale * (q - zero) (or table[q] * absmax) rounded once, as below.
 // Where a tile lies within one quantization group (group a multiple of 64, every lookup format) its rows' parameters
 // are loaded once per tile.
 constexpr int k_dequant_tiles = 4;
