@@ -326,32 +326,37 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
 }
 
 // grid (n_head, batch): out[b, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. 256 threads
-// in (split lane r, float4 column c): lane r adds splits r, r + R, ... (R = 256 / (D / 4)), four of them in flight,
-// each with its weight e^(m_s - M), and the R lanes are added in a fixed order at the end, so the partial rows stream
-// in about splits / R / 4 round trips (99 splits of 7B at 30720 keys: 4) after the one pass that finds M. A warp per
-// split row, 4 warps (the previous kernel), took 1.4 us more per layer there and 4 at 129024 keys (perf-log, 63c7ee9).
+// in (split lane r, float4 column c): lane r takes splits r, r + R, ... (R = 256 / (D / 4)), four of them in flight,
+// and the R lanes are added in a fixed order at the end. A warp per split row, 4 warps (the previous kernel), took
+// 1.4 us more per layer at 30720 keys and 4 at 129024 (perf-log, 63c7ee9).
+// ONE_PASS: each lane keeps its own running maximum and rescales its sums as it goes (the online softmax's merge),
+// so a split's (m, l) and O rows are requested together and short contexts (a split or two per lane) take one L2
+// round trip; the lanes' maxima meet at the end. Else a first pass finds M over all splits (one round trip and a
+// block barrier) and the lanes weigh their splits by e^(m_s - M) (QINFER_COMBINE_PASSES=2, for A/B runs).
 constexpr int k_combine_threads = 256;
-template <int D>
+template <int D, bool ONE_PASS>
 __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, int min_split, bf16 * out) {
     pdl_wait();
     static_assert(D % 4 == 0, "whole float4 columns");
     constexpr int cols = D / 4, lanes = k_combine_threads / cols;
     __shared__ float red[k_combine_threads / 32];
     __shared__ float4 part[lanes][cols];
-    __shared__ float part_l[lanes];
+    __shared__ float part_l[lanes], part_m[lanes];
     const int h = blockIdx.y * gridDim.x + blockIdx.x;  // row of [batch, n_head]
     const int len = len_dev[blockIdx.y];
     const int split = decode_split_size(len, s.max_splits, min_split);
     const int splits = (len + split - 1) / split;
     const float2 * ml = reinterpret_cast<const float2 *>(s.partial_ml) + int64_t(h) * s.max_splits;  // (m, l) per split
     float mx = -INFINITY;
-    for (int i = threadIdx.x; i < splits; i += k_combine_threads) mx = fmaxf(mx, ml[i].x);
-    mx = warp_max(mx);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
-    __syncthreads();
-    mx = red[0];
+    if constexpr (!ONE_PASS) {
+        for (int i = threadIdx.x; i < splits; i += k_combine_threads) mx = fmaxf(mx, ml[i].x);
+        mx = warp_max(mx);
+        if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+        __syncthreads();
+        mx = red[0];
 #pragma unroll
-    for (int w = 1; w < k_combine_threads / 32; w++) mx = fmaxf(mx, red[w]);
+        for (int w = 1; w < k_combine_threads / 32; w++) mx = fmaxf(mx, red[w]);
+    }
 
     const int r = threadIdx.x / cols, c = threadIdx.x % cols;
     if (r < lanes) {
@@ -362,7 +367,20 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
         for (int i = r; i < splits; i += lanes) {
             const float2 mli = ml[i];
             const float4 o = po[int64_t(i) * cols];
-            const float w = __expf(mli.x - mx);
+            float w;
+            if constexpr (ONE_PASS) {
+                const float m_new = fmaxf(mx, mli.x);
+                const float rescale = __expf(mx - m_new);  // 0 at the lane's first split (mx = -inf)
+                w = __expf(mli.x - m_new);
+                acc.x *= rescale;
+                acc.y *= rescale;
+                acc.z *= rescale;
+                acc.w *= rescale;
+                lsum *= rescale;
+                mx = m_new;
+            } else {
+                w = __expf(mli.x - mx);
+            }
             acc.x += w * o.x;
             acc.y += w * o.y;
             acc.z += w * o.z;
@@ -370,16 +388,29 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
             lsum += w * mli.y;
         }
         part[r][c] = acc;
-        if (c == 0) part_l[r] = lsum;
+        if (c == 0) {
+            part_l[r] = lsum;
+            part_m[r] = mx;
+        }
     }
     pdl_trigger();  // (QINFER_PDL_TRIGGER=loop builds)
     __syncthreads();
+    __shared__ float lane_w[lanes];  // ONE_PASS: lane j's weight e^(m_j - M); lanes without splits weigh 0
+    if constexpr (ONE_PASS) {
+        if (threadIdx.x < lanes) {
+            float top = -INFINITY;
+            for (int j = 0; j < lanes; j++) top = fmaxf(top, part_m[j]);
+            lane_w[threadIdx.x] = __expf(part_m[threadIdx.x] - top);
+        }
+        __syncthreads();
+    }
     for (int e = threadIdx.x; e < D; e += k_combine_threads) {
         float t = 0, l = 0;
 #pragma unroll
         for (int j = 0; j < lanes; j++) {
-            t += reinterpret_cast<const float *>(part[j])[e];
-            l += part_l[j];
+            const float w = ONE_PASS ? lane_w[j] : 1.0f;
+            t += w * reinterpret_cast<const float *>(part[j])[e];
+            l += w * part_l[j];
         }
         out[int64_t(h) * D + e] = __float2bfloat16(t / l);
     }
@@ -388,8 +419,13 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
 template <int D> void launch_combine(const DecodeScratch & scratch, const int * len_dev, int min_split, bf16 * out, int n_head, int batch,
                                      cudaStream_t stream) {
     static const bool skip = pdl_skip("combine");
+    static const bool two_passes = env_is("QINFER_COMBINE_PASSES", "2");
     ScopedNoPdl no_pdl(skip);
-    launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
+    if (two_passes) {
+        launch_kernel(attention_combine_kernel<D, false>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
+    } else {
+        launch_kernel(attention_combine_kernel<D, true>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
+    }
 }
 
 }  // namespace
