@@ -3,9 +3,7 @@
 # The decode attention's combine in one pass (each split lane rescales as it goes; default) against two (the maximum
 # over all splits first, QINFER_COMBINE_PASSES=2): per-layer timings on 7B's and 0.5B's shapes under both,
 # alternated twice, then rows alternated COMBINE_REPS times (default 2) for COMBINE_SPECS (preset:quant:lengths).
-# The tests of both are the gpu-test stage's (default) and this stage's decode tests under =2.
-QINFER_COMBINE_PASSES=2 build-device/tests/qinfer_tests --gtest_filter='*Attention*:-*Timings*' >"$OUT/combine-tests-two.log" 2>&1
-note "attention tests, two-pass combine: $(grep -E '^\[  PASSED  \]|FAILED TEST' "$OUT/combine-tests-two.log" | tr '\n' ' ')"
+# The one-pass kernel's tests are the gpu-test stage's (the two-pass one is the kernel tested before it).
 configs=("one QINFER_COMBINE_PASSES=1" "two QINFER_COMBINE_PASSES=2")
 for rep in 1 2; do
     for c in "${configs[@]}"; do
