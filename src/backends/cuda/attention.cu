@@ -327,60 +327,44 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
 
 // grid (n_head, batch): out[b, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. 256 threads
 // in (split lane r, float4 column c): lane r takes splits r, r + R, ... (R = 256 / (D / 4)), four of them in flight,
-// and the R lanes are added in a fixed order at the end. A warp per split row, 4 warps (the previous kernel), took
-// 1.4 us more per layer at 30720 keys and 4 at 129024 (perf-log, 63c7ee9).
-// ONE_PASS: each lane keeps its own running maximum and rescales its sums as it goes (the online softmax's merge),
-// so a split's (m, l) and O rows are requested together and short contexts (a split or two per lane) take one L2
-// round trip; the lanes' maxima meet at the end. Else a first pass finds M over all splits (one round trip and a
-// block barrier) and the lanes weigh their splits by e^(m_s - M) (QINFER_COMBINE_PASSES=2, for A/B runs).
+// keeping its own running maximum and rescaling its sums as it goes (the online softmax's merge), so a split's (m, l)
+// and O rows are requested together and a short context (a split or two per lane) costs one L2 round trip; the lanes
+// meet in a fixed order at the end. Against a first pass for M over all splits (a round trip and a block barrier
+// more), H100, alternated: 0.5B BF16 1349.9 -> 1359.2 tok/s, 1.5B 642.3 -> 651.5 (bench/results/2026-11-27-h100-combine).
+// A warp per split row, 4 warps (the kernel before both), took 1.4 us more per layer at 30720 keys (perf-log, 63c7ee9).
 constexpr int k_combine_threads = 256;
-template <int D, bool ONE_PASS>
+template <int D>
 __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, int min_split, bf16 * out) {
     pdl_wait();
     static_assert(D % 4 == 0, "whole float4 columns");
     constexpr int cols = D / 4, lanes = k_combine_threads / cols;
-    __shared__ float red[k_combine_threads / 32];
     __shared__ float4 part[lanes][cols];
     __shared__ float part_l[lanes], part_m[lanes];
+    __shared__ float lane_w[lanes];  // lane j's weight e^(m_j - M); lanes without splits weigh 0
     const int h = blockIdx.y * gridDim.x + blockIdx.x;  // row of [batch, n_head]
     const int len = len_dev[blockIdx.y];
     const int split = decode_split_size(len, s.max_splits, min_split);
     const int splits = (len + split - 1) / split;
     const float2 * ml = reinterpret_cast<const float2 *>(s.partial_ml) + int64_t(h) * s.max_splits;  // (m, l) per split
-    float mx = -INFINITY;
-    if constexpr (!ONE_PASS) {
-        for (int i = threadIdx.x; i < splits; i += k_combine_threads) mx = fmaxf(mx, ml[i].x);
-        mx = warp_max(mx);
-        if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
-        __syncthreads();
-        mx = red[0];
-#pragma unroll
-        for (int w = 1; w < k_combine_threads / 32; w++) mx = fmaxf(mx, red[w]);
-    }
 
     const int r = threadIdx.x / cols, c = threadIdx.x % cols;
     if (r < lanes) {
         const float4 * po = reinterpret_cast<const float4 *>(s.partial_out + int64_t(h) * s.max_splits * D) + c;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        float lsum = 0;
+        float lsum = 0, mx = -INFINITY;
 #pragma unroll 4
         for (int i = r; i < splits; i += lanes) {
             const float2 mli = ml[i];
             const float4 o = po[int64_t(i) * cols];
-            float w;
-            if constexpr (ONE_PASS) {
-                const float m_new = fmaxf(mx, mli.x);
-                const float rescale = __expf(mx - m_new);  // 0 at the lane's first split (mx = -inf)
-                w = __expf(mli.x - m_new);
-                acc.x *= rescale;
-                acc.y *= rescale;
-                acc.z *= rescale;
-                acc.w *= rescale;
-                lsum *= rescale;
-                mx = m_new;
-            } else {
-                w = __expf(mli.x - mx);
-            }
+            const float m_new = fmaxf(mx, mli.x);
+            const float rescale = __expf(mx - m_new);  // 0 at the lane's first split (mx = -inf)
+            const float w = __expf(mli.x - m_new);
+            acc.x *= rescale;
+            acc.y *= rescale;
+            acc.z *= rescale;
+            acc.w *= rescale;
+            lsum *= rescale;
+            mx = m_new;
             acc.x += w * o.x;
             acc.y += w * o.y;
             acc.z += w * o.z;
@@ -395,20 +379,17 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
     }
     pdl_trigger();  // (QINFER_PDL_TRIGGER=loop builds)
     __syncthreads();
-    __shared__ float lane_w[lanes];  // ONE_PASS: lane j's weight e^(m_j - M); lanes without splits weigh 0
-    if constexpr (ONE_PASS) {
-        if (threadIdx.x < lanes) {
-            float top = -INFINITY;
-            for (int j = 0; j < lanes; j++) top = fmaxf(top, part_m[j]);
-            lane_w[threadIdx.x] = __expf(part_m[threadIdx.x] - top);
-        }
-        __syncthreads();
+    if (threadIdx.x < lanes) {
+        float top = -INFINITY;
+        for (int j = 0; j < lanes; j++) top = fmaxf(top, part_m[j]);
+        lane_w[threadIdx.x] = __expf(part_m[threadIdx.x] - top);
     }
+    __syncthreads();
     for (int e = threadIdx.x; e < D; e += k_combine_threads) {
         float t = 0, l = 0;
 #pragma unroll
         for (int j = 0; j < lanes; j++) {
-            const float w = ONE_PASS ? lane_w[j] : 1.0f;
+            const float w = lane_w[j];
             t += w * reinterpret_cast<const float *>(part[j])[e];
             l += w * part_l[j];
         }
@@ -419,13 +400,8 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
 template <int D> void launch_combine(const DecodeScratch & scratch, const int * len_dev, int min_split, bf16 * out, int n_head, int batch,
                                      cudaStream_t stream) {
     static const bool skip = pdl_skip("combine");
-    static const bool two_passes = env_is("QINFER_COMBINE_PASSES", "2");
     ScopedNoPdl no_pdl(skip);
-    if (two_passes) {
-        launch_kernel(attention_combine_kernel<D, false>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
-    } else {
-        launch_kernel(attention_combine_kernel<D, true>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
-    }
+    launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
 }
 
 }  // namespace
