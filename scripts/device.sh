@@ -21,24 +21,10 @@ stages=${*:-test bench}
 has() { [[ " $stages " == *" $1 "* ]]; }
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
-# ab VAR "VALUES" "SPECS" TAG: `qinfer bench` (2048 generated) for each preset:quant:lengths spec with the environment
-# variable VAR at each value in turn, AB_REPS times (default 2), AB_GEN tokens generated (default 2048); rows to
-# $OUT/TAG.log, one JSON per run.
-ab() {
-    local var=$1 values=$2 specs=$3 tag=$4 rep spec p q lens v
-    for rep in $(seq "${AB_REPS:-2}"); do
-        for spec in $specs; do
-            IFS=: read -r p q lens <<<"$spec"
-            for v in $values; do
-                env "$var=$v" "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen "${AB_GEN:-2048}" --json "$OUT/$tag-$p-$q-$v-$rep.json" 2>&1 |
-                    grep -E "^\| qwen" | sed "s/^/$tag $v /" | tee -a "$OUT/$tag.log"
-            done
-        done
-    done
-}
-# ab_configs TAG REPS "SPECS" "PICKED" CONFIG...: `qinfer bench` (2048 generated) for each preset:quant:lengths spec
-# under each CONFIG ("name VAR=value ...") whose name is in PICKED, alternated REPS times; rows to $OUT/TAG.log, one
-# JSON per run ($OUT/TAG-preset-quant-name-rep.json).
+# ab_configs TAG REPS "SPECS" "PICKED" CONFIG...: `qinfer bench` (AB_GEN tokens generated, default 2048) for each
+# preset:quant:lengths spec under each CONFIG ("name VAR=value ...") whose name is in PICKED, alternated REPS times;
+# rows to $OUT/TAG.log, each led by AB_LABEL (default none) and the config's name, one JSON per run
+# ($OUT/TAG-preset-quant-name-rep.json).
 ab_configs() {
     local tag=$1 reps=$2 specs=$3 picked=" $4 " rep spec p q lens c name envs
     shift 4
@@ -48,11 +34,18 @@ ab_configs() {
             for c in "$@"; do
                 read -r name envs <<<"$c"
                 [[ $picked == *" $name "* ]] || continue
-                env $envs "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen 2048 --json "$OUT/$tag-$p-$q-$name-$rep.json" 2>&1 |
-                    grep -E "^\| qwen" | sed "s/^/$name /" | tee -a "$OUT/$tag.log"
+                env $envs "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen "${AB_GEN:-2048}" --json "$OUT/$tag-$p-$q-$name-$rep.json" 2>&1 |
+                    grep -E "^\| qwen" | sed "s/^/${AB_LABEL:-}$name /" | tee -a "$OUT/$tag.log"
             done
         done
     done
+}
+# ab VAR "VALUES" "SPECS" TAG: ab_configs with the environment variable VAR at each value in turn, AB_REPS times
+# (default 2); rows led by "TAG value".
+ab() {
+    local var=$1 values=$2 specs=$3 tag=$4 v configs=()
+    for v in $values; do configs+=("$v $var=$v"); done
+    AB_LABEL="$tag " ab_configs "$tag" "${AB_REPS:-2}" "$specs" "$values" "${configs[@]}"
 }
 # ncu_decode TAG KERNEL SKIP LEN TEST SECTION...: one launch of the kernels matching KERNEL (a regex), after SKIP of
 # them, in the gtest TEST run with QINFER_DECODE_TIMING_LEN=LEN, profiled by ncu with the named sections: details to
