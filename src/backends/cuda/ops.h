@@ -86,8 +86,8 @@ bool qgemm_applies(const QuantMatrix & w);
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m);
 // The engine's rule: qgemm for m up to qgemm_max_m (QINFER_QGEMM_MAX_M, default 512) on weights of at least one
 // 128-row tile per SM, and up to qgemm_split_max_m (QINFER_QGEMM_SPLIT_MAX_M, 128) where K splits of at least 16
-// K blocks fill the SMs (7B's down, not its qkv / o_proj);
-// dequantize + cuBLASLt otherwise (faster there, measured: qgemm_wgmma.cu).
+// K blocks fill the SMs (7B's down, not its qkv / o_proj); dequantize + cuBLASLt otherwise (faster there, measured:
+// qgemm_wgmma.cu).
 int qgemm_max_m();
 bool qgemm_pays(const QuantMatrix & w, int m);
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
