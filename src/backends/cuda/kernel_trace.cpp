@@ -14,6 +14,7 @@
 #include <vector>
 
 #if defined(QINFER_HAVE_CUPTI)
+#include <cuda_runtime.h>
 #include <cupti_activity.h>
 #endif
 
@@ -127,7 +128,8 @@ bool kernel_trace_start(std::string & why) {
 
 size_t kernel_trace_write(const std::string & path) {
     if (!g_started) return 0;
-    g_cupti.flush_all(1);  // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED: hand back partly filled buffers too
+    cudaDeviceSynchronize();  // every kernel recorded has ended
+    g_cupti.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);  // partly filled buffers too; their callbacks run before it returns
     g_cupti.disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     g_started = false;
     std::vector<KernelRecord> records;
