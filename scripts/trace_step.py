@@ -54,7 +54,7 @@ def main():
     if not steps:
         sys.exit("trace_step: no argmax_final_kernel in " + path)
     dur, exposed, count = defaultdict(float), defaultdict(float), defaultdict(int)
-    total = 0.0
+    total = idle = 0.0
     for step in steps:
         prev_end = step[0][0]
         total += step[-1][1] - step[0][0]
@@ -62,9 +62,11 @@ def main():
             count[name] += 1
             dur[name] += end - start
             exposed[name] += max(0.0, end - max(prev_end, start))
+            idle += max(0.0, start - prev_end)  # no kernel running: launch gaps
             prev_end = max(prev_end, end)
     s = len(steps)
-    print(f"decode step: {total / s / 1000:.1f} us (mean of {s} steps, first kernel's start to the argmax's end)")
+    print(f"decode step: {total / s / 1000:.1f} us (mean of {s} steps, first kernel's start to the argmax's end), "
+          f"{idle / s / 1000:.1f} us of it with no kernel running")
     print(f"{'kernel (grid)':64s} {'per step':>8s} {'duration us':>11s} {'exposed us':>10s} {'exposed':>8s}")
     for n in sorted(count, key=lambda n: -exposed[n]):
         print(f"{n:64s} {count[n] / s:8.0f} {dur[n] / s / 1000:11.1f} {exposed[n] / s / 1000:10.1f} {100 * exposed[n] / total:7.1f}%")
