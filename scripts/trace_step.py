@@ -6,7 +6,7 @@ Steps are cut after each argmax_final_kernel (the last kernel of a greedy batch-
 steps it prints, per kernel (name without namespaces and arguments, template arguments cut, and its grid), the mean
 duration and the mean exposed time: the end of this kernel minus the end of the kernel before it. Under programmatic
 dependent launch a kernel starts before the one ahead of it ends, so durations overlap and do not add up; exposed
-times add up to the step. CUPTI's tracing adds its own overhead to every kernel: compare steps traced alike.
+times and the gaps with no kernel running add up to the step. CUPTI's tracing adds its own overhead to every kernel: compare steps traced alike.
 
 usage: trace_step.py TRACE.csv [STEPS]
 """
