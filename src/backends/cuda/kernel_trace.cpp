@@ -43,7 +43,7 @@ struct Cupti {
 Cupti g_cupti;
 std::mutex g_mutex;
 std::vector<KernelRecord> g_records;
-bool g_started = false;
+bool g_registered = false, g_started = false;
 
 constexpr size_t k_buffer_bytes = 8 << 20;
 constexpr size_t k_buffer_align = 8;  // CUPTI wants 8-byte aligned buffers
@@ -117,8 +117,12 @@ std::string csv_quoted(const std::string & s) {
 bool kernel_trace_start(std::string & why) {
     if (g_started) return true;
     if (!load_cupti(why)) return false;
-    if (g_cupti.register_callbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
-        g_cupti.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+    if (!g_registered && g_cupti.register_callbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS) {
+        why = "CUPTI did not take the activity buffer callbacks (another profiler attached?)";
+        return false;
+    }
+    g_registered = true;  // once a process: the callbacks stay for later traces
+    if (g_cupti.enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
         why = "CUPTI did not start kernel activity recording (another profiler attached?)";
         return false;
     }
