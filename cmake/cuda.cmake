@@ -28,6 +28,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/attention_prefill_tma.cu
   src/backends/cuda/kv_dequant.cu
   src/backends/cuda/gemm.cpp
+  src/backends/cuda/kernel_trace.cpp
   src/backends/cuda/tensor_map.cpp
   src/model/qwen_cuda.cpp
   src/model/qwen_cuda_decode.cpp
@@ -39,4 +40,18 @@ if(CMAKE_CUDA_ARCHITECTURES MATCHES "90a")
 endif()
 target_compile_options(qinfer_lib PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
 target_link_libraries(qinfer_lib PUBLIC CUDA::cudart CUDA::cublasLt)
+# CUPTI for `qinfer bench --trace` (backends/cuda/kernel_trace.cpp): its headers at build time, the library opened
+# with dlopen only when a trace is asked for (the path found here is tried first).
+find_path(QINFER_CUPTI_INCLUDE_DIR cupti_activity.h
+  HINTS ${CUDAToolkit_INCLUDE_DIRS} "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/include" "${CUDAToolkit_TARGET_DIR}/extras/CUPTI/include")
+find_library(QINFER_CUPTI_LIBRARY NAMES cupti
+  HINTS ${CUDAToolkit_LIBRARY_DIR} "${CUDAToolkit_LIBRARY_ROOT}/extras/CUPTI/lib64" "${CUDAToolkit_TARGET_DIR}/extras/CUPTI/lib64")
+if(QINFER_CUPTI_INCLUDE_DIR)
+  set_source_files_properties(src/backends/cuda/kernel_trace.cpp PROPERTIES
+    INCLUDE_DIRECTORIES "${QINFER_CUPTI_INCLUDE_DIR}" COMPILE_DEFINITIONS "QINFER_HAVE_CUPTI")
+  if(QINFER_CUPTI_LIBRARY)
+    set_property(SOURCE src/backends/cuda/kernel_trace.cpp APPEND PROPERTY COMPILE_DEFINITIONS "QINFER_CUPTI_LIBRARY=\"${QINFER_CUPTI_LIBRARY}\"")
+  endif()
+endif()
+target_link_libraries(qinfer_lib PUBLIC ${CMAKE_DL_LIBS})
 set_target_properties(qinfer_lib PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}" CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)

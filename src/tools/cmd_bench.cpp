@@ -11,6 +11,9 @@
 #include <numeric>
 #include <vector>
 
+#ifdef QINFER_CUDA
+#include "backends/cuda/kernel_trace.h"
+#endif
 #include "core/check.h"
 #include "core/parallel.h"
 #include "core/progress.h"
@@ -100,6 +103,23 @@ std::vector<int> bench_prompt(int n, int vocab, int which) {
     return p;
 }
 
+// --trace: CUPTI's kernel records (backends/cuda/kernel_trace.h); a build without CUDA never gets here (--trace needs
+// the CUDA backend).
+void start_kernel_trace() {
+#ifdef QINFER_CUDA
+    std::string why;
+    if (!cuda::kernel_trace_start(why)) QINFER_FAIL() << "--trace: " << why;
+#endif
+}
+size_t write_kernel_trace(const std::string & path) {
+#ifdef QINFER_CUDA
+    return cuda::kernel_trace_write(path);
+#else
+    (void)path;
+    return 0;
+#endif
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char ** argv) {
@@ -108,7 +128,10 @@ int cmd_bench(int argc, char ** argv) {
             std::printf(
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--batch 1,4,16,...] [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
-                "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png] [--embedding-on-gpu]\n"
+                "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png] [--embedding-on-gpu] [--trace FILE.csv]\n"
+                "--trace: every GPU kernel's start and end (kernels inside the decode step's CUDA graph included, overlaps\n"
+                "         kept), recorded by CUPTI from before the model loads, one CSV row each; scripts/trace_step.py\n"
+                "         sums a decode step per kernel. Rows timed with it carry CUPTI's overhead: take speeds from runs without it\n"
                 "--embedding-on-gpu: keep the token embedding in GPU memory also when lm_head is a separate matrix (by default\n"
                 "         it stays in pinned host memory, one row read per token, and is not in the GPU memory column)\n"
                 "--batch: static batches of that many sequences of the same input length, all decoding together; speed is then\n"
@@ -138,7 +161,7 @@ int cmd_bench(int argc, char ** argv) {
     int gen = int(a.integer("gen", gpu ? 2048 : 32));
     std::vector<int> batches = a.has("batch") ? a.int_list("batch") : std::vector<int>{1};
     int repeat = int(a.integer("repeat", 1));
-    std::string json_path = a.str("json"), csv_path = a.str("csv"), plot_path = a.str("plot");
+    std::string json_path = a.str("json"), csv_path = a.str("csv"), plot_path = a.str("plot"), trace_path = a.str("trace");
     const std::string baseline_paths = a.str("baseline");
     EngineOptions eo;
     eo.backend = backend;
@@ -154,6 +177,7 @@ int cmd_bench(int argc, char ** argv) {
     if (max_batch && !gpu) QINFER_FAIL() << "--max-batch measures the GPU's memory: it needs the CUDA backend";
     if (max_batch && a.has("batch")) QINFER_FAIL() << "--max-batch searches the batch size itself: leave out --batch";
     if (!quant.kind.empty() && !model_dir.empty()) QINFER_FAIL() << "--quant synthesizes a preset; with --model the checkpoint's own format is used";
+    if (!trace_path.empty() && !gpu) QINFER_FAIL() << "--trace records GPU kernels: it needs the CUDA backend";
     if (lens.empty()) QINFER_FAIL() << "--input-lens is empty";
     if (!plot_path.empty() && !plot_available()) QINFER_FAIL() << "--plot: this qinfer was built without libgd (apt-get install libgd-dev, rebuild)";
     for (int l : lens) {
@@ -175,6 +199,7 @@ int cmd_bench(int argc, char ** argv) {
     }
     std::string model_name = !name_opt.empty() ? name_opt : preset.empty() ? model_dir : preset;
 
+    if (!trace_path.empty()) start_kernel_trace();  // before any graph is captured
     const int max_len = *std::max_element(lens.begin(), lens.end());
     eo.max_context = max_len + gen;
     eo.max_sequences = *std::max_element(batches.begin(), batches.end());
@@ -287,6 +312,9 @@ int cmd_bench(int argc, char ** argv) {
         }
     }
     bar.finish();
+    if (!trace_path.empty()) {
+        std::fprintf(stderr, "bench: %zu kernels traced to %s\n", write_kernel_trace(trace_path), trace_path.c_str());
+    }
 
     // Baselines (scripts/hf_bench.py rows): same model and input length, tokens/s incl. prefill.
     struct Base {

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Where a decode step's GPU time goes, kernel by kernel, from `qinfer bench --trace FILE.csv` (CUPTI's records of
+every kernel, those replayed from the decode step's CUDA graph included).
+
+Steps are cut after each argmax_final_kernel (the last kernel of a greedy batch-1 decode step). For the last STEPS
+steps it prints, per kernel (name without namespaces and arguments, template arguments cut, and its grid), the mean
+duration and the mean exposed time: the end of this kernel minus the end of the kernel before it. Under programmatic
+dependent launch a kernel starts before the one ahead of it ends, so durations overlap and do not add up; exposed
+times and the gaps with no kernel running add up to the step. CUPTI's tracing adds its own overhead to every kernel: compare steps traced alike.
+
+usage: trace_step.py TRACE.csv [STEPS]
+"""
+import csv
+import re
+import sys
+from collections import defaultdict
+
+
+def short(name):
+    name = re.sub(r"\(anonymous namespace\)::", "", name)
+    name = re.sub(r"^void ", "", name)
+    depth, base_end = 0, len(name)
+    for i, ch in enumerate(name):  # the kernel's own name ends at its first '<' or '(' outside any brackets
+        if ch in "<(" and depth == 0:
+            base_end = i
+            break
+    base = name[:base_end].split("::")[-1]
+    args = ""
+    if base_end < len(name) and name[base_end] == "<":
+        depth = 0
+        for j in range(base_end, len(name)):
+            depth += name[j] == "<"
+            depth -= name[j] == ">"
+            if depth == 0:
+                args = name[base_end + 1:j]
+                break
+        args = re.sub(r"\((?:\w+::)*(\w+)\)", r"\1", args).replace(" ", "")  # (qinfer::cuda::GemvIn)0 -> GemvIn0
+    return base + ("<" + args[:28] + ">" if args else "")
+
+
+def main():
+    path = sys.argv[1]
+    steps_wanted = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    kernels = sorted((int(r["start_ns"]), int(r["end_ns"]), short(r["name"]) + " g" + r["grid"]) for r in rows)
+    steps, cur = [], []
+    for k in kernels:
+        cur.append(k)
+        if k[2].startswith("argmax_final_kernel"):
+            steps.append(cur)
+            cur = []
+    steps = steps[-steps_wanted:]
+    if not steps:
+        sys.exit("trace_step: no argmax_final_kernel in " + path)
+    dur, exposed, count = defaultdict(float), defaultdict(float), defaultdict(int)
+    total = idle = 0.0
+    for step in steps:
+        prev_end = step[0][0]
+        total += step[-1][1] - step[0][0]
+        for start, end, name in step:
+            count[name] += 1
+            dur[name] += end - start
+            exposed[name] += max(0.0, end - max(prev_end, start))
+            idle += max(0.0, start - prev_end)  # no kernel running: launch gaps
+            prev_end = max(prev_end, end)
+    s = len(steps)
+    print(f"decode step: {total / s / 1000:.1f} us (mean of {s} steps, first kernel's start to the argmax's end), "
+          f"{idle / s / 1000:.1f} us of it with no kernel running")
+    print(f"{'kernel (grid)':64s} {'per step':>8s} {'duration us':>11s} {'exposed us':>10s} {'exposed':>8s}")
+    for n in sorted(count, key=lambda n: -exposed[n]):
+        print(f"{n:64s} {count[n] / s:8.0f} {dur[n] / s / 1000:11.1f} {exposed[n] / s / 1000:10.1f} {100 * exposed[n] / total:7.1f}%")
+
+
+if __name__ == "__main__":
+    main()
