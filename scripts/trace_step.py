@@ -6,11 +6,14 @@ Steps are cut after each argmax_final_kernel (the last kernel of a greedy batch-
 steps it prints, per kernel (name without namespaces and arguments, template arguments cut, and its grid), the mean
 duration and the mean exposed time: the end of this kernel minus the end of the kernel before it. Under programmatic
 dependent launch a kernel starts before the one ahead of it ends, so durations overlap and do not add up; exposed
-times and the gaps with no kernel running add up to the step. CUPTI's tracing adds its own overhead to every kernel: compare steps traced alike.
+times and the gaps with no kernel running add up to the step. A kernel launched more than once a layer is split by its
+place in the layer (#0, #1: o_proj and down). CUPTI's tracing adds its own overhead to every kernel: compare steps
+traced alike.
 
 usage: trace_step.py TRACE.csv [STEPS]
 """
 import csv
+import math
 import re
 import sys
 from collections import defaultdict
@@ -38,6 +41,25 @@ def short(name):
     return base + ("<" + args[:28] + ">" if args else "")
 
 
+def by_role(step):
+    """A kernel launched r times a layer (the same GEMV for o_proj and down) is told apart by its place in the layer:
+    occurrence i of a kernel seen c times a step, with L layers (the gcd of the counts above one), gets "#(i % (c / L))"."""
+    count = defaultdict(int)
+    for _, _, name in step:
+        count[name] += 1
+    layers = 0
+    for c in count.values():
+        if c > 1:
+            layers = math.gcd(layers, c)
+    seen, out = defaultdict(int), []
+    for start, end, name in step:
+        per_layer = max(1, count[name] // layers) if layers else 1
+        role = seen[name] % per_layer
+        seen[name] += 1
+        out.append((start, end, name + (f" #{role}" if per_layer > 1 else "")))
+    return out
+
+
 def main():
     path = sys.argv[1]
     steps_wanted = int(sys.argv[2]) if len(sys.argv) > 2 else 16
@@ -53,6 +75,7 @@ def main():
     steps = steps[-steps_wanted:]
     if not steps:
         sys.exit("trace_step: no argmax_final_kernel in " + path)
+    steps = [by_role(step) for step in steps]
     dur, exposed, count = defaultdict(float), defaultdict(float), defaultdict(int)
     total = idle = 0.0
     for step in steps:

@@ -189,14 +189,18 @@ TEST(CudaOps, NormsEmbeddingSilu) {
             EXPECT_LT(rel_err(download_bf16(dy, x.size()), norm_rows(xs, w, n, h, 1e-6f)), 1e-2);
         }
     }
-    // Embedding gather with ids on the device.
-    std::vector<float> table = randn(size_t(37) * 96);
-    std::vector<int> ids = {36, 0, 5, 5, 17};
-    DeviceBuffer dt = upload_bf16(table), di = upload(ids), dx = poisoned(ids.size() * 96 * 4);
-    cuda::embedding(dt.as<bf16>(), di.as<int>(), int(ids.size()), 96, dx.as<float>(), nullptr);
-    std::vector<float> want;
-    for (int id : ids) want.insert(want.end(), table.begin() + id * 96, table.begin() + (id + 1) * 96);
-    EXPECT_EQ(rel_err(download_f32(dx, want.size()), want), 0.0);
+    // Embedding gather with ids on the device: rows of whole 16-byte chunks (96; 3584 and 9000: more chunks than one
+    // pass of loads holds) and rows that are not (100: the scalar path).
+    for (int hidden : {96, 100, 3584, 9000}) {
+        SCOPED_TRACE(hidden);
+        std::vector<float> table = randn(size_t(37) * hidden);
+        std::vector<int> ids = {36, 0, 5, 5, 17};
+        DeviceBuffer dt = upload_bf16(table), di = upload(ids), dx = poisoned(ids.size() * hidden * 4);
+        cuda::embedding(dt.as<bf16>(), di.as<int>(), int(ids.size()), hidden, dx.as<float>(), nullptr);
+        std::vector<float> want;
+        for (int id : ids) want.insert(want.end(), table.begin() + size_t(id) * hidden, table.begin() + size_t(id + 1) * hidden);
+        EXPECT_EQ(rel_err(download_f32(dx, want.size()), want), 0.0);
+    }
     // SwiGLU on [n, 2 inter].
     const int n = 7, inter = 333;
     std::vector<float> gu = randn(size_t(n) * 2 * inter);

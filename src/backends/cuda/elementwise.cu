@@ -13,11 +13,39 @@ namespace {
 
 constexpr int k_norm_threads = 256;
 
-__global__ void embedding_kernel(const bf16 * table, const int * ids, int hidden, float * x) {
+// One block per token. Rows of whole 16-byte chunks (vec: hidden % 8 == 0, an aligned table) are copied a chunk per
+// load, each thread's loads all issued before its first store, so a row up to 8192 values costs one round trip to
+// memory after the id's: one value per load had cost 7B's 3584-value row 14 dependent round trips a thread, 20 us of
+// a 5.35 ms decode step (H100, in-graph kernel trace, bench/results/2026-11-28-h100-trace).
+constexpr int k_embed_threads = 256;
+constexpr int k_embed_loads = 4;  // 16-byte loads in flight per thread
+__global__ void embedding_kernel(const bf16 * __restrict__ table, const int * ids, int hidden, bool vec, float * __restrict__ x) {
     pdl_wait();
     const int t = blockIdx.x;
-    const bf16 * row = table + int64_t(ids[t]) * hidden;
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) x[int64_t(t) * hidden + i] = __bfloat162float(row[i]);
+    const bf16 * row = table + int64_t(ids[t]) * hidden;  // bf16 [hidden]
+    float * out = x + int64_t(t) * hidden;                // fp32 [hidden]
+    if (!vec) {
+        for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = __bfloat162float(row[i]);
+        return;
+    }
+    const int chunks = hidden / 8;
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += k_embed_threads * k_embed_loads) {
+        uint4 v[k_embed_loads];
+#pragma unroll
+        for (int u = 0; u < k_embed_loads; u++) {
+            const int c = c0 + u * k_embed_threads;
+            if (c < chunks) v[u] = reinterpret_cast<const uint4 *>(row)[c];
+        }
+#pragma unroll
+        for (int u = 0; u < k_embed_loads; u++) {
+            const int c = c0 + u * k_embed_threads;
+            if (c >= chunks) break;
+            const bf16 * h = reinterpret_cast<const bf16 *>(&v[u]);
+            float4 * o = reinterpret_cast<float4 *>(out + int64_t(c) * 8);
+            o[0] = make_float4(__bfloat162float(h[0]), __bfloat162float(h[1]), __bfloat162float(h[2]), __bfloat162float(h[3]));
+            o[1] = make_float4(__bfloat162float(h[4]), __bfloat162float(h[5]), __bfloat162float(h[6]), __bfloat162float(h[7]));
+        }
+    }
 }
 
 // One block per row. Optional residual add first (x += delta), then y = w * (x * rsqrt(mean(x^2) + eps)).
@@ -185,7 +213,8 @@ int grid_for(int64_t n, int threads) { return int(std::min<int64_t>((n + threads
 }  // namespace
 
 void embedding(const bf16 * table, const int * ids, int n, int hidden, float * x, cudaStream_t stream) {
-    launch_kernel(embedding_kernel, n, 256, 0, stream, table, ids, hidden, x);
+    const bool vec = hidden % 8 == 0 && reinterpret_cast<uintptr_t>(table) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    launch_kernel(embedding_kernel, n, k_embed_threads, 0, stream, table, ids, hidden, vec, x);
 }
 
 void rms_norm(const float * x, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
