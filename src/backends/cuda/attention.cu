@@ -326,13 +326,16 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
 }
 
 // grid (n_head, batch): out[b, h] = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s over the active splits. 256 threads
-// in (split lane r, float4 column c): lane r takes splits r, r + R, ... (R = 256 / (D / 4)), four of them in flight,
-// keeping its own running maximum and rescaling its sums as it goes (the online softmax's merge), so a split's (m, l)
-// and O rows are requested together and a short context (a split or two per lane) costs one L2 round trip; the lanes
-// meet in a fixed order at the end. Against a first pass for M over all splits (a round trip and a block barrier
+// in (split lane r, float4 column c): lane r takes splits r, r + R, ... (R = 256 / (D / 4)), requesting
+// k_combine_batch of them before it merges any, and keeps its own running maximum, rescaling its sums as it goes (the
+// online softmax's merge), so a split's (m, l) and O rows are requested together and up to 8 R splits (7B's 64 at
+// 6144 keys and beyond) cost one L2 round trip; the lanes meet in a fixed order at the end. Against a first pass for M over all splits (a round trip and a block barrier
 // more), H100, alternated: 0.5B BF16 1349.9 -> 1359.2 tok/s, 1.5B 642.3 -> 651.5 (bench/results/2026-11-27-h100-combine).
 // A warp per split row, 4 warps (the kernel before both), took 1.4 us more per layer at 30720 keys (perf-log, 63c7ee9).
 constexpr int k_combine_threads = 256;
+// Splits a lane requests before merging them. `#pragma unroll 4` over the merge loop had left 7B's combine at 6.9 us a
+// layer at 30720 keys (8 splits a lane) against 2.6 us at 65 (H100 kernel trace, bench/results/2026-11-28-h100-trace).
+constexpr int k_combine_batch = 8;
 template <int D>
 __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(DecodeScratch s, const int * len_dev, int min_split, bf16 * out) {
     pdl_wait();
@@ -352,24 +355,33 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
         const float4 * po = reinterpret_cast<const float4 *>(s.partial_out + int64_t(h) * s.max_splits * D) + c;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         float lsum = 0, mx = -INFINITY;
-#pragma unroll 4
-        for (int i = r; i < splits; i += lanes) {
-            const float2 mli = ml[i];
-            const float4 o = po[int64_t(i) * cols];
-            const float m_new = fmaxf(mx, mli.x);
-            const float rescale = __expf(mx - m_new);  // 0 at the lane's first split (mx = -inf)
-            const float w = __expf(mli.x - m_new);
-            acc.x *= rescale;
-            acc.y *= rescale;
-            acc.z *= rescale;
-            acc.w *= rescale;
-            lsum *= rescale;
-            mx = m_new;
-            acc.x += w * o.x;
-            acc.y += w * o.y;
-            acc.z += w * o.z;
-            acc.w += w * o.w;
-            lsum += w * mli.y;
+        for (int i0 = r; i0 < splits; i0 += lanes * k_combine_batch) {
+            float2 mlv[k_combine_batch];  // (m, l) of splits i0, i0 + lanes, ...
+            float4 ov[k_combine_batch];   // their O rows' column c
+#pragma unroll
+            for (int u = 0; u < k_combine_batch; u++) {
+                const int i = i0 + u * lanes;
+                mlv[u] = i < splits ? ml[i] : make_float2(-INFINITY, 0.f);
+                ov[u] = i < splits ? po[int64_t(i) * cols] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < k_combine_batch; u++) {
+                if (i0 + u * lanes >= splits) break;
+                const float m_new = fmaxf(mx, mlv[u].x);
+                const float rescale = __expf(mx - m_new);  // 0 at the lane's first split (mx = -inf)
+                const float w = __expf(mlv[u].x - m_new);
+                acc.x *= rescale;
+                acc.y *= rescale;
+                acc.z *= rescale;
+                acc.w *= rescale;
+                lsum *= rescale;
+                mx = m_new;
+                acc.x += w * ov[u].x;
+                acc.y += w * ov[u].y;
+                acc.z += w * ov[u].z;
+                acc.w += w * ov[u].w;
+                lsum += w * mlv[u].y;
+            }
         }
         part[r][c] = acc;
         if (c == 0) {
