@@ -26,15 +26,6 @@ namespace {
 
 constexpr int k_threads = 256;
 constexpr int k_table_rows = 32;  // table rows per block (tokens x rows x matrices): 32 KB of shared memory
-// Single tokens whose share per block needs more rows than k_table_rows (0.5B / 1.5B gate_up, two blocks per SM: 38 /
-// 68 rows of gate and up) take a grid sized for tables of up to this many rows (96 KB) instead of the row kernels,
-// whose one wave of whole-row groups runs part-empty in its last round (1.5B gate_up: 2.37 TB/s in the in-graph
-// trace, bench/results/2026-11-28-h100-trace; 7B's: 2.98). QINFER_GEMV_WIDE=0: k_table_rows only.
-constexpr int k_table_rows_wide = 96;
-bool gemv_wide_tables() {
-    static const bool on = !env_is("QINFER_GEMV_WIDE", "0");
-    return on;
-}
 constexpr int k_batch = 8;        // loads in flight per thread
 
 struct NoRope {};  // the kernel parameter of the variants without the RoPE epilogue
@@ -163,25 +154,19 @@ bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rop
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
     auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
-    static size_t configured = 0, cached_smem[2] = {size_t(-1), size_t(-1)};  // per table size
-    static int cached_blocks[2] = {0, 0};
-    // The RoPE epilogue's pair targets are sized for k_table_rows.
-    const int sizes = ROPE || M > 1 || !gemv_wide_tables() ? 1 : 2;
-    for (int wide = 0; wide < sizes; wide++) {
-        const int max_rows = wide ? k_table_rows_wide : k_table_rows;
-        const size_t table_max_bytes = size_t(max_rows) * k_threads * sizeof(float);
-        allow_dynamic_smem(kernel, table_max_bytes + xs_bytes, configured);
-        // One wave at the largest table: a smaller table can only let more blocks in.
-        const int per_sm = resident_blocks(kernel, k_threads, table_max_bytes + xs_bytes, cached_smem[wide], cached_blocks[wide]);
-        if (per_sm < 1) return false;
-        const int grid = std::min(per_sm * sm_count(), a.n);
-        const int table_rows = (a.n + grid - 1) / grid * n_mats;
-        if (M * table_rows > max_rows) continue;
-        const size_t smem = size_t(M) * table_rows * k_threads * sizeof(float) + xs_bytes;
-        launch_kernel(kernel, grid, k_threads, smem, stream, a, table_rows, rope);
-        return true;
-    }
-    return false;
+    const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
+    static size_t configured = 0, cached_smem = size_t(-1);
+    static int cached_blocks = 0;
+    allow_dynamic_smem(kernel, table_max_bytes + xs_bytes, configured);
+    // One wave at the largest table: a smaller table can only let more blocks in.
+    const int per_sm = resident_blocks(kernel, k_threads, table_max_bytes + xs_bytes, cached_smem, cached_blocks);
+    if (per_sm < 1) return false;
+    const int grid = std::min(per_sm * sm_count(), a.n);
+    const int table_rows = (a.n + grid - 1) / grid * n_mats;
+    if (M * table_rows > k_table_rows) return false;
+    const size_t smem = size_t(M) * table_rows * k_threads * sizeof(float) + xs_bytes;
+    launch_kernel(kernel, grid, k_threads, smem, stream, a, table_rows, rope);
+    return true;
 }
 
 template <int M> bool dispatch(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t s) {
