@@ -14,9 +14,10 @@ namespace {
 constexpr int k_norm_threads = 256;
 
 // One block per token. Rows of whole 16-byte chunks (vec: hidden % 8 == 0, an aligned table) are copied a chunk per
-// load, each thread's loads all issued before its first store, so a row up to 8192 values costs one round trip to
-// memory after the id's: one value per load had cost 7B's 3584-value row 14 dependent round trips a thread, 20 us of
-// a 5.35 ms decode step (H100, in-graph kernel trace, bench/results/2026-11-28-h100-trace).
+// load, each thread's loads all issued before its first store, so a row up to 8192 values costs one round trip after
+// the id's. 7B's table stays in pinned host memory (an untied embedding), where one value per load had cost its
+// 3584-value row 14 dependent PCIe round trips a thread: 20 us of a 5.3 ms decode step, now 3.5 (H100, in-graph
+// kernel trace, bench/results/2026-11-28-h100-trace).
 constexpr int k_embed_threads = 256;
 constexpr int k_embed_loads = 4;  // 16-byte loads in flight per thread
 __global__ void embedding_kernel(const bf16 * __restrict__ table, const int * ids, int hidden, bool vec, float * __restrict__ x) {
