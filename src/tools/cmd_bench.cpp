@@ -120,6 +120,13 @@ size_t write_kernel_trace(const std::string & path) {
 #endif
 }
 
+// Output files are opened once before any work, so that an unwritable path fails at once, not after the benchmark.
+void check_writable(const char * flag, const std::string & path) {
+    if (path.empty()) return;
+    std::ofstream probe(path, std::ios::app);
+    if (!probe) QINFER_FAIL() << "--" << flag << ": cannot write " << path;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char ** argv) {
@@ -179,7 +186,11 @@ int cmd_bench(int argc, char ** argv) {
     if (!quant.kind.empty() && !model_dir.empty()) QINFER_FAIL() << "--quant synthesizes a preset; with --model the checkpoint's own format is used";
     if (!trace_path.empty() && !gpu) QINFER_FAIL() << "--trace records GPU kernels: it needs the CUDA backend";
     if (lens.empty()) QINFER_FAIL() << "--input-lens is empty";
+    check_writable("json", json_path);
+    check_writable("csv", csv_path);
+    check_writable("trace", trace_path);
     if (!plot_path.empty() && !plot_available()) QINFER_FAIL() << "--plot: this qinfer was built without libgd (apt-get install libgd-dev, rebuild)";
+    check_writable("plot", plot_path);
     for (int l : lens) {
         if (l < 1) QINFER_FAIL() << "--input-lens entries must be >= 1, got " << l;
     }

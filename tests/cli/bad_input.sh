@@ -78,6 +78,8 @@ expect kv-scale-negative "v_scale' is -1; an fp8 KV scale must be positive" "$q"
 if ! "$q" bench --help | grep -q max-batch; then echo "FAIL bench --help: no --max-batch"; fails=$((fails + 1)); fi
 expect max-batch-cpu "needs the CUDA backend" "$q" bench --preset tiny-qwen2 --backend cpu --max-batch --input-lens 8 --gen 1
 expect bad-batch "--batch entries must be in 1..4096" "$q" bench --preset tiny-qwen2 --batch 0 --input-lens 1 --gen 1
+expect bench-json-unwritable "--json: cannot write" "$q" bench --preset tiny-qwen2 --backend cpu --input-lens 1 --gen 1 --json "$tmp/no-such-dir/rows.json"
+expect trace-cpu "--trace records GPU kernels" "$q" bench --preset tiny-qwen2 --backend cpu --input-lens 1 --gen 1 --trace "$tmp/t.csv"
 
 # Plots of benchmark JSON.
 echo '[{"model": "m", "quant": "BF16", "kv_dtype": "bf16", "batch": 1, "input_len": 1, "tok_s": 5}]' >"$tmp/rows.json"

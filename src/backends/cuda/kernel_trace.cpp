@@ -13,6 +13,8 @@
 #include <mutex>
 #include <vector>
 
+#include "core/check.h"
+
 #if defined(QINFER_HAVE_CUPTI)
 #include <cuda_runtime.h>
 #include <cupti_activity.h>
@@ -143,7 +145,7 @@ size_t kernel_trace_write(const std::string & path) {
     }
     std::sort(records.begin(), records.end(), [](const KernelRecord & a, const KernelRecord & b) { return a.start < b.start; });
     FILE * f = std::fopen(path.c_str(), "w");
-    if (!f) return 0;
+    if (!f) QINFER_FAIL() << "--trace: cannot write " << path;
     std::fprintf(f, "start_ns,end_ns,graph_id,graph_node_id,stream,grid,block,name\n");
     for (const KernelRecord & r : records) {
         std::fprintf(f, "%llu,%llu,%u,%llu,%u,%dx%dx%d,%dx%dx%d,%s\n", static_cast<unsigned long long>(r.start),
