@@ -329,9 +329,10 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_decode_threads) a
 // in (split lane r, float4 column c): lane r takes splits r, r + R, ... (R = 256 / (D / 4)), requesting
 // k_combine_batch of them before it merges any, and keeps its own running maximum, rescaling its sums as it goes (the
 // online softmax's merge), so a split's (m, l) and O rows are requested together and up to 8 R splits cost one L2
-// round trip; the lanes meet in a fixed order at the end. Against a first pass for M over all splits (a round trip and a block barrier
-// more), H100, alternated: 0.5B BF16 1349.9 -> 1359.2 tok/s, 1.5B 642.3 -> 651.5 (bench/results/2026-11-27-h100-combine).
-// A warp per split row, 4 warps (the kernel before both), took 1.4 us more per layer at 30720 keys (perf-log, 63c7ee9).
+// round trip; the lanes meet in a fixed order at the end. Against a first pass for M over all splits (a round trip
+// and a block barrier more), H100, alternated: 0.5B BF16 1349.9 -> 1359.2 tok/s, 1.5B 642.3 -> 651.5
+// (bench/results/2026-11-27-h100-combine). A warp per split row, 4 warps (the kernel before both), took 1.4 us more
+// per layer at 30720 keys (perf-log, 63c7ee9).
 constexpr int k_combine_threads = 256;
 // Splits a lane requests before merging them. Against `#pragma unroll 4` over the merge loop (H100, alternated): 0.5B
 // at 30720 +2.1% (twelve splits a lane), 7B +0.2-0.3% (its combine 6.8 -> 6.3 us a layer at 30720 keys, still far
