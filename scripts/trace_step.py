@@ -10,7 +10,11 @@ times and the gaps with no kernel running add up to the step. A kernel launched 
 place in the layer (#0, #1: o_proj and down). CUPTI's tracing adds its own overhead to every kernel: compare steps
 traced alike.
 
-usage: trace_step.py TRACE.csv [STEPS]
+With --timeline LAYER it prints, instead, the kernels of that layer of the last step in order: start and end (us from
+the layer's first kernel start), duration and exposed time. That shows what the totals hide: which kernel's blocks
+start while the one ahead still runs (programmatic dependent launch) and how long each waits.
+
+usage: trace_step.py TRACE.csv [STEPS] [--timeline LAYER]
 """
 import csv
 import math
@@ -60,9 +64,46 @@ def by_role(step):
     return out
 
 
+def timeline(step, layer):
+    """The kernels of layer `layer` (0-based) of one step: a layer starts at each occurrence of the first kernel that
+    runs a multiple of L times a step (L the layer count, as in by_role)."""
+    count = defaultdict(int)
+    for _, _, name in step:
+        count[name] += 1
+    layers = 0
+    for c in count.values():
+        if c > 1:
+            layers = math.gcd(layers, c)
+    if not layers:
+        sys.exit("trace_step: no kernel repeats within a step, so no layers")
+    first = next(name for _, _, name in step if count[name] > 1 and count[name] % layers == 0)
+    starts = [i for i, (_, _, name) in enumerate(step) if name == first][::count[first] // layers]
+    if not 0 <= layer < len(starts):
+        sys.exit(f"trace_step: layer {layer} is not in 0..{len(starts) - 1}")
+    rows = step[starts[layer]:starts[layer + 1] if layer + 1 < len(starts) else len(step)]
+    t0 = rows[0][0]
+    prev_end = max(end for _, end, _ in step[:starts[layer]]) if starts[layer] > 0 else t0  # the kernels ahead
+    print(f"layer {layer} of {len(starts)} (last step): {(rows[-1][1] - t0) / 1000:.1f} us from its first start to its last end")
+    print(f"{'start us':>9s} {'end us':>8s} {'duration':>8s} {'exposed':>8s}  kernel (grid)")
+    for start, end, name in rows:
+        print(f"{(start - t0) / 1000:9.2f} {(end - t0) / 1000:8.2f} {(end - start) / 1000:8.2f} "
+              f"{max(0.0, end - max(prev_end, start)) / 1000:8.2f}  {name}")
+        prev_end = max(prev_end, end)
+
+
 def main():
-    path = sys.argv[1]
-    steps_wanted = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+    args = sys.argv[1:]
+    layer = None
+    if "--timeline" in args:
+        i = args.index("--timeline")
+        if i + 1 >= len(args):
+            sys.exit("trace_step: --timeline needs a layer number")
+        layer = int(args[i + 1])
+        del args[i:i + 2]
+    if not args:
+        sys.exit(__doc__)
+    path = args[0]
+    steps_wanted = int(args[1]) if len(args) > 1 else 16
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     kernels = sorted((int(r["start_ns"]), int(r["end_ns"]), short(r["name"]) + " g" + r["grid"]) for r in rows)
@@ -76,6 +117,8 @@ def main():
     if not steps:
         sys.exit("trace_step: no argmax_final_kernel in " + path)
     steps = [by_role(step) for step in steps]
+    if layer is not None:
+        return timeline(steps[-1], layer)
     dur, exposed, count = defaultdict(float), defaultdict(float), defaultdict(int)
     total = idle = 0.0
     for step in steps:
