@@ -45,9 +45,8 @@ def short(name):
     return base + ("<" + args[:28] + ">" if args else "")
 
 
-def by_role(step):
-    """A kernel launched r times a layer (the same GEMV for o_proj and down) is told apart by its place in the layer:
-    occurrence i of a kernel seen c times a step, with L layers (the gcd of the counts above one), gets "#(i % (c / L))"."""
+def counts_and_layers(step):
+    """How often each kernel runs in a step, and the layer count L: the gcd of the counts above one (0: none repeats)."""
     count = defaultdict(int)
     for _, _, name in step:
         count[name] += 1
@@ -55,6 +54,13 @@ def by_role(step):
     for c in count.values():
         if c > 1:
             layers = math.gcd(layers, c)
+    return count, layers
+
+
+def by_role(step):
+    """A kernel launched r times a layer (the same GEMV for o_proj and down) is told apart by its place in the layer:
+    occurrence i of a kernel seen c times a step, with L layers (the gcd of the counts above one), gets "#(i % (c / L))"."""
+    count, layers = counts_and_layers(step)
     seen, out = defaultdict(int), []
     for start, end, name in step:
         per_layer = max(1, count[name] // layers) if layers else 1
@@ -67,13 +73,7 @@ def by_role(step):
 def timeline(step, layer):
     """The kernels of layer `layer` (0-based) of one step: a layer starts at each occurrence of the first kernel that
     runs a multiple of L times a step (L the layer count, as in by_role)."""
-    count = defaultdict(int)
-    for _, _, name in step:
-        count[name] += 1
-    layers = 0
-    for c in count.values():
-        if c > 1:
-            layers = math.gcd(layers, c)
+    count, layers = counts_and_layers(step)
     if not layers:
         sys.exit("trace_step: no kernel repeats within a step, so no layers")
     first = next(name for _, _, name in step if count[name] > 1 and count[name] % layers == 0)
