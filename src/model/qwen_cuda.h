@@ -198,6 +198,9 @@ private:
     std::vector<int> batch_seqs_;
     DeviceBuffer batch_tables_;
     int batch_stride_ = 0;
+    // Every sequence of the decoding batch stays within cuda::k_short_decode_keys keys for the steps prepare_batch
+    // made room for (the combine may then start early under PDL; cuda::attention_decode).
+    bool decode_short_ = false;
 
     // Workspaces for `ws_tokens_` tokens at a time.
     int ws_tokens_ = 0;
@@ -220,6 +223,7 @@ private:
     const void * graph_logits_ = nullptr;  // logits_ when captured (forward() may have grown it since)
     int graph_valid_ = 0;
     StepEnd graph_end_ = StepEnd::Argmax;
+    bool graph_short_ = false;  // the graph's decode_short_
     cuda::SampleParams graph_sample_;  // the sampling parameters captured (StepEnd::Sample)
     // Sampling state of the decoding sequence: ids seen (prompt and output), output counts, penalised logits.
     cuda::SampleParams sample_params_;

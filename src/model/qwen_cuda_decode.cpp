@@ -14,6 +14,8 @@ bool CudaQwenEngine::prepare_batch(const std::vector<int> & seqs, const std::vec
         if (table_->length(s) + n_steps > int(table_->blocks(s).size()) * block_size_) return false;
     }
     const int B = int(seqs.size());
+    decode_short_ = true;
+    for (int s : seqs) decode_short_ = decode_short_ && table_->length(s) + n_steps <= cuda::k_short_decode_keys;
     if (seqs != batch_seqs_) {
         batch_stride_ = kv_tokens_ / block_size_;
         std::vector<int> tables(size_t(B) * batch_stride_, 0);
@@ -89,7 +91,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         if (!roped) cuda::qkv_rope_cache(r, stream_);
         prof_.mark("bias/norm/rope/cache");
         cuda::attention_decode(q_.as<bf16>(), r.cache, len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
-                               attn_.as<bf16>(), stream_, B);
+                               attn_.as<bf16>(), stream_, B, cuda::DecodeKernel::Auto, decode_short_);
         prof_.mark("attention");
         if (fused) {
             cuda::GemvArgs a;
@@ -231,10 +233,12 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
     const bool same_sampling = end != StepEnd::Sample ||
                                (a.temperature == b.temperature && a.top_p == b.top_p && a.min_p == b.min_p && a.repetition_penalty == b.repetition_penalty &&
                                 a.presence_penalty == b.presence_penalty && a.frequency_penalty == b.frequency_penalty && a.top_k == b.top_k && a.seed == b.seed);
-    if (!graph_ || graph_seqs_ != seqs || graph_valid_ != n_valid || graph_logits_ != logits_.get() || graph_end_ != end || !same_sampling) {
+    if (!graph_ || graph_seqs_ != seqs || graph_valid_ != n_valid || graph_logits_ != logits_.get() || graph_end_ != end || !same_sampling ||
+        graph_short_ != decode_short_) {
         if (graph_) cudaGraphExecDestroy(graph_);
         graph_ = nullptr;
         graph_valid_ = n_valid;
+        graph_short_ = decode_short_;
         graph_end_ = end;
         graph_sample_ = sample_params_;
         // One eager step first, so that cuBLASLt's handle, plans and workspace and the dequantization buffer exist

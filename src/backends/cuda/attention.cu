@@ -412,9 +412,9 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
 }
 
 template <int D> void launch_combine(const DecodeScratch & scratch, const int * len_dev, int min_split, bf16 * out, int n_head, int batch,
-                                     cudaStream_t stream) {
-    static const bool skip = pdl_skip("combine");
-    ScopedNoPdl no_pdl(skip);
+                                     bool short_context, cudaStream_t stream) {
+    static const bool skip = pdl_skip("combine"), skip_long = pdl_skip("combine-long");
+    ScopedNoPdl no_pdl(skip || (skip_long && !short_context));
     launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
 }
 
@@ -518,7 +518,8 @@ int decode_splits(int max_len, int n_kv, int head_dim, int batch) {
 }
 
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
-                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch, DecodeKernel kernel) {
+                      const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch, DecodeKernel kernel,
+                      bool short_context) {
     if (batch < 1 || batch > 65535) QINFER_FAIL() << "attention_decode: batch " << batch;
     if (n_head / n_kv > k_max_rep) QINFER_FAIL() << "attention_decode: " << n_head / n_kv << " query heads per KV head (max " << k_max_rep << ")";
     if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
@@ -546,7 +547,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
         a.min_split = 64;
         auto combine = [&](auto d_const) {
             constexpr int D = decltype(d_const)::value;
-            launch_combine<D>(scratch, len_dev, a.min_split, out, n_head, batch, stream);
+            launch_combine<D>(scratch, len_dev, a.min_split, out, n_head, batch, short_context, stream);
         };
         if (head_dim == 64) combine(std::integral_constant<int, 64>{});
         else combine(std::integral_constant<int, 128>{});
@@ -564,7 +565,7 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
             for_kv_kind(kind, [&](auto k) { launch_kernel(attention_decode_kernel<D, decltype(k)::value>, grid, k_decode_threads, 0, stream, a); });
         }
         CUDA_CHECK(cudaGetLastError());
-        launch_combine<D>(scratch, len_dev, a.min_split, out, n_head, batch, stream);
+        launch_combine<D>(scratch, len_dev, a.min_split, out, n_head, batch, short_context, stream);
     };
     switch (head_dim) {
     case 16: return run(std::integral_constant<int, 16>{});

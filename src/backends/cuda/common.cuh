@@ -46,13 +46,16 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 
 bool pdl_enabled();
 
-// The launches of these roles ("attention": the decode attention's split kernel, "combine": its combine kernel) go
-// without programmatic dependent launch while PDL is on, so they start only when the kernel ahead has finished;
-// QINFER_PDL_SKIP=role,... replaces the list (QINFER_PDL_SKIP=none: every launch with PDL). The combine by default:
-// launched early, its blocks waited beside the whole split kernel, and with it launched normally, PDL on, H100
-// decode tok/s went 7B BF16 187.2 -> 187.1 / 161.0 -> 182.6 / 149.4 -> 166.1 at input 1 / 6144 / 30720, 1.5B 636.5
-// -> 633.3 / 502.6 -> 514.9 at 1 / 30720, 0.5B and 7B GPTQ-Int4 within 1% (bench/results/2026-11-27-h100-pdl-matrix).
-constexpr const char * k_pdl_skip_default = "combine";
+// The launches of these roles ("attention": the decode attention's split kernel, "combine": its combine kernel,
+// "combine-long": the combine unless the launch's sequences stay within k_short_decode_keys keys) go without
+// programmatic dependent launch while PDL is on, so they start only when the kernel ahead has finished;
+// QINFER_PDL_SKIP=role,... replaces the list (QINFER_PDL_SKIP=none: every launch with PDL). The long combine by
+// default: launched early, its blocks waited beside the whole split kernel, and with it launched normally, PDL on,
+// H100 decode tok/s went 7B BF16 187.2 -> 187.1 / 161.0 -> 182.6 / 149.4 -> 166.1 at input 1 / 6144 / 30720, 1.5B
+// 636.5 -> 633.3 / 502.6 -> 514.9 at 1 / 30720, 0.5B and 7B GPTQ-Int4 within 1% (bench/results/2026-11-27-h100-pdl-matrix);
+// at 11803c7, 0.5B at input 1 was 1.4% faster with it launched early (1378.0 -> 1397.7 tok/s, two runs each,
+// bench/results/2026-11-28-h100-0.5b-pdl).
+constexpr const char * k_pdl_skip_default = "combine-long";
 bool pdl_skip(const char * role);
 extern thread_local bool pdl_suspended;
 // While alive (and `on`), launch_kernel launches without PDL.

@@ -225,9 +225,12 @@ bool decode_tma_applies(const KVLayer & cache, int head_dim);
 // back the start-up setting.
 void set_decode_early_kv(bool on);
 void reset_decode_early_kv();
+// short_context: every sequence of this launch (and of the graph it is captured into) stays within
+// k_short_decode_keys keys, which lets the combine start early under PDL (the "combine-long" role, common.cuh).
+constexpr int k_short_decode_keys = 4096;
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1,
-                      DecodeKernel kernel = DecodeKernel::Auto);
+                      DecodeKernel kernel = DecodeKernel::Auto, bool short_context = false);
 
 // ---- sampling on the device ----
 // Greedy step: token = argmax(logits[0:n_valid]) (lowest id on ties); state[0] = token, out_tokens[state[2]] = token,
