@@ -53,8 +53,9 @@ bool pdl_enabled();
 // default: launched early, its blocks waited beside the whole split kernel, and with it launched normally, PDL on,
 // H100 decode tok/s went 7B BF16 187.2 -> 187.1 / 161.0 -> 182.6 / 149.4 -> 166.1 at input 1 / 6144 / 30720, 1.5B
 // 636.5 -> 633.3 / 502.6 -> 514.9 at 1 / 30720, 0.5B and 7B GPTQ-Int4 within 1% (bench/results/2026-11-27-h100-pdl-matrix);
-// at 11803c7, 0.5B at input 1 was 1.4% faster with it launched early (1378.0 -> 1397.7 tok/s, two runs each,
-// bench/results/2026-11-28-h100-0.5b-pdl).
+// launched early within k_short_decode_keys keys (combine-long against combine, alternated twice at 96c45a3): 0.5B
+// 1380.5 -> 1394.4 tok/s at input 1, 0.5B GPTQ-Int4 1662.7 -> 1685.7, 1.5B 661.4 -> 665.1, 7B 188.9 -> 189.1 at 1,
+// 182.0 both at 6144 (bench/results/2026-11-28-h100-combine-pdl-short).
 constexpr const char * k_pdl_skip_default = "combine-long";
 bool pdl_skip(const char * role);
 extern thread_local bool pdl_suspended;
