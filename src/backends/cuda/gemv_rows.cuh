@@ -28,8 +28,9 @@ template <int LANES> __device__ __forceinline__ float row_sum(float v) {
     return v;
 }
 
-template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true, int LANES = 32>
-__global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
+// MIN_BLOCKS: blocks per SM the register allocation must allow (3 caps a thread at 80 registers; 1: no cap, 87-95).
+template <int M, int WPR, GemvIn IN, GemvOut OUT, bool PAIR = true, int LANES = 32, int MIN_BLOCKS = 1>
+__global__ void __launch_bounds__(k_threads, MIN_BLOCKS) gemv_kernel(GemvArgs a) {
     extern __shared__ uint4 smem_raw[];
     bf16 * xs = reinterpret_cast<bf16 *>(smem_raw);  // bf16 [M, k]
     __shared__ float red[k_warps][M][2];
@@ -156,6 +157,15 @@ __global__ void __launch_bounds__(k_threads) gemv_kernel(GemvArgs a) {
     }
 }
 
+// One-warp rows of at most 2048 values run under the register cap that lets three blocks share an SM instead of two
+// (80 registers, 16-44 bytes spilled). H100, alternated twice in one call (bench/results/2026-11-28-h100-rows3):
+// 0.5B 1413.3 -> 1419.1 tok/s (+0.4%), 1.5B 672.4 -> 677.7 (+0.8%); 7B's rows (k 3584) lost 0.5% under it and keep
+// two. QINFER_GEMV_ROWS_BLOCKS=2 or 3: that many for every one-warp row.
+inline bool gemv_rows_three_blocks(int k) {
+    static const int forced = env_int("QINFER_GEMV_ROWS_BLOCKS", 0);
+    return forced != 0 ? forced == 3 : k <= 2048;
+}
+
 template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(const GemvArgs & a, cudaStream_t stream) {
     const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     // Gate and up share load batches only where that puts both whole rows into the first batch (k <= 1024 per warp
@@ -163,9 +173,14 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(co
     // 7B; H100, bench/results/2026-11-26-h100-a050da2).
     constexpr int pair_max_k = 1024 * WPR;
     const bool pair = OUT != GemvOut::SiluMulBf16 || a.k <= pair_max_k;
+    const bool three = WPR == 1 && gemv_rows_three_blocks(a.k);
     auto kernel = pair ? gemv_kernel<M, WPR, IN, OUT, true, LANES> : gemv_kernel<M, WPR, IN, OUT, false, LANES>;
-    static size_t configured[2] = {0, 0};  // per kernel
-    if (IN == GemvIn::NormF32) allow_dynamic_smem(kernel, smem, configured[pair]);
+    if constexpr (WPR == 1) {
+        if (three) kernel = pair ? gemv_kernel<M, WPR, IN, OUT, true, LANES, 3> : gemv_kernel<M, WPR, IN, OUT, false, LANES, 3>;
+    }
+    const int variant = int(pair) + 2 * int(three);
+    static size_t configured[4] = {0, 0, 0, 0};  // per kernel
+    if (IN == GemvIn::NormF32) allow_dynamic_smem(kernel, smem, configured[variant]);
     constexpr int rows_per_block = k_warps / WPR * (32 / LANES);
     // One wave of resident blocks strides over the row groups: under programmatic dependent launch the next kernel's
     // blocks, resident early, would otherwise take the slots of this kernel's later waves. On an H100 (PDL on, decode
@@ -175,9 +190,9 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(co
     int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
     static const bool one_wave = !env_is("QINFER_GEMV_WAVE", "0");
     if (one_wave) {
-        static size_t cached_smem[2] = {size_t(-1), size_t(-1)};  // per kernel
-        static int per_sm[2] = {0, 0};
-        blocks = std::min(needed, std::max(1, resident_blocks(kernel, k_threads, smem, cached_smem[pair], per_sm[pair])) * sm_count());
+        static size_t cached_smem[4] = {size_t(-1), size_t(-1), size_t(-1), size_t(-1)};  // per kernel
+        static int per_sm[4] = {0, 0, 0, 0};
+        blocks = std::min(needed, std::max(1, resident_blocks(kernel, k_threads, smem, cached_smem[variant], per_sm[variant])) * sm_count());
         // As few blocks as take the same number of rounds, so that the last round is as full as the others: 1.5B's
         // gate_up (1120 row groups) over 224 blocks in five full rounds instead of 264 with a fifth a quarter full.
         // H100, alternated in one call: 1.5B 652.3 -> 662.4 tok/s, 0.5B 1362.4 -> 1386.4, 7B level (264 either way;
