@@ -20,8 +20,11 @@ void cuda_system_info(SystemInfo * info);
 #endif
 
 double measure_host_bandwidth() {
-    // 1 GiB, far past any last-level cache; 64-bit XOR in 8 independent lanes costs the cores next to nothing.
+    // 1 GiB, far past any last-level cache, read in 8 KB blocks, each XOR-ed into eight independent lanes that the
+    // compiler turns into vector loads: the cores cost next to nothing. (One 64-bit XOR chain per thread read 34 GB/s
+    // on a 2-thread EPYC where this reads 44-66 and the engine's own decode 41.5: bandwidth shares above 100%.)
     const size_t n = (size_t(1) << 30) / sizeof(uint64_t);
+    constexpr int64_t block = 1024;  // uint64 values
     std::vector<uint64_t> buf(n);
     parallel_for(int64_t(n), [&](int64_t i) { buf[size_t(i)] = uint64_t(i) * 0x9e3779b97f4a7c15ull; });
     double best = 0;
@@ -30,9 +33,14 @@ double measure_host_bandwidth() {
         auto t0 = std::chrono::steady_clock::now();
         uint64_t total = 0;
 #pragma omp parallel for reduction(^ : total) schedule(static)
-        for (int64_t b = 0; b < int64_t(n / 8); b++) {
-            const uint64_t * p = buf.data() + b * 8;
-            total ^= p[0] ^ p[1] ^ p[2] ^ p[3] ^ p[4] ^ p[5] ^ p[6] ^ p[7];
+        for (int64_t b = 0; b < int64_t(n) / block; b++) {
+            const uint64_t * p = buf.data() + b * block;
+            uint64_t lanes[8] = {};
+            for (int64_t i = 0; i < block; i += 8) {
+#pragma omp simd
+                for (int j = 0; j < 8; j++) lanes[j] ^= p[i + j];
+            }
+            for (uint64_t v : lanes) total ^= v;
         }
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         sink ^= total;
