@@ -88,7 +88,7 @@ for stage in goldens quant-goldens chat test quant-test batch-test kernels bench
     hf-quick bench-full bench-quant kv-test long pdl-ab max-batch decode-ab rope-ab rope-pdl pdl-skip pdl-matrix \
     tma-ab early-kv-ab ring-deep-ab chunk-long pdl-exit gpu-test attn-test attn-profile tune splits-ab qgemv decode-profile ring-ab tile-ab \
     tile-profile gemv-ab dequant-ab chunk-ab chunk-small prefill-ab wave-ab prefill-profile decode-attn \
-    decode-stages decode-ncu decode-tma split-keys q8-decode q8-ncu q8-stages qgemv-ncu qgemv-stage-ab qgemm-ab decode-trace combine-pdl-ab rows3-ab qgemv-knobs qstage-k-ab lazy-ab half-ab kv-prefill rows dequant-emb memory-tables; do
+    decode-stages decode-ncu decode-tma split-keys q8-decode q8-ncu q8-stages qgemv-ncu qgemv-stage-ab qgemm-ab decode-trace combine-pdl-ab rows3-ab qgemv-knobs qstage-k-ab qring-fast-ab lazy-ab half-ab kv-prefill rows dequant-emb memory-tables; do
     if has "$stage"; then source "scripts/device/$stage.sh"; ran+=" $stage "; fi
 done
 for stage in $stages; do [[ "$ran" == *" $stage "* ]] || note "stage $stage: not in device.sh's list of stages (not run)"; done

@@ -36,6 +36,7 @@ struct GemvArgs {
     bool vec_norm = false;          // NormF32 staged in float4 batches (set by gemv()/qgemv(): qstage::vec_norm_ok)
     bool vec_bf16 = false;          // qgemv ring: Bf16 rows staged by 16-byte copies (no act-order, k == k_padded, aligned)
     bool vec_params = false;        // qgemv ring: affine group parameters read 8 at a time (aligned scales / zeros)
+    bool ring_fast = false;         // qgemv ring: unchecked rounds, normalised inputs staged for 16-byte B loads
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)

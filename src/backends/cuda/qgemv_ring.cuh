@@ -200,6 +200,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         for (int c = 0; c < 32; c++) lut[b * 32 + (c + b) % 32] = bits;  // banks (c + b) % 32: distinct within a warp
     }
 
+    // Normalised inputs in b_pair_order (qstage.cuh) for the fast rounds' 16-byte B loads.
+    const bool pair_order = XS == XSrc::StageNorm && a.ring_fast;
     pdl_wait();  // the inputs come from the kernel ahead
     if constexpr (XS != XSrc::Global) {
         constexpr GemvIn IN = XS == XSrc::StageNorm ? GemvIn::NormF32 : GemvIn::Bf16;
@@ -213,11 +215,11 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         }
         for (int tok = 0; tok < (XS == XSrc::StageBf16 && a.vec_bf16 ? 0 : m); tok++) {
             if (XS == XSrc::StageNorm && a.vec_norm) {  // set by qgemv.cu: aligned, no act-order
-                qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * kp, norm_red);
+                qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * kp, norm_red, pair_order);
                 continue;
             }
             auto store = [&](int i, float v) {
-                if (i < kp) sx[size_t(tok) * kp + i] = __float2bfloat16(v);
+                if (i < kp) sx[size_t(tok) * kp + (pair_order ? qstage::b_pair_order(i) : i)] = __float2bfloat16(v);
             };
             qstage::for_each_input<IN, decltype(store), false>(a, w.perm, tok, a.k, kp, norm_red, store);
         }
@@ -264,22 +266,31 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         tot[3] = fmaf(s_hi, c[3], tot[3]);
         c[0] = c[1] = c[2] = c[3] = 0.0f;
     };
-    // One 64-wide K block: xk points at the lane's first B word of the block (input pair kb * 64 + 2t), pos0 = kb * 64.
-    auto multiply = [&](const uint4 (&codes)[PLANES], const uint32_t * xk, int pos0) {
+    auto next_group = [&]() {
+        flush();
+        gi++;
+        group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
+        take();
+    };
+    // One 64-wide K block: xk points at the lane's first B word of the block (input pair kb * 64 + 2t, or in
+    // b_pair_order the lane's eight pairs from kb * 64 + 16t), pos0 = kb * 64. group_checks (a constant at each call):
+    // whether a group may start inside the block (at j = 0 or 2); the fast rounds below check once per block instead.
+    auto multiply = [&](const uint4 (&codes)[PLANES], const uint32_t * xk, int pos0, bool group_checks, bool paired) {
         uint32_t b[4][2];
+        if (paired) {
+            const uint4 lo = reinterpret_cast<const uint4 *>(xk)[0], hi = reinterpret_cast<const uint4 *>(xk)[1];
+            b[0][0] = lo.x, b[0][1] = lo.y, b[1][0] = lo.z, b[1][1] = lo.w;
+            b[2][0] = hi.x, b[2][1] = hi.y, b[3][0] = hi.z, b[3][1] = hi.w;
+        } else {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            b[j][0] = xk[8 * j];      // inputs pos0 + 16j + 2t, + 1
-            b[j][1] = xk[8 * j + 4];  // inputs pos0 + 16j + 2t + 8, + 9
+            for (int j = 0; j < 4; j++) {
+                b[j][0] = xk[8 * j];      // inputs pos0 + 16j + 2t, + 1
+                b[j][1] = xk[8 * j + 4];  // inputs pos0 + 16j + 2t + 8, + 9
+            }
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            if ((j == 0 || j == 2) && pos0 + j * 16 >= group_end) {
-                flush();
-                gi++;
-                group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
-                take();
-            }
+            if (group_checks && (j == 0 || j == 2) && pos0 + j * 16 >= group_end) next_group();
             if constexpr (C == Codes::Lookup4) {
                 const uint32_t word = reinterpret_cast<const uint32_t *>(&codes[0])[j];
                 const uint32_t * lut_lane = lut + lane;
@@ -307,14 +318,34 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         // Running pointers (no per-block address arithmetic): the codes RING blocks ahead, the lane's inputs. A ring
         // slot is multiplied first and then refilled (no register copy of the codes).
         const uint4 * ahead = src + size_t(kb_begin + RING) * TILE;
-        const uint32_t * xk = xrow + size_t(kb_begin) * 32 + t;
+        const uint32_t * xk = xrow + size_t(kb_begin) * 32 + (pair_order ? 8 * t : t);
         int pos0 = kb_begin * 64;
-        for (int kb0 = kb_begin; kb0 < kb_end; kb0 += RING) {
+        int kb0 = kb_begin;
+        // Fast rounds (a.ring_fast): every block of the round and every refill lies inside the part, and groups are
+        // whole K blocks (a group starts only at a block's first position), so no bounds checks and one group check
+        // per block, with the round's addresses as offsets from its first block; normalised inputs in two 16-byte
+        // loads per block. The rounds after them take the checked loop.
+        if (a.ring_fast && w.group % 64 == 0) {
+            for (; kb0 + 2 * RING <= kb_end; kb0 += RING) {
+                if (l2_ahead > 0) prefetch_blocks(kb0 + RING + l2_ahead, kb0 + 2 * RING + l2_ahead);
+#pragma unroll
+                for (int u = 0; u < RING; u++) {
+                    if (pos0 + 64 * u >= group_end) next_group();
+                    multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm);
+#pragma unroll
+                    for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
+                }
+                ahead += RING * TILE;
+                xk += RING * 32;
+                pos0 += RING * 64;
+            }
+        }
+        for (; kb0 < kb_end; kb0 += RING) {
             if (l2_ahead > 0) prefetch_blocks(kb0 + RING + l2_ahead, kb0 + 2 * RING + l2_ahead);
 #pragma unroll
             for (int u = 0; u < RING; u++) {
                 if (kb0 + u >= kb_end) break;
-                multiply(ring[u], xk, pos0);
+                multiply(ring[u], xk, pos0, true, pair_order);
                 if (kb0 + u + RING < kb_end) {
 #pragma unroll
                     for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + p * 32);

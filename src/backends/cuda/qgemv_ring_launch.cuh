@@ -55,6 +55,13 @@ inline bool vec_params_on() {
     return on;
 }
 
+// QINFER_QRING_FAST=0: the ring kernel's checked loop for every round and normalised inputs staged in position order
+// (qgemv_ring.cuh's fast rounds off), for A/B runs.
+inline bool ring_fast_on() {
+    static const bool on = !env_is("QINFER_QRING_FAST", "0");
+    return on;
+}
+
 template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
@@ -69,6 +76,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     args.vec_bf16 = XS == ring4::XSrc::StageBf16 && !w.perm && a.k == w.k_padded && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
     args.vec_params = C != ring4::Codes::Lookup4 && vec_params_on() && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(w.zeros) % 8 == 0;
+    args.ring_fast = ring_fast_on();
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (forced_ahead >= 0 ? forced_ahead : plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) /
                          ring4::planes_of(C);

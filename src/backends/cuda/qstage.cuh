@@ -70,12 +70,22 @@ inline bool vec_norm_ok(const GemvArgs & a) {
     return !scalar && a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
 }
 
+// Where position i of a row is staged for the ring GEMV's 16-byte B loads (qgemv_ring.cuh): within each 64-wide K
+// block, the bf16 pair w (positions 2w, 2w + 1) moves to pair (w % 4) * 8 + w / 4, so that the eight pairs one lane
+// multiplies in a block (w = t, t + 4, ..., t + 28) lie together.
+__device__ __forceinline__ int b_pair_order(int i) {
+    const int e = i & 63, w = e >> 1;
+    return (i & ~63) | ((w & 3) << 4) | ((w >> 2) << 1) | (e & 1);
+}
+
 // RMSNorm of one fp32 row into bf16 dst [n_pos] (zero at positions >= K), without act-order, for K % 4 == 0: every
 // thread requests its float4 inputs and 4-value norm weights of a batch of up to R x 1024 positions at once, so a row
 // of up to R x 1024 costs one round trip to memory before the block sum instead of one per 256 positions (rows
 // longer than that are read twice, a batch at a time). All threads must call. Same rounding as for_each_input.
+// pair_order: positions stored where b_pair_order puts them (n_pos a multiple of 64).
 template <int R>
-__device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int K, int n_pos, bf16 * dst, float * red) {
+__device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int K, int n_pos, bf16 * dst, float * red,
+                                               bool pair_order = false) {
     const float4 * x4 = reinterpret_cast<const float4 *>(static_cast<const float *>(a.x) + size_t(tok) * K);
     const uint2 * w4 = reinterpret_cast<const uint2 *>(a.norm_w);  // 4 bf16 per uint2
     const int n4 = K / 4;
@@ -87,6 +97,11 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
         uint2 out;
         out.x = *reinterpret_cast<const uint32_t *>(&y01);
         out.y = *reinterpret_cast<const uint32_t *>(&y23);
+        if (pair_order) {
+            *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4)) = out.x;
+            *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4 + 2)) = out.y;
+            return;
+        }
         *reinterpret_cast<uint2 *>(dst + size_t(i4) * 4) = out;
     };
     if (n4 <= batch) {
@@ -136,7 +151,7 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
             }
         }
     }
-    for (int i = K + threadIdx.x; i < n_pos; i += k_threads) dst[i] = __float2bfloat16(0.0f);
+    for (int i = K + threadIdx.x; i < n_pos; i += k_threads) dst[pair_order ? b_pair_order(i) : i] = __float2bfloat16(0.0f);
 }
 
 // The BF16 GEMVs' prologue: the m rows of an fp32 input RMS-normalised into bf16 xs [m, k] (float4 batches where
