@@ -137,6 +137,12 @@ TEST_P(QuantGemv, MatchesCpu) {
     const auto [n, k] = GetParam();
     check_quant_gemv(n, k);
     check_quant_gemv(n, k, true);
+    if (k >= 1024) {  // the ring kernel's fast rounds wherever they fit (by default only on parts of three rounds)
+        cuda::set_qgemv_ring_fast(1);
+        check_quant_gemv(n, k);
+        check_quant_gemv(n, k, true);
+        cuda::set_qgemv_ring_fast(-1);
+    }
 }
 
 // N = rows of the weight (a multiple of 8 for GPTQ packing), K a multiple of 64 but not of 128 where possible.

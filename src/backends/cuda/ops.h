@@ -74,6 +74,9 @@ size_t qgemv_scratch_bytes(int k_padded, int m);
 // overrides both (true: every kind); reset_qgemv_ring_deep puts back the start-up setting.
 void set_qgemv_ring_deep(bool on);
 void reset_qgemv_ring_deep();
+// The ring kernel's fast rounds (unchecked rounds, normalised inputs staged for 16-byte B loads): -1 where every K
+// part holds at least three rounds of loads (the default), 1 wherever the kernel can take them, 0 never.
+void set_qgemv_ring_fast(int mode);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 // Prefill GEMM with the weights dequantized into shared memory (qgemm_wgmma.cu): y bf16 [m, w.rows] = x bf16 [m, w.k]

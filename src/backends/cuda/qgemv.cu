@@ -316,6 +316,13 @@ bool qgemv_ring_deep(bool affine4) {
 void set_qgemv_ring_deep(bool on) { ring_deep_mode = on ? 1 : 0; }
 void reset_qgemv_ring_deep() { ring_deep_mode = ring_deep_start_mode(); }
 
+// The fast rounds' mode (qgemv_ring_launch.cuh): -1 where every K part holds three rounds (the default), 1 wherever
+// the kernel can take them, 0 never (QINFER_QRING_FAST=1 / 0 at start; set_qgemv_ring_fast).
+static std::atomic<int> ring_fast_mode{env_mode("QINFER_QRING_FAST")};
+
+int qgemv_ring_fast_mode() { return ring_fast_mode; }
+void set_qgemv_ring_fast(int mode) { ring_fast_mode = mode; }
+
 size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
 
 void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream) {

@@ -22,6 +22,8 @@ void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut ou
 // Whether launches that qualify use the deep ring (ring4::k_ring_deep) for this code kind (set_qgemv_ring_deep,
 // QINFER_QRING_DEEP; by default 4-bit affine codes only).
 bool qgemv_ring_deep(bool affine4);
+// The fast rounds' mode (set_qgemv_ring_fast, QINFER_QRING_FAST): -1 the rule of ring_launch::ring_fast_for, 1, 0.
+int qgemv_ring_fast_mode();
 
 // QINFER_QKS=1|2|4|8 forces the warps per row group of both quantized GEMVs (tuning experiments).
 inline int forced_ks() {
@@ -55,11 +57,15 @@ inline bool vec_params_on() {
     return on;
 }
 
-// QINFER_QRING_FAST=0: the ring kernel's checked loop for every round and normalised inputs staged in position order
-// (qgemv_ring.cuh's fast rounds off), for A/B runs.
-inline bool ring_fast_on() {
-    static const bool on = !env_is("QINFER_QRING_FAST", "0");
-    return on;
+// The ring kernel's fast rounds (qgemv_ring.cuh) where every K part holds at least three rounds of RINGK loads, so
+// that at least two rounds run unchecked. On an H200 (bench/results/2026-11-28-h200-qring-fast, alternated twice) they
+// took 7B GPTQ-Int4 from 485.5 to 503.5 tok/s (gate_up 31.4 -> 28.8 us, down 18.2 -> 17.5), but 0.5B GPTQ-Int4 from
+// 1715.3 to 1697.0, whose parts hold one or two rounds (the pair-order staging without the rounds that repay it).
+// QINFER_QRING_FAST=0: never (the checked loop for every round, inputs staged in position order), =1: wherever the
+// kernel can take them (qgemv.cu's mode; set_qgemv_ring_fast).
+inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes c) {
+    const int mode = qgemv_ring_fast_mode();
+    return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= 3 * (ringk / ring4::planes_of(c)));
 }
 
 template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
@@ -76,7 +82,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     args.vec_bf16 = XS == ring4::XSrc::StageBf16 && !w.perm && a.k == w.k_padded && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
     args.vec_params = C != ring4::Codes::Lookup4 && vec_params_on() && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(w.zeros) % 8 == 0;
-    args.ring_fast = ring_fast_on();
+    args.ring_fast = ring_fast_for(w, KS, ring4::k_ring, C);
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (forced_ahead >= 0 ? forced_ahead : plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) /
                          ring4::planes_of(C);
@@ -87,6 +93,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
             auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
             static size_t configured_deep = 0;
             allow_dynamic_smem(deep, smem, configured_deep);
+            args.ring_fast = ring_fast_for(w, KS, ring4::k_ring_deep, C);
             launch_kernel(deep, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
             return;
         }
