@@ -15,8 +15,9 @@ need_cmd bc bc
 need_cmd node nodejs
 need_cmd npm npm
 need_cmd bible bible-kjv
+need_cmd pkg-config pkg-config
 python3 -c 'import numpy' 2>/dev/null || /usr/bin/python3 -c 'import numpy' 2>/dev/null || missing+=(python3-numpy)
-for p in nlohmann-json3-dev libgtest-dev googletest libomp-dev libclang-rt-14-dev libpcre2-dev libutf8proc-dev libgd-dev \
+for p in nlohmann-json3-dev libgtest-dev googletest libomp-dev libclang-rt-14-dev libpcre2-dev libutf8proc-dev libgd-dev libcpp-httplib-dev \
          fortunes fortunes-zh fortunes-ru; do
     need_pkg "$p"
 done

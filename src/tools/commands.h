@@ -20,6 +20,7 @@ int cmd_memory_table(int argc, char ** argv);
 int cmd_tokenize(int argc, char ** argv);
 int cmd_detokenize(int argc, char ** argv);
 int cmd_chat(int argc, char ** argv);
+int cmd_serve(int argc, char ** argv);
 
 // Sampling flags (--greedy, --temperature, --top-k, --top-p, --min-p, --repetition-penalty, --presence-penalty,
 // --frequency-penalty, --seed) over the checkpoint's generation_config.json defaults.

@@ -16,6 +16,7 @@ const char * k_usage =
     "  bench    speed table (tokens/s incl. prefill, TTFT, decode tokens/s, peak memory, bandwidth share)\n"
     "  run      generate from a text prompt or token ids\n"
     "  chat     interactive chat with the checkpoint's chat template\n"
+    "  serve    OpenAI-style HTTP server (completions, chat completions, streaming)\n"
     "  tokenize / detokenize   text to ids and back (standard input to standard output)\n"
     "  logits   fp32 logits of one forward pass, as .npy\n"
     "  info     architecture, parameters, quantization, bytes by dtype, memory at a context\n"
@@ -50,6 +51,7 @@ int main(int argc, char ** argv) {
         if (cmd == "tokenize") return qinfer::cmd_tokenize(argc, argv);
         if (cmd == "detokenize") return qinfer::cmd_detokenize(argc, argv);
         if (cmd == "chat") return qinfer::cmd_chat(argc, argv);
+        if (cmd == "serve") return qinfer::cmd_serve(argc, argv);
         std::fprintf(stderr, "qinfer: unknown command '%s'\n%s", cmd.c_str(), k_usage);
         return 2;
     } catch (const qinfer::Error & e) {

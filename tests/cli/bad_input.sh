@@ -127,5 +127,10 @@ expect quant-config-missing "has .qweight but no quantization config" "$q" info 
 qfresh; truncate -s 20000 "$tmp/m/model.safetensors"
 expect quant-truncated "truncated" "$q" info --model "$tmp/m"
 
+# qinfer serve: refused before it listens.
+expect serve-no-model "missing option --model" "$q" serve
+expect serve-bad-port "port must lie in" "$q" serve --model "$good" --port 70000
+expect serve-no-tokenizer "no tokenizer.json\|without cpp-httplib" "$q" serve --model "$good" --port 0
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

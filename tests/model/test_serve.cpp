@@ -1,0 +1,213 @@
+// `qinfer serve` end to end on the CPU: a tiny synthetic checkpoint with a byte-level tokenizer (ids = bytes, no
+// merges), the server on a free port, requests through cpp-httplib's client; answers equal generate() called directly.
+#ifdef QINFER_HAVE_HTTPLIB
+
+#include <httplib.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <thread>
+
+#include "io/tokenizer.h"
+#include "runtime/generate.h"
+#include "tools/serve.h"
+#include "tools/synth.h"
+#include "unit/test_helpers.h"
+
+using namespace qinfer;
+using json = nlohmann::json;
+
+namespace {
+
+// GPT-2's byte-to-character map, with byte b as token b.
+std::string byte_level_tokenizer_json() {
+    std::vector<int> printable;
+    for (int b = '!'; b <= '~'; b++) printable.push_back(b);
+    for (int b = 0xA1; b <= 0xAC; b++) printable.push_back(b);
+    for (int b = 0xAE; b <= 0xFF; b++) printable.push_back(b);
+    json vocab = json::object();
+    int extra = 0;
+    for (int b = 0; b < 256; b++) {
+        const bool direct = std::find(printable.begin(), printable.end(), b) != printable.end();
+        const int cp = direct ? b : 256 + extra++;
+        std::string ch;
+        if (cp < 0x80) ch = std::string(1, char(cp));
+        else ch = {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};
+        vocab[ch] = b;
+    }
+    const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+    return json{{"version", "1.0"},
+                {"added_tokens", json::array()},
+                {"normalizer", {{"type", "NFC"}}},
+                {"pre_tokenizer",
+                 {{"type", "Sequence"},
+                  {"pretokenizers",
+                   {{{"type", "Split"},
+                     {"pattern", {{"Regex", "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
+                     {"behavior", "Isolated"},
+                     {"invert", false}},
+                    byte_level}}}},
+                {"decoder", byte_level},
+                {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}}
+        .dump();
+}
+
+class Serve : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir_ = test::temp_dir("serve");
+        SynthOptions o;
+        o.preset = "tiny-qwen2";
+        o.out_dir = dir_;
+        o.seed = 5;
+        o.quiet = true;
+        synthesize(o);
+        test::write_text(dir_ + "/tokenizer.json", byte_level_tokenizer_json());
+        ServeOptions so;
+        so.model_dir = dir_;
+        so.name = "tiny";
+        so.port = 0;
+        so.context = 256;
+        so.default_max_tokens = 8;
+        so.max_body_bytes = 4096;
+        so.engine.backend = "cpu";
+        so.engine.threads = 1;
+        server_ = new HttpServer(so);
+        port_ = server_->bind();
+        thread_ = new std::thread([] { server_->run(); });
+    }
+    static void TearDownTestSuite() {
+        server_->stop();
+        thread_->join();
+        delete thread_;
+        delete server_;
+        std::filesystem::remove_all(dir_);
+    }
+    static httplib::Client client() { return httplib::Client("127.0.0.1", port_); }
+    // What generate() gives for these ids, greedy, as the server runs it.
+    static std::vector<int> direct(const std::vector<int> & prompt, int n) {
+        EngineOptions eo;
+        eo.backend = "cpu";
+        eo.threads = 1;
+        eo.max_context = 256;
+        auto engine = make_engine(dir_, eo);
+        GenerateOptions g;
+        g.max_new_tokens = n;
+        g.eos_token_ids = {2};
+        g.n_valid_tokens = 256;
+        return generate(*engine, prompt, g).tokens;
+    }
+    static std::string dir_;
+    static int port_;
+    static HttpServer * server_;
+    static std::thread * thread_;
+};
+std::string Serve::dir_;
+int Serve::port_ = 0;
+HttpServer * Serve::server_ = nullptr;
+std::thread * Serve::thread_ = nullptr;
+
+}  // namespace
+
+TEST_F(Serve, CompletionEqualsGenerate) {
+    const std::vector<int> prompt = {72, 101, 108, 108, 111};  // "Hello"
+    const std::vector<int> want = direct(prompt, 6);
+    auto cli = client();
+    auto res = cli.Post("/v1/completions", R"({"prompt": [72, 101, 108, 108, 111], "max_tokens": 6, "temperature": 0})", "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json j = json::parse(res->body);
+    auto tok = Tokenizer::load_dir(dir_);
+    Tokenizer::Stream stream(*tok);
+    std::string want_text;
+    for (int t : want) want_text += stream.push(t);
+    want_text += stream.flush();
+    EXPECT_EQ(j["choices"][0]["text"], want_text);
+    EXPECT_EQ(j["usage"]["prompt_tokens"], 5);
+    EXPECT_EQ(j["usage"]["completion_tokens"], int(want.size()));
+    EXPECT_EQ(j["model"], "tiny");
+    // The text prompt "Hello" is the same five ids; streamed, the deltas add up to the same text.
+    auto streamed = cli.Post("/v1/completions", R"({"prompt": "Hello", "max_tokens": 6, "temperature": 0, "stream": true})", "application/json");
+    ASSERT_TRUE(streamed);
+    ASSERT_EQ(streamed->status, 200);
+    std::string text, body = streamed->body;
+    int finishes = 0;
+    for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+        const size_t end = body.find("\n\n", at);
+        const std::string data = body.substr(at + 6, end - at - 6);
+        at = end;
+        if (data == "[DONE]") break;
+        const json c = json::parse(data);
+        text += c["choices"][0]["text"].get<std::string>();
+        finishes += !c["choices"][0]["finish_reason"].is_null();
+    }
+    EXPECT_EQ(text, j["choices"][0]["text"]);
+    EXPECT_EQ(finishes, 1);
+    EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
+}
+
+TEST_F(Serve, ChatAndModels) {
+    auto cli = client();
+    auto res = cli.Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0})",
+                        "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json j = json::parse(res->body);
+    EXPECT_EQ(j["object"], "chat.completion");
+    EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+    EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), 3);
+    auto models = cli.Get("/v1/models");
+    ASSERT_TRUE(models);
+    EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+    EXPECT_EQ(cli.Get("/health")->status, 200);
+}
+
+TEST_F(Serve, BadRequestsGet4xxAndTheServerLives) {
+    auto cli = client();
+    struct Case {
+        const char * path;
+        std::string body;
+        int status;
+        const char * says;
+    };
+    const std::vector<Case> cases = {
+        {"/v1/completions", "{not json", 400, "not valid JSON"},
+        {"/v1/completions", R"({"prompt": [300]})", 400, "outside the vocabulary"},
+        {"/v1/completions", R"({"prompt": "x", "max_tokens": 300})", 400, "exceed the server's context of 256"},
+        {"/v1/completions", R"({"prompt": ")" + std::string(300, 'a') + R"("})", 400, "the server's context holds 256"},
+        {"/v1/completions", R"({"prompt": ")" + std::string(5000, 'a') + R"("})", 413, "too large"},
+        {"/v1/chat/completions", R"({"messages": "hi"})", 400, "non-empty array"},
+        {"/v1/nothing", "{}", 404, "no route for POST /v1/nothing"},
+    };
+    for (const Case & c : cases) {
+        auto res = cli.Post(c.path, c.body, "application/json");
+        ASSERT_TRUE(res) << c.path;
+        EXPECT_EQ(res->status, c.status) << c.body.substr(0, 60);
+        const json j = json::parse(res->body, nullptr, false);
+        ASSERT_TRUE(j.is_object()) << res->body;
+        EXPECT_NE(j["error"]["message"].get<std::string>().find(c.says), std::string::npos) << res->body;
+    }
+    auto ok = cli.Post("/v1/completions", R"({"prompt": "ok", "max_tokens": 2})", "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(Serve, StopStringEndsTheText) {
+    auto cli = client();
+    auto full = cli.Post("/v1/completions", R"({"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": true})", "application/json");
+    ASSERT_TRUE(full);
+    const std::string text = json::parse(full->body)["choices"][0]["text"];
+    // A printable ASCII character past the first of the (random) greedy text as the stop string.
+    size_t at = 1;
+    while (at < text.size() && !(text[at] >= 0x20 && text[at] < 0x7F)) at++;
+    if (at >= text.size()) GTEST_SKIP() << "no ASCII character in the greedy text";
+    const std::string stop = text.substr(at, 1);
+    const json req = {{"prompt", "Hello"}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}, {"stop", stop}};
+    auto cut = cli.Post("/v1/completions", req.dump(), "application/json");
+    ASSERT_TRUE(cut);
+    const json j = json::parse(cut->body);
+    EXPECT_EQ(j["choices"][0]["text"], text.substr(0, text.find(stop)));
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+#endif
