@@ -20,6 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
             const api::Request r = api::parse_request(body, chat, SamplingParams{}, limits);
             (void)api::completion_json(r, "id", 0, body.substr(0, 64), "stop", {1, 1});
             (void)api::chunk_json(r, "id", 0, body.substr(0, 64), "", true);
+            (void)api::usage_chunk_json(r, "id", 0, {1, 2});
             api::StopMatcher m(r.stop);
             std::string out;
             for (size_t at = 0; at < body.size(); at += 7) out += m.push(body.substr(at, 7));

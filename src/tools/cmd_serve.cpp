@@ -2,6 +2,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -156,6 +157,7 @@ struct HttpServer::Impl {
                     return ok;
                 }, usage);
                 event(api::chunk_json(job->req, job->id, job->created, "", finish, first));
+                if (job->req.include_usage) event(api::usage_chunk_json(job->req, job->id, job->created, usage));
             } catch (const std::exception & e) {
                 event(api::error_json(500, e.what()));
             }
@@ -168,6 +170,15 @@ struct HttpServer::Impl {
 
     void routes() {
         http.set_payload_max_length(opt.max_body_bytes);
+        if (!opt.api_key.empty()) {
+            http.set_pre_routing_handler([this](const httplib::Request & req, httplib::Response & res) {
+                if (req.path.rfind("/v1/", 0) != 0 || req.get_header_value("Authorization") == "Bearer " + opt.api_key) {
+                    return httplib::Server::HandlerResponse::Unhandled;
+                }
+                send_error(res, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
+                return httplib::Server::HandlerResponse::Handled;
+            });
+        }
         http.Get("/health", [](const httplib::Request &, httplib::Response & res) { res.set_content("{\"status\": \"ok\"}", "application/json"); });
         http.Get("/v1/models", [this](const httplib::Request &, httplib::Response & res) {
             nlohmann::json m = {{"object", "list"},
@@ -245,11 +256,13 @@ int cmd_serve(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
             std::fputs("usage: qinfer serve --model DIR [--host 127.0.0.1] [--port 8080] [--name NAME] [--context N] [--max-tokens N]\n"
+                       "                    [--api-key KEY]\n"
                        "                    [--backend auto|cpu|cuda] [--threads N] [--kv-dtype D] [--embedding-on-gpu]\n"
                        "                    [sampling defaults as for run: --greedy, --temperature T, --top-p P, ...]\n"
                        "OpenAI-style API: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events),\n"
                        "GET /v1/models, GET /health. One generation at a time; --context bounds prompt + output (default\n"
-                       "min(model's, 32768)); --max-tokens is the output when a request gives none (default 512).\n",
+                       "min(model's, 32768)); --max-tokens is the output when a request gives none (default 512); --api-key KEY\n"
+                       "(or QINFER_API_KEY): /v1/ requests must send 'Authorization: Bearer KEY'.\n",
                        stdout);
             return 0;
         }
@@ -263,6 +276,8 @@ int cmd_serve(int argc, char ** argv) {
     o.name = a.str("name", "");
     o.context = int(a.integer("context", 0));
     o.default_max_tokens = int(a.integer("max-tokens", 512));
+    const char * key_env = std::getenv("QINFER_API_KEY");
+    o.api_key = a.str("api-key", key_env ? key_env : "");
     if (o.default_max_tokens < 1) QINFER_FAIL() << "--max-tokens must be at least 1";
     o.sampling = sampling_from_args(a, load_generation_config(o.model_dir, load_model_config(o.model_dir)));
     o.engine.backend = a.str("backend", "auto");

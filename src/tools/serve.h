@@ -19,6 +19,7 @@ struct ServeOptions {
     int context = 0;                // tokens a request may hold, prompt and output (0: min(model's, 32768))
     int default_max_tokens = 512;   // output tokens when a request gives no max_tokens (capped by the context)
     size_t max_body_bytes = 4 << 20;
+    std::string api_key;            // non-empty: /v1/ requests must send "Authorization: Bearer <api_key>" (else 401)
     SamplingParams sampling;        // defaults for fields a request leaves out
     EngineOptions engine;
 };

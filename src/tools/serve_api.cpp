@@ -156,6 +156,10 @@ Request parse_request(const std::string & body, bool chat, const SamplingParams 
     }
     read_stop(j, r);
     r.stream = read_bool(j, "stream", false);
+    if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+        if (!j["stream_options"].is_object()) bad("'stream_options' must be an object");
+        r.include_usage = read_bool(j["stream_options"], "include_usage", false);
+    }
     r.ignore_eos = read_bool(j, "ignore_eos", false);
     return r;
 }
@@ -210,6 +214,10 @@ json envelope(const Request & r, const std::string & id, int64_t created, bool c
     return {{"id", id}, {"object", object}, {"created", created}, {"model", r.model}};
 }
 
+json usage_body(const Usage & u) {
+    return {{"prompt_tokens", u.prompt_tokens}, {"completion_tokens", u.completion_tokens}, {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
 }  // namespace
 
 std::string completion_json(const Request & r, const std::string & id, int64_t created, const std::string & text,
@@ -218,9 +226,7 @@ std::string completion_json(const Request & r, const std::string & id, int64_t c
     json c = choice_body(r, text, false, false);
     c["finish_reason"] = finish_reason;
     j["choices"] = json::array({c});
-    j["usage"] = {{"prompt_tokens", usage.prompt_tokens},
-                  {"completion_tokens", usage.completion_tokens},
-                  {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+    j["usage"] = usage_body(usage);
     // Generated text may end inside a multi-byte character (max_tokens): replace invalid bytes rather than throw.
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -231,6 +237,13 @@ std::string chunk_json(const Request & r, const std::string & id, int64_t create
     json c = choice_body(r, text, true, first);
     c["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
     j["choices"] = json::array({c});
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string usage_chunk_json(const Request & r, const std::string & id, int64_t created, const Usage & usage) {
+    json j = envelope(r, id, created, true);
+    j["choices"] = json::array();
+    j["usage"] = usage_body(usage);
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -35,6 +35,7 @@ struct Request {
     SamplingParams sampling;            // the server's defaults overridden by the request's fields
     std::vector<std::string> stop;      // at most 4, none empty
     bool stream = false;
+    bool include_usage = false;         // stream_options.include_usage: a last chunk with the usage
     bool ignore_eos = false;            // vLLM's extension: generate max_tokens whatever the model says
     std::string model;                  // echoed back; any name is accepted
 };
@@ -69,6 +70,8 @@ std::string completion_json(const Request & r, const std::string & id, int64_t c
                             const std::string & finish_reason, const Usage & usage);
 std::string chunk_json(const Request & r, const std::string & id, int64_t created, const std::string & text,
                        const std::string & finish_reason, bool first);
+// The stream's usage chunk (stream_options.include_usage): no choices, the counts.
+std::string usage_chunk_json(const Request & r, const std::string & id, int64_t created, const Usage & usage);
 std::string error_json(int status, const std::string & message);
 
 }  // namespace qinfer::api

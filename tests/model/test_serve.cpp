@@ -127,22 +127,29 @@ TEST_F(Serve, CompletionEqualsGenerate) {
     EXPECT_EQ(j["usage"]["completion_tokens"], int(want.size()));
     EXPECT_EQ(j["model"], "tiny");
     // The text prompt "Hello" is the same five ids; streamed, the deltas add up to the same text.
-    auto streamed = cli.Post("/v1/completions", R"({"prompt": "Hello", "max_tokens": 6, "temperature": 0, "stream": true})", "application/json");
+    auto streamed = cli.Post("/v1/completions",
+                             R"({"prompt": "Hello", "max_tokens": 6, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}})",
+                             "application/json");
     ASSERT_TRUE(streamed);
     ASSERT_EQ(streamed->status, 200);
     std::string text, body = streamed->body;
-    int finishes = 0;
+    int finishes = 0, usage_tokens = -1;
     for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
         const size_t end = body.find("\n\n", at);
         const std::string data = body.substr(at + 6, end - at - 6);
         at = end;
         if (data == "[DONE]") break;
         const json c = json::parse(data);
+        if (c["choices"].empty()) {  // the usage chunk, last
+            usage_tokens = c["usage"]["completion_tokens"];
+            continue;
+        }
         text += c["choices"][0]["text"].get<std::string>();
         finishes += !c["choices"][0]["finish_reason"].is_null();
     }
     EXPECT_EQ(text, j["choices"][0]["text"]);
     EXPECT_EQ(finishes, 1);
+    EXPECT_EQ(usage_tokens, int(want.size()));
     EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
 }
 
@@ -190,6 +197,34 @@ TEST_F(Serve, BadRequestsGet4xxAndTheServerLives) {
     auto ok = cli.Post("/v1/completions", R"({"prompt": "ok", "max_tokens": 2})", "application/json");
     ASSERT_TRUE(ok);
     EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(Serve, ApiKey) {
+    ServeOptions so;
+    so.model_dir = dir_;
+    so.port = 0;
+    so.context = 64;
+    so.api_key = "sesame";
+    so.engine.backend = "cpu";
+    so.engine.threads = 1;
+    HttpServer keyed(so);
+    const int port = keyed.bind();
+    std::thread t([&] { keyed.run(); });
+    httplib::Client cli("127.0.0.1", port);
+    const std::string body = R"({"prompt": "Hi", "max_tokens": 2})";
+    auto none = cli.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(none);
+    EXPECT_EQ(none->status, 401);
+    EXPECT_NE(json::parse(none->body)["error"]["message"].get<std::string>().find("API key"), std::string::npos);
+    auto wrong = cli.Post("/v1/completions", {{"Authorization", "Bearer open"}}, body, "application/json");
+    ASSERT_TRUE(wrong);
+    EXPECT_EQ(wrong->status, 401);
+    auto right = cli.Post("/v1/completions", {{"Authorization", "Bearer sesame"}}, body, "application/json");
+    ASSERT_TRUE(right);
+    EXPECT_EQ(right->status, 200);
+    EXPECT_EQ(cli.Get("/health")->status, 200);  // outside /v1/
+    keyed.stop();
+    t.join();
 }
 
 TEST_F(Serve, StopStringEndsTheText) {

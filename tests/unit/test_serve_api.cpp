@@ -86,6 +86,8 @@ TEST(ServeApi, RejectsBadRequestsWithOneLine) {
         {R"({"prompt": "x", "stream": "yes"})", "'stream' must be true or false"},
         {R"({"prompt": "x", "seed": "s"})", "'seed' must be an integer"},
         {R"({"prompt": "x", "model": 3})", "'model' must be a string"},
+        {R"({"prompt": "x", "stream_options": true})", "'stream_options' must be an object"},
+        {R"({"prompt": "x", "stream_options": {"include_usage": 1}})", "'include_usage' must be true or false"},
     };
     for (const auto & [body, want] : cases) {
         const auto [status, message] = rejection(body);
@@ -141,4 +143,9 @@ TEST(ServeApi, ResponseJson) {
     const json cut = json::parse(api::completion_json(r, "chatcmpl-2", 7, std::string("a\xE4", 2), "length", {1, 1}));
     EXPECT_EQ(cut["choices"][0]["message"]["content"], "a\xEF\xBF\xBD");  // an incomplete character as U+FFFD
     EXPECT_EQ(json::parse(api::error_json(404, "no route"))["error"]["message"], "no route");
+    const api::Request s = parse(R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": true}})");
+    EXPECT_TRUE(s.include_usage);
+    const json u = json::parse(api::usage_chunk_json(s, "cmpl-3", 7, {2, 5}));
+    EXPECT_TRUE(u["choices"].empty());
+    EXPECT_EQ(u["usage"]["completion_tokens"], 5);
 }
