@@ -14,7 +14,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     const std::string body(reinterpret_cast<const char *>(data), size);
     api::Limits limits;
     limits.vocab = 151936;
-    limits.max_prompt_bytes = 4096;
     for (const bool chat : {false, true}) {
         try {
             const api::Request r = api::parse_request(body, chat, SamplingParams{}, limits);

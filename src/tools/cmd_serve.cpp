@@ -71,7 +71,6 @@ struct HttpServer::Impl {
     Job prepare(const std::string & body, bool chat) {
         api::Limits limits;
         limits.vocab = engine->config().vocab_size;
-        limits.max_prompt_bytes = opt.max_body_bytes;
         Job job;
         job.req = api::parse_request(body, chat, opt.sampling, limits);
         if (job.req.model.empty()) job.req.model = opt.name;

@@ -98,7 +98,6 @@ void read_prompt(const json & j, const Limits & limits, Request & r) {
         bad("'prompt' must be a string or a non-empty array of token ids");
     }
     if (!r.prompt_is_tokens && r.prompt.empty()) bad("'prompt' is empty");
-    if (r.prompt.size() > limits.max_prompt_bytes) bad("'prompt' is longer than " + std::to_string(limits.max_prompt_bytes) + " bytes");
 }
 
 void read_stop(const json & j, Request & r) {

@@ -20,8 +20,7 @@ struct ApiError : std::runtime_error {
 };
 
 struct Limits {
-    int vocab = 0;                  // token ids in prompts must lie in [0, vocab)
-    size_t max_prompt_bytes = 1 << 20;
+    int vocab = 0;  // token ids in prompts must lie in [0, vocab); the body's size is bounded by the HTTP server
 };
 
 // POST /v1/completions (chat = false) or /v1/chat/completions (chat = true).
