@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # The seed table for BF16 (issue 4): qinfer at the seeds' input lengths with 2048 generated, and transformers on the
 # same weights and card (input 1, 256 generated: its eager mode runs at ~15 tokens/s) for the ratios. HF_MODES: the
 # transformers modes to run (default "compiled eager").

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # Where a captured decode step's time goes, kernel by kernel, with programmatic dependent launch as in a real run:
 # `qinfer bench --trace` (CUPTI records of every kernel, graph nodes included; TRACE_GEN generated, default 64) for each
 # TRACE_SPECS entry preset:quant[:input length[:KV dtype[:VAR=value,...]]] (default input 1, the default cache, no

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # Every GPU test (kernels against the CPU, end-to-end goldens, batches, KV dtypes) without the CPU-only suites, with
 # the failures' full messages; the kernel timing lines; then the quantized-attention tests repeated (a flaky case).
 # GPU_TEST_SKIP: a gtest negative filter, e.g. '*Timings*' (the kernel timing tests: a minute and more);

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # Issue 6's long rows: Qwen2.5-7B with YaRN at 63488 and 129024 input tokens, BF16 and Int4 weights, and the decode
 # speed of each KV dtype at 129024.
 for spec in ${LONG_SPECS:-bf16:bf16:63488,129024 gptq-int4:bf16:129024 bf16:int8:129024 bf16:fp8:129024 bf16:int4:129024}; do

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # The largest batch of Qwen2.5-7B at 8192 + 16 tokens per KV dtype and weight format (buffers allocated, nothing run).
 for q in ${MAXB_QUANTS:-bf16 gptq-int4}; do
     for kv in bf16 fp8 int8 int4; do

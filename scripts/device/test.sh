@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT, $gen, has and note set.
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # Eight test processes at once: two OpenMP threads each, not sixteen (oversubscribed, the CPU suites took minutes).
 (cd build-device && OMP_NUM_THREADS=2 ctest --output-on-failure -j8 >"$OUT/ctest.log" 2>&1)
 note "tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" | tail -1)"

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "core/env.h"
 #include "core/check.h"
 #include "io/model_config.h"
 
@@ -106,9 +107,7 @@ std::string cache_path_for(const std::string & json_path, const std::string & co
     }
     uint64_t h = 1469598103934665603ull;  // FNV-1a
     for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
-    const char * env = std::getenv("QINFER_CACHE");
-    const char * home = std::getenv("HOME");
-    const fs::path base = env ? fs::path(env) : fs::path(home ? home : "/tmp") / ".cache" / "qinfer";
+    const fs::path base = read_env().cache_dir;
     char name[32];
     std::snprintf(name, sizeof name, "%016llx.bin", static_cast<unsigned long long>(h));
     return (base / "tokenizers" / name).string();

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <numeric>
 
-#include "core/env.h"
 
 namespace qinfer {
 
@@ -74,7 +73,7 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     // for their inputs) with the end of the one ahead. Measured on an H100, decode tok/s: 0.5B BF16 +7%, 0.5B
     // GPTQ-Int4 +19%, 7B GPTQ-Int4 +11% at input 1 (bench/results/2026-11-26-h100-qgemv-ring). 7B BF16 lost with
     // it at long inputs (-6.9% at 30720) until the decode attention's combine was launched without it
-    // (cuda::k_pdl_skip_default): then, against PDL off, 7B BF16 181.6 -> 187.0 tok/s at input 1, 174.8 -> 179.9 at
+    // (launch_combine, attention.cu): then, against PDL off, 7B BF16 181.6 -> 187.0 tok/s at input 1, 174.8 -> 179.9 at
     // 6144, 145.6 -> 149.2 at 30720 (bench/results/2026-11-27-h100-pdl-matrix). On for every checkpoint.
     cuda::set_pdl_default(true);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -131,13 +130,9 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & part
         }
         return upload_dense(w, done, bar);
     }
-    // gate/up: the tensor-core layout needs the up rows to start on a 16-row block. QINFER_QTILE=affine4 tiles 4-bit
-    // affine codes only, leaving 8-bit and bitsandbytes codes to the untiled fp32 kernels (A/B runs).
+    // gate/up: the tensor-core layout needs the up rows to start on a 16-row block.
     const bool stacked_gate_up = parts.size() == 2;
-    static const bool tile_affine4_only = env_is("QINFER_QTILE", "affine4");
-    const QuantScheme & scheme = parts[0]->scheme;
-    const bool affine4 = scheme.method != QuantMethod::Bnb4 && scheme.bits == 4;
-    const bool tile = (!stacked_gate_up || parts[0]->out_features % 16 == 0) && (affine4 || !tile_affine4_only);
+    const bool tile = !stacked_gate_up || parts[0]->out_features % 16 == 0;
     const RepackedQuant r = repack_quant(parts, tile);
     DevLinear l;
     l.quantized = true;

@@ -151,7 +151,6 @@ private:
     void ensure_workspace(int c);
     int max_quantized_k() const;  // largest padded k of a quantized projection (0: none)
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
-    static bool prefill_via_bf16(int head_dim);  // prefill attention over a quantized cache on its bf16 dequantization
     bool ensure_prefill_kv(int tokens);
     cuda::KVLayer kv_layer(int layer, int seq) const;
     cuda::KVLayer kv_layer_batch(int layer) const;

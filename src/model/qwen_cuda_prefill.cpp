@@ -10,22 +10,16 @@
 
 namespace qinfer::cuda_engine {
 
-// Prefill attention over a quantized cache through its bf16 dequantization (kv_dequantize_blocks) rather than the
+// Prefill attention over a quantized cache runs on its bf16 dequantization (kv_dequantize_blocks) rather than on the
 // kernels that read codes: on an H100 the bf16 ping-pong kernel took a 1024-query chunk at 3073 keys (d 128, 14/2
 // heads) in 0.071 ms against 0.205 (int8) and 0.192 (fp8) for the quantized wgmma kernel, and Qwen2.5-7B YaRN with
 // GPTQ-Int4 weights and an int8 cache at 129024 went from 21.68 to 9.69 s to first token, 67.81 -> 112.70 tok/s
-// (bf16 cache: 103.09), for 0.26 GB more (bench/results/2026-11-27-h100-kv-prefill). QINFER_PREFILL_DEQUANT=0 keeps
-// the quantized kernels.
-bool CudaQwenEngine::prefill_via_bf16(int head_dim) {
-    static const bool off = env_is("QINFER_PREFILL_DEQUANT", "0");
-    return !off && head_dim % 16 == 0;
-}
-
-// With a quantized cache where prefill_via_bf16: prefill_k_ / prefill_v_ large enough for a sequence of `tokens`
-// (whole blocks); returns whether prefill goes that way.
+// (bf16 cache: 103.09), for 0.26 GB more (bench/results/2026-11-27-h100-kv-prefill).
+// With a quantized cache: prefill_k_ / prefill_v_ large enough for a sequence of `tokens` (whole blocks); returns
+// whether the cache is quantized.
 bool CudaQwenEngine::ensure_prefill_kv(int tokens) {
     const ModelConfig & c = model_->config;
-    if (kv_kind_ == cuda::KVKind::BF16 || !prefill_via_bf16(c.head_dim)) return false;
+    if (kv_kind_ == cuda::KVKind::BF16) return false;
     const size_t rows = size_t((tokens + block_size_ - 1) / block_size_) * c.num_key_value_heads * block_size_;
     prefill_k_.ensure(rows * c.head_dim * sizeof(bf16), "prefill KV (bf16)");
     prefill_v_.ensure(rows * c.head_dim * sizeof(bf16), "prefill KV (bf16)");
@@ -47,10 +41,7 @@ int CudaQwenEngine::max_quantized_k() const {
 // Tokens per prefill pass: prefill_chunk_for_cache (model/prefill_chunk.h; quantized weights are dequantized once per
 // pass), or QINFER_PREFILL_CHUNK (a multiple of 128, for timing others).
 int CudaQwenEngine::prefill_chunk() const {
-    static const int forced = [] {
-        const int v = env_int("QINFER_PREFILL_CHUNK", 0);
-        return v >= 128 && v % 128 == 0 ? v : 0;
-    }();
+    const int forced = env().prefill_chunk;
     return forced ? forced : prefill_chunk_for_cache(kv_tokens_, max_quantized_k() > 0, prefill_bytes_per_token(model_->config));
 }
 
@@ -74,7 +65,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     const int chunk = std::min(n, prefill_chunk());
     ensure_workspace(chunk);
     // Over a quantized cache, each pass's attention runs the bf16 kernels on the cache dequantized so far
-    // (prefill_via_bf16); the buffers hold the whole prompt's blocks.
+    // (ensure_prefill_kv); the buffers hold the whole prompt's blocks.
     const bool via_bf16 = ensure_prefill_kv(pos_start + n);
     const int n_out = all_logits ? n : 1;
     logits.resize(size_t(n_out) * V);
@@ -83,7 +74,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
 
     if (ids_host_.bytes() < size_t(n) * sizeof(int)) ids_host_ = cuda::HostMappedBuffer(size_t(n) * sizeof(int), "prompt ids");
     std::memcpy(ids_host_.host(), tokens.data(), size_t(n) * sizeof(int));  // the last forward ended with a sync
-    const bool profile = std::getenv("QINFER_PROFILE") != nullptr;
+    const bool profile = env().profile;
     profile_decode_ = profile;
     if (profile && n > 1) prof_.begin(stream_);
     for (int off = 0; off < n; off += chunk) {

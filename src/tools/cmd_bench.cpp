@@ -15,6 +15,7 @@
 #include "backends/cuda/kernel_trace.h"
 #endif
 #include "core/check.h"
+#include "core/env.h"
 #include "core/parallel.h"
 #include "core/progress.h"
 #include "core/rng.h"
@@ -377,7 +378,7 @@ int cmd_bench(int argc, char ** argv) {
         json j = {{"model", r.model}, {"quant", r.quant}, {"kv_dtype", r.kv_dtype}, {"batch", r.batch},
                   {"input_len", r.input_len}, {"gen_len", r.gen_len}, {"card", sys.card}, {"driver", sys.driver},
                   {"cuda", sys.cuda}, {"commit", commit}, {"backend", engine->backend_name()},
-                  {"bandwidth_gbs", sys.bandwidth / 1e9}};
+                  {"bandwidth_gbs", sys.bandwidth / 1e9}, {"env", json::parse(env_knobs_json())}};
         if (r.note.empty()) {
             j.update(json{{"tok_s", r.tok_s}, {"tok_s_std", r.tok_s_std}, {"repeat", repeat}, {"decode_tok_s", r.decode_tok_s}, {"ttft_s", r.ttft_s}, {"peak_gb", r.peak_gb},
                           {"bw_frac", r.bw_frac}});

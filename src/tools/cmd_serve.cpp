@@ -12,6 +12,7 @@
 #include "io/chat.h"
 #include "io/tokenizer.h"
 #include "runtime/generate.h"
+#include "core/env.h"
 #include "tools/commands.h"
 #include "tools/serve.h"
 #include "tools/serve_api.h"
@@ -275,8 +276,7 @@ int cmd_serve(int argc, char ** argv) {
     o.name = a.str("name", "");
     o.context = int(a.integer("context", 0));
     o.default_max_tokens = int(a.integer("max-tokens", 512));
-    const char * key_env = std::getenv("QINFER_API_KEY");
-    o.api_key = a.str("api-key", key_env ? key_env : "");
+    o.api_key = a.str("api-key", read_env().api_key);
     if (o.default_max_tokens < 1) QINFER_FAIL() << "--max-tokens must be at least 1";
     o.sampling = sampling_from_args(a, load_generation_config(o.model_dir, load_model_config(o.model_dir)));
     o.engine.backend = a.str("backend", "auto");

@@ -82,7 +82,7 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     const double splits = decode_splits_for(int(tokens), c.num_key_value_heads, int(batch), 396);
     m.workspace += double(batch) * c.num_attention_heads * splits * (c.head_dim + 2) * 4;
     m.workspace += double(batch) * (tokens / 16) * 4;  // the batch's block tables
-    // A quantized cache's prompt, dequantized to bf16 K and V for the prefill attention (CudaQwenEngine::prefill_via_bf16).
+    // A quantized cache's prompt, dequantized to bf16 K and V for the prefill attention (CudaQwenEngine::ensure_prefill_kv).
     if (kv != KVDType::BF16) m.workspace += double(round_up(std::min(prompt, context), 16)) * c.num_key_value_heads * c.head_dim * 2 * 2;
     if (prompt > 4 || batch > 4) m.workspace += largest_quant;  // (the tiled GEMV takes up to 8 rows: an upper bound)
     m.workspace += double(max_k) * 8 * 2;  // the quantized GEMV's staged inputs, up to 8 rows

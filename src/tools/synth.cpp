@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/env.h"
 #include "core/check.h"
 #include "core/parallel.h"
 #include "core/progress.h"
@@ -258,8 +259,8 @@ uint64_t synthesize(const SynthOptions & opt) {
     if (quantized && c.quant.base.method == QuantMethod::Gptq) write_json(dir / "quantize_config.json", cfg["quantization_config"]);
     write_json(dir / "generation_config.json", preset.generation_config);
     if (!preset.tokenizer.empty()) {
-        const char * env = std::getenv("QINFER_ASSETS");
-        fs::path src = fs::path(env ? env : QINFER_ASSETS_DIR) / "tokenizers" / preset.tokenizer;
+        const std::string assets = read_env().assets_dir;
+        fs::path src = fs::path(assets.empty() ? QINFER_ASSETS_DIR : assets) / "tokenizers" / preset.tokenizer;
         if (!fs::exists(src)) QINFER_FAIL() << "tokenizer files not found at " << src.string() << " (set QINFER_ASSETS)";
         for (const auto & e : fs::directory_iterator(src)) {
             fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
@@ -269,9 +270,7 @@ uint64_t synthesize(const SynthOptions & opt) {
 }
 
 std::string synth_cache_dir(const std::string & preset, int layers, DType dtype, const SynthQuant & quant) {
-    const char * env = std::getenv("QINFER_CACHE");
-    const char * home = std::getenv("HOME");
-    fs::path base = env ? fs::path(env) : fs::path(home ? home : "/tmp") / ".cache" / "qinfer";
+    const fs::path base = read_env().cache_dir;
     std::string name = preset + "-" + dtype_name(dtype) + (layers > 0 ? "-l" + std::to_string(layers) : "");
     if (!quant.kind.empty()) {
         name += "-" + quant.kind + "-g" + std::to_string(quant.group_size) + (quant.desc_act ? "-act" : "") + "-" + quant.gptq_format +

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <vector>
 
+#include "core/env.h"
 #include "core/parallel.h"
 
 #ifndef QINFER_SOURCE_DIR
@@ -78,7 +79,7 @@ SystemInfo system_info(bool gpu) {
 
 std::string git_commit() {
     // Set by scripts/device.sh callers where the working tree travels without .git.
-    if (const char * env = std::getenv("QINFER_COMMIT"); env && *env) return env;
+    if (const std::string env = read_env().commit; !env.empty()) return env;
     std::string cmd = std::string("git -C '") + QINFER_SOURCE_DIR + "' rev-parse --short=12 HEAD 2>/dev/null";
     FILE * p = popen(cmd.c_str(), "r");
     if (!p) return "unknown";

@@ -3,9 +3,9 @@
 // from the 50 MB L2. Printed for the perf log; nothing here is asserted (correctness lives in test_cuda_ops.cpp).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 
-#include "core/env.h"
 #include "cuda/helpers.h"
 
 namespace qinfer::test {
@@ -116,9 +116,14 @@ void time_decode_quant(const char * name, cuda::KVKind kind, int n_head, int n_k
 }
 
 // QINFER_DECODE_TIMING_LEN=N times that one length instead (for profiling a single case under ncu).
+static int timing_len() {
+    const char * e = std::getenv("QINFER_DECODE_TIMING_LEN");
+    return e ? std::atoi(e) : 0;
+}
+
 TEST(CudaDecodeTimings, Qwen7BShapes) {
     REQUIRE_GPU();
-    const int only = env_int("QINFER_DECODE_TIMING_LEN", 0);
+    const int only = timing_len();
     if (only > 0) return time_decode("7B", 28, 4, 128, only);
     for (int len : {1024, 2048, 4096, 8192, 30720, 129024}) time_decode("7B", 28, 4, 128, len);
 }
@@ -127,7 +132,7 @@ TEST(CudaDecodeTimings, Qwen7BShapes) {
 // QINFER_DECODE_TIMING_LEN as above.
 TEST(CudaDecodeTimings, Qwen7BQuantCaches) {
     REQUIRE_GPU();
-    const int only = env_int("QINFER_DECODE_TIMING_LEN", 0);
+    const int only = timing_len();
     for (cuda::KVKind kind : {cuda::KVKind::INT8, cuda::KVKind::FP8}) {
         if (only > 0) {
             time_decode_quant("7B", kind, 28, 4, 128, only);

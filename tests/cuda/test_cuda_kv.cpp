@@ -151,7 +151,7 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
             << name << " prefill len " << len << " d " << d << " rep " << n_rep << " kernel " << int(kernel);
     }
 
-    // Prefill as the engine runs it over a quantized cache (CudaQwenEngine::prefill_via_bf16): the sequence's blocks
+    // Prefill as the engine runs it over a quantized cache (CudaQwenEngine::ensure_prefill_kv): the sequence's blocks
     // dequantized to bf16 in table order, each value the CPU's rounded to bf16 (within one bf16 step), then the bf16
     // kernel through an identity table; the slots past the end keep the codes' values (NaN where the scales are NaN).
     if (d % 16 == 0) {

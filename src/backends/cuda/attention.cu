@@ -15,7 +15,6 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_quant.cuh"
 #include "backends/cuda/ops.h"
-#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -391,7 +390,6 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
             part_m[r] = mx;
         }
     }
-    pdl_trigger();  // (QINFER_PDL_TRIGGER=loop builds)
     __syncthreads();
     if (threadIdx.x < lanes) {
         float top = -INFINITY;
@@ -413,8 +411,7 @@ __global__ void __launch_bounds__(k_combine_threads) attention_combine_kernel(De
 
 template <int D> void launch_combine(const DecodeScratch & scratch, const int * len_dev, int min_split, bf16 * out, int n_head, int batch,
                                      bool short_context, cudaStream_t stream) {
-    static const bool skip = pdl_skip("combine"), skip_long = pdl_skip("combine-long");
-    ScopedNoPdl no_pdl(skip || (skip_long && !short_context));
+    ScopedNoPdl no_pdl(!short_context);
     launch_kernel(attention_combine_kernel<D>, dim3(n_head, batch), k_combine_threads, 0, stream, scratch, len_dev, min_split, out);
 }
 
@@ -439,12 +436,9 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     PrefillArgs a{q, cache, out, n, pos0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
     if (cache.quant.kind == KVKind::INT4 && head_dim % 16 != 0) QINFER_FAIL() << "attention_prefill: an int4 cache needs head_dim % 16 == 0";
     if (kernel == PrefillKernel::Auto) {
-        static const bool tiled = env_is("QINFER_PREFILL_ATTN", "tiled"), pipelined = env_is("QINFER_PREFILL_ATTN", "pipelined"),
-                          wgmma = env_is("QINFER_PREFILL_ATTN", "wgmma"), no_pingpong = env_is("QINFER_PREFILL_ATTN", "tma");
-        if (tiled || (head_dim != 64 && head_dim != 128)) kernel = PrefillKernel::Tiled;
-        else if (pipelined || !prefill_wgmma_available(head_dim)) kernel = PrefillKernel::Pipelined;
-        else if (wgmma) kernel = PrefillKernel::Wgmma;
-        else kernel = no_pingpong ? PrefillKernel::Tma : PrefillKernel::TmaPingpong;
+        if (head_dim != 64 && head_dim != 128) kernel = PrefillKernel::Tiled;
+        else if (!prefill_wgmma_available(head_dim)) kernel = PrefillKernel::Pipelined;
+        else kernel = PrefillKernel::TmaPingpong;
     }
     if (kernel == PrefillKernel::Tma || kernel == PrefillKernel::TmaPingpong) {
         if (launch_attention_prefill_tma(a, kernel == PrefillKernel::TmaPingpong, stream)) return;
@@ -472,49 +466,28 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
 }
 
 // K/V tiles the tensor-core decode kernel keeps resident: 3 (two loading while one is used) at head_dim 128, where
-// its 104 KB of shared memory leave room for two blocks per SM, else 2; QINFER_DECODE_STAGES=2|3 sets it for all.
+// its 104 KB of shared memory leave room for two blocks per SM, else 2.
 // 7B's shapes (28/4 heads, caches of several layers in turn, H100), against 2 stages at 3 blocks per SM, same call:
 // 36.5 -> 35.4 us per layer at 30720 keys, 116.3 -> 113.3 at 129024, 11.1 -> 10.9-11.3 at 2048; at head_dim 64
 // (0.5B) 3 stages were not faster at 4097 keys (perf-log, 63c7ee9).
-int decode_tc_stages(int head_dim) {
-    static const int forced = env_int("QINFER_DECODE_STAGES", 0);
-    if (forced == 2 || forced == 3) return forced;
-    return head_dim == 128 ? 3 : 2;
-}
+int decode_tc_stages(int head_dim) { return head_dim == 128 ? 3 : 2; }
 
-// Blocks per SM the splits aim for: as many as the tensor-core kernel holds (2 with three stages, else 3), or
-// QINFER_DECODE_BLOCKS_PER_SM (for timing other grids). Fewer, longer splits pay the per-block start (block table,
+// Blocks per SM the splits aim for: as many as the tensor-core kernel holds (2 with three stages, else 3).
+// Fewer, longer splits pay the per-block start (block table,
 // Q fragments, first tile) less often: the two-stage kernel at 129024 keys (d 128, 14/2 heads, H100) took 91 us at 8
 // blocks per SM, 65 at 3, 64 at 2, 78 at 4; at 4097 keys 12.9 / 11.9 / 12.1 / 12.0 us (perf-log). tools/plan.cpp's
 // memory model sizes the scratch for 3 x 132 blocks, the most.
-static int decode_blocks_per_sm(int head_dim) {
-    static const int forced = env_int("QINFER_DECODE_BLOCKS_PER_SM", 0);
-    if (forced >= 1 && forced <= 32) return forced;
-    return decode_tc_stages(head_dim) == 3 ? 2 : 3;
-}
+static int decode_blocks_per_sm(int head_dim) { return decode_tc_stages(head_dim) == 3 ? 2 : 3; }
 
 // On by default (H100, alternated: 0.5B BF16 +2.1%, 1.5B +1.0%, 7B +0.3%, 0.5B GPTQ-Int4 +2.6%;
-// bench/results/2026-11-27-h100-early-kv); QINFER_DECODE_EARLY_KV=0 or set_decode_early_kv(false) turns it off.
-static bool decode_early_kv_start() { return !env_is("QINFER_DECODE_EARLY_KV", "0"); }
-static std::atomic<bool> decode_early_kv_on{decode_early_kv_start()};
+// bench/results/2026-11-27-h100-early-kv); set_decode_early_kv(false) turns it off (tests).
+static std::atomic<bool> decode_early_kv_on{true};
 
 void set_decode_early_kv(bool on) { decode_early_kv_on = on; }
-void reset_decode_early_kv() { decode_early_kv_on = decode_early_kv_start(); }
+void reset_decode_early_kv() { decode_early_kv_on = true; }
 
-// The tensor-core decode kernels skip the online softmax's rescale of O and l for a tile where no row of the warp has
-// a new maximum (alpha is then exactly 1, so the result is the same bit for bit): 32 of the int8 kernel's ~430
-// instructions per warp and tile (ncu, bench/results/2026-11-27-h100-q8-stages). On by default (kernels -0.1 to
-// -1.1% on an H100, bench/results/2026-11-27-h100-lazy-fold); QINFER_DECODE_LAZY=0 rescales every tile (device.sh lazy-ab).
-static bool decode_lazy_rescale() {
-    static const bool on = !env_is("QINFER_DECODE_LAZY", "0");
-    return on;
-}
-
-// QINFER_DECODE_SPLIT_KEYS: the most keys per split (64..2048, default k_decode_split_keys = 2048), for timing.
 int decode_splits(int max_len, int n_kv, int head_dim, int batch) {
-    static const bool fill = env_is("QINFER_DECODE_SPLITS", "fill");
-    static const int split_keys = env_int("QINFER_DECODE_SPLIT_KEYS", k_decode_split_keys);
-    return decode_splits_for(max_len, n_kv, batch, decode_blocks_per_sm(head_dim) * sm_count(), !fill, split_keys);
+    return decode_splits_for(max_len, n_kv, batch, decode_blocks_per_sm(head_dim) * sm_count());
 }
 
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
@@ -526,20 +499,13 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, 16};
     dim3 grid(scratch.max_splits, n_kv, batch);
     if (kernel == DecodeKernel::Auto) {
-        static const bool simt = env_is("QINFER_DECODE_ATTN", "simt"), no_tma = env_is("QINFER_DECODE_TMA", "0");
-        kernel = !simt && (head_dim == 64 || head_dim == 128) ? DecodeKernel::TensorCore : DecodeKernel::Simt;
-        if (kernel == DecodeKernel::TensorCore && !no_tma && decode_tma_applies(cache, head_dim)) kernel = DecodeKernel::TensorCoreTma;
+        kernel = head_dim == 64 || head_dim == 128 ? DecodeKernel::TensorCore : DecodeKernel::Simt;
+        if (kernel == DecodeKernel::TensorCore && decode_tma_applies(cache, head_dim)) kernel = DecodeKernel::TensorCoreTma;
     }
     if (kernel == DecodeKernel::TensorCore || kernel == DecodeKernel::TensorCoreTma) {
         a.early_kv = decode_early_kv_on;
-        a.lazy_rescale = decode_lazy_rescale();
-        bool launched;
-        {
-            static const bool skip = pdl_skip("attention");
-            ScopedNoPdl no_pdl(skip);
-            launched = kernel == DecodeKernel::TensorCoreTma ? launch_attention_decode_tma(a, head_dim, grid, stream)
-                                                             : launch_attention_decode_tc(a, head_dim, grid, stream);
-        }
+        const bool launched = kernel == DecodeKernel::TensorCoreTma ? launch_attention_decode_tma(a, head_dim, grid, stream)
+                                                                    : launch_attention_decode_tc(a, head_dim, grid, stream);
         if (!launched) {
             QINFER_FAIL() << "attention_decode: the " << (kernel == DecodeKernel::TensorCoreTma ? "tensor-copy" : "tensor-core")
                           << " kernel does not take this cache (head_dim " << head_dim << ", block size " << cache.block_size << ")";

@@ -245,7 +245,6 @@ struct DecodeArgs {
     DecodeScratch scratch;
     int min_split;  // fewest keys a split takes (the kernel's tile)
     bool early_kv = false;  // tensor-core kernel: keys before the new one requested before pdl_wait (set_decode_early_kv)
-    bool lazy_rescale = false;  // tensor-core kernels: O and l rescaled only when a row's maximum moved (decode_lazy_rescale)
 };
 
 // Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of

@@ -25,7 +25,6 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/tensor_map.h"
 #include "backends/cuda/wgmma.cuh"
-#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -191,7 +190,7 @@ __global__ void __launch_bounds__(k_decode_threads)
         mx = quad_max(mx);
         const float new_m = fmaxf(m0, mx);
         const float ref = new_m == -INFINITY ? 0.f : new_m;
-        if (!a.lazy_rescale || __any_sync(0xffffffffu, new_m != m0)) {  // else alpha is exactly 1
+        if (__any_sync(0xffffffffu, new_m != m0)) {  // else alpha is exactly 1
             const float alpha = exp2f(m0 - ref);
             l0 *= alpha;
             z_sum *= alpha;
@@ -256,7 +255,6 @@ __global__ void __launch_bounds__(k_decode_threads)
         }
         __syncthreads();  // the stage is refilled next
     }
-    pdl_trigger();
     z_sum += __shfl_xor_sync(0xffffffffu, z_sum, 1);
     z_sum += __shfl_xor_sync(0xffffffffu, z_sum, 2);
 #pragma unroll
@@ -284,25 +282,18 @@ template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStre
     return true;
 }
 
-// Stages of codes in flight: 6 (104 KB of shared memory with int8's scales, two blocks per SM), or
-// QINFER_Q8_STAGES=3 (51 KB). Alone the kernel is ~3% slower with 6 (7B layer at 129024 keys: 64.5 vs 62.3 us), but
-// the model's decode step is faster (7B YaRN GPTQ-Int4 with an int8 cache at 129024: 242.6 -> 253.3 decode tokens/s,
+// Stages of codes in flight: 6 (104 KB of shared memory with int8's scales, two blocks per SM). Alone the kernel is
+// ~3% slower with 6 than with 3 (7B layer at 129024 keys: 64.5 vs 62.3 us), but the model's decode step is faster
+// (7B YaRN GPTQ-Int4 with an int8 cache at 129024: 242.6 -> 253.3 decode tokens/s,
 // bench/results/2026-11-27-h100-q8-stages), most likely because the first STAGES - 1 tiles are requested before
 // pdl_wait() and overlap the kernel ahead: 5 tiles instead of 2 (not profiled).
-int q8_stages() {
-    static const int stages = env_int("QINFER_Q8_STAGES", 6);
-    return stages == 3 ? 3 : 6;
-}
-
-template <KVKind K> bool launch_q8_staged(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
-    return q8_stages() == 3 ? launch_q8<K, 3>(a, grid, stream) : launch_q8<K, 6>(a, grid, stream);
-}
+constexpr int k_q8_stages = 6;
 
 }  // namespace
 
 bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
-    if (a.cache.quant.kind == KVKind::FP8) return launch_q8_staged<KVKind::FP8>(a, grid, stream);
-    return a.cache.quant.kind == KVKind::INT8 && launch_q8_staged<KVKind::INT8>(a, grid, stream);
+    if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages>(a, grid, stream);
+    return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages>(a, grid, stream);
 }
 
 }  // namespace qinfer::cuda

@@ -42,10 +42,12 @@ struct SwizzledTile {  // panels of 64 columns, 128-byte swizzle (wgmma.cuh); th
 
 // This warp's 16 keys of one tile (K at ks, V at vs, layout Tile), the first one `key0`; keys from `end` on are masked.
 // S = Q K^T, the online softmax of row g (m0, l0 in the log2 domain, l0 this lane's partial sum), O += P V.
-// lazy: O and l0 are rescaled only when some row of the warp has a new maximum (DecodeArgs::lazy_rescale).
+// O and l0 are rescaled only when some row of the warp has a new maximum (alpha is otherwise exactly 1, so the result
+// is the same bit for bit): 32 of the int8 kernel's ~430 instructions per warp and tile, kernels 0.1-1.1% faster on an
+// H100 (bench/results/2026-11-27-h100-lazy-fold).
 template <int D, class Tile>
 __device__ __forceinline__ void attend_tile(const unsigned char * ks, const unsigned char * vs, const uint32_t (&qf)[D / 16][4], int key0, int end,
-                                            float scale_log2, float (&o)[D / 8][4], float & m0, float & l0, bool lazy) {
+                                            float scale_log2, float (&o)[D / 8][4], float & m0, float & l0) {
     const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, kw = threadIdx.x / 32 * 16;
     float s[2][4];
 #pragma unroll
@@ -72,7 +74,7 @@ __device__ __forceinline__ void attend_tile(const unsigned char * ks, const unsi
     mx = quad_max(mx);
     const float new_m = fmaxf(m0, mx);
     const float ref = new_m == -INFINITY ? 0.f : new_m;  // a row with no key yet keeps exp2 finite
-    if (!lazy || __any_sync(0xffffffffu, new_m != m0)) {
+    if (__any_sync(0xffffffffu, new_m != m0)) {
         const float alpha = exp2f(m0 - ref);
         l0 *= alpha;
 #pragma unroll
@@ -147,10 +149,9 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
         if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
         const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, min(STAGES - 1, n_tiles - 1 - t)), * vs = ks + Pipe::tile_elems;
         attend_tile<D, PaddedTile<D>>(reinterpret_cast<const unsigned char *>(ks), reinterpret_cast<const unsigned char *>(vs), qf,
-                                      begin + t * k_tile + threadIdx.x / 32 * 16, end, scale_log2, o, m0, l0, a.lazy_rescale);
+                                      begin + t * k_tile + threadIdx.x / 32 * 16, end, scale_log2, o, m0, l0);
         __syncthreads();  // the tile (and its stage) are overwritten next
     }
-    pdl_trigger();  // the keys are read (QINFER_PDL_TRIGGER=loop builds)
     merge_warps<D>(smem_raw, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
 }
 
@@ -222,10 +223,9 @@ __global__ void __launch_bounds__(k_decode_threads)
             }
             __syncthreads();
         }
-        attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0, a.lazy_rescale);
+        attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0);
         __syncthreads();  // the stage is refilled next
     }
-    pdl_trigger();
     merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
 #else
     __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)

@@ -13,24 +13,14 @@
 namespace qinfer::cuda {
 
 // Programmatic dependent launch (Hopper): launch_kernel may let a kernel start before the kernel ahead of it in the
-// stream has finished. On when the engine asks for it (set_pdl_default: every checkpoint, see
-// model/qwen_cuda.cpp); QINFER_PDL=1 / 0 forces it on / off. Every kernel it launches calls pdl_wait() first:
-// griddepcontrol.wait returns once the kernel ahead has completed and its writes are visible (at once when launched
-// normally, and a no-op below sm_90), and launch_dependents lets the next kernel's blocks be scheduled meanwhile.
-// Builds with CMake's QINFER_PDL_TRIGGER=exit or loop (A/B builds, device.sh pdl-exit) leave launch_dependents out
-// of pdl_wait: the next kernel's blocks are placed as this kernel's blocks exit, or (loop) once they are past their
-// main loop (pdl_trigger(): the balanced GEMV, the decode attention and its combine), instead of waiting beside them
-// for their whole run.
+// stream has finished. On when the engine asks for it (set_pdl_default: every checkpoint, see model/qwen_cuda.cpp).
+// Every kernel it launches calls pdl_wait() first: griddepcontrol.wait returns once the kernel ahead has completed
+// and its writes are visible (at once when launched normally, and a no-op below sm_90), and launch_dependents lets
+// the next kernel's blocks be scheduled meanwhile. (Triggering after the main loops instead was slower: 0.5B
+// 1286.6 -> 1184.9 tok/s on an H100, docs/perf-log.md 11-27.)
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#if !defined(QINFER_PDL_TRIGGER_AT_EXIT) && !defined(QINFER_PDL_TRIGGER_LOOP)
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(QINFER_PDL_TRIGGER_LOOP)
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
@@ -46,18 +36,13 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 
 bool pdl_enabled();
 
-// The launches of these roles ("attention": the decode attention's split kernel, "combine": its combine kernel,
-// "combine-long": the combine unless the launch's sequences stay within k_short_decode_keys keys) go without
-// programmatic dependent launch while PDL is on, so they start only when the kernel ahead has finished;
-// QINFER_PDL_SKIP=role,... replaces the list (QINFER_PDL_SKIP=none: every launch with PDL). The long combine by
-// default: launched early, its blocks waited beside the whole split kernel, and with it launched normally, PDL on,
-// H100 decode tok/s went 7B BF16 187.2 -> 187.1 / 161.0 -> 182.6 / 149.4 -> 166.1 at input 1 / 6144 / 30720, 1.5B
+// The decode attention's combine goes without programmatic dependent launch unless the launch's sequences stay within
+// k_short_decode_keys keys (attention.cu, launch_combine). Launched early, its blocks waited beside the whole split
+// kernel; with it launched normally, PDL on, H100 decode tok/s went 7B BF16 187.2 -> 187.1 / 161.0 -> 182.6 / 149.4 -> 166.1 at input 1 / 6144 / 30720, 1.5B
 // 636.5 -> 633.3 / 502.6 -> 514.9 at 1 / 30720, 0.5B and 7B GPTQ-Int4 within 1% (bench/results/2026-11-27-h100-pdl-matrix);
 // launched early within k_short_decode_keys keys (combine-long against combine, alternated twice at 96c45a3): 0.5B
 // 1380.5 -> 1394.4 tok/s at input 1, 0.5B GPTQ-Int4 1662.7 -> 1685.7, 1.5B 661.4 -> 665.1, 7B 188.9 -> 189.1 at 1,
 // 182.0 both at 6144 (bench/results/2026-11-28-h100-combine-pdl-short).
-constexpr const char * k_pdl_skip_default = "combine-long";
-bool pdl_skip(const char * role);
 extern thread_local bool pdl_suspended;
 // While alive (and `on`), launch_kernel launches without PDL.
 struct ScopedNoPdl {

@@ -2,13 +2,10 @@
 // kernels of gemv_rows.cuh) and gemv_qkv_rope(); also the PDL switch and the SM count the launch rules use.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qstage.cuh"
-#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -25,16 +22,7 @@ bool pdl_enabled() {
         CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         return major >= 9;  // griddepcontrol needs Hopper
     }();
-    static const int forced = std::getenv("QINFER_PDL") ? int(env_is("QINFER_PDL", "1")) : -1;
-    return hopper && !pdl_suspended && (forced >= 0 ? forced == 1 : pdl_default.load());
-}
-
-bool pdl_skip(const char * role) {
-    static const std::string skip = [] {
-        const char * v = std::getenv("QINFER_PDL_SKIP");
-        return "," + std::string(v ? v : k_pdl_skip_default) + ",";
-    }();
-    return skip.find("," + std::string(role) + ",") != std::string::npos;
+    return hopper && !pdl_suspended && pdl_default.load();
 }
 
 bool sm90a_device() {
@@ -62,24 +50,17 @@ int sm_count() {
     return n;
 }
 
-static std::atomic<bool> half_rows_on{!env_is("QINFER_GEMV_HALF", "0")};
+static std::atomic<bool> half_rows_on{true};
 
 void set_gemv_half_rows(bool on) { half_rows_on = on; }
 
 bool gemv_half_rows_on() { return half_rows_on; }
-
-// QINFER_GEMV_PREFETCH=0 turns the first-batch prefetch off (for timing it against the plain prologue).
-static bool gemv_prefetch() {
-    static const bool on = !env_is("QINFER_GEMV_PREFETCH", "0");
-    return on;
-}
 
 // The caller's arguments checked (k, norm weights) and completed with the launch settings every BF16 GEMV kernel reads.
 static GemvArgs launch_args(const GemvArgs & args, GemvIn in, const char * who) {
     if (args.k % 8 != 0) QINFER_FAIL() << who << ": k = " << args.k << " must be a multiple of 8";
     if (in == GemvIn::NormF32 && !args.norm_w) QINFER_FAIL() << who << ": NormF32 input needs norm weights";
     GemvArgs a = args;
-    a.prefetch = gemv_prefetch();
     a.vec_norm = in == GemvIn::NormF32 && qstage::vec_norm_ok(a);
     return a;
 }
@@ -92,9 +73,9 @@ void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
 }
 
 // Fused at head_dim 128 (H100, same call, a6f6ebb: 1.5B +1.1%, 7B +0.3%); at head_dim 64, 0.5B went 1297 -> 1241 tok/s
-// fused under PDL (2.2% faster without PDL; bench/results/2026-11-27-h100-fused-rope). QINFER_FUSED_ROPE=1 / 0 forces
-// it on / off; set_fused_rope as well (tests).
-static std::atomic<int> fused_rope_mode{env_mode("QINFER_FUSED_ROPE")};
+// fused under PDL (2.2% faster without PDL; bench/results/2026-11-27-h100-fused-rope). set_fused_rope(1 / 0) forces
+// it on / off (tests run both on one shape).
+static std::atomic<int> fused_rope_mode{-1};
 
 void set_fused_rope(int mode) { fused_rope_mode = mode; }
 

@@ -18,7 +18,6 @@
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/qstage.cuh"
 #include "backends/cuda/rope_common.cuh"
-#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -77,8 +76,8 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
     };
 
     // The first batch is requested before pdl_wait() and the norm, as in gemv.cu.
-    bool have_batch = a.prefetch;
-    if (have_batch) fetch();
+    bool have_batch = true;
+    fetch();
     if constexpr (ROPE) {
         // Positions come from the decode state, written before the kernel ahead of this one began (pdl_wait there).
         const int pairs = row1 - row0, half = rope.head_dim / 2;
@@ -122,7 +121,6 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
         }
     }
     flush();
-    pdl_trigger();  // the weights are read: the next kernel may be placed (QINFER_PDL_TRIGGER=loop builds)
     __syncthreads();
 
     // Each warp finishes rows warp, warp + 8, ...: lane l adds columns l, l + 32, ..., then the warp adds its lanes.
@@ -195,7 +193,7 @@ template <int M> bool dispatch_rope(const GemvArgs & a, GemvIn in, const QkvRope
 
 }  // namespace
 
-static std::atomic<bool> balanced_on{!env_is("QINFER_GEMV_BALANCED", "0")};
+static std::atomic<bool> balanced_on{true};
 
 void set_gemv_balanced(bool on) { balanced_on = on; }
 

@@ -12,7 +12,6 @@
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qstage.cuh"
-#include "core/env.h"
 
 namespace qinfer::cuda::gemv_rows {
 
@@ -61,7 +60,7 @@ __global__ void __launch_bounds__(k_threads, MIN_BLOCKS) gemv_kernel(GemvArgs a)
     uint4 first[batch];
     bool have_first = false;
     auto load_first = [&](int row) {
-        if (!a.prefetch || row >= a.n) return;
+        if (row >= a.n) return;
         const uint4 * w[2] = {};
         row_ptrs(row, w);
 #pragma unroll
@@ -160,11 +159,8 @@ __global__ void __launch_bounds__(k_threads, MIN_BLOCKS) gemv_kernel(GemvArgs a)
 // One-warp rows of at most 2048 values run under the register cap that lets three blocks share an SM instead of two
 // (80 registers, 16-44 bytes spilled). H100, alternated twice in one call (bench/results/2026-11-28-h100-rows3):
 // 0.5B 1413.3 -> 1419.1 tok/s (+0.4%), 1.5B 672.4 -> 677.7 (+0.8%); 7B's rows (k 3584) lost 0.5% under it and keep
-// two. QINFER_GEMV_ROWS_BLOCKS=2 or 3: that many for every one-warp row.
-inline bool gemv_rows_three_blocks(int k) {
-    static const int forced = env_int("QINFER_GEMV_ROWS_BLOCKS", 0);
-    return forced != 0 ? forced == 3 : k <= 2048;
-}
+// two.
+inline bool gemv_rows_three_blocks(int k) { return k <= 2048; }
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(const GemvArgs & a, cudaStream_t stream) {
     const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
@@ -185,28 +181,23 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(co
     // One wave of resident blocks strides over the row groups: under programmatic dependent launch the next kernel's
     // blocks, resident early, would otherwise take the slots of this kernel's later waves. On an H100 (PDL on, decode
     // tok/s, bench/results/2026-11-27-h100-wave-pdl): 1.5B +1.8%, 7B +0.2% (-0.3% without PDL), 0.5B -0.5% (noise).
-    // QINFER_GEMV_WAVE=0: one block per row group, very tall matrices (lm_head) striding over 8 blocks per SM.
     const int needed = (a.n + rows_per_block - 1) / rows_per_block;
-    int blocks = needed <= sm_count() * 32 ? needed : sm_count() * 8;
-    static const bool one_wave = !env_is("QINFER_GEMV_WAVE", "0");
-    if (one_wave) {
-        static size_t cached_smem[4] = {size_t(-1), size_t(-1), size_t(-1), size_t(-1)};  // per kernel
-        static int per_sm[4] = {0, 0, 0, 0};
-        blocks = std::min(needed, std::max(1, resident_blocks(kernel, k_threads, smem, cached_smem[variant], per_sm[variant])) * sm_count());
-        // As few blocks as take the same number of rounds, so that the last round is as full as the others: 1.5B's
-        // gate_up (1120 row groups) over 224 blocks in five full rounds instead of 264 with a fifth a quarter full.
-        // H100, alternated in one call: 1.5B 652.3 -> 662.4 tok/s, 0.5B 1362.4 -> 1386.4, 7B level (264 either way;
-        // bench/results/2026-11-28-h100-even-rounds).
-        const int rounds = (needed + blocks - 1) / blocks;
-        blocks = (needed + rounds - 1) / rounds;
-    }
+    static size_t cached_smem[4] = {size_t(-1), size_t(-1), size_t(-1), size_t(-1)};  // per kernel
+    static int per_sm[4] = {0, 0, 0, 0};
+    int blocks = std::min(needed, std::max(1, resident_blocks(kernel, k_threads, smem, cached_smem[variant], per_sm[variant])) * sm_count());
+    // As few blocks as take the same number of rounds, so that the last round is as full as the others: 1.5B's
+    // gate_up (1120 row groups) over 224 blocks in five full rounds instead of 264 with a fifth a quarter full.
+    // H100, alternated in one call: 1.5B 652.3 -> 662.4 tok/s, 0.5B 1362.4 -> 1386.4, 7B level (264 either way;
+    // bench/results/2026-11-28-h100-even-rounds).
+    const int rounds = (needed + blocks - 1) / blocks;
+    blocks = (needed + rounds - 1) / rounds;
     launch_kernel(kernel, blocks, k_threads, smem, stream, a);
 }
 
 // Warps per row: one warp per row for tall matrices; short ones (o_proj/down of small models) split k over more
 // warps so that every SM still gets a couple of blocks.
 // Rows of at most 1024 values (128 chunks: 8 loads per lane of half a warp) take half a warp each where every SM still
-// gets two blocks of 16 rows, unless set_gemv_half_rows(false) (QINFER_GEMV_HALF=0); not for SiluMulBf16, whose
+// gets two blocks of 16 rows, unless set_gemv_half_rows(false) (tests); not for SiluMulBf16, whose
 // gate and up rows already share a warp's batch.
 template <int M, GemvIn IN, GemvOut OUT> void launch_wpr(const GemvArgs & a, cudaStream_t stream) {
     const int rows_per_block = a.n / (2 * sm_count());

@@ -32,7 +32,6 @@ struct GemvArgs {
     const bf16 * norm_w = nullptr;  // [k] with NormF32
     float eps = 1e-6f;
     void * y = nullptr;             // see GemvOut
-    bool prefetch = true;           // first weights requested before pdl_wait and the norm (set by gemv(); gemv.cu)
     bool vec_norm = false;          // NormF32 staged in float4 batches (set by gemv()/qgemv(): qstage::vec_norm_ok)
     bool vec_bf16 = false;          // qgemv ring: Bf16 rows staged by 16-byte copies (no act-order, k == k_padded, aligned)
     bool vec_params = false;        // qgemv ring: affine group parameters read 8 at a time (aligned scales / zeros)
@@ -40,13 +39,13 @@ struct GemvArgs {
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)
-// unless this is off (default on; QINFER_GEMV_BALANCED=0 makes the default off).
+// unless this is off (default on; tests turn it off to check the row kernels on the same shapes).
 void set_gemv_balanced(bool on);
 // The row kernels give rows of at most 1024 values half a warp each (0.5B's lm_head) unless this is off (default on;
-// QINFER_GEMV_HALF=0 makes the default off).
+// tests check both).
 void set_gemv_half_rows(bool on);
 
-// Programmatic dependent launch for the kernels launched from now on (common.cuh; QINFER_PDL=1 / 0 overrides).
+// Programmatic dependent launch for the kernels launched from now on (common.cuh).
 void set_pdl_default(bool on);
 
 // ---- quantized weights (layout: model/quant_repack.h) ----
@@ -70,8 +69,8 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, vo
 size_t qgemv_scratch_bytes(int k_padded, int m);
 // The tiled layout's o_proj / down kernels (input from global memory, added to a residual) with twice the code loads in
 // flight per lane where their grid holds at most two blocks per SM (qgemv_ring.cuh). By default for 4-bit affine codes
-// (GPTQ/AWQ/AutoRound Int4) only; QINFER_QRING_DEEP=1 at start: for every code kind, =0: never. set_qgemv_ring_deep
-// overrides both (true: every kind); reset_qgemv_ring_deep puts back the start-up setting.
+// (GPTQ/AWQ/AutoRound Int4) only. set_qgemv_ring_deep forces it (true: every kind, false: never; tests);
+// reset_qgemv_ring_deep puts back the default.
 void set_qgemv_ring_deep(bool on);
 void reset_qgemv_ring_deep();
 // The ring kernel's fast rounds (unchecked rounds, normalised inputs staged for 16-byte B loads): -1 where every K
@@ -80,7 +79,7 @@ void set_qgemv_ring_fast(int mode);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 // Prefill GEMM with the weights dequantized into shared memory (qgemm_wgmma.cu): y bf16 [m, w.rows] = x bf16 [m, w.k]
-// W^T, for the tiled 4-/8-bit affine layout on an sm_90a build and device (qgemm_applies; QINFER_QGEMM=0: never).
+// W^T, for the tiled 4-/8-bit affine layout on an sm_90a build and device (qgemm_applies).
 // Act-order inputs, k not a multiple of 8 and x not 16-byte aligned are gathered into scratch first: bf16 [m,
 // w.k_padded]; after them the scratch holds the K splits' fp32 partial sums (qgemm_scratch_bytes: what act-order / k
 // and the splits of any m' <= m need; unaligned x needs the gather on top; with too little room for the partial
@@ -88,11 +87,9 @@ void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 // then dequantizes and multiplies with cuBLASLt).
 bool qgemm_applies(const QuantMatrix & w);
 size_t qgemm_scratch_bytes(const QuantMatrix & w, int m);
-// The engine's rule: qgemm for m up to qgemm_max_m (QINFER_QGEMM_MAX_M, default 512) on weights of at least one
-// 128-row tile per SM, and up to qgemm_split_max_m (QINFER_QGEMM_SPLIT_MAX_M, 128) where K splits of at least 16
-// K blocks fill the SMs (7B's down, not its qkv / o_proj); dequantize + cuBLASLt otherwise (faster there, measured:
-// qgemm_wgmma.cu).
-int qgemm_max_m();
+// The engine's rule: qgemm for m up to 512 on weights of at least one 128-row tile per SM, and up to 128 where K
+// splits of at least 16 K blocks fill the SMs (7B's down, not its qkv / o_proj); dequantize + cuBLASLt otherwise
+// (faster there, measured: qgemm_wgmma.cu).
 bool qgemm_pays(const QuantMatrix & w, int m);
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
 // The fused GEMM's tile for timing: 1 = 256 tokens, 2 = 128 tokens, 3 = 128 tokens with two blocks per SM (4-bit
@@ -164,7 +161,7 @@ struct QkvRopeArgs {
 };
 void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
 // The QKV projection (a: W [(n_head + 2 n_kv) d, k], the GEMV's m tokens, y = r.qkv) followed by qkv_rope_cache(r),
-// fused into the balanced GEMV's epilogue where it applies: head_dim 128 (QINFER_FUSED_ROPE=1 / 0 forces it on / off),
+// fused into the balanced GEMV's epilogue where it applies: head_dim 128 (set_fused_rope(1 / 0) forces it on / off),
 // a bf16 cache, no q/k norms, no fp8 range pass (gemv_balanced.cu); nothing is then written to r.qkv. Elsewhere the
 // two kernels.
 void gemv_qkv_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream);
@@ -185,8 +182,8 @@ void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream
 // that divide 128 (multiples of 8), the warp-specialised form: a producer warp moves K/V pages with the tensor copy
 // engine into a three-stage ring guarded by mbarriers, two consumer warpgroups run the wgmma loop without block barriers
 // (attention_prefill_tma.cu; Tma where it does not apply runs Wgmma); TmaPingpong: the same with the consumer
-// warpgroups taking turns to issue their MMAs. Auto: TmaPingpong where it applies, else Wgmma, unless
-// QINFER_PREFILL_ATTN=tiled, =pipelined, =wgmma or =tma (for A/B runs; a forced kind is passed as `kernel`).
+// warpgroups taking turns to issue their MMAs. Auto: TmaPingpong where it applies (sm_90a, head_dim 64 / 128), else
+// Wgmma; Pipelined off Hopper; Tiled for other head dims. Tests pass each kind as `kernel`.
 enum class PrefillKernel { Auto, Tiled, Pipelined, Wgmma, Tma, TmaPingpong };
 const char * prefill_kernel_name(PrefillKernel kernel);
 // Prefill over a quantized cache through the bf16 kernels (kv_dequant.cu): the sequence's first n_blocks blocks
@@ -211,13 +208,12 @@ struct DecodeScratch {
     int max_splits = 0;
 };
 // Splits for contexts up to max_len: whole waves of the blocks this GPU holds at this head_dim, no split above the
-// maximum (model/decode_splits.h; QINFER_DECODE_SPLITS=fill for the previous one-wave-at-least rule).
+// maximum (model/decode_splits.h).
 int decode_splits(int max_len, int n_kv, int head_dim, int batch = 1);
 // Two implementations: SIMT lanes with an online softmax per lane group (any head_dim above), and tensor cores with
 // the GQA group as the rows of an mma tile (head_dim 64 and 128; attention_decode_tc.cu). Auto: the tensor-core
-// kernel where it applies (2-2.4x faster on an H100, perf-log), unless QINFER_DECODE_ATTN=simt.
-// TensorCoreTma: the tensor-core kernel with its K/V tiles brought by the tensor copy engine, where
-// decode_tma_applies (the default there; QINFER_DECODE_TMA=0 keeps cp.async).
+// kernel where it applies (2-2.4x faster on an H100, perf-log). TensorCoreTma: the tensor-core kernel with its K/V
+// tiles brought by the tensor copy engine, where decode_tma_applies (the default there).
 enum class DecodeKernel { Auto, Simt, TensorCore, TensorCoreTma };
 // Whether the tensor-copy decode kernel takes this cache: a bf16 cache (head_dim 64 or 128) or an int8 or fp8 one
 // (head_dim 128) with its rows known (KVLayer::rows), block size a multiple of 16, on an sm_90a build running on a compute
@@ -225,12 +221,12 @@ enum class DecodeKernel { Auto, Simt, TensorCore, TensorCoreTma };
 bool decode_tma_applies(const KVLayer & cache, int head_dim);
 // The tensor-core kernel requests the block table and its first tiles of keys before the new key's (the ones written
 // by earlier steps) ahead of pdl_wait, so they overlap the end of the kernel ahead under programmatic dependent launch
-// (attention_decode_tc.cu). On by default; QINFER_DECODE_EARLY_KV=0 turns it off at start; reset_decode_early_kv puts
-// back the start-up setting.
+// (attention_decode_tc.cu). On by default; tests turn it off to check both orders; reset_decode_early_kv puts it
+// back on.
 void set_decode_early_kv(bool on);
 void reset_decode_early_kv();
 // short_context: every sequence of this launch (and of the graph it is captured into) stays within
-// k_short_decode_keys keys, which lets the combine start early under PDL (the "combine-long" role, common.cuh).
+// k_short_decode_keys keys, which lets the combine start early under PDL (launch_combine, attention.cu).
 constexpr int k_short_decode_keys = 4096;
 void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev, int n_head, int n_kv, int head_dim,
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch = 1,

@@ -40,7 +40,6 @@
 #include "backends/cuda/qgemv_mma.cuh"
 #include "backends/cuda/tensor_map.h"
 #include "backends/cuda/wgmma.cuh"
-#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -345,8 +344,7 @@ bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8
 void set_qgemm_tile(int tile) { tile_override = tile >= 1 && tile <= 3 ? tile : 0; }
 
 bool qgemm_applies(const QuantMatrix & w) {
-    static const bool off = env_is("QINFER_QGEMM", "0");
-    return !off && sm90a_device() && w.tiled && !w.lut && (w.bits == 4 || w.bits == 8) && w.group > 0;
+    return sm90a_device() && w.tiled && !w.lut && (w.bits == 4 || w.bits == 8) && w.group > 0;
 }
 
 // Scratch: the gathered inputs (act-order, k % 8) first, then the splits' partial sums. For any m' <= m: the most
@@ -358,27 +356,18 @@ size_t qgemm_scratch_bytes(const QuantMatrix & w, int m) {
     return (w.perm || w.k % 8 != 0 ? gather_bytes(w, m) : 0) + partials;
 }
 
-int qgemm_max_m() {
-    static const int max_m = env_int("QINFER_QGEMM_MAX_M", 512);
-    return max_m;
-}
-
 // On an H100 (bench/results/2026-11-27-h100-qgemm-splitk, 7B shapes, against dequantize + cuBLASLt with the
 // whole-line dequantize stores) the fused kernel wins on gate_up (296 row tiles) up to m 512 (Int4 m 64-128: 1.9x,
 // 256: 1.4x, 512: 1.07x; Int8 1.5x / 1.3x / 1.0x). With K split, down (k 18944) wins at m <= 128 (Int4 1.6x, Int8
 // 1.1x); qkv and o_proj (k 3584, 6-10 K blocks per split) mostly lose (Int4 qkv 1.25x at m 16, 0.94x at 128; Int8
-// 0.85-0.97x). Hence: m up to qgemm_max_m on weights of at least one row tile per SM; m up to qgemm_split_max_m
-// (QINFER_QGEMM_SPLIT_MAX_M, default 128) where the K splits fill the SMs with at least k_split_min_kb K blocks each.
-constexpr int k_split_min_kb = 16;
-int qgemm_split_max_m() {
-    static const int v = env_int("QINFER_QGEMM_SPLIT_MAX_M", 128);
-    return v;
-}
+// 0.85-0.97x). Hence: m up to k_qgemm_max_m on weights of at least one row tile per SM; m up to k_qgemm_split_max_m
+// where the K splits fill the SMs with at least k_split_min_kb K blocks each.
+constexpr int k_qgemm_max_m = 512, k_qgemm_split_max_m = 128, k_split_min_kb = 16;
 bool qgemm_pays(const QuantMatrix & w, int m) {
-    if (!qgemm_applies(w) || m > qgemm_max_m()) return false;
+    if (!qgemm_applies(w) || m > k_qgemm_max_m) return false;
     if (row_tiles(w) >= sm_count()) return true;
     const Shape sh = shape_for(w, m);
-    return m <= qgemm_split_max_m() && sh.blocks * sh.splits >= sm_count() && (w.k_padded / 64) / sh.splits >= k_split_min_kb;
+    return m <= k_qgemm_split_max_m && sh.blocks * sh.splits >= sm_count() && (w.k_padded / 64) / sh.splits >= k_split_min_kb;
 }
 
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {

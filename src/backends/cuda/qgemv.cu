@@ -15,7 +15,6 @@
 #include "backends/cuda/qgemv_mma.cuh"
 #include "backends/cuda/qgemv_ring_launch.cuh"
 #include "backends/cuda/qstage.cuh"
-#include "core/env.h"
 
 namespace qinfer::cuda {
 
@@ -275,15 +274,10 @@ void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void
 // Bf16 inputs that need no staging are staged in shared memory all the same where they fit and are long (16-byte
 // copies, then every B fragment from shared memory instead of an L2 round trip per 64-wide K block). On an H100, 7B
 // GPTQ-Int4 down (k 18944) 22.0 -> 19.0 us, o_proj (k 3584) level, but 0.5B GPTQ-Int4 (o_proj 896, down 4864)
-// -1.9% end to end (bench/results/2026-11-27-h100-qgemv-stage): hence from k_stage_plain_min_k.
-// QINFER_QGEMV_STAGE_X=0 never, =1 at every k; by default from that k (QINFER_QGEMV_STAGE_MIN_K=N moves it, for
-// A/B runs: 7B's o_proj at k 3584 gained ~0.8% staged, and which of 0.5B's two inputs lost is not measured).
+// -1.9% end to end (bench/results/2026-11-27-h100-qgemv-stage): hence from k_stage_plain_min_k. From k 3584 instead
+// (7B's o_proj too) was measured on an H200: 7B +0.36%, 0.5B -2.0% (bench/results/2026-11-28-h200-3ca90f2).
 constexpr int k_stage_plain_min_k = 8192;
-static bool stage_plain_input(int k) {
-    static const int mode = env_mode("QINFER_QGEMV_STAGE_X");
-    static const int min_k = env_int("QINFER_QGEMV_STAGE_MIN_K", k_stage_plain_min_k);
-    return mode == 1 || (mode == -1 && k >= min_k);
-}
+static bool stage_plain_input(int k) { return k >= k_stage_plain_min_k; }
 
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
     const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
@@ -305,20 +299,19 @@ void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut o
 
 // The deep ring's mode: 1 every code kind, 0 none, -1 4-bit affine codes only (the default: on an H100, 7B GPTQ-Int4
 // down 25.2 -> 22.2 us and o_proj 8.1 -> 7.6, while GPTQ-Int8 lost 1.1-1.3 us and NF4 tied;
-// bench/results/2026-11-27-h100-early-kv).
-static int ring_deep_start_mode() { return env_mode("QINFER_QRING_DEEP"); }
-static std::atomic<int> ring_deep_mode{ring_deep_start_mode()};
+// bench/results/2026-11-27-h100-early-kv). Tests force it with set_qgemv_ring_deep.
+static std::atomic<int> ring_deep_mode{-1};
 
 bool qgemv_ring_deep(bool affine4) {
     const int mode = ring_deep_mode;
     return mode == 1 || (mode == -1 && affine4);
 }
 void set_qgemv_ring_deep(bool on) { ring_deep_mode = on ? 1 : 0; }
-void reset_qgemv_ring_deep() { ring_deep_mode = ring_deep_start_mode(); }
+void reset_qgemv_ring_deep() { ring_deep_mode = -1; }
 
 // The fast rounds' mode (qgemv_ring_launch.cuh): -1 where every K part holds three rounds (the default), 1 wherever
-// the kernel can take them, 0 never (QINFER_QRING_FAST=1 / 0 at start; set_qgemv_ring_fast).
-static std::atomic<int> ring_fast_mode{env_mode("QINFER_QRING_FAST")};
+// the kernel can take them, 0 never (set_qgemv_ring_fast, for tests).
+static std::atomic<int> ring_fast_mode{-1};
 
 int qgemv_ring_fast_mode() { return ring_fast_mode; }
 void set_qgemv_ring_fast(int mode) { ring_fast_mode = mode; }
@@ -349,9 +342,9 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, vo
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
     const int threads = 256;
     if (w.tiled) {
-        // QINFER_DEQUANT=scatter: the per-word kernel for every tiled matrix (timing the two in one run).
-        static const bool scatter = env_is("QINFER_DEQUANT", "scatter");
-        if (!w.perm && w.k % 8 == 0 && !scatter) {
+        // Whole-line stores by eight lanes per row (2.5-2.8 TB/s against 1.8-2.0 with two lanes per row, H100,
+        // bench/results/2026-11-27-h100-qgemm-splitk); act-order matrices and odd k take the per-word kernel.
+        if (!w.perm && w.k % 8 == 0) {
             const int64_t tasks = int64_t(w.rows_padded / 16) * (w.k_padded / 64);
             const int tiles = w.bits == 8 && !w.lut ? mma4::dequant_tiles<2>() : mma4::dequant_tiles<1>();
             const int64_t per_block = int64_t(mma4::k_warps) * tiles;

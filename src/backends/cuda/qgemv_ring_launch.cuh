@@ -19,17 +19,15 @@ void qgemv_ring_global(const QuantMatrix & w, const bf16 * x, int ldx, const Gem
 void qgemv_ring_stage_norm(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 
-// Whether launches that qualify use the deep ring (ring4::k_ring_deep) for this code kind (set_qgemv_ring_deep,
-// QINFER_QRING_DEEP; by default 4-bit affine codes only).
+// Whether launches that qualify use the deep ring (ring4::k_ring_deep) for this code kind (by default 4-bit affine
+// codes only; set_qgemv_ring_deep).
 bool qgemv_ring_deep(bool affine4);
-// The fast rounds' mode (set_qgemv_ring_fast, QINFER_QRING_FAST): -1 the rule of ring_launch::ring_fast_for, 1, 0.
+// The fast rounds' mode (set_qgemv_ring_fast): -1 the rule of ring_launch::ring_fast_for, 1, 0.
 int qgemv_ring_fast_mode();
 
-// QINFER_QKS=1|2|4|8 forces the warps per row group of both quantized GEMVs (tuning experiments).
-inline int forced_ks() {
-    static const int ks = env_int("QINFER_QKS", 0);
-    return ks;
-}
+// QINFER_QKS=1|2|4|8 forces the warps per row group of the quantized GEMVs (an open knob: two K parts made the 4-bit
+// gate_up 7% faster in isolation on an H200, bench/results/2026-11-28-h200-3ca90f2, not yet measured in rows).
+inline int forced_ks() { return env().qgemv_k_parts; }
 
 namespace ring_launch {
 
@@ -44,25 +42,18 @@ inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int row
            (w.lut ? ring4::k_lut_words * 4 : 0);
 }
 
-// Codes requested into L2 beyond the ring kernel's register ring, in 64-wide K blocks (QINFER_QGEMV_L2AHEAD sets
-// both). On an H100 (7B GPTQ-Int4 shapes, m 1): down 29.4 -> 26.1 us with 6 blocks (27.9 with 12), o_proj unchanged,
+// Codes requested into L2 beyond the ring kernel's register ring, in 64-wide K blocks. On an H100 (7B GPTQ-Int4 shapes, m 1): down 29.4 -> 26.1 us with 6 blocks (27.9 with 12), o_proj unchanged,
 // but gate_up 34.9 -> 37.2 and qkv 9.4 -> 9.6: on for kernels reading their input from global memory (o_proj, down)
 // only (bench/results/2026-11-26-h100-ring-ab).
 // Bf16 inputs staged as they are (vec_bf16, below) count as read from global memory here: the same kernels' inputs.
 constexpr int k_ring_l2_ahead_global = 6, k_ring_l2_ahead_staged = 0;
 
-// QINFER_QGEMV_VEC_PARAMS=0: group parameters one at a time (the kernel's scalar prologue), for A/B runs.
-inline bool vec_params_on() {
-    static const bool on = !env_is("QINFER_QGEMV_VEC_PARAMS", "0");
-    return on;
-}
-
 // The ring kernel's fast rounds (qgemv_ring.cuh) where every K part holds at least three rounds of RINGK loads, so
 // that at least two rounds run unchecked. On an H200 (bench/results/2026-11-28-h200-qring-fast, alternated twice) they
 // took 7B GPTQ-Int4 from 485.5 to 503.5 tok/s (gate_up 31.4 -> 28.8 us, down 18.2 -> 17.5), but 0.5B GPTQ-Int4 from
 // 1715.3 to 1697.0, whose parts hold one or two rounds (the pair-order staging without the rounds that repay it).
-// QINFER_QRING_FAST=0: never (the checked loop for every round, inputs staged in position order), =1: wherever the
-// kernel can take them (qgemv.cu's mode; set_qgemv_ring_fast).
+// set_qgemv_ring_fast(0): never (the checked loop for every round, inputs staged in position order), (1): wherever the
+// kernel can take them (tests).
 inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes c) {
     const int mode = qgemv_ring_fast_mode();
     return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= 3 * (ringk / ring4::planes_of(c)));
@@ -75,17 +66,15 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     static size_t configured = 0;
     allow_dynamic_smem(kernel, smem, configured);
     const int n_rb = (a.n + 15) / 16;
-    static const int forced_ahead = env_int("QINFER_QGEMV_L2AHEAD", -1);
     // In blocks of 4-bit codes' bytes: 8-bit blocks are twice the size.
     GemvArgs args = a;
     args.vec_norm = XS == ring4::XSrc::StageNorm && !w.perm && qstage::vec_norm_ok(a);
     args.vec_bf16 = XS == ring4::XSrc::StageBf16 && !w.perm && a.k == w.k_padded && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
-    args.vec_params = C != ring4::Codes::Lookup4 && vec_params_on() && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 &&
+    args.vec_params = C != ring4::Codes::Lookup4 && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(w.zeros) % 8 == 0;
     args.ring_fast = ring_fast_for(w, KS, ring4::k_ring, C);
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
-    const int l2_ahead = (forced_ahead >= 0 ? forced_ahead : plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) /
-                         ring4::planes_of(C);
+    const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
     const int grid = (n_rb + RBB - 1) / RBB;
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {

@@ -6,7 +6,6 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
-#include "core/env.h"
 
 namespace qinfer::cuda::qstage {
 
@@ -64,10 +63,8 @@ __device__ __forceinline__ void for_each_input(const GemvArgs & a, const int * p
 }
 
 // Host: whether stage_norm_vec may stage a.x (fp32 rows 16-byte aligned, norm weights 8-byte aligned, K % 4 == 0).
-// QINFER_QSTAGE=scalar keeps the per-256 loop of for_each_input / the BF16 GEMV instead (for timing).
 inline bool vec_norm_ok(const GemvArgs & a) {
-    static const bool scalar = env_is("QINFER_QSTAGE", "scalar");
-    return !scalar && a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
+    return a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
 }
 
 // Where position i of a row is staged for the ring GEMV's 16-byte B loads (qgemv_ring.cuh): within each 64-wide K
