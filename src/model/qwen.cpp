@@ -65,12 +65,12 @@ int CpuQwenEngine::new_sequence(int max_tokens) {
 void CpuQwenEngine::free_sequence(int seq) { kv_.table().free_sequence(seq); }
 
 // Attention over the cache as stored: the context's K and V are read (dequantized) once per layer.
-void CpuQwenEngine::attention(int layer, int seq, int n, int pos0, const float * q, float * out) const {
+void CpuQwenEngine::attention(int layer, const std::vector<int> & blocks, int n, int pos0, const float * q, float * out) const {
     const ModelConfig & c = model_->config;
     const int ctx = pos0 + n;
     const size_t token = size_t(c.num_key_value_heads) * c.head_dim;
     std::vector<float> k(size_t(ctx) * token), v(size_t(ctx) * token);  // fp32 [ctx, n_kv_head, head_dim]
-    kv_.read(layer, seq, ctx, k.data(), v.data());
+    kv_.read(layer, blocks, ctx, k.data(), v.data());
     cpu::attention(
         q, n, pos0, c.num_attention_heads, c.num_key_value_heads, c.head_dim, [&](int j) { return k.data() + size_t(j) * token; },
         [&](int j) { return v.data() + size_t(j) * token; }, out);
@@ -130,13 +130,13 @@ void CpuQwenEngine::moe(const MoeWeights & w, int n, const float * x, float * ou
 
 void CpuQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) {
     QINFER_CHECK(!tokens.empty()) << "forward needs at least one token";
-    run({Segment{seq, kv_.table().length(seq), int(tokens.size())}}, tokens, all_logits, logits);
+    run({Segment{seq, nullptr, kv_.table().length(seq), int(tokens.size())}}, tokens, all_logits, logits);
 }
 
 void CpuQwenEngine::forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) {
     check_batch(seqs, tokens);
     std::vector<Segment> segs;
-    for (int s : seqs) segs.push_back(Segment{s, kv_.table().length(s), 1});
+    for (int s : seqs) segs.push_back(Segment{s, nullptr, kv_.table().length(s), 1});
     run(segs, tokens, false, logits);
 }
 
@@ -154,7 +154,7 @@ void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int
     for (size_t s = 0, row = 0; s < segs.size(); row += size_t(segs[s].n), s++) {
         const Segment & g = segs[s];
         row0[s] = int(row);
-        if (g.pos0 + g.n > int(kv_.table().blocks(g.seq).size()) * kv_.shape().block_size) kv_.table().reserve(g.seq, g.pos0 + g.n);
+        if (g.seq >= 0 && g.pos0 + g.n > int(kv_.table().blocks(g.seq).size()) * kv_.shape().block_size) kv_.table().reserve(g.seq, g.pos0 + g.n);
         RopeFreqs dyn;
         const RopeFreqs * rope = &rope_;
         if (c.rope_scaling.type == RopeType::Dynamic) {
@@ -192,8 +192,9 @@ void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int
         for (size_t s = 0; s < segs.size(); s++) {
             const Segment & g = segs[s];
             const size_t r = size_t(row0[s]);
-            kv_.write(l, g.seq, g.pos0, g.n, k.data() + r * n_kv * d, v.data() + r * n_kv * d);
-            attention(l, g.seq, g.n, g.pos0, q.data() + r * n_head * d, attn.data() + r * n_head * d);
+            const std::vector<int> & blocks = g.seq >= 0 ? kv_.table().blocks(g.seq) : *g.blocks;
+            kv_.write(l, blocks, g.pos0, g.n, k.data() + r * n_kv * d, v.data() + r * n_kv * d);
+            attention(l, blocks, g.n, g.pos0, q.data() + r * n_head * d, attn.data() + r * n_head * d);
         }
         cpu::linear(attn.data(), n, A.o_proj, block_out.data());
         cpu::add(x.data(), block_out.data(), int64_t(n) * H);
@@ -206,7 +207,9 @@ void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int
         }
         cpu::add(x.data(), block_out.data(), int64_t(n) * H);
     }
-    for (const Segment & g : segs) kv_.table().set_length(g.seq, g.pos0 + g.n);
+    for (const Segment & g : segs) {
+        if (g.seq >= 0) kv_.table().set_length(g.seq, g.pos0 + g.n);
+    }
 
     // Logits of every row, or of each segment's last row.
     std::vector<float> x_out;  // fp32 [n_out, hidden]
@@ -226,6 +229,57 @@ void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int
     lm_head.weight = W.lm_head;
     logits.resize(size_t(n_out) * c.vocab_size);
     cpu::linear(xn.data(), n_out, lm_head, logits.data());
+}
+
+// The pool: opt.n_blocks, or room for every row at the longest sequence (the CPU has no device memory to measure).
+PoolInfo CpuQwenEngine::make_pool(const PoolOptions & opt) {
+    const ModelConfig & c = model_->config;
+    PoolInfo info;
+    info.block_size = kv_.shape().block_size;
+    info.max_seq_tokens = opt.max_seq_tokens > 0 ? std::min(opt.max_seq_tokens, c.max_context()) : std::min(c.max_context(), 4096);
+    const int per_seq = (info.max_seq_tokens + info.block_size - 1) / info.block_size;
+    info.n_blocks = opt.n_blocks > 0 ? opt.n_blocks : std::max(1, opt.max_rows) * per_seq;
+    KVCacheShape shape = kv_.shape();
+    shape.n_blocks = info.n_blocks;
+    CpuKVCache fresh(shape);
+    for (int l = 0; l < c.num_hidden_layers; l++) {
+        for (bool value : {false, true}) {
+            if (shape.dtype == KVDType::FP8 && kv_.fp8_scale(l, value) > 0) fresh.set_fp8_scale(l, value, kv_.fp8_scale(l, value));
+        }
+    }
+    kv_ = std::move(fresh);
+    pooled_ = true;
+    return info;
+}
+
+// One continuous-batching step: every segment's rows through the same forward pass as forward_batch; each picking
+// segment's last-row logits go back to the caller, who samples on the host (the specification's Sampler).
+void CpuQwenEngine::step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out) {
+    QINFER_CHECK(pooled_) << "step() before make_pool()";
+    std::vector<Segment> run_segs;
+    size_t rows = 0;
+    for (const StepSegment & s : segs) {
+        QINFER_CHECK(s.blocks && s.n > 0 && s.pos0 >= 0) << "step: a segment needs its blocks and at least one token";
+        QINFER_CHECK(size_t(s.pos0 + s.n) <= s.blocks->size() * size_t(kv_.shape().block_size)) << "step: a segment outgrew its blocks";
+        run_segs.push_back(Segment{-1, s.blocks, s.pos0, s.n});
+        rows += size_t(s.n);
+    }
+    QINFER_CHECK(rows == tokens.size()) << "step: " << tokens.size() << " tokens for segments of " << rows << " rows";
+    const int V = model_->config.vocab_size;
+    for (int t : tokens) {
+        if (t < 0 || t >= V) QINFER_FAIL() << "token id " << t << " is outside the vocabulary [0, " << V << ")";
+    }
+    std::vector<float> last;  // fp32 [segments, vocab]
+    run(run_segs, tokens, false, last);
+    out.tokens.assign(segs.size(), -1);
+    out.logits_row.assign(segs.size(), -1);
+    out.logits.clear();
+    int n_rows = 0;
+    for (size_t i = 0; i < segs.size(); i++) {
+        if (!segs[i].pick) continue;
+        out.logits.insert(out.logits.end(), last.begin() + long(i) * V, last.begin() + long(i + 1) * V);
+        out.logits_row[i] = n_rows++;
+    }
 }
 
 std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt) {

@@ -23,20 +23,25 @@ public:
     void free_sequence(int seq) override;
     void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override;
     void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override;
+    PoolInfo make_pool(const PoolOptions & opt) override;
+    void step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out) override;
     const Model & model() const { return *model_; }
     const CpuKVCache & kv_cache() const { return kv_; }
 
 private:
     struct Segment {
-        int seq, pos0, n;  // rows appended to `seq` at positions pos0..pos0+n-1
+        int seq;                                  // rows appended to this sequence of kv_.table() (-1: `blocks`)
+        const std::vector<int> * blocks;          // the scheduler's block table (seq -1)
+        int pos0, n;                              // at positions pos0..pos0+n-1
     };
     void run(const std::vector<Segment> & segs, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits);
-    void attention(int layer, int seq, int n, int pos0, const float * q, float * out) const;
+    void attention(int layer, const std::vector<int> & blocks, int n, int pos0, const float * q, float * out) const;
     void mlp(const MlpWeights & w, int n, const float * x, float * out) const;
     void moe(const MoeWeights & w, int n, const float * x, float * out) const;
 
     std::unique_ptr<Model> model_;
     CpuKVCache kv_;
+    bool pooled_ = false;  // make_pool was called: the scheduler owns the blocks
     RopeFreqs rope_;  // static scalings; dynamic NTK recomputes per call
 };
 

@@ -85,6 +85,7 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
 
 CudaQwenEngine::~CudaQwenEngine() {
     if (graph_) cudaGraphExecDestroy(graph_);
+    drop_pool_graphs();
     if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -249,16 +250,17 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const int blocks = n_sequences * per_seq;
     if (kv_seqs_ != n_sequences || kv_tokens_ != per_seq * block_size_) {
         const size_t rows = size_t(c.num_hidden_layers) * blocks * c.num_key_value_heads * block_size_;
-        kv_seqs_ = kv_tokens_ = 0;  // until every buffer below exists (an allocation may fail: the next call starts over)
+        kv_seqs_ = kv_tokens_ = kv_blocks_ = 0;  // until every buffer below exists (an allocation may fail: the next call starts over)
         for (DeviceBuffer * b : {&k_cache_, &v_cache_, &k_sz_, &v_sz_}) *b = DeviceBuffer();
         k_cache_ = DeviceBuffer(rows * kv_row_bytes_, "KV cache");
         v_cache_ = DeviceBuffer(rows * kv_row_bytes_, "KV cache");
-        if (kv_kind_ == cuda::KVKind::INT8 || kv_kind_ == cuda::KVKind::INT4) {
+        if (k_sz_needed()) {
             k_sz_ = DeviceBuffer(rows * sizeof(float2), "KV cache");
             v_sz_ = DeviceBuffer(rows * sizeof(float2), "KV cache");
         }
         kv_seqs_ = n_sequences;
         kv_tokens_ = per_seq * block_size_;
+        kv_blocks_ = blocks;
         // Decode scratch and the graph's token buffer follow the batch and the context.
         max_splits_ = cuda::decode_splits(kv_tokens_, c.num_key_value_heads, c.head_dim, n_sequences);
         split_out_ = DeviceBuffer(size_t(n_sequences) * c.num_attention_heads * max_splits_ * c.head_dim * sizeof(float), "attention splits");
@@ -277,6 +279,7 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
 
 void CudaQwenEngine::plan_batch(int n_sequences, int max_tokens) {
     if (!block_tables_.empty()) QINFER_FAIL() << "CUDA backend: plan_batch while " << block_tables_.size() << " sequences are alive";
+    if (pooled_) QINFER_FAIL() << "CUDA backend: the cache is a continuous-batching pool (make_pool)";
     if (n_sequences < 1 || max_tokens < 1) QINFER_FAIL() << "plan_batch: " << n_sequences << " sequences of " << max_tokens << " tokens";
     reset_cache(n_sequences, max_tokens);
     planned_ = true;
@@ -307,6 +310,7 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
 
 int CudaQwenEngine::new_sequence(int max_tokens) {
     // A lone request gets a cache sized for exactly it; a batch's sequences share the cache plan_batch sized.
+    if (pooled_) QINFER_FAIL() << "CUDA backend: the cache is a continuous-batching pool (make_pool); sequences come from its scheduler";
     if (block_tables_.empty() && !planned_) reset_cache(1, max_tokens);
     if (int(block_tables_.size()) >= kv_seqs_) {
         QINFER_FAIL() << "CUDA backend: the KV cache holds " << kv_seqs_ << " sequences (plan_batch sizes it for a batch)";
@@ -350,15 +354,18 @@ void CudaQwenEngine::ensure_workspace(int c) {
     const int max_k = max_quantized_k();
     if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, k_qgemv_max_m), "workspace");
     ws_tokens_ = c;
-    graph_seqs_.clear();  // buffers moved: the graph must be captured again
+    graph_seqs_.clear();  // buffers moved: the graphs must be captured again
+    drop_pool_graphs();
 }
 
-cuda::KVLayer CudaQwenEngine::kv_layer(int layer, int seq) const {
+// The cache of layer `layer` read through `block_table` (int [blocks] on the device, or rows of `stride` for a batch).
+cuda::KVLayer CudaQwenEngine::kv_layer(int layer, const int * block_table, int stride) const {
     const ModelConfig & c = model_->config;
-    const size_t layer_rows = size_t(table_->n_blocks()) * c.num_key_value_heads * block_size_;
+    const size_t layer_rows = size_t(kv_blocks_) * c.num_key_value_heads * block_size_;
     const size_t rows = layer_rows * size_t(layer);  // before this layer
     cuda::KVLayer kv;
-    kv.block_table = block_tables_.at(seq).as<int>();
+    kv.block_table = block_table;
+    kv.table_stride = stride;
     kv.block_size = block_size_;
     kv.rows = int64_t(layer_rows);
     if (kv_kind_ == cuda::KVKind::BF16) {
@@ -378,13 +385,8 @@ cuda::KVLayer CudaQwenEngine::kv_layer(int layer, int seq) const {
     return kv;
 }
 
-// The cache of layer `layer` as the decoding batch (prepare_batch) sees it.
-cuda::KVLayer CudaQwenEngine::kv_layer_batch(int layer) const {
-    cuda::KVLayer kv = kv_layer(layer, batch_seqs_.at(0));
-    kv.block_table = batch_tables_.as<int>();
-    kv.table_stride = batch_stride_;
-    return kv;
-}
+// The cache of layer `layer` as the decoding batch (prepare_batch, or a continuous-batching step) sees it.
+cuda::KVLayer CudaQwenEngine::kv_layer_batch(int layer) const { return kv_layer(layer, batch_tables_.as<int>(), batch_stride_); }
 
 // The QKV bias/norm/RoPE/cache-write step of layer `layer` for n tokens (positions set by the caller).
 cuda::QkvRopeArgs CudaQwenEngine::rope_args(int layer, const cuda::KVLayer & cache, int n) const {

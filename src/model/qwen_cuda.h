@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <numeric>
 
 #include "backends/cuda/allocator.h"
@@ -140,6 +141,8 @@ public:
     bool decode_sampled(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid, const SamplingParams & p,
                         const std::vector<History> & history, std::vector<int> & out) override;
     uint64_t peak_memory_bytes() const override { return cuda::DeviceAllocator::instance().peak(); }
+    PoolInfo make_pool(const PoolOptions & opt) override;
+    void step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out) override;
 
 private:
     void upload_weights();
@@ -149,10 +152,12 @@ private:
     DevMlp upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar);
     void reset_cache(int n_sequences, int tokens_per_sequence);
     void ensure_workspace(int c);
+    bool k_sz_needed() const { return kv_kind_ == cuda::KVKind::INT8 || kv_kind_ == cuda::KVKind::INT4; }  // (scale, zero) per row
     int max_quantized_k() const;  // largest padded k of a quantized projection (0: none)
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
     bool ensure_prefill_kv(int tokens);
-    cuda::KVLayer kv_layer(int layer, int seq) const;
+    void prefill(const int * table, int pos_start, size_t ids_offset, int n, bool all_logits, float * logits_out);
+    cuda::KVLayer kv_layer(int layer, const int * block_table, int stride = 0) const;
     cuda::KVLayer kv_layer_batch(int layer) const;
     cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
     bool prepare_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps);
@@ -162,7 +167,8 @@ private:
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     void moe(const DevLayer & L, int c, const bf16 * xn, float * x);
     // How a decode step ends: logits left in logits_, or the next token picked on the device (state advanced).
-    enum class StepEnd { Logits, Argmax, Sample };
+    // Pick: each row by its own settings (row_picks_; continuous batching).
+    enum class StepEnd { Logits, Argmax, Sample, Pick };
     void decode_step(int batch, StepEnd end);
     bool run_decode_graph(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid, StepEnd end,
                           std::vector<int> & out);
@@ -181,7 +187,7 @@ private:
     // KV cache: bf16 [layer][block][kv_head][block_size][head_dim], sized for kv_seqs_ sequences of kv_tokens_
     // tokens: one request at a time unless plan_batch asked for a batch.
     int block_size_ = 16;
-    int kv_seqs_ = 0, kv_tokens_ = 0;
+    int kv_seqs_ = 0, kv_tokens_ = 0, kv_blocks_ = 0;
     bool planned_ = false;
     std::unique_ptr<BlockTable> table_;
     cuda::KVKind kv_kind_ = cuda::KVKind::BF16;
@@ -227,6 +233,16 @@ private:
     // Sampling state of the decoding sequence: ids seen (prompt and output), output counts, penalised logits.
     cuda::SampleParams sample_params_;
     DeviceBuffer sample_seen_, sample_counts_, sample_work_;
+    // Continuous batching (qwen_cuda_paged.cpp): the cache is a pool of kv_blocks_ - 1 blocks plus one that padding
+    // rows write to; a step's block tables sit in batch_tables_ as rows of pool_stride_ (decode rows first, then
+    // the step's prompt chunks from row pool_rows_); one decode graph per (rows bucket, splits, short context).
+    bool pooled_ = false;
+    PoolOptions pool_opt_;
+    int pool_rows_ = 0, pool_stride_ = 0, scratch_block_ = 0;
+    DeviceBuffer row_picks_;            // cuda::RowPick [pool_rows_]
+    cuda::HostMappedBuffer step_host_;  // pinned staging of a step: tables, decode state, picks, picked tokens
+    std::map<std::tuple<int, int, bool>, cudaGraphExec_t> pool_graphs_;
+    void drop_pool_graphs();
     StepProfiler prof_;
     bool profile_decode_ = false;  // QINFER_PROFILE: the next decode step runs eagerly, profiled
 };

@@ -60,6 +60,19 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
         rope_ = compute_rope_freqs(cfg, pos_start + n);
         CUDA_CHECK(cudaMemcpy(inv_freq_.get(), rope_.inv_freq.data(), rope_.inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
+    if (ids_host_.bytes() < size_t(n) * sizeof(int)) ids_host_ = cuda::HostMappedBuffer(size_t(n) * sizeof(int), "prompt ids");
+    std::memcpy(ids_host_.host(), tokens.data(), size_t(n) * sizeof(int));  // the last forward ended with a sync
+    logits.resize(size_t(all_logits ? n : 1) * cfg.vocab_size);
+    prefill(block_tables_.at(seq).as<int>(), pos_start, 0, n, all_logits, logits.data());
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    table_->set_length(seq, pos_start + n);
+}
+
+// n tokens (ids_host_ from `ids_offset`, pinned) appended at pos_start.. of the sequence whose block table is `table`
+// (device int [blocks]), in passes of prefill_chunk() tokens; the logits of every position (all_logits) or of the
+// last go to `logits_out` (host, fp32 [rows, vocab]; null: none computed). Queued on the stream, not waited for.
+void CudaQwenEngine::prefill(const int * table, int pos_start, size_t ids_offset, int n, bool all_logits, float * logits_out) {
+    const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, V = cfg.vocab_size;
     const float eps = float(cfg.rms_norm_eps);
     const int chunk = std::min(n, prefill_chunk());
@@ -67,20 +80,16 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     // Over a quantized cache, each pass's attention runs the bf16 kernels on the cache dequantized so far
     // (ensure_prefill_kv); the buffers hold the whole prompt's blocks.
     const bool via_bf16 = ensure_prefill_kv(pos_start + n);
-    const int n_out = all_logits ? n : 1;
-    logits.resize(size_t(n_out) * V);
     if (all_logits) logits_.ensure(size_t(std::min(n, chunk)) * V * sizeof(float), "logits");
     else logits_.ensure(size_t(V) * sizeof(float), "logits");
-
-    if (ids_host_.bytes() < size_t(n) * sizeof(int)) ids_host_ = cuda::HostMappedBuffer(size_t(n) * sizeof(int), "prompt ids");
-    std::memcpy(ids_host_.host(), tokens.data(), size_t(n) * sizeof(int));  // the last forward ended with a sync
+    const int * ids_host = static_cast<const int *>(ids_host_.host()) + ids_offset;
     const bool profile = env().profile;
     profile_decode_ = profile;
     if (profile && n > 1) prof_.begin(stream_);
     for (int off = 0; off < n; off += chunk) {
         const int c = std::min(chunk, n - off);
         const int pos0 = pos_start + off;
-        CUDA_CHECK(cudaMemcpyAsync(ids_.get(), static_cast<const int *>(ids_host_.host()) + off, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(ids_.get(), ids_host + off, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
         float * x = x_.as<float>();
         bf16 * xn = xn_.as<bf16>();
         cuda::embedding(embed_table_, ids_.as<int>(), c, H, x, stream_);
@@ -96,7 +105,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
             prof_.mark("add/rms_norm");
             linear(xn, c, L.qkv, qkv_.as<bf16>());
             prof_.mark("qkv gemm");
-            cuda::QkvRopeArgs r = rope_args(l, kv_layer(l, seq), c);
+            cuda::QkvRopeArgs r = rope_args(l, kv_layer(l, table), c);
             r.pos0 = pos0;
             if (kv_kind_ == cuda::KVKind::FP8 && !fp8_ready_[size_t(l)]) {
                 // The layer's first values set its fp8 scales (amax / 448), as in the CPU cache.
@@ -135,7 +144,7 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
         prof_.mark("add/rms_norm");
         // Logits: every position of the chunk, or only the sequence's last one.
         const bool last_chunk = off + c == n;
-        if (!all_logits && !last_chunk) continue;
+        if ((!all_logits && !last_chunk) || !logits_out) continue;
         const int rows = all_logits ? c : 1;
         const float * x_rows = x + size_t(c - rows) * H;
         cuda::rms_norm(x_rows, final_norm_.as<bf16>(), eps, rows, H, xn, stream_);
@@ -152,15 +161,13 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
             cuda::gemm(xn, lm_head_, rows, V, H, logits_.get(), true, stream_);
         }
         prof_.mark("final norm, lm_head");
-        float * dst = logits.data() + (all_logits ? size_t(off) * V : 0);
+        float * dst = logits_out + (all_logits ? size_t(off) * V : 0);
         CUDA_CHECK(cudaMemcpyAsync(dst, logits_.get(), size_t(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
     if (profile && n > 1) {
         prof_.mark("logits copy");
         prof_.report("prefill (" + std::to_string(n) + " tokens, passes of " + std::to_string(chunk) + ")");
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    table_->set_length(seq, pos_start + n);
 }
 
 }  // namespace qinfer::cuda_engine

@@ -13,6 +13,12 @@ void check_batch(const std::vector<int> & seqs, const std::vector<int> & tokens)
     if (std::set<int>(seqs.begin(), seqs.end()).size() != seqs.size()) QINFER_FAIL() << "a batch names the same sequence twice";
 }
 
+PoolInfo Engine::make_pool(const PoolOptions &) { QINFER_FAIL() << "the " << backend_name() << " backend has no continuous batching"; }
+
+void Engine::step(const std::vector<StepSegment> &, const std::vector<int> &, StepOutput &) {
+    QINFER_FAIL() << "the " << backend_name() << " backend has no continuous batching";
+}
+
 uint64_t Engine::reserve_batch(int, int, int) { QINFER_FAIL() << "the " << backend_name() << " backend holds no device memory to reserve"; }
 
 void Engine::forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) {

@@ -10,6 +10,40 @@
 
 namespace qinfer {
 
+// Continuous batching (runtime/scheduler.h): the scheduler owns a pool of KV blocks and every sequence's block table,
+// and asks the engine for one step at a time over many sequences.
+struct PoolOptions {
+    int max_rows = 256;             // sequences in one step, at most
+    int max_step_tokens = 2048;     // tokens in one step (one per decoding sequence, plus prompt chunks), at most
+    int max_seq_tokens = 0;         // longest sequence (prompt + output) a block table holds (0: the model's context)
+    double memory_fraction = 0.90;  // CUDA: the share of the card's memory the engine may hold, weights included
+    int n_blocks = 0;               // a fixed number of blocks instead (0: as many as memory allows)
+};
+struct PoolInfo {
+    int n_blocks = 0;
+    int block_size = 16;
+    int max_seq_tokens = 0;
+};
+
+// One sequence's part of a step: rows n (consecutive in the step's token list) appended at positions pos0..pos0+n-1 of
+// the sequence whose cache is `blocks` (position order, covering pos0 + n tokens).
+struct StepSegment {
+    const std::vector<int> * blocks = nullptr;
+    int pos0 = 0;
+    int n = 0;
+    // After the last row: pick the next token (sampling: the request's settings) or leave nothing (a prompt chunk
+    // that does not end the sequence's known tokens). need_logits asks for the row's logits (host sampling with
+    // penalties, log-probabilities) instead of a token picked on the device.
+    bool pick = false;
+    const SamplingParams * sampling = nullptr;
+    bool need_logits = false;
+};
+struct StepOutput {
+    std::vector<int> tokens;      // per segment: the token picked on the device, or -1 (logits_row says where the logits are)
+    std::vector<int> logits_row;  // per segment: its row of `logits`, or -1
+    std::vector<float> logits;    // fp32 [rows, vocab]
+};
+
 class Engine {
 public:
     virtual ~Engine() = default;
@@ -54,6 +88,12 @@ public:
     }
     // Peak device memory since the current sequence was created (0 on the CPU).
     virtual uint64_t peak_memory_bytes() const { return 0; }
+    // Continuous batching. make_pool sizes the cache as a pool of blocks for steps of up to opt.max_rows sequences
+    // (no sequence of the calls above may be alive, and none is afterwards); step() runs one step: the segments'
+    // tokens are written to the cache and attended to, and each picking segment gets its next token or its logits
+    // (StepOutput). Backends without it throw.
+    virtual PoolInfo make_pool(const PoolOptions & opt);
+    virtual void step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out);
 };
 
 // Throws unless seqs and tokens have the same non-zero length and the sequences are distinct.

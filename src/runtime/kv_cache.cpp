@@ -109,9 +109,11 @@ CpuKVCache::CpuKVCache(const KVCacheShape & shape) : shape_(shape), table_(shape
     v_fp8_scale_.assign(size_t(shape.n_layers), 0.0f);
 }
 
-size_t CpuKVCache::row_index(int layer, int seq, int pos) const {
+size_t CpuKVCache::row_index(int layer, const std::vector<int> & blocks, int pos) const {
     const KVCacheShape & s = shape_;
-    const int block = table_.block_of(seq, pos);
+    QINFER_CHECK(pos / s.block_size < int(blocks.size())) << "KV cache: position " << pos << " past the sequence's " << blocks.size() << " blocks";
+    const int block = blocks[size_t(pos / s.block_size)];
+    QINFER_CHECK(block >= 0 && block < s.n_blocks) << "KV cache: block " << block << " outside the pool of " << s.n_blocks;
     return (size_t(layer) * s.n_blocks + size_t(block)) * s.block_size + size_t(pos % s.block_size);
 }
 
@@ -207,7 +209,7 @@ void CpuKVCache::load(size_t row, const std::vector<uint8_t> & buf, const std::v
     }
 }
 
-void CpuKVCache::write(int layer, int seq, int pos0, int n, const float * k, const float * v) {
+void CpuKVCache::write(int layer, const std::vector<int> & blocks, int pos0, int n, const float * k, const float * v) {
     const size_t token = size_t(shape_.n_kv_heads) * shape_.head_dim;
     if (shape_.dtype == KVDType::FP8) {
         // The layer's scales come from the first values it sees (amax / 448) and stay.
@@ -219,16 +221,16 @@ void CpuKVCache::write(int layer, int seq, int pos0, int n, const float * k, con
         }
     }
     for (int t = 0; t < n; t++) {
-        const size_t row = row_index(layer, seq, pos0 + t);
+        const size_t row = row_index(layer, blocks, pos0 + t);
         store(row, k + size_t(t) * token, k_, k_sz_, k_fp8_scale_[size_t(layer)]);
         store(row, v + size_t(t) * token, v_, v_sz_, v_fp8_scale_[size_t(layer)]);
     }
 }
 
-void CpuKVCache::read(int layer, int seq, int n, float * k, float * v) const {
+void CpuKVCache::read(int layer, const std::vector<int> & blocks, int n, float * k, float * v) const {
     const size_t token = size_t(shape_.n_kv_heads) * shape_.head_dim;
     for (int t = 0; t < n; t++) {
-        const size_t row = row_index(layer, seq, t);
+        const size_t row = row_index(layer, blocks, t);
         load(row, k_, k_sz_, k_fp8_scale_[size_t(layer)], k + size_t(t) * token);
         load(row, v_, v_sz_, v_fp8_scale_[size_t(layer)], v + size_t(t) * token);
     }

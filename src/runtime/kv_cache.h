@@ -76,17 +76,18 @@ public:
     const KVCacheShape & shape() const { return shape_; }
     BlockTable & table() { return table_; }
     const BlockTable & table() const { return table_; }
-    // Stores tokens pos0..pos0+n-1 of a sequence: k, v fp32 [n, n_kv_heads, head_dim], quantized to the dtype.
-    void write(int layer, int seq, int pos0, int n, const float * k, const float * v);
-    // Tokens 0..n-1 of a sequence as stored (dequantized): k, v fp32 [n, n_kv_heads, head_dim].
-    void read(int layer, int seq, int n, float * k, float * v) const;
+    // Stores tokens pos0..pos0+n-1 of a sequence whose cache is `blocks` (position order; table().blocks(seq), or a
+    // scheduler's table): k, v fp32 [n, n_kv_heads, head_dim], quantized to the dtype.
+    void write(int layer, const std::vector<int> & blocks, int pos0, int n, const float * k, const float * v);
+    // Tokens 0..n-1 of such a sequence as stored (dequantized): k, v fp32 [n, n_kv_heads, head_dim].
+    void read(int layer, const std::vector<int> & blocks, int n, float * k, float * v) const;
     size_t bytes() const { return k_.size() + v_.size() + (k_sz_.size() + v_sz_.size()) * sizeof(float); }
     float fp8_scale(int layer, bool value) const { return (value ? v_fp8_scale_ : k_fp8_scale_)[size_t(layer)]; }
     // A fixed fp8 scale (the checkpoint's), used instead of one computed from the first values.
     void set_fp8_scale(int layer, bool value, float scale) { (value ? v_fp8_scale_ : k_fp8_scale_)[size_t(layer)] = scale; }
 
 private:
-    size_t row_index(int layer, int seq, int pos) const;  // the (token, all heads) row of a sequence position
+    size_t row_index(int layer, const std::vector<int> & blocks, int pos) const;  // the (token, all heads) row of a position
     void store(size_t row, const float * x, std::vector<uint8_t> & buf, std::vector<float> & sz, float fp8_scale);
     void load(size_t row, const std::vector<uint8_t> & buf, const std::vector<float> & sz, float fp8_scale, float * x) const;
     KVCacheShape shape_;

@@ -38,12 +38,12 @@ TEST(KVCache, CpuCacheAddressesDistinctSlots) {
     for (int l = 0; l < 2; l++) {
         for (int p = 0; p < 9; p++) {
             for (int i = 0; i < 8; i++) k[size_t(i)] = float(l * 100 + p) + 0.25f * float(i), v[size_t(i)] = -k[size_t(i)];
-            c.write(l, seq, p, 1, k.data(), v.data());
+            c.write(l, c.table().blocks(seq), p, 1, k.data(), v.data());
         }
     }
     std::vector<float> rk(9 * 8), rv(9 * 8);
     for (int l = 0; l < 2; l++) {
-        c.read(l, seq, 9, rk.data(), rv.data());
+        c.read(l, c.table().blocks(seq), 9, rk.data(), rv.data());
         for (int p = 0; p < 9; p++) {
             for (int i = 0; i < 8; i++) {
                 EXPECT_EQ(rk[size_t(p * 8 + i)], float(l * 100 + p) + 0.25f * float(i));
@@ -90,9 +90,9 @@ TEST(KVCache, QuantizedDtypesRoundTripWithinHalfAStep) {
             v[i] = std::cos(float(i) * 0.91f) * 0.02f;
         }
         for (int h = 0; h < 3; h++) std::fill_n(v.begin() + 12 * 30 + h * 10, 10, 0.5f);  // a constant head
-        c.write(0, seq, 0, 13, k.data(), v.data());
+        c.write(0, c.table().blocks(seq), 0, 13, k.data(), v.data());
         std::vector<float> rk(k.size()), rv(v.size());
-        c.read(0, seq, 13, rk.data(), rv.data());
+        c.read(0, c.table().blocks(seq), 13, rk.data(), rv.data());
         for (int which = 0; which < 2; which++) {
             const std::vector<float> & x = which ? v : k;
             const std::vector<float> & r = which ? rv : rk;

@@ -190,7 +190,93 @@ __global__ void __launch_bounds__(k_sample_threads) sample_rows_kernel(SampleArg
     counts[tok] += 1;
 }
 
+// One block per row, by the row's own settings: the argmax over its ids (temperature 0), or top-k sampling as
+// sample_rows_kernel without penalties.
+__global__ void __launch_bounds__(k_sample_threads)
+    pick_rows_kernel(const float * logits, int vocab, int rows, const RowPick * picks, float * work_all, int * tokens, int * pos,
+                     const int * step, int * len, int * out) {
+    pdl_wait();
+    const int r = blockIdx.x;
+    const RowPick p = picks[r];
+    const float * row = logits + int64_t(r) * vocab;
+    const int n_valid = max(1, min(p.n_valid, vocab));
+    int tok;
+    if (p.temperature <= 0.0f) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, row[i], i);
+        block_argmax(bv, bi);
+        if (threadIdx.x != 0) return;
+        tok = bi == 0x7fffffff ? 0 : bi;
+    } else {
+        float * work = work_all + int64_t(r) * vocab;
+        for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) work[i] = row[i] / p.temperature;
+        __syncthreads();
+        __shared__ float cand_v[k_sample_max_k];
+        __shared__ int cand_i[k_sample_max_k];
+        const int k = max(1, min(min(p.top_k, k_sample_max_k), n_valid));
+        for (int j = 0; j < k; j++) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+            for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, work[i], i);
+            block_argmax(bv, bi);
+            if (threadIdx.x == 0) {
+                if (bi == 0x7fffffff) bi = 0;
+                cand_v[j] = bv;
+                cand_i[j] = bi;
+                work[bi] = NAN;
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x != 0) return;
+        double prob[k_sample_max_k];
+        double sum = 0;
+        for (int j = 0; j < k; j++) sum += (prob[j] = exp(double(cand_v[j]) - double(cand_v[0])));
+        for (int j = 0; j < k; j++) prob[j] /= sum;
+        int cut = k;
+        if (p.top_p < 1.0f) {
+            double cum = 0;
+            for (int j = 0; j < k; j++) {
+                cum += prob[j];
+                if (cum >= p.top_p) {
+                    cut = j + 1;
+                    break;
+                }
+            }
+        }
+        if (p.min_p > 0.0f) {
+            const double threshold = p.min_p * prob[0];
+            int c = 1;
+            while (c < cut && prob[c] >= threshold) c++;
+            cut = c;
+        }
+        double total = 0;
+        for (int j = 0; j < cut; j++) total += prob[j];
+        const double u = uniform01(p.seed, uint64_t(pos[r]), 0) * total;
+        double acc = 0;
+        tok = cand_i[cut - 1];
+        for (int j = 0; j < cut; j++) {
+            acc += prob[j];
+            if (u < acc) {
+                tok = cand_i[j];
+                break;
+            }
+        }
+    }
+    tokens[r] = tok;
+    out[int64_t(*step) * rows + r] = tok;
+    pos[r] += 1;
+    len[r] += 1;
+}
+
 }  // namespace
+
+void pick_rows_advance(const float * logits, int rows, int vocab, const RowPick * picks, float * work, int * tokens, int * pos, int * step,
+                       int * len, int * out_tokens, cudaStream_t stream) {
+    if (rows == 0) return;
+    launch_kernel(pick_rows_kernel, rows, k_sample_threads, 0, stream, logits, vocab, rows, picks, work, tokens, pos, step, len, out_tokens);
+    launch_kernel(step_advance_kernel, 1, 1, 0, stream, step);
+}
 
 void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream) {
     launch_kernel(argmax_partial_kernel, k_argmax_blocks, k_argmax_threads, 0, stream, logits, n_valid, scratch);

@@ -1,0 +1,282 @@
+// Continuous batching on the CUDA engine (class in model/qwen_cuda.h): the cache becomes one pool of blocks whose
+// tables the scheduler (runtime/scheduler.h) owns, and a step runs its prompt chunks as prefill passes and all its
+// decoding sequences as one batched decode step, captured in a CUDA graph per bucket of rows (padding rows write to a
+// block of their own), each row picking its token on the device by its own settings where it can.
+#include "model/qwen_cuda.h"
+
+#include <cstring>
+
+#include "core/env.h"
+
+namespace qinfer::cuda_engine {
+
+namespace {
+
+// Decode rows are padded up to a bucket so that a few graphs serve every batch: exact up to the fused GEMVs' 4 rows,
+// then 8, 16, steps of 16 to 128, of 32 to 256, of 64 beyond.
+int rows_bucket(int b) {
+    if (b <= 4) return b;
+    if (b <= 8) return 8;
+    if (b <= 128) return (b + 15) / 16 * 16;
+    if (b <= 256) return (b + 31) / 32 * 32;
+    return (b + 63) / 64 * 64;
+}
+
+// Whether a row's token can be picked on the device: no penalties, and greedy or top-k within the kernel's k.
+bool device_pick(const StepSegment & s) {
+    if (s.need_logits || !s.sampling) return false;
+    const SamplingParams & p = *s.sampling;
+    if (p.repetition_penalty != 1.0f || p.presence_penalty != 0 || p.frequency_penalty != 0) return false;
+    return p.temperature == 0 || (p.top_k >= 1 && p.top_k <= cuda::k_sample_max_k);
+}
+
+}  // namespace
+
+void CudaQwenEngine::drop_pool_graphs() {
+    for (auto & [key, g] : pool_graphs_) cudaGraphExecDestroy(g);
+    pool_graphs_.clear();
+}
+
+PoolInfo CudaQwenEngine::make_pool(const PoolOptions & opt) {
+    const ModelConfig & c = model_->config;
+    if (!block_tables_.empty()) QINFER_FAIL() << "CUDA backend: make_pool while " << block_tables_.size() << " sequences are alive";
+    if (c.rope_scaling.type == RopeType::Dynamic) {
+        QINFER_FAIL() << "CUDA backend: continuous batching does not take dynamic NTK rope scaling (its frequencies follow each sequence's "
+                         "length); the CPU backend does";
+    }
+    if (opt.max_rows < 1 || opt.max_step_tokens < 1) QINFER_FAIL() << "make_pool: max_rows and max_step_tokens must be >= 1";
+    if (!(opt.memory_fraction > 0 && opt.memory_fraction <= 1)) QINFER_FAIL() << "--gpu-memory-utilization must lie in (0, 1]";
+    PoolInfo info;
+    info.block_size = block_size_;
+    info.max_seq_tokens = opt.max_seq_tokens > 0 ? std::min(opt.max_seq_tokens, c.max_context()) : c.max_context();
+    const int stride = (info.max_seq_tokens + block_size_ - 1) / block_size_;
+
+    // Everything a single request or static batch held goes; the pool's buffers are sized once, here.
+    reset_cache(1, block_size_);
+    if (graph_) cudaGraphExecDestroy(graph_);
+    graph_ = nullptr;
+    drop_pool_graphs();
+    for (DeviceBuffer * b : {&k_cache_, &v_cache_, &k_sz_, &v_sz_}) *b = DeviceBuffer();
+    kv_seqs_ = kv_tokens_ = kv_blocks_ = 0;
+    pool_opt_ = opt;
+    pool_rows_ = rows_bucket(opt.max_rows);
+    pool_stride_ = stride;
+    kv_tokens_ = stride * block_size_;  // what prefill_chunk() sizes passes for
+
+    const int step_tokens = std::max(pool_rows_, std::min(opt.max_step_tokens, prefill_chunk()));
+    ensure_workspace(step_tokens);
+    const size_t V = size_t(c.vocab_size);
+    logits_ = DeviceBuffer(size_t(pool_rows_) * V * sizeof(float), "logits");
+    sample_work_ = DeviceBuffer(size_t(pool_rows_) * V * sizeof(float), "sampling");
+    row_picks_ = DeviceBuffer(size_t(pool_rows_) * sizeof(cuda::RowPick), "sampling");
+    state_ = DeviceBuffer((3 * size_t(pool_rows_) + 1) * sizeof(int), "decode state");
+    tokens_out_ = DeviceBuffer(size_t(pool_rows_) * sizeof(int), "decode tokens");
+    batch_tables_ = DeviceBuffer(2 * size_t(pool_rows_) * stride * sizeof(int), "block table");
+    batch_stride_ = stride;
+    size_t split_rows = 0;  // the most (rows x splits) of any bucket
+    for (int b = 1; b <= pool_rows_; b = rows_bucket(b + 1)) {
+        split_rows = std::max(split_rows, size_t(b) * cuda::decode_splits(info.max_seq_tokens, c.num_key_value_heads, c.head_dim, b));
+    }
+    split_out_ = DeviceBuffer(split_rows * c.num_attention_heads * c.head_dim * sizeof(float), "attention splits");
+    split_ml_ = DeviceBuffer(split_rows * c.num_attention_heads * 2 * sizeof(float), "attention splits");
+    size_t largest = 0;  // a dequantized weight or a fused GEMM's gathered inputs, for steps of more rows than the GEMVs take
+    for (const DevLayer & L : layers_) {
+        for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
+            if (!l->quantized) continue;
+            const bool always_fused = cuda::qgemm_pays(l->q, step_tokens);
+            largest = std::max({largest, always_fused ? 0 : size_t(l->n) * l->k * sizeof(bf16), cuda::qgemm_scratch_bytes(l->q, step_tokens)});
+        }
+    }
+    if (largest > 0) dequant_.ensure(largest, "dequantized weights");
+    std::vector<int> identity(static_cast<size_t>(stride));
+    std::iota(identity.begin(), identity.end(), 0);
+    prefill_table_ = upload_vector(identity, "block table");
+    ensure_prefill_kv(info.max_seq_tokens);
+    ids_host_ = cuda::HostMappedBuffer(size_t(std::max(opt.max_step_tokens, 1)) * sizeof(int), "prompt ids");
+    const size_t staged = 2 * size_t(pool_rows_) * stride + (3 * size_t(pool_rows_) + 1) + 2 * size_t(pool_rows_);
+    step_host_ = cuda::HostMappedBuffer(staged * sizeof(int) + size_t(pool_rows_) * sizeof(cuda::RowPick), "step staging");
+
+    // The cache takes what the memory fraction leaves, keeping 0.5 GB for cuBLASLt's plans, the graphs and the
+    // runtime's own allocations.
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t per_token_row = kv_row_bytes_ + (k_sz_needed() ? sizeof(float2) : 0);
+    const size_t block_bytes = 2 * size_t(c.num_hidden_layers) * c.num_key_value_heads * block_size_ * per_token_row;
+    int n_blocks = opt.n_blocks;
+    if (n_blocks <= 0) {
+        const double limit = opt.memory_fraction * double(total_b), in_use = double(total_b - free_b), margin = 0.5e9;
+        const double room = limit - in_use - margin;
+        if (room < double(block_bytes)) {
+            QINFER_FAIL() << "CUDA backend: no memory left for the KV cache (" << in_use / 1e9 << " GB in use of " << limit / 1e9
+                          << " GB allowed by --gpu-memory-utilization " << opt.memory_fraction << ")";
+        }
+        n_blocks = int(std::min(room / double(block_bytes), 4.0e6));
+    }
+    const size_t rows = size_t(c.num_hidden_layers) * size_t(n_blocks + 1) * c.num_key_value_heads * block_size_;
+    k_cache_ = DeviceBuffer(rows * kv_row_bytes_, "KV cache");
+    v_cache_ = DeviceBuffer(rows * kv_row_bytes_, "KV cache");
+    if (k_sz_needed()) {
+        k_sz_ = DeviceBuffer(rows * sizeof(float2), "KV cache");
+        v_sz_ = DeviceBuffer(rows * sizeof(float2), "KV cache");
+    }
+    kv_blocks_ = n_blocks + 1;
+    kv_seqs_ = pool_rows_;
+    scratch_block_ = n_blocks;
+    table_ = std::make_unique<BlockTable>(0, block_size_);
+    pooled_ = true;
+    info.n_blocks = n_blocks;
+    cuda::DeviceAllocator::instance().reset_peak();
+    return info;
+}
+
+void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out) {
+    if (!pooled_) QINFER_FAIL() << "CUDA backend: step() before make_pool()";
+    const ModelConfig & cfg = model_->config;
+    const int V = cfg.vocab_size, stride = pool_stride_;
+    size_t rows = 0;
+    for (const StepSegment & s : segs) {
+        if (!s.blocks || s.n < 1 || s.pos0 < 0) QINFER_FAIL() << "step: a segment needs its blocks and at least one token";
+        if (size_t(s.pos0 + s.n) > s.blocks->size() * size_t(block_size_) || int(s.blocks->size()) > stride) {
+            QINFER_FAIL() << "step: a segment of " << s.pos0 + s.n << " tokens outgrew its " << s.blocks->size() << " blocks (tables hold " << stride << ")";
+        }
+        for (int b : *s.blocks) {
+            if (b < 0 || b >= scratch_block_) QINFER_FAIL() << "step: block " << b << " outside the pool of " << scratch_block_;
+        }
+        rows += size_t(s.n);
+    }
+    if (rows != tokens.size()) QINFER_FAIL() << "step: " << tokens.size() << " tokens for segments of " << rows << " rows";
+    for (int t : tokens) {
+        if (t < 0 || t >= V) QINFER_FAIL() << "token id " << t << " is outside the vocabulary [0, " << V << ")";
+    }
+    bool fp8_ready = true;
+    for (bool r : fp8_ready_) fp8_ready = fp8_ready && r;
+    // Decode rows: one token each, once the fp8 scales exist (the prefill path sets them); everything else is a prompt
+    // chunk through the prefill passes.
+    std::vector<size_t> decode, chunks;
+    std::vector<size_t> first_row(segs.size());
+    for (size_t i = 0, row = 0; i < segs.size(); row += size_t(segs[i].n), i++) {
+        first_row[i] = row;
+        ((segs[i].n == 1 && (kv_kind_ != cuda::KVKind::FP8 || fp8_ready) && int(decode.size()) < pool_rows_) ? decode : chunks).push_back(i);
+    }
+    if (chunks.size() > size_t(pool_rows_)) QINFER_FAIL() << "step: more than " << pool_rows_ << " prompt chunks in one step";
+    const int B = int(decode.size()), bucket = B > 0 ? std::min(rows_bucket(B), pool_rows_) : 0;
+
+    // Staging (pinned): block tables, prompt ids, decode state and picks.
+    int * tables = static_cast<int *>(step_host_.host());
+    int * state = tables + 2 * size_t(pool_rows_) * stride;  // tokens [bucket], pos [bucket], step, len [bucket]
+    int * picked = state + 3 * size_t(pool_rows_) + 1;
+    auto * picks = reinterpret_cast<cuda::RowPick *>(picked + 2 * size_t(pool_rows_));
+    auto put_table = [&](size_t row, const std::vector<int> & blocks) { std::copy(blocks.begin(), blocks.end(), tables + row * stride); };
+    for (int r = 0; r < B; r++) put_table(size_t(r), *segs[decode[size_t(r)]].blocks);
+    for (int r = B; r < bucket; r++) tables[size_t(r) * stride] = scratch_block_;  // padding rows: position 0 of their own block
+    for (size_t j = 0; j < chunks.size(); j++) put_table(size_t(pool_rows_) + j, *segs[chunks[j]].blocks);
+    if (bucket > 0) {
+        CUDA_CHECK(cudaMemcpyAsync(batch_tables_.get(), tables, size_t(bucket) * stride * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    }
+    if (!chunks.empty()) {
+        CUDA_CHECK(cudaMemcpyAsync(batch_tables_.as<int>() + size_t(pool_rows_) * stride, tables + size_t(pool_rows_) * stride,
+                                   chunks.size() * stride * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    }
+    size_t n_ids = 0;
+    for (size_t i : chunks) n_ids += size_t(segs[i].n);
+    if (ids_host_.bytes() < n_ids * sizeof(int)) {
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read by queued copies
+        ids_host_ = cuda::HostMappedBuffer(n_ids * sizeof(int), "prompt ids");
+    }
+
+    out.tokens.assign(segs.size(), -1);
+    out.logits_row.assign(segs.size(), -1);
+    int n_logit_rows = 0;
+    for (size_t i : chunks) {
+        if (segs[i].pick) out.logits_row[i] = n_logit_rows++;
+    }
+    std::vector<int> host_pick;  // decode rows whose logits the host needs
+    for (int r = 0; r < B; r++) {
+        const StepSegment & s = segs[decode[size_t(r)]];
+        if (s.pick && !device_pick(s)) {
+            out.logits_row[decode[size_t(r)]] = n_logit_rows++;
+            host_pick.push_back(r);
+        }
+    }
+    out.logits.resize(size_t(n_logit_rows) * V);
+
+    // Prompt chunks, one prefill pass (or several) each.
+    size_t ids_at = 0;
+    for (size_t j = 0; j < chunks.size(); j++) {
+        const StepSegment & s = segs[chunks[j]];
+        int * ids = static_cast<int *>(ids_host_.host()) + ids_at;
+        std::copy(tokens.begin() + long(first_row[chunks[j]]), tokens.begin() + long(first_row[chunks[j]] + size_t(s.n)), ids);
+        const int * table = batch_tables_.as<int>() + (size_t(pool_rows_) + j) * stride;
+        float * dst = s.pick ? out.logits.data() + size_t(out.logits_row[chunks[j]]) * V : nullptr;
+        prefill(table, s.pos0, ids_at, s.n, false, dst);
+        ids_at += size_t(s.n);
+    }
+    profile_decode_ = false;
+
+    // The decode rows, padded to their bucket, in one step.
+    if (B > 0) {
+        int max_len = 1;
+        bool short_ctx = true;
+        for (int r = 0; r < bucket; r++) {
+            const bool real = r < B;
+            const StepSegment * s = real ? &segs[decode[size_t(r)]] : nullptr;
+            const int pos = real ? s->pos0 : 0;
+            state[r] = real ? tokens[first_row[decode[size_t(r)]]] : 0;
+            state[bucket + r] = pos;
+            state[2 * bucket + 1 + r] = pos + 1;
+            max_len = std::max(max_len, pos + 1);
+            short_ctx = short_ctx && pos + 1 <= cuda::k_short_decode_keys;
+            cuda::RowPick p;
+            p.n_valid = V;
+            if (real && device_pick(*s)) {
+                p.temperature = s->sampling->temperature;
+                p.top_k = s->sampling->top_k;
+                p.top_p = s->sampling->top_p;
+                p.min_p = s->sampling->min_p;
+                p.seed = s->sampling->seed;
+            }
+            picks[r] = p;
+        }
+        state[2 * bucket] = 0;
+        CUDA_CHECK(cudaMemcpyAsync(state_.get(), state, (3 * size_t(bucket) + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(row_picks_.get(), picks, size_t(bucket) * sizeof(cuda::RowPick), cudaMemcpyHostToDevice, stream_));
+        int pow2 = 1;
+        while (pow2 < max_len) pow2 *= 2;
+        max_splits_ = cuda::decode_splits(std::min(pow2, pool_stride_ * block_size_), cfg.num_key_value_heads, cfg.head_dim, bucket);
+        decode_short_ = short_ctx;
+        bool moe = false;
+        for (const auto & L : layers_) moe = moe || L.moe;
+        if (moe) {
+            decode_step(bucket, StepEnd::Pick);  // routes on the host: no graph
+        } else {
+            const auto key = std::make_tuple(bucket, max_splits_, decode_short_);
+            auto it = pool_graphs_.find(key);
+            if (it == pool_graphs_.end()) {
+                // One eager step first, so that cuBLASLt's plans exist before capture (it writes this step's K/V,
+                // which the replay writes again).
+                decode_step(bucket, StepEnd::Logits);
+                cudaGraph_t g;
+                cudaGraphExec_t exec;
+                CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+                decode_step(bucket, StepEnd::Pick);
+                CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+                CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+                CUDA_CHECK(cudaGraphDestroy(g));
+                it = pool_graphs_.emplace(key, exec).first;
+            }
+            CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+        }
+        CUDA_CHECK(cudaMemcpyAsync(picked, tokens_out_.get(), size_t(B) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+        for (int r : host_pick) {
+            float * dst = out.logits.data() + size_t(out.logits_row[decode[size_t(r)]]) * V;
+            CUDA_CHECK(cudaMemcpyAsync(dst, logits_.as<float>() + size_t(r) * V, size_t(V) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (int r = 0; r < B; r++) {
+        const size_t i = decode[size_t(r)];
+        if (segs[i].pick && out.logits_row[i] < 0) out.tokens[i] = picked[r];
+    }
+}
+
+}  // namespace qinfer::cuda_engine
