@@ -132,6 +132,9 @@ void check_writable(const char * flag, const std::string & path) {
 
 int cmd_bench(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
+        if (!std::strcmp(argv[i], "--throughput")) return cmd_bench_throughput(argc, argv);
+    }
+    for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
             std::printf(
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
@@ -145,6 +148,7 @@ int cmd_bench(int argc, char ** argv) {
                 "--batch: static batches of that many sequences of the same input length, all decoding together; speed is then\n"
                 "         the batch's generated tokens / whole time, and GPU memory the peak for the whole batch\n"
                 "--max-batch: instead of timing, the largest batch of each input length (+ --gen) whose buffers fit the card\n"
+                "--throughput: many requests under continuous batching, vLLM's benchmark_throughput (bench --throughput --help)\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
                 "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
