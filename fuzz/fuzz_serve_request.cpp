@@ -17,8 +17,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     for (const bool chat : {false, true}) {
         try {
             const api::Request r = api::parse_request(body, chat, SamplingParams{}, limits);
-            (void)api::completion_json(r, "id", 0, body.substr(0, 64), "stop", {1, 1});
-            (void)api::chunk_json(r, "id", 0, body.substr(0, 64), "", true);
+            const std::vector<api::TokenLogprob> lps = {{body.substr(0, 8), -0.5f, {{body.substr(0, 4), -1.0f}}}};
+            (void)api::completion_json(r, "id", 0, {{body.substr(0, 64), "stop", lps}}, {1, 1});
+            (void)api::chunk_json(r, "id", 0, 0, body.substr(0, 64), "", true, &lps);
             (void)api::usage_chunk_json(r, "id", 0, {1, 2});
             api::StopMatcher m(r.stop);
             std::string out;

@@ -1,6 +1,7 @@
 // `qinfer serve`: an OpenAI-style HTTP server (POST /v1/completions, /v1/chat/completions, streamed as server-sent
-// events when asked; GET /v1/models, /health) over one engine, one generation at a time (requests queue on a lock;
-// no continuous batching yet). Bad requests get a 4xx with {"error": {"message": ...}} before any work.
+// events when asked; GET /v1/models, /health, /metrics) over one engine and its continuous-batching scheduler
+// (runtime/scheduler.h), whose loop runs in its own thread. Bad requests get a 4xx with {"error": {"message": ...}}
+// before any work; a full queue a 503 with Retry-After.
 #pragma once
 
 #include <memory>
@@ -8,6 +9,7 @@
 
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
+#include "runtime/scheduler.h"
 
 namespace qinfer {
 
@@ -22,6 +24,9 @@ struct ServeOptions {
     std::string api_key;            // non-empty: /v1/ requests must send "Authorization: Bearer <api_key>" (else 401)
     SamplingParams sampling;        // defaults for fields a request leaves out
     EngineOptions engine;
+    SchedulerOptions scheduler;     // rows and tokens a step, memory, queue limit, prefix cache (max_seq_tokens: context)
+    double request_timeout_s = 600; // a request not finished by then is cancelled (HTTP 503, or an error event)
+    int http_threads = 256;         // connections served at once (each streaming client holds one)
 };
 
 class HttpServer {

@@ -136,9 +136,14 @@ Request parse_request(const std::string & body, bool chat, const SamplingParams 
     else read_prompt(j, limits, r);
     const char * max_key = chat && j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     r.max_tokens = int(read_integer(j, max_key, 1, std::numeric_limits<int>::max(), 0));
-    if (j.contains("n") && !j["n"].is_null() && j["n"] != 1) bad("'n' other than 1 is not supported");
-    if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false && j["logprobs"] != 0) bad("'logprobs' are not supported");
-    if (j.contains("best_of") && !j["best_of"].is_null() && j["best_of"] != 1) bad("'best_of' other than 1 is not supported");
+    r.n = int(read_integer(j, "n", 1, k_max_choices, 1));
+    if (j.contains("best_of") && !j["best_of"].is_null() && j["best_of"] != r.n) bad("'best_of' other than n is not supported");
+    if (chat) {
+        if (read_bool(j, "logprobs", false)) r.logprobs = int(read_integer(j, "top_logprobs", 0, k_max_logprobs, 0));
+        else if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) bad("'top_logprobs' needs 'logprobs': true");
+    } else if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false) {
+        r.logprobs = int(read_integer(j, "logprobs", 0, k_max_logprobs, 0));
+    }
     SamplingParams & s = r.sampling;
     read_number(j, "temperature", 0, 2, s.temperature);
     read_number(j, "top_p", 0, 1, s.top_p);
@@ -192,12 +197,50 @@ std::string StopMatcher::flush() {
 
 namespace {
 
-json choice_body(const Request & r, const std::string & text, bool delta, bool first) {
-    json c = {{"index", 0}};
+// A choice's logprobs in the completions API's form (text_offset counts bytes from the start of the choice's text).
+json completion_logprobs(const std::vector<TokenLogprob> & lps, size_t offset) {
+    json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+    for (const TokenLogprob & t : lps) {
+        tokens.push_back(t.token);
+        values.push_back(t.logprob);
+        json top = json::object();
+        for (const auto & [text, lp] : t.top) {
+            if (!top.contains(text)) top[text] = lp;
+        }
+        tops.push_back(top);
+        offsets.push_back(offset);
+        offset += t.token.size();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+json bytes_of(const std::string & s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(int(c));
+    return b;
+}
+
+// ... and in the chat API's form.
+json chat_logprobs(const std::vector<TokenLogprob> & lps) {
+    json content = json::array();
+    for (const TokenLogprob & t : lps) {
+        json top = json::array();
+        for (const auto & [text, lp] : t.top) top.push_back({{"token", text}, {"logprob", lp}, {"bytes", bytes_of(text)}});
+        content.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+}
+
+json choice_body(const Request & r, int index, const std::string & text, bool delta, bool first, const std::vector<TokenLogprob> * lps,
+                 size_t offset) {
+    json c = {{"index", index}};
+    const bool with_lp = r.logprobs >= 0 && lps;
     if (!r.chat) {
         c["text"] = text;
-        c["logprobs"] = nullptr;
-    } else if (delta) {
+        c["logprobs"] = with_lp ? completion_logprobs(*lps, offset) : json(nullptr);
+        return c;
+    }
+    if (delta) {
         json d = json::object();
         if (first) d["role"] = "assistant";
         if (!text.empty() || !first) d["content"] = text;
@@ -205,6 +248,7 @@ json choice_body(const Request & r, const std::string & text, bool delta, bool f
     } else {
         c["message"] = {{"role", "assistant"}, {"content", text}};
     }
+    c["logprobs"] = with_lp ? chat_logprobs(*lps) : json(nullptr);
     return c;
 }
 
@@ -219,21 +263,25 @@ json usage_body(const Usage & u) {
 
 }  // namespace
 
-std::string completion_json(const Request & r, const std::string & id, int64_t created, const std::string & text,
-                            const std::string & finish_reason, const Usage & usage) {
+std::string completion_json(const Request & r, const std::string & id, int64_t created, const std::vector<Choice> & choices,
+                            const Usage & usage) {
     json j = envelope(r, id, created, false);
-    json c = choice_body(r, text, false, false);
-    c["finish_reason"] = finish_reason;
-    j["choices"] = json::array({c});
+    json list = json::array();
+    for (size_t i = 0; i < choices.size(); i++) {
+        json c = choice_body(r, int(i), choices[i].text, false, false, &choices[i].logprobs, 0);
+        c["finish_reason"] = choices[i].finish_reason;
+        list.push_back(c);
+    }
+    j["choices"] = list;
     j["usage"] = usage_body(usage);
     // Generated text may end inside a multi-byte character (max_tokens): replace invalid bytes rather than throw.
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string chunk_json(const Request & r, const std::string & id, int64_t created, const std::string & text,
-                       const std::string & finish_reason, bool first) {
+std::string chunk_json(const Request & r, const std::string & id, int64_t created, int index, const std::string & text,
+                       const std::string & finish_reason, bool first, const std::vector<TokenLogprob> * logprobs) {
     json j = envelope(r, id, created, true);
-    json c = choice_body(r, text, true, first);
+    json c = choice_body(r, index, text, true, first, logprobs, 0);
     c["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
     j["choices"] = json::array({c});
     return j.dump(-1, ' ', false, json::error_handler_t::replace);

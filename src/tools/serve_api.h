@@ -37,11 +37,14 @@ struct Request {
     bool include_usage = false;         // stream_options.include_usage: a last chunk with the usage
     bool ignore_eos = false;            // vLLM's extension: generate max_tokens whatever the model says
     std::string model;                  // echoed back; any name is accepted
+    int n = 1;                          // choices, each its own sequence (seeds seed, seed + 1, ...)
+    int logprobs = -1;                  // each token's log-probability and this many alternatives (chat: top_logprobs); -1: none
 };
+constexpr int k_max_choices = 16, k_max_logprobs = 20;
 
 // Throws ApiError(400) naming the first problem: not JSON, not an object, a missing or mistyped field, a value out of
-// range, unsupported options (n > 1, logprobs, several prompts). Unknown fields are ignored, as OpenAI clients send
-// extras.
+// range, unsupported options (best_of other than n, several prompts). Unknown fields are ignored, as OpenAI clients
+// send extras.
 Request parse_request(const std::string & body, bool chat, const SamplingParams & defaults, const Limits & limits);
 
 // Holds back generated text that may be the start of a stop string. push() returns what is safe to send; once a stop
@@ -64,11 +67,26 @@ struct Usage {
     int prompt_tokens = 0, completion_tokens = 0;
 };
 
-// Whole responses ("stop" or "length" finish reasons) and stream chunks (finish_reason empty: null), as JSON text.
-std::string completion_json(const Request & r, const std::string & id, int64_t created, const std::string & text,
-                            const std::string & finish_reason, const Usage & usage);
-std::string chunk_json(const Request & r, const std::string & id, int64_t created, const std::string & text,
-                       const std::string & finish_reason, bool first);
+// A generated token's log-probability and the most likely alternatives, each as text (its bytes, which may be part
+// of a character).
+struct TokenLogprob {
+    std::string token;
+    float logprob = 0;
+    std::vector<std::pair<std::string, float>> top;
+};
+
+struct Choice {
+    std::string text;
+    std::string finish_reason;           // "stop" or "length"
+    std::vector<TokenLogprob> logprobs;  // when the request asked for them
+};
+
+// Whole responses and stream chunks (finish_reason empty: null), as JSON text; logprobs in the completions API's
+// form ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}) or the chat API's ({"content": [...]}).
+std::string completion_json(const Request & r, const std::string & id, int64_t created, const std::vector<Choice> & choices,
+                            const Usage & usage);
+std::string chunk_json(const Request & r, const std::string & id, int64_t created, int index, const std::string & text,
+                       const std::string & finish_reason, bool first, const std::vector<TokenLogprob> * logprobs = nullptr);
 // The stream's usage chunk (stream_options.include_usage): no choices, the counts.
 std::string usage_chunk_json(const Request & r, const std::string & id, int64_t created, const Usage & usage);
 std::string error_json(int status, const std::string & message);

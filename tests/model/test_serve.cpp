@@ -6,6 +6,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <thread>
 
 #include "io/tokenizer.h"
@@ -243,6 +249,161 @@ TEST_F(Serve, StopStringEndsTheText) {
     const json j = json::parse(cut->body);
     EXPECT_EQ(j["choices"][0]["text"], text.substr(0, text.find(stop)));
     EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+// Many streaming clients at once (bounded: 16 clients, 3 requests each, 60 s): every answer equals the greedy
+// continuation of its prompt alone, and the pool is empty afterwards.
+TEST_F(Serve, ConcurrentStreamingClientsEqualAlone) {
+    constexpr int k_clients = 16, k_each = 3;
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < k_clients * k_each; i++) prompts.push_back({65 + i % 26, 97 + (i * 7) % 26, 32, 97 + (i * 3) % 26});
+    std::vector<std::string> got(prompts.size());
+    std::vector<std::thread> clients;
+    for (int c = 0; c < k_clients; c++) {
+        clients.emplace_back([&, c] {
+            httplib::Client cli("127.0.0.1", port_);
+            cli.set_read_timeout(60, 0);
+            for (int r = 0; r < k_each; r++) {
+                const size_t i = size_t(c * k_each + r);
+                const json req = {{"prompt", prompts[i]}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+                auto res = cli.Post("/v1/completions", req.dump(), "application/json");
+                if (!res || res->status != 200) {
+                    ADD_FAILURE() << "request " << i << ": " << (res ? std::to_string(res->status) + " " + res->body : httplib::to_string(res.error()));
+                    continue;
+                }
+                const std::string & body = res->body;
+                for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+                    const size_t end = body.find("\n\n", at);
+                    const std::string data = body.substr(at + 6, end - at - 6);
+                    at = end;
+                    if (data == "[DONE]") break;
+                    got[i] += json::parse(data)["choices"][0]["text"].get<std::string>();
+                }
+            }
+        });
+    }
+    for (auto & t : clients) t.join();
+    auto tok = Tokenizer::load_dir(dir_);
+    EngineOptions eo;
+    eo.backend = "cpu";
+    eo.threads = 1;
+    eo.max_context = 256;
+    auto engine = make_engine(dir_, eo);
+    for (size_t i = 0; i < prompts.size(); i++) {
+        GenerateOptions g;
+        g.max_new_tokens = 5;
+        g.ignore_eos = true;
+        g.n_valid_tokens = 256;
+        Tokenizer::Stream stream(*tok);
+        std::string want;
+        for (int t : generate(*engine, prompts[i], g).tokens) want += stream.push(t);
+        want += stream.flush();
+        EXPECT_EQ(got[i], want) << "request " << i;
+    }
+    const std::string metrics = client().Get("/metrics")->body;
+    EXPECT_NE(metrics.find("qinfer_kv_blocks_used 0\n"), std::string::npos) << metrics.substr(0, 400);
+    EXPECT_NE(metrics.find("qinfer_time_to_first_token_seconds_count"), std::string::npos);
+}
+
+// n choices with log-probabilities: greedy choices are equal, each token's log-probability is its top alternative's.
+TEST_F(Serve, ChoicesAndLogprobs) {
+    auto res = client().Post("/v1/completions", R"({"prompt": "Hello", "max_tokens": 4, "temperature": 0, "n": 3, "logprobs": 2, "ignore_eos": true})",
+                             "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json j = json::parse(res->body);
+    ASSERT_EQ(j["choices"].size(), 3u);
+    for (int c = 0; c < 3; c++) {
+        EXPECT_EQ(j["choices"][c]["index"], c);
+        EXPECT_EQ(j["choices"][c]["text"], j["choices"][0]["text"]);
+        const json & lp = j["choices"][c]["logprobs"];
+        ASSERT_EQ(lp["tokens"].size(), 4u);
+        for (size_t t = 0; t < 4; t++) {
+            EXPECT_LE(lp["token_logprobs"][t].get<double>(), 0.0);
+            EXPECT_LE(lp["top_logprobs"][t].size(), 2u);
+        }
+    }
+    EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+    auto chat = client().Post("/v1/chat/completions",
+                              R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "logprobs": true, "top_logprobs": 1, "ignore_eos": true})",
+                              "application/json");
+    ASSERT_TRUE(chat);
+    ASSERT_EQ(chat->status, 200) << chat->body;
+    EXPECT_EQ(json::parse(chat->body)["choices"][0]["logprobs"]["content"].size(), 2u);
+}
+
+// A streaming client that leaves cancels its request: the server goes on, and its blocks come back.
+TEST_F(Serve, DisconnectCancels) {
+    {
+        // A raw socket: send the request, read the first bytes of the stream, close.
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        ASSERT_GE(fd, 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons(uint16_t(port_));
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0);
+        const std::string body = R"({"prompt": "Hello", "max_tokens": 200, "ignore_eos": true, "stream": true})";
+        const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body;
+        ASSERT_EQ(::send(fd, req.data(), req.size(), 0), ssize_t(req.size()));
+        char buf[256];
+        ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 0);
+        ::close(fd);
+    }
+    // The server notices within a step or two (the next write fails); allow a few seconds, bounded.
+    std::string metrics;
+    for (int i = 0; i < 50; i++) {
+        metrics = client().Get("/metrics")->body;
+        if (metrics.find("qinfer_requests_running 0\n") != std::string::npos && metrics.find("qinfer_kv_blocks_used 0\n") != std::string::npos) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_NE(metrics.find("qinfer_kv_blocks_used 0\n"), std::string::npos);
+    auto ok = client().Post("/v1/completions", R"({"prompt": "ok", "max_tokens": 2})", "application/json");
+    ASSERT_TRUE(ok);
+    EXPECT_EQ(ok->status, 200);
+}
+
+// Overload: a server with room for 2 running and 2 waiting requests refuses the rest at once (503, Retry-After);
+// every accepted request completes, and /health answers meanwhile.
+TEST_F(Serve, OverloadGets503AndAcceptedComplete) {
+    ServeOptions so;
+    so.model_dir = dir_;
+    so.port = 0;
+    so.context = 128;
+    so.engine.backend = "cpu";
+    so.engine.threads = 1;
+    so.scheduler.pool.max_rows = 2;
+    so.scheduler.max_waiting = 2;
+    so.http_threads = 64;
+    HttpServer small(so);
+    const int port = small.bind();
+    std::thread t([&] { small.run(); });
+    std::atomic<int> ok{0}, busy{0}, other{0};
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 24; c++) {
+        clients.emplace_back([&] {
+            httplib::Client cli("127.0.0.1", port);
+            cli.set_read_timeout(60, 0);
+            auto res = cli.Post("/v1/completions", R"({"prompt": "Hello there", "max_tokens": 40, "ignore_eos": true})", "application/json");
+            if (res && res->status == 200) ok++;
+            else if (res && res->status == 503 && res->get_header_value("Retry-After") == "1") busy++;
+            else other++;
+        });
+    }
+    httplib::Client probe("127.0.0.1", port);
+    for (int i = 0; i < 5; i++) {
+        auto h = probe.Get("/health");
+        ASSERT_TRUE(h);
+        EXPECT_EQ(h->status, 200);
+    }
+    for (auto & c : clients) c.join();
+    EXPECT_EQ(other.load(), 0);
+    EXPECT_EQ(ok + busy, 24);
+    EXPECT_GE(ok.load(), 2);  // at least the first two; how many more depends on when the loop admits them
+    EXPECT_GT(busy.load(), 0);
+    small.stop();
+    t.join();
 }
 
 #endif

@@ -79,8 +79,10 @@ TEST(ServeApi, RejectsBadRequestsWithOneLine) {
         {R"({"prompt": "x", "temperature": "hot"})", "'temperature' must be a number"},
         {R"({"prompt": "x", "temperature": 3})", "'temperature' must lie in [0, 2]"},
         {R"({"prompt": "x", "top_p": 0})", "'top_p' must be above 0"},
-        {R"({"prompt": "x", "n": 2})", "'n' other than 1"},
-        {R"({"prompt": "x", "logprobs": 1})", "'logprobs' are not supported"},
+        {R"({"prompt": "x", "n": 0})", "'n' must lie in [1, 16]"},
+        {R"({"prompt": "x", "n": 2, "best_of": 3})", "'best_of' other than n"},
+        {R"({"prompt": "x", "logprobs": 21})", "'logprobs' is too large"},
+        {R"({"prompt": "x", "logprobs": -1})", "'logprobs' must lie in [0, 20]"},
         {R"({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", "at most 4"},
         {R"({"prompt": "x", "stop": [""]})", "must not be empty"},
         {R"({"prompt": "x", "stream": "yes"})", "'stream' must be true or false"},
@@ -129,18 +131,18 @@ TEST(ServeApi, StopStringsHoldBackAndCut) {
 
 TEST(ServeApi, ResponseJson) {
     api::Request r = parse(R"({"model": "m", "prompt": "x"})");
-    const json c = json::parse(api::completion_json(r, "cmpl-1", 7, "text", "length", {3, 4}));
+    const json c = json::parse(api::completion_json(r, "cmpl-1", 7, {{"text", "length", {}}}, {3, 4}));
     EXPECT_EQ(c["object"], "text_completion");
     EXPECT_EQ(c["choices"][0]["text"], "text");
     EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
     EXPECT_EQ(c["usage"]["total_tokens"], 7);
     r.chat = true;
-    const json chunk = json::parse(api::chunk_json(r, "chatcmpl-1", 7, "He", "", true));
+    const json chunk = json::parse(api::chunk_json(r, "chatcmpl-1", 7, 0, "He", "", true));
     EXPECT_EQ(chunk["object"], "chat.completion.chunk");
     EXPECT_EQ(chunk["choices"][0]["delta"]["role"], "assistant");
     EXPECT_EQ(chunk["choices"][0]["delta"]["content"], "He");
     EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
-    const json cut = json::parse(api::completion_json(r, "chatcmpl-2", 7, std::string("a\xE4", 2), "length", {1, 1}));
+    const json cut = json::parse(api::completion_json(r, "chatcmpl-2", 7, {{std::string("a\xE4", 2), "length", {}}}, {1, 1}));
     EXPECT_EQ(cut["choices"][0]["message"]["content"], "a\xEF\xBF\xBD");  // an incomplete character as U+FFFD
     EXPECT_EQ(json::parse(api::error_json(404, "no route"))["error"]["message"], "no route");
     const api::Request s = parse(R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": true}})");
@@ -148,4 +150,29 @@ TEST(ServeApi, ResponseJson) {
     const json u = json::parse(api::usage_chunk_json(s, "cmpl-3", 7, {2, 5}));
     EXPECT_TRUE(u["choices"].empty());
     EXPECT_EQ(u["usage"]["completion_tokens"], 5);
+}
+
+TEST(ServeApi, ChoicesAndLogprobs) {
+    api::Request r = parse(R"({"prompt": "x", "n": 2, "logprobs": 2})");
+    EXPECT_EQ(r.n, 2);
+    EXPECT_EQ(r.logprobs, 2);
+    EXPECT_EQ(parse(R"({"prompt": "x"})").logprobs, -1);
+    const std::vector<api::TokenLogprob> lps = {{"He", -0.1f, {{"He", -0.1f}, {"Ha", -2.5f}}}, {"llo", -0.2f, {{"llo", -0.2f}}}};
+    const json c = json::parse(api::completion_json(r, "cmpl-1", 7, {{"Hello", "length", lps}, {"Hi", "stop", {}}}, {1, 3}));
+    ASSERT_EQ(c["choices"].size(), 2u);
+    EXPECT_EQ(c["choices"][1]["index"], 1);
+    EXPECT_EQ(c["choices"][1]["finish_reason"], "stop");
+    const json & lp = c["choices"][0]["logprobs"];
+    EXPECT_EQ(lp["tokens"], json({"He", "llo"}));
+    EXPECT_FLOAT_EQ(lp["token_logprobs"][1].get<float>(), -0.2f);
+    EXPECT_FLOAT_EQ(lp["top_logprobs"][0]["Ha"].get<float>(), -2.5f);
+    EXPECT_EQ(lp["text_offset"], json({0, 2}));
+    api::Request chat = parse(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 1})", true);
+    EXPECT_EQ(chat.logprobs, 1);
+    const json chunk = json::parse(api::chunk_json(chat, "chatcmpl-1", 7, 1, "He", "", false, &lps));
+    EXPECT_EQ(chunk["choices"][0]["index"], 1);
+    EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0]["token"], "He");
+    EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0]["bytes"], json({72, 101}));
+    EXPECT_EQ(chunk["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1]["token"], "Ha");
+    EXPECT_THROW(parse(R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 1})", true), api::ApiError);
 }
