@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 commit=${1:?usage: scripts/ab-base.sh COMMIT}
 rm -rf .ab-base
 mkdir -p .ab-base
-git archive "$commit" src CMakeLists.txt cmake assets/tokenizers | tar -x -C .ab-base
+git archive "$commit" src CMakeLists.txt cmake | tar -x -C .ab-base  # its synth finds tokenizers through QINFER_ASSETS
 git rev-parse --short "$commit" >.ab-base/COMMIT
 du -sh .ab-base

@@ -17,8 +17,13 @@ mkdir -p "$OUT"
 # A device's $OUT has held earlier sessions' files: those over an hour old (no call runs that long) move out of the
 # way, so that they neither join this run's archive nor come back beside it.
 mkdir -p /tmp/qinfer-stale-out && find "$OUT" -type f -mmin +60 -exec mv -t /tmp/qinfer-stale-out {} + 2>/dev/null
+# --build-only: build, run nothing. QINFER_SKIP_BUILD=1: use the build that is there (stages run side by side on
+# several GPUs: CUDA_VISIBLE_DEVICES and OUT set per run).
+build_only=0
+[ "${1:-}" = --build-only ] && { build_only=1; shift; }
 stages=("${@:-gpu-test}")
-for stage in "${stages[@]}"; do
+[ $build_only = 1 ] && stages=()
+for stage in "${stages[@]+"${stages[@]}"}"; do
     [ -f "scripts/device/$stage.sh" ] || { echo "device.sh: no stage '$stage' (the files in scripts/device/)"; exit 2; }
 done
 summary=()
@@ -31,18 +36,20 @@ if ls .deps/*.deb >/dev/null 2>&1; then
         if command -v dpkg >/dev/null; then dpkg -x "$f" .deps/root; else (cd .deps/root && ar p "../$(basename "$f")" data.tar.xz | tar xJ); fi
     done
 fi
+# Libraries unpacked there (cpp-httplib and Brotli) are found at run time too.
+export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ -n "${QINFER_COMMIT:-}" ] || echo "warning: QINFER_COMMIT is not set; results will name the device checkout's HEAD"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 | sed 's/^/gpu: /'
 nvcc --version | tail -1
 gen=Ninja; command -v ninja >/dev/null || gen="Unix Makefiles"
 t0=$(date +%s)
-cmake -S . -B build-device -G "$gen" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr" \
-    -DCMAKE_CUDA_ARCHITECTURES="90a" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build build-device -j16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+[ "${QINFER_SKIP_BUILD:-0}" = 1 ] || cmake -S . -B build-device -G "$gen" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr" \
+    -DCMAKE_CUDA_ARCHITECTURES="90a" -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+[ "${QINFER_SKIP_BUILD:-0}" = 1 ] || cmake --build build-device -j16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 note "build: ok in $(( $(date +%s) - t0 )) s"
 Q=$PWD/build-device/qinfer
 
-for stage in "${stages[@]}"; do
+for stage in "${stages[@]+"${stages[@]}"}"; do
     t_stage=$(date +%s)
     # shellcheck source=/dev/null
     source "scripts/device/$stage.sh"

@@ -11,7 +11,7 @@ else
     t_ab=$(date +%s)
     base_commit=$(cat .ab-base/COMMIT 2>/dev/null || echo base)
     cmake -S .ab-base -B build-base -G "$gen" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr" \
-        -DCMAKE_CUDA_ARCHITECTURES="90a" -DQINFER_TESTS=OFF >"$OUT/cmake-base.log" 2>&1 &&
+        -DCMAKE_CUDA_ARCHITECTURES="90a" -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DQINFER_TESTS=OFF >"$OUT/cmake-base.log" 2>&1 &&
         cmake --build build-base -j16 --target qinfer >"$OUT/build-base.log" 2>&1 || { note "ab: baseline build failed"; tail -20 "$OUT/build-base.log"; }
     note "ab: baseline $base_commit built in $(( $(date +%s) - t_ab )) s"
     specs=${AB_SPECS:-qwen2.5-0.5b:bf16:1 qwen2.5-1.5b:bf16:1 qwen2.5-7b:bf16:1,30720 qwen2.5-7b:gptq-int4:1,30720}
@@ -22,7 +22,7 @@ else
                 bin=$Q
                 [ "$arm" = base ] && bin=$PWD/build-base/qinfer
                 [ -x "$bin" ] || continue
-                "$bin" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen "${AB_GEN:-2048}" --json "$OUT/ab-$arm-$p-$q-$rep.json" 2>&1 |
+                QINFER_ASSETS=$PWD/assets "$bin" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen "${AB_GEN:-2048}" --json "$OUT/ab-$arm-$p-$q-$rep.json" 2>&1 |
                     grep -E "^\| qwen" | sed "s/^/$arm /" | tee -a "$OUT/ab.log"
             done
         done

@@ -231,15 +231,18 @@ void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int
     cpu::linear(xn.data(), n_out, lm_head, logits.data());
 }
 
-// The pool: opt.n_blocks, or room for every row at the longest sequence (the CPU has no device memory to measure).
+// The pool: opt.n_blocks, or room for every row at the longest sequence within 4 GB of cache (the CPU has no device
+// memory to measure), and never less than one longest sequence.
 PoolInfo CpuQwenEngine::make_pool(const PoolOptions & opt) {
     const ModelConfig & c = model_->config;
     PoolInfo info;
     info.block_size = kv_.shape().block_size;
     info.max_seq_tokens = opt.max_seq_tokens > 0 ? std::min(opt.max_seq_tokens, c.max_context()) : std::min(c.max_context(), 4096);
     const int per_seq = (info.max_seq_tokens + info.block_size - 1) / info.block_size;
-    info.n_blocks = opt.n_blocks > 0 ? opt.n_blocks : std::max(1, opt.max_rows) * per_seq;
     KVCacheShape shape = kv_.shape();
+    const double block_bytes = 2.0 * shape.n_layers * shape.n_kv_heads * shape.head_dim * shape.block_size * kv_dtype_bytes_per_element(shape.dtype);
+    const int fits = int(std::min(4e9 / block_bytes, 1e8));
+    info.n_blocks = opt.n_blocks > 0 ? opt.n_blocks : std::max(per_seq, std::min(std::max(1, opt.max_rows) * per_seq, fits));
     shape.n_blocks = info.n_blocks;
     CpuKVCache fresh(shape);
     for (int l = 0; l < c.num_hidden_layers; l++) {

@@ -93,7 +93,7 @@ PoolInfo CudaQwenEngine::make_pool(const PoolOptions & opt) {
     prefill_table_ = upload_vector(identity, "block table");
     ensure_prefill_kv(info.max_seq_tokens);
     ids_host_ = cuda::HostMappedBuffer(size_t(std::max(opt.max_step_tokens, 1)) * sizeof(int), "prompt ids");
-    const size_t staged = 2 * size_t(pool_rows_) * stride + (3 * size_t(pool_rows_) + 1) + 2 * size_t(pool_rows_);
+    const size_t staged = 2 * size_t(pool_rows_) * stride + (3 * size_t(pool_rows_) + 1) + 2 * size_t(pool_rows_) + 4;  // + alignment
     step_host_ = cuda::HostMappedBuffer(staged * sizeof(int) + size_t(pool_rows_) * sizeof(cuda::RowPick), "step staging");
 
     // The cache takes what the memory fraction leaves, keeping 0.5 GB for cuBLASLt's plans, the graphs and the
@@ -165,7 +165,8 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
     int * tables = static_cast<int *>(step_host_.host());
     int * state = tables + 2 * size_t(pool_rows_) * stride;  // tokens [bucket], pos [bucket], step, len [bucket]
     int * picked = state + 3 * size_t(pool_rows_) + 1;
-    auto * picks = reinterpret_cast<cuda::RowPick *>(picked + 2 * size_t(pool_rows_));
+    const uintptr_t picks_at = (reinterpret_cast<uintptr_t>(picked + 2 * size_t(pool_rows_)) + 15) & ~uintptr_t(15);
+    auto * picks = reinterpret_cast<cuda::RowPick *>(picks_at);
     auto put_table = [&](size_t row, const std::vector<int> & blocks) { std::copy(blocks.begin(), blocks.end(), tables + row * stride); };
     for (int r = 0; r < B; r++) put_table(size_t(r), *segs[decode[size_t(r)]].blocks);
     for (int r = B; r < bucket; r++) tables[size_t(r) * stride] = scratch_block_;  // padding rows: position 0 of their own block

@@ -133,6 +133,7 @@ void check_writable(const char * flag, const std::string & path) {
 int cmd_bench(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--throughput")) return cmd_bench_throughput(argc, argv);
+        if (!std::strcmp(argv[i], "--serve")) return cmd_bench_serve(argc, argv);
     }
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
@@ -149,6 +150,7 @@ int cmd_bench(int argc, char ** argv) {
                 "         the batch's generated tokens / whole time, and GPU memory the peak for the whole batch\n"
                 "--max-batch: instead of timing, the largest batch of each input length (+ --gen) whose buffers fit the card\n"
                 "--throughput: many requests under continuous batching, vLLM's benchmark_throughput (bench --throughput --help)\n"
+                "--serve URL: a load generator against a running `qinfer serve` (bench --serve URL --help)\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
                 "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"

@@ -16,6 +16,7 @@ int cmd_kv_fidelity(int argc, char ** argv);
 int cmd_plan(int argc, char ** argv);
 int cmd_bench(int argc, char ** argv);
 int cmd_bench_throughput(int argc, char ** argv);  // bench --throughput (cmd_throughput.cpp)
+int cmd_bench_serve(int argc, char ** argv);       // bench --serve URL (cmd_loadgen.cpp)
 int cmd_plot(int argc, char ** argv);
 int cmd_memory_table(int argc, char ** argv);
 int cmd_tokenize(int argc, char ** argv);

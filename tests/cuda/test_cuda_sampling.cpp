@@ -189,3 +189,70 @@ TEST(CudaSampling, GenerateIsReproducible) {
     }
     EXPECT_NE(x.tokens[0], x.tokens[1]);
 }
+
+// Continuous batching's per-row picking (pick_rows_advance): greedy rows give the host argmax over their own
+// n_valid ids; sampled rows (no penalties) follow the rules' distribution; each row's state advances.
+// (rows % 3 == 0: greedy over the whole vocabulary; 1: greedy over 500 ids; 2: sampled over 600 ids.)
+TEST(CudaSampling, PickRowsByTheirOwnSettings) {
+    REQUIRE_GPU();
+    const int vocab = 1003, rows = 6001;
+    std::vector<float> logits = randn(size_t(vocab), 1.5f);
+    logits[1001] = 100.0f;  // the full-vocabulary greedy rows' pick
+    logits[700] = 50.0f;    // past the other rows' n_valid (500, 600)
+    SamplingParams p;
+    p.temperature = 0.7f;
+    p.top_k = 9;
+    p.top_p = 0.85f;
+    p.min_p = 0.05f;
+    const std::vector<double> want = rule_probabilities(logits, 600, p, {}, {});
+    std::vector<float> all(size_t(rows) * vocab);
+    std::vector<int> state(3 * size_t(rows) + 1, 0);
+    std::vector<cuda::RowPick> picks(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; r++) {
+        std::copy(logits.begin(), logits.end(), all.begin() + long(r) * vocab);
+        state[size_t(rows + r)] = 10 + r;
+        state[size_t(2 * rows + 1 + r)] = 11 + r;
+        cuda::RowPick & k = picks[size_t(r)];
+        k.n_valid = r % 3 == 0 ? vocab : r % 3 == 1 ? 500 : 600;
+        if (r % 3 == 2) {
+            k.temperature = p.temperature;
+            k.top_k = p.top_k;
+            k.top_p = p.top_p;
+            k.min_p = p.min_p;
+            k.seed = 77;
+        }
+    }
+    DeviceBuffer dl = upload(all), dst = upload(state), dw(size_t(rows) * vocab * 4, "test"), dout = upload(std::vector<int>(size_t(rows), -1));
+    DeviceBuffer dp(picks.size() * sizeof(cuda::RowPick), "test");
+    ASSERT_EQ(cudaMemcpy(dp.get(), picks.data(), picks.size() * sizeof(cuda::RowPick), cudaMemcpyHostToDevice), cudaSuccess);
+    int * s = dst.as<int>();
+    cuda::pick_rows_advance(dl.as<float>(), rows, vocab, dp.as<cuda::RowPick>(), dw.as<float>(), s, s + rows, s + 2 * rows, s + 2 * rows + 1,
+                            dout.as<int>(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int> got(static_cast<size_t>(rows)), got_state(state.size());
+    cudaMemcpy(got.data(), dout.get(), got.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_state.data(), dst.get(), got_state.size() * 4, cudaMemcpyDeviceToHost);
+    const int argmax_all = 1001;
+    const int argmax_500 = int(std::max_element(logits.begin(), logits.begin() + 500) - logits.begin());
+    std::vector<double> freq(size_t(vocab), 0.0);
+    int sampled = 0;
+    for (int r = 0; r < rows; r++) {
+        const int tok = got[size_t(r)];
+        if (r % 3 == 0) EXPECT_EQ(tok, argmax_all) << "row " << r;
+        if (r % 3 == 1) EXPECT_EQ(tok, argmax_500) << "row " << r;
+        if (r % 3 == 2) {
+            ASSERT_TRUE(tok >= 0 && tok < 600) << "row " << r;
+            EXPECT_GT(want[size_t(tok)], 0.0) << "row " << r << " drew " << tok << ", which the rules exclude";
+            freq[size_t(tok)] += 1;
+            sampled++;
+        }
+        EXPECT_EQ(got_state[size_t(r)], tok);
+        EXPECT_EQ(got_state[size_t(rows + r)], 11 + r);
+        EXPECT_EQ(got_state[size_t(2 * rows + 1 + r)], 12 + r);
+    }
+    EXPECT_EQ(got_state[size_t(2 * rows)], 1);
+    for (int i = 0; i < vocab; i++) {
+        const double w = want[size_t(i)];
+        EXPECT_NEAR(freq[size_t(i)] / sampled, w, 5 * std::sqrt(w * (1 - w) / sampled) + 1e-9) << "id " << i;
+    }
+}

@@ -1,0 +1,44 @@
+# shellcheck shell=bash
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
+# `qinfer serve` under load on loopback, measured by `qinfer bench --serve` (every loop bounded in count and time):
+# SERVE_PRESET (default qwen2.5-7b), 512 streaming requests of input 1000 / output 256 at SERVE_CONC (default 64,256)
+# concurrent clients; overload: 2000 requests at once against --max-queue 512; the prefix cache: 64 questions after
+# a 2000-token shared prompt, with and without --no-prefix-cache; a soak of SOAK_SECONDS (default 0: none) at 64
+# clients with the server's RSS and GPU memory after warm-up and at the end.
+p=${SERVE_PRESET:-qwen2.5-7b}
+d=${QINFER_CACHE:-$HOME/.cache/qinfer}/synth/$p-bf16
+[ -f "$d/config.json" ] || "$Q" synth --preset "$p" --out "$d" >/dev/null
+port=8123
+start_server() {  # options for serve
+    "$Q" serve --model "$d" --port $port --max-queue 512 "$@" >"$OUT/serve-$SECONDS.log" 2>&1 &
+    server=$!
+    for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0; sleep 1; done
+    note "serve-load: the server did not come up"
+    return 1
+}
+stop_server() { kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; }
+load() {  # label, then options for bench --serve
+    local label=$1
+    shift
+    "$Q" bench --serve "http://127.0.0.1:$port" --label "$label" --timeout 300 --json "$OUT/serve-$label.json" "$@" 2>&1 | tee -a "$OUT/serve-load.log" |
+        grep -E "^\| |first failure"
+}
+if start_server --max-num-seqs 256; then
+    load "$p" --num-prompts 512 --input-len 1000 --output-len 256 --max-concurrency "${SERVE_CONC:-64,256}"
+    load overload --num-prompts 2000 --input-len 100 --output-len 64 --max-concurrency 2000
+    load prefix-cache --num-prompts 64 --prefix-len 2000 --input-len 24 --output-len 16 --max-concurrency 8 --seed 3
+    curl -s "http://127.0.0.1:$port/metrics" >"$OUT/serve-metrics.txt"
+    grep -E "^qinfer_(prefix_cache_hit_rate|requests_rejected_total|preemptions_total|kv_blocks_total)" "$OUT/serve-metrics.txt"
+    if [ "${SOAK_SECONDS:-0}" -gt 0 ]; then
+        load soak-warmup --num-prompts 64 --input-len 1000 --output-len 256 --max-concurrency 64 --duration 30
+        rss0=$(awk '/VmRSS/ {print $2}' /proc/$server/status); gpu0=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        load soak --num-prompts 64 --input-len 1000 --output-len 256 --max-concurrency 64 --duration "$SOAK_SECONDS" --timeout $((SOAK_SECONDS + 60))
+        rss1=$(awk '/VmRSS/ {print $2}' /proc/$server/status); gpu1=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        note "soak ${SOAK_SECONDS}s: RSS ${rss0} -> ${rss1} kB, GPU memory ${gpu0} -> ${gpu1} MiB"
+    fi
+    stop_server
+fi
+if start_server --max-num-seqs 256 --no-prefix-cache; then
+    load prefix-cache-off --num-prompts 64 --prefix-len 2000 --input-len 24 --output-len 16 --max-concurrency 8 --seed 3
+    stop_server
+fi
