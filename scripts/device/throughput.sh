@@ -11,7 +11,7 @@ for spec in ${TP_SPECS:-qwen2.5-7b:100:250:1000 qwen2.5-7b:1000:100:1000 qwen2.5
     "$Q" bench --throughput --preset "$p" --num-prompts "$n" --input-len "$i" --output-len "$o" ${mbt:+--max-batch-tokens "$mbt"} ${TP_ARGS:-} \
         --json "$OUT/$tag.json" 2>&1 | grep -E "^Throughput|^\| qwen|error|^card" | tee -a "$OUT/throughput.log"
 done
-for spec in ${HF_TP_SPECS:-qwen2.5-7b:100:250:200}; do
+for spec in ${HF_TP_SPECS-qwen2.5-7b:100:250:200}; do
     IFS=: read -r p i o n <<<"$spec"
     d=${QINFER_CACHE:-$HOME/.cache/qinfer}/synth/$p-bf16  # where bench --throughput synthesized it
     [ -f "$d/config.json" ] || "$Q" synth --preset "$p" --out "$d" >/dev/null
