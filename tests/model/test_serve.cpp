@@ -153,7 +153,7 @@ TEST_F(Serve, CompletionEqualsGenerate) {
         text += c["choices"][0]["text"].get<std::string>();
         finishes += !c["choices"][0]["finish_reason"].is_null();
     }
-    EXPECT_EQ(text, j["choices"][0]["text"]);
+    EXPECT_EQ(text, j["choices"][0]["text"].get<std::string>());
     EXPECT_EQ(finishes, 1);
     EXPECT_EQ(usage_tokens, int(want.size()));
     EXPECT_NE(body.find("data: [DONE]"), std::string::npos);
