@@ -21,7 +21,7 @@ def main():
     ap.add_argument("--num-prompts", type=int, default=200)
     ap.add_argument("--input-len", type=int, default=100)
     ap.add_argument("--output-len", type=int, default=250)
-    ap.add_argument("--attn", default="sdpa_paged")
+    ap.add_argument("--attn", default="paged|sdpa")  # transformers 5.17's name for paged SDPA
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.bfloat16, attn_implementation=a.attn, device_map="cuda").eval()

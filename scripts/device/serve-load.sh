@@ -4,7 +4,7 @@
 # SERVE_PRESET (default qwen2.5-7b), 512 streaming requests of input 1000 / output 256 at SERVE_CONC (default 64,256)
 # concurrent clients; overload: 2000 requests at once against --max-queue 512; the prefix cache: 64 questions after
 # a 2000-token shared prompt, with and without --no-prefix-cache; a soak of SOAK_SECONDS (default 0: none) at 64
-# clients with the server's RSS and GPU memory after warm-up and at the end.
+# clients with the server's RSS and GPU memory after warm-up and at the end. SERVE_OVERLOAD=0 leaves the overload out.
 p=${SERVE_PRESET:-qwen2.5-7b}
 d=${QINFER_CACHE:-$HOME/.cache/qinfer}/synth/$p-bf16
 [ -f "$d/config.json" ] || "$Q" synth --preset "$p" --out "$d" >/dev/null
@@ -25,7 +25,7 @@ load() {  # label, then options for bench --serve
 }
 if start_server --max-num-seqs 256; then
     load "$p" --num-prompts 512 --input-len 1000 --output-len 256 --max-concurrency "${SERVE_CONC:-64,256}"
-    load overload --num-prompts 2000 --input-len 100 --output-len 64 --max-concurrency 2000
+    [ "${SERVE_OVERLOAD:-1}" = 1 ] && load overload --num-prompts 2000 --input-len 100 --output-len 64 --max-concurrency 2000
     load prefix-cache --num-prompts 64 --prefix-len 2000 --input-len 24 --output-len 16 --max-concurrency 8 --seed 3
     curl -s "http://127.0.0.1:$port/metrics" >"$OUT/serve-metrics.txt"
     grep -E "^qinfer_(prefix_cache_hit_rate|requests_rejected_total|preemptions_total|kv_blocks_total)" "$OUT/serve-metrics.txt"

@@ -240,6 +240,8 @@ private:
     PoolOptions pool_opt_;
     int pool_rows_ = 0, pool_stride_ = 0, scratch_block_ = 0;
     DeviceBuffer row_picks_;            // cuda::RowPick [pool_rows_]
+    DeviceBuffer pick_history_;         // int: the step's penalised rows' prompts and outputs, one after another
+    cuda::HostMappedBuffer history_host_;  // their pinned staging
     cuda::HostMappedBuffer step_host_;  // pinned staging of a step: tables, decode state, picks, picked tokens
     std::map<std::tuple<int, int, bool>, cudaGraphExec_t> pool_graphs_;
     void drop_pool_graphs();

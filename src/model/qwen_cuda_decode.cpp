@@ -152,8 +152,8 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     prof_.mark("lm_head gemv");
     if (end == StepEnd::Logits) return;
     if (end == StepEnd::Pick) {
-        cuda::pick_rows_advance(logits_.as<float>(), B, cfg.vocab_size, row_picks_.as<cuda::RowPick>(), sample_work_.as<float>(), tokens, pos, step, len,
-                                tokens_out_.as<int>(), stream_);
+        cuda::pick_rows_advance(logits_.as<float>(), B, cfg.vocab_size, row_picks_.as<cuda::RowPick>(), pick_history_.as<int>(),
+                                sample_work_.as<float>(), sample_counts_.as<int>(), tokens, pos, step, len, tokens_out_.as<int>(), stream_);
     } else if (end == StepEnd::Sample) {
         cuda::sample_rows_advance(logits_.as<float>(), B, cfg.vocab_size, graph_valid_, sample_params_, sample_seen_.as<uint8_t>(),
                                   sample_counts_.as<int>(), sample_work_.as<float>(), tokens, pos, step, len, tokens_out_.as<int>(), stream_);

@@ -22,11 +22,13 @@ int rows_bucket(int b) {
     return (b + 63) / 64 * 64;
 }
 
-// Whether a row's token can be picked on the device: no penalties, and greedy or top-k within the kernel's k.
+// Whether a row's token can be picked on the device: greedy or top-k within the kernel's k, penalties with the
+// history to apply them over; log-probabilities and full-vocabulary sampling (top_k 0) go to the host.
 bool device_pick(const StepSegment & s) {
     if (s.need_logits || !s.sampling) return false;
     const SamplingParams & p = *s.sampling;
-    if (p.repetition_penalty != 1.0f || p.presence_penalty != 0 || p.frequency_penalty != 0) return false;
+    const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0 || p.frequency_penalty != 0;
+    if (penalties && (!s.prompt || !s.output)) return false;
     return p.temperature == 0 || (p.top_k >= 1 && p.top_k <= cuda::k_sample_max_k);
 }
 
@@ -69,6 +71,11 @@ PoolInfo CudaQwenEngine::make_pool(const PoolOptions & opt) {
     logits_ = DeviceBuffer(size_t(pool_rows_) * V * sizeof(float), "logits");
     sample_work_ = DeviceBuffer(size_t(pool_rows_) * V * sizeof(float), "sampling");
     row_picks_ = DeviceBuffer(size_t(pool_rows_) * sizeof(cuda::RowPick), "sampling");
+    // Penalties: every row's history fits (a sequence holds at most max_seq_tokens), and the counts start at zero.
+    pick_history_ = DeviceBuffer(size_t(pool_rows_) * info.max_seq_tokens * sizeof(int), "sampling");
+    history_host_ = cuda::HostMappedBuffer(size_t(pool_rows_) * info.max_seq_tokens * sizeof(int), "sampling");
+    sample_counts_ = DeviceBuffer(size_t(pool_rows_) * V * sizeof(int), "sampling");
+    CUDA_CHECK(cudaMemset(sample_counts_.get(), 0, sample_counts_.bytes()));
     state_ = DeviceBuffer((3 * size_t(pool_rows_) + 1) * sizeof(int), "decode state");
     tokens_out_ = DeviceBuffer(size_t(pool_rows_) * sizeof(int), "decode tokens");
     batch_tables_ = DeviceBuffer(2 * size_t(pool_rows_) * stride * sizeof(int), "block table");
@@ -218,6 +225,7 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
     if (B > 0) {
         int max_len = 1;
         bool short_ctx = true;
+        size_t n_hist = 0;
         for (int r = 0; r < bucket; r++) {
             const bool real = r < B;
             const StepSegment * s = real ? &segs[decode[size_t(r)]] : nullptr;
@@ -230,17 +238,35 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
             cuda::RowPick p;
             p.n_valid = V;
             if (real && device_pick(*s)) {
-                p.temperature = s->sampling->temperature;
-                p.top_k = s->sampling->top_k;
-                p.top_p = s->sampling->top_p;
-                p.min_p = s->sampling->min_p;
-                p.seed = s->sampling->seed;
+                const SamplingParams & sp = *s->sampling;
+                p.temperature = sp.temperature;
+                p.top_k = sp.top_k;
+                p.top_p = sp.top_p;
+                p.min_p = sp.min_p;
+                p.seed = sp.seed;
+                p.repetition_penalty = sp.repetition_penalty;
+                p.presence_penalty = sp.presence_penalty;
+                p.frequency_penalty = sp.frequency_penalty;
+                if (p.repetition_penalty != 1.0f || p.presence_penalty != 0 || p.frequency_penalty != 0) {
+                    // The history, packed after the rows before it (their sum stays within the buffer: each row's
+                    // history is shorter than its sequence, which its table bounds).
+                    int * hist = static_cast<int *>(history_host_.host());
+                    p.hist_off = int(n_hist);
+                    p.n_prompt = int(s->prompt->size());
+                    p.n_output = int(s->output->size());
+                    std::copy(s->prompt->begin(), s->prompt->end(), hist + n_hist);
+                    std::copy(s->output->begin(), s->output->end(), hist + n_hist + s->prompt->size());
+                    n_hist += s->prompt->size() + s->output->size();
+                }
             }
             picks[r] = p;
         }
         state[2 * bucket] = 0;
         CUDA_CHECK(cudaMemcpyAsync(state_.get(), state, (3 * size_t(bucket) + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaMemcpyAsync(row_picks_.get(), picks, size_t(bucket) * sizeof(cuda::RowPick), cudaMemcpyHostToDevice, stream_));
+        if (n_hist > 0) {
+            CUDA_CHECK(cudaMemcpyAsync(pick_history_.get(), history_host_.host(), n_hist * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        }
         int pow2 = 1;
         while (pow2 < max_len) pow2 *= 2;
         max_splits_ = cuda::decode_splits(std::min(pow2, pool_stride_ * block_size_), cfg.num_key_value_heads, cfg.head_dim, bucket);

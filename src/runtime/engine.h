@@ -37,6 +37,9 @@ struct StepSegment {
     bool pick = false;
     const SamplingParams * sampling = nullptr;
     bool need_logits = false;
+    // The sequence's prompt and generated tokens so far, for penalties applied on the device.
+    const std::vector<int> * prompt = nullptr;
+    const std::vector<int> * output = nullptr;
 };
 struct StepOutput {
     std::vector<int> tokens;      // per segment: the token picked on the device, or -1 (logits_row says where the logits are)

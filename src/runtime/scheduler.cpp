@@ -274,6 +274,8 @@ bool Scheduler::step() {
         g.pick = s.computed + n == int(s.tokens.size());
         g.sampling = &s.req.sampling;
         g.need_logits = s.req.logprobs >= 0;
+        g.prompt = &s.req.prompt;
+        g.output = &s.output;
         segs.push_back(g);
         tokens.insert(tokens.end(), s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
         owners.push_back(&s);

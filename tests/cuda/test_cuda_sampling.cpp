@@ -226,8 +226,9 @@ TEST(CudaSampling, PickRowsByTheirOwnSettings) {
     DeviceBuffer dp(picks.size() * sizeof(cuda::RowPick), "test");
     ASSERT_EQ(cudaMemcpy(dp.get(), picks.data(), picks.size() * sizeof(cuda::RowPick), cudaMemcpyHostToDevice), cudaSuccess);
     int * s = dst.as<int>();
-    cuda::pick_rows_advance(dl.as<float>(), rows, vocab, dp.as<cuda::RowPick>(), dw.as<float>(), s, s + rows, s + 2 * rows, s + 2 * rows + 1,
-                            dout.as<int>(), nullptr);
+    DeviceBuffer dh = upload(std::vector<int>{0}), dc = upload(std::vector<int>(size_t(rows) * vocab, 0));
+    cuda::pick_rows_advance(dl.as<float>(), rows, vocab, dp.as<cuda::RowPick>(), dh.as<int>(), dw.as<float>(), dc.as<int>(), s, s + rows, s + 2 * rows,
+                            s + 2 * rows + 1, dout.as<int>(), nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<int> got(static_cast<size_t>(rows)), got_state(state.size());
     cudaMemcpy(got.data(), dout.get(), got.size() * 4, cudaMemcpyDeviceToHost);
@@ -254,5 +255,76 @@ TEST(CudaSampling, PickRowsByTheirOwnSettings) {
     for (int i = 0; i < vocab; i++) {
         const double w = want[size_t(i)];
         EXPECT_NEAR(freq[size_t(i)] / sampled, w, 5 * std::sqrt(w * (1 - w) / sampled) + 1e-9) << "id " << i;
+    }
+}
+
+// Penalties on the device by the rows' own histories: greedy rows give the host Sampler's token, sampled rows the
+// rules' distribution, and the counts scratch is zero again afterwards.
+TEST(CudaSampling, PickRowsWithPenalties) {
+    REQUIRE_GPU();
+    const int vocab = 517, rows = 6000;
+    std::vector<float> logits = randn(size_t(vocab), 1.5f);
+    std::vector<int> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    const std::vector<int> prompt = {order[0], order[4], order[0]}, output = {order[1], order[1], order[2], order[6]};
+    SamplingParams p;
+    p.temperature = 0.9f;
+    p.top_k = 10;
+    p.top_p = 0.95f;
+    p.repetition_penalty = 1.4f;
+    p.presence_penalty = 0.3f;
+    p.frequency_penalty = 0.25f;
+    const std::vector<double> want = rule_probabilities(logits, vocab, p, prompt, output);
+    SamplingParams g = p;
+    g.temperature = 0;
+    std::vector<float> l = logits;
+    const int greedy = Sampler(g, vocab).sample(l.data(), vocab, prompt, output);
+    std::vector<float> all(size_t(rows) * vocab);
+    std::vector<int> state(3 * size_t(rows) + 1, 0), history;
+    std::vector<cuda::RowPick> picks(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; r++) {
+        std::copy(logits.begin(), logits.end(), all.begin() + long(r) * vocab);
+        state[size_t(rows + r)] = r;
+        state[size_t(2 * rows + 1 + r)] = r + 1;
+        cuda::RowPick & k = picks[size_t(r)];
+        k.n_valid = vocab;
+        k.temperature = r % 2 ? p.temperature : 0.0f;
+        k.top_k = p.top_k;
+        k.top_p = p.top_p;
+        k.seed = 5;
+        k.repetition_penalty = p.repetition_penalty;
+        k.presence_penalty = p.presence_penalty;
+        k.frequency_penalty = p.frequency_penalty;
+        k.hist_off = int(history.size());
+        k.n_prompt = int(prompt.size());
+        k.n_output = int(output.size());
+        history.insert(history.end(), prompt.begin(), prompt.end());
+        history.insert(history.end(), output.begin(), output.end());
+    }
+    DeviceBuffer dl = upload(all), dst = upload(state), dh = upload(history), dc = upload(std::vector<int>(size_t(rows) * vocab, 0));
+    DeviceBuffer dw(size_t(rows) * vocab * 4, "test"), dout = upload(std::vector<int>(size_t(rows), -1)), dp(picks.size() * sizeof(cuda::RowPick), "test");
+    ASSERT_EQ(cudaMemcpy(dp.get(), picks.data(), picks.size() * sizeof(cuda::RowPick), cudaMemcpyHostToDevice), cudaSuccess);
+    int * s = dst.as<int>();
+    cuda::pick_rows_advance(dl.as<float>(), rows, vocab, dp.as<cuda::RowPick>(), dh.as<int>(), dw.as<float>(), dc.as<int>(), s, s + rows, s + 2 * rows,
+                            s + 2 * rows + 1, dout.as<int>(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int> got(static_cast<size_t>(rows)), counts(size_t(rows) * vocab);
+    cudaMemcpy(got.data(), dout.get(), got.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(counts.data(), dc.get(), counts.size() * 4, cudaMemcpyDeviceToHost);
+    EXPECT_TRUE(std::all_of(counts.begin(), counts.end(), [](int c) { return c == 0; })) << "the counts scratch was left dirty";
+    std::vector<double> freq(size_t(vocab), 0.0);
+    for (int r = 0; r < rows; r++) {
+        if (r % 2 == 0) {
+            EXPECT_EQ(got[size_t(r)], greedy) << "row " << r;
+            continue;
+        }
+        ASSERT_TRUE(got[size_t(r)] >= 0 && got[size_t(r)] < vocab);
+        EXPECT_GT(want[size_t(got[size_t(r)])], 0.0) << "row " << r;
+        freq[size_t(got[size_t(r)])] += 2.0 / rows;
+    }
+    for (int i = 0; i < vocab; i++) {
+        const double w = want[size_t(i)];
+        EXPECT_NEAR(freq[size_t(i)], w, 5 * std::sqrt(w * (1 - w) / (rows / 2)) + 1e-9) << "id " << i;
     }
 }

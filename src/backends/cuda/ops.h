@@ -256,18 +256,22 @@ struct SampleParams {
 };
 void sample_rows_advance(const float * logits, int rows, int vocab, int n_valid, const SampleParams & p, uint8_t * seen, int * counts,
                          float * work, int * tokens, int * pos, int * step, int * len, int * out_tokens, cudaStream_t stream);
-// Continuous batching: each row picks its token by its own settings (device RowPick [rows]): temperature 0 the argmax
-// over its n_valid ids, else top_k in 1..k_sample_max_k with top-p and min-p as sample_rows_advance, without
-// penalties (rows with penalties sample on the host). A row's draws hash its seed and position only, so they do not
-// depend on the row it sits in. work: fp32 [rows, vocab] scratch. Advances the decode state as argmax_rows_advance.
+// Continuous batching: each row picks its token by its own settings (device RowPick [rows]): the repetition penalty over
+// its history (history[hist_off ..], n_prompt prompt ids then n_output generated ones) and presence / frequency
+// penalties over the generated ids, then at temperature 0 the argmax over its n_valid ids, else top_k in
+// 1..k_sample_max_k with top-p and min-p, as sample_rows_advance. A row's draws hash its seed and position only, so
+// they do not depend on the row it sits in. work: fp32 [rows, vocab] scratch; counts: int [rows, vocab], zero before
+// and after. Advances the decode state as argmax_rows_advance.
 struct RowPick {
     int n_valid = 0;
     int top_k = 0;
     float temperature = 0, top_p = 1, min_p = 0;
+    float repetition_penalty = 1, presence_penalty = 0, frequency_penalty = 0;
+    int hist_off = 0, n_prompt = 0, n_output = 0;
     uint64_t seed = 0;
 };
-void pick_rows_advance(const float * logits, int rows, int vocab, const RowPick * picks, float * work, int * tokens, int * pos, int * step,
-                       int * len, int * out_tokens, cudaStream_t stream);
+void pick_rows_advance(const float * logits, int rows, int vocab, const RowPick * picks, const int * history, float * work, int * counts,
+                       int * tokens, int * pos, int * step, int * len, int * out_tokens, cudaStream_t stream);
 
 // ---- prefill GEMM (cuBLASLt) ----
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.

@@ -190,18 +190,19 @@ __global__ void __launch_bounds__(k_sample_threads) sample_rows_kernel(SampleArg
     counts[tok] += 1;
 }
 
-// One block per row, by the row's own settings: the argmax over its ids (temperature 0), or top-k sampling as
-// sample_rows_kernel without penalties.
+// One block per row, by the row's own settings: penalties over its history, then the argmax over its ids
+// (temperature 0), or top-k sampling as sample_rows_kernel.
 __global__ void __launch_bounds__(k_sample_threads)
-    pick_rows_kernel(const float * logits, int vocab, int rows, const RowPick * picks, float * work_all, int * tokens, int * pos,
-                     const int * step, int * len, int * out) {
+    pick_rows_kernel(const float * logits, int vocab, int rows, const RowPick * picks, const int * history, float * work_all, int * counts_all,
+                     int * tokens, int * pos, const int * step, int * len, int * out) {
     pdl_wait();
     const int r = blockIdx.x;
     const RowPick p = picks[r];
     const float * row = logits + int64_t(r) * vocab;
     const int n_valid = max(1, min(p.n_valid, vocab));
+    const bool rep = p.repetition_penalty != 1.0f, counted = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
     int tok;
-    if (p.temperature <= 0.0f) {
+    if (p.temperature <= 0.0f && !rep && !counted) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
         for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, row[i], i);
@@ -210,56 +211,93 @@ __global__ void __launch_bounds__(k_sample_threads)
         tok = bi == 0x7fffffff ? 0 : bi;
     } else {
         float * work = work_all + int64_t(r) * vocab;
-        for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) work[i] = row[i] / p.temperature;
+        for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) work[i] = row[i];
         __syncthreads();
-        __shared__ float cand_v[k_sample_max_k];
-        __shared__ int cand_i[k_sample_max_k];
-        const int k = max(1, min(min(p.top_k, k_sample_max_k), n_valid));
-        for (int j = 0; j < k; j++) {
+        const int * h = history + p.hist_off;
+        if (rep) {
+            // Each id of the prompt and output once: writing the penalised logit again for a repeated id is the same.
+            for (int j = threadIdx.x; j < p.n_prompt + p.n_output; j += k_sample_threads) {
+                const int id = h[j];
+                if (id < 0 || id >= n_valid) continue;
+                const float l = row[id];
+                work[id] = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+            }
+            __syncthreads();
+        }
+        if (counted) {
+            int * counts = counts_all + int64_t(r) * vocab;
+            const int * gen = h + p.n_prompt;
+            for (int j = threadIdx.x; j < p.n_output; j += k_sample_threads) {
+                if (gen[j] >= 0 && gen[j] < n_valid) atomicAdd(&counts[gen[j]], 1);
+            }
+            __syncthreads();
+            // The first to take an id's count applies it (and leaves the count zero again).
+            for (int j = threadIdx.x; j < p.n_output; j += k_sample_threads) {
+                if (gen[j] < 0 || gen[j] >= n_valid) continue;
+                const int c = atomicExch(&counts[gen[j]], 0);
+                if (c > 0) work[gen[j]] -= p.presence_penalty + p.frequency_penalty * float(c);
+            }
+            __syncthreads();
+        }
+        if (p.temperature <= 0.0f) {
             float bv = -INFINITY;
             int bi = 0x7fffffff;
             for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, work[i], i);
             block_argmax(bv, bi);
-            if (threadIdx.x == 0) {
-                if (bi == 0x7fffffff) bi = 0;
-                cand_v[j] = bv;
-                cand_i[j] = bi;
-                work[bi] = NAN;
-            }
+            if (threadIdx.x != 0) return;
+            tok = bi == 0x7fffffff ? 0 : bi;
+        } else {
+            for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) work[i] /= p.temperature;
             __syncthreads();
-        }
-        if (threadIdx.x != 0) return;
-        double prob[k_sample_max_k];
-        double sum = 0;
-        for (int j = 0; j < k; j++) sum += (prob[j] = exp(double(cand_v[j]) - double(cand_v[0])));
-        for (int j = 0; j < k; j++) prob[j] /= sum;
-        int cut = k;
-        if (p.top_p < 1.0f) {
-            double cum = 0;
+            __shared__ float cand_v[k_sample_max_k];
+            __shared__ int cand_i[k_sample_max_k];
+            const int k = max(1, min(min(p.top_k, k_sample_max_k), n_valid));
             for (int j = 0; j < k; j++) {
-                cum += prob[j];
-                if (cum >= p.top_p) {
-                    cut = j + 1;
-                    break;
+                float bv = -INFINITY;
+                int bi = 0x7fffffff;
+                for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, work[i], i);
+                block_argmax(bv, bi);
+                if (threadIdx.x == 0) {
+                    if (bi == 0x7fffffff) bi = 0;
+                    cand_v[j] = bv;
+                    cand_i[j] = bi;
+                    work[bi] = NAN;
+                }
+                __syncthreads();
+            }
+            if (threadIdx.x != 0) return;
+            double prob[k_sample_max_k];
+            double sum = 0;
+            for (int j = 0; j < k; j++) sum += (prob[j] = exp(double(cand_v[j]) - double(cand_v[0])));
+            for (int j = 0; j < k; j++) prob[j] /= sum;
+            int cut = k;
+            if (p.top_p < 1.0f) {
+                double cum = 0;
+                for (int j = 0; j < k; j++) {
+                    cum += prob[j];
+                    if (cum >= p.top_p) {
+                        cut = j + 1;
+                        break;
+                    }
                 }
             }
-        }
-        if (p.min_p > 0.0f) {
-            const double threshold = p.min_p * prob[0];
-            int c = 1;
-            while (c < cut && prob[c] >= threshold) c++;
-            cut = c;
-        }
-        double total = 0;
-        for (int j = 0; j < cut; j++) total += prob[j];
-        const double u = uniform01(p.seed, uint64_t(pos[r]), 0) * total;
-        double acc = 0;
-        tok = cand_i[cut - 1];
-        for (int j = 0; j < cut; j++) {
-            acc += prob[j];
-            if (u < acc) {
-                tok = cand_i[j];
-                break;
+            if (p.min_p > 0.0f) {
+                const double threshold = p.min_p * prob[0];
+                int c = 1;
+                while (c < cut && prob[c] >= threshold) c++;
+                cut = c;
+            }
+            double total = 0;
+            for (int j = 0; j < cut; j++) total += prob[j];
+            const double u = uniform01(p.seed, uint64_t(pos[r]), 0) * total;
+            double acc = 0;
+            tok = cand_i[cut - 1];
+            for (int j = 0; j < cut; j++) {
+                acc += prob[j];
+                if (u < acc) {
+                    tok = cand_i[j];
+                    break;
+                }
             }
         }
     }
@@ -271,10 +309,11 @@ __global__ void __launch_bounds__(k_sample_threads)
 
 }  // namespace
 
-void pick_rows_advance(const float * logits, int rows, int vocab, const RowPick * picks, float * work, int * tokens, int * pos, int * step,
-                       int * len, int * out_tokens, cudaStream_t stream) {
+void pick_rows_advance(const float * logits, int rows, int vocab, const RowPick * picks, const int * history, float * work, int * counts,
+                       int * tokens, int * pos, int * step, int * len, int * out_tokens, cudaStream_t stream) {
     if (rows == 0) return;
-    launch_kernel(pick_rows_kernel, rows, k_sample_threads, 0, stream, logits, vocab, rows, picks, work, tokens, pos, step, len, out_tokens);
+    launch_kernel(pick_rows_kernel, rows, k_sample_threads, 0, stream, logits, vocab, rows, picks, history, work, counts, tokens, pos, step, len,
+                  out_tokens);
     launch_kernel(step_advance_kernel, 1, 1, 0, stream, step);
 }
 
