@@ -236,7 +236,7 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
             max_len = std::max(max_len, pos + 1);
             short_ctx = short_ctx && pos + 1 <= cuda::k_short_decode_keys;
             cuda::RowPick p;
-            p.n_valid = V;
+            p.n_valid = real && s->n_valid > 0 ? std::min(s->n_valid, V) : V;
             if (real && device_pick(*s)) {
                 const SamplingParams & sp = *s->sampling;
                 p.temperature = sp.temperature;

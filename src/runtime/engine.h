@@ -40,6 +40,7 @@ struct StepSegment {
     // The sequence's prompt and generated tokens so far, for penalties applied on the device.
     const std::vector<int> * prompt = nullptr;
     const std::vector<int> * output = nullptr;
+    int n_valid = 0;  // ids a pick may return: below this (the tokenizer's size; 0: the whole vocabulary)
 };
 struct StepOutput {
     std::vector<int> tokens;      // per segment: the token picked on the device, or -1 (logits_row says where the logits are)

@@ -276,6 +276,7 @@ bool Scheduler::step() {
         g.need_logits = s.req.logprobs >= 0;
         g.prompt = &s.req.prompt;
         g.output = &s.output;
+        g.n_valid = s.req.n_valid_tokens;
         segs.push_back(g);
         tokens.insert(tokens.end(), s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
         owners.push_back(&s);

@@ -283,6 +283,33 @@ struct HttpServer::Impl {
         res.set_chunked_content_provider(
             "text/event-stream",
             [this, job, box, choices, deadline, cancel_all](size_t, httplib::DataSink & sink) {
+                // Nothing may leave this function by an exception (cpp-httplib's thread would end the process).
+                try {
+                    return stream_job(*job, *box, *choices, deadline, sink);
+                } catch (const std::exception & e) {
+                    cancel_all();
+                    const std::string line = "data: " + api::error_json(500, e.what()) + "\n\ndata: [DONE]\n\n";
+                    sink.write(line.data(), line.size());
+                    sink.done();
+                    return true;
+                }
+            },
+            [cancel_all](bool success) {
+                if (!success) cancel_all();
+            });
+    }
+
+    // The server-sent events of a streamed job until every choice has finished (false: the client left).
+    bool stream_job(const Job & j, Mailbox & mailbox, std::vector<std::unique_ptr<ChoiceState>> & states,
+                    std::chrono::steady_clock::time_point deadline, httplib::DataSink & sink) {
+        const Job * job = &j;
+        Mailbox * box = &mailbox;
+        auto * choices = &states;
+        auto cancel_all = [this, choices] {
+            for (auto & c : *choices) sched->cancel(c->request);
+        };
+        {
+            {
                 auto event = [&](const std::string & json) {
                     const std::string line = "data: " + json + "\n\n";
                     return sink.write(line.data(), line.size());
@@ -343,10 +370,8 @@ struct HttpServer::Impl {
                 sink.write(done.data(), done.size());
                 sink.done();
                 return true;
-            },
-            [cancel_all](bool success) {
-                if (!success) cancel_all();
-            });
+            }
+        }
     }
 
     void routes() {
