@@ -6,6 +6,15 @@ cd "$(dirname "$0")/.."
 bash scripts/build.sh
 (cd build && ctest --output-on-failure -j"$(nproc)")
 
+# The scheduler and the HTTP server under AddressSanitizer and LeakSanitizer (UBSan too): the scheduling tests, a short
+# soak with cancellations and preemptions from four threads, the server's concurrency and overload tests.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQINFER_CUDA=OFF -DQINFER_NATIVE=OFF \
+    -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" >/dev/null
+cmake --build build-asan -j"$(nproc)" --target qinfer_tests
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=2 \
+    build-asan/tests/qinfer_tests --gtest_filter='SchedulerRequests.*:Backends/Scheduling.*cpu*:Serve.*' --gtest_brief=1
+echo "sanitizers: scheduler and server tests clean"
+
 # The tokenizer on megabytes of real text against the reference implementation (npm package, node).
 bash scripts/tokenizer_check.sh build/qinfer
 

@@ -19,10 +19,10 @@ else
         for spec in $specs; do
             IFS=: read -r p q lens <<<"$spec"
             for arm in base this; do
-                bin=$Q
-                [ "$arm" = base ] && bin=$PWD/build-base/qinfer
+                bin=$Q commit=${QINFER_COMMIT:-}
+                [ "$arm" = base ] && bin=$PWD/build-base/qinfer commit=$base_commit
                 [ -x "$bin" ] || continue
-                QINFER_ASSETS=$PWD/assets "$bin" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen "${AB_GEN:-2048}" --json "$OUT/ab-$arm-$p-$q-$rep.json" 2>&1 |
+                QINFER_COMMIT=$commit QINFER_ASSETS=$PWD/assets "$bin" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen "${AB_GEN:-2048}" --json "$OUT/ab-$arm-$p-$q-$rep.json" 2>&1 |
                     grep -E "^\| qwen" | sed "s/^/$arm /" | tee -a "$OUT/ab.log"
             done
         done

@@ -300,78 +300,71 @@ struct HttpServer::Impl {
     }
 
     // The server-sent events of a streamed job until every choice has finished (false: the client left).
-    bool stream_job(const Job & j, Mailbox & mailbox, std::vector<std::unique_ptr<ChoiceState>> & states,
+    bool stream_job(const Job & job, Mailbox & box, std::vector<std::unique_ptr<ChoiceState>> & choices,
                     std::chrono::steady_clock::time_point deadline, httplib::DataSink & sink) {
-        const Job * job = &j;
-        Mailbox * box = &mailbox;
-        auto * choices = &states;
-        auto cancel_all = [this, choices] {
-            for (auto & c : *choices) sched->cancel(c->request);
+        auto cancel_all = [&] {
+            for (auto & c : choices) sched->cancel(c->request);
         };
-        {
-            {
-                auto event = [&](const std::string & json) {
-                    const std::string line = "data: " + json + "\n\n";
-                    return sink.write(line.data(), line.size());
-                };
-                std::vector<bool> first(size_t(job->req.n), true);
-                int open = job->req.n;
-                bool gone = false;
-                Mailbox::Event ev;
-                while (open > 0 && !gone) {
-                    // Wake at least every second to notice a client that left while nothing was generated.
-                    const auto wait = std::min<std::chrono::steady_clock::time_point>(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1));
-                    if (!box->pop(ev, wait)) {
-                        if (std::chrono::steady_clock::now() >= deadline) {
-                            cancel_all();
-                            {
-                                std::lock_guard<std::mutex> lock(metrics.mu);
-                                metrics.timed_out++;
-                            }
-                            event(api::error_json(503, "the request did not finish within the server's timeout"));
-                            break;
-                        }
-                        gone = !sink.is_writable();
-                        continue;
-                    }
-                    ChoiceState & c = *(*choices)[size_t(ev.choice)];
-                    if (ev.finished && ev.outcome.stop_reason == "error") {
-                        cancel_all();
-                        event(api::error_json(500, ev.outcome.error));
-                        break;
-                    }
-                    std::vector<api::TokenLogprob> lps;
-                    const std::string text = take(c, ev, job->req.logprobs, &lps);
-                    bool ok = true;
-                    if (!text.empty() || !lps.empty()) {
-                        ok = event(api::chunk_json(job->req, job->id, job->created, ev.choice, text, "", first[size_t(ev.choice)], &lps));
-                        first[size_t(ev.choice)] = false;
-                    }
-                    if (ev.finished) {
-                        open--;
-                        ok = ok && event(api::chunk_json(job->req, job->id, job->created, ev.choice, "", finish_reason(c), first[size_t(ev.choice)]));
-                    }
-                    gone = !ok;
-                }
-                if (gone) {
-                    // The client left: its requests stop at the next step and free their blocks.
+        auto event = [&](const std::string & json) {
+            const std::string line = "data: " + json + "\n\n";
+            return sink.write(line.data(), line.size());
+        };
+        std::vector<bool> first(size_t(job.req.n), true);
+        int open = job.req.n;
+        bool gone = false;
+        Mailbox::Event ev;
+        while (open > 0 && !gone) {
+            // Wake at least every second to notice a client that left while nothing was generated.
+            const auto wait = std::min<std::chrono::steady_clock::time_point>(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+            if (!box.pop(ev, wait)) {
+                if (std::chrono::steady_clock::now() >= deadline) {
                     cancel_all();
-                    std::lock_guard<std::mutex> lock(metrics.mu);
-                    metrics.client_cancelled++;
-                    return false;
+                    {
+                        std::lock_guard<std::mutex> lock(metrics.mu);
+                        metrics.timed_out++;
+                    }
+                    event(api::error_json(503, "the request did not finish within the server's timeout"));
+                    break;
                 }
-                if (open == 0 && job->req.include_usage) {
-                    api::Usage usage;
-                    usage.prompt_tokens = int(job->prompt.size());
-                    for (auto & c : *choices) usage.completion_tokens += c->tokens;
-                    event(api::usage_chunk_json(job->req, job->id, job->created, usage));
-                }
-                const std::string done = "data: [DONE]\n\n";
-                sink.write(done.data(), done.size());
-                sink.done();
-                return true;
+                gone = !sink.is_writable();
+                continue;
             }
+            ChoiceState & c = *choices[size_t(ev.choice)];
+            if (ev.finished && ev.outcome.stop_reason == "error") {
+                cancel_all();
+                event(api::error_json(500, ev.outcome.error));
+                break;
+            }
+            std::vector<api::TokenLogprob> lps;
+            const std::string text = take(c, ev, job.req.logprobs, &lps);
+            bool ok = true;
+            if (!text.empty() || !lps.empty()) {
+                ok = event(api::chunk_json(job.req, job.id, job.created, ev.choice, text, "", first[size_t(ev.choice)], &lps));
+                first[size_t(ev.choice)] = false;
+            }
+            if (ev.finished) {
+                open--;
+                ok = ok && event(api::chunk_json(job.req, job.id, job.created, ev.choice, "", finish_reason(c), first[size_t(ev.choice)]));
+            }
+            gone = !ok;
         }
+        if (gone) {
+            // The client left: its requests stop at the next step and free their blocks.
+            cancel_all();
+            std::lock_guard<std::mutex> lock(metrics.mu);
+            metrics.client_cancelled++;
+            return false;
+        }
+        if (open == 0 && job.req.include_usage) {
+            api::Usage usage;
+            usage.prompt_tokens = int(job.prompt.size());
+            for (auto & c : choices) usage.completion_tokens += c->tokens;
+            event(api::usage_chunk_json(job.req, job.id, job.created, usage));
+        }
+        const std::string done = "data: [DONE]\n\n";
+        sink.write(done.data(), done.size());
+        sink.done();
+        return true;
     }
 
     void routes() {
