@@ -285,6 +285,20 @@ void CudaQwenEngine::plan_batch(int n_sequences, int max_tokens) {
     planned_ = true;
 }
 
+// Bytes of the dequantization buffer for projections of up to `rows` rows: a dequantized weight (unless every m up to
+// rows goes to the fused GEMM, qgemm_pays) or a fused GEMM's gathered inputs, for the largest quantized projection.
+size_t CudaQwenEngine::dequant_bytes(int rows) const {
+    size_t largest = 0;
+    for (const DevLayer & L : layers_) {
+        for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
+            if (!l->quantized) continue;
+            const bool always_fused = cuda::qgemm_pays(l->q, rows);
+            largest = std::max({largest, always_fused ? 0 : size_t(l->n) * l->k * sizeof(bf16), cuda::qgemm_scratch_bytes(l->q, rows)});
+        }
+    }
+    return largest;
+}
+
 uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prompt_tokens) {
     plan_batch(n_sequences, max_tokens);
     // Prefill runs one prompt at a time in chunks; decode runs all rows (workspaces, logits, the dequantized weight
@@ -292,17 +306,7 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
     const int rows = std::max(std::min(prompt_tokens, prefill_chunk()), n_sequences);
     ensure_workspace(rows);
     logits_.ensure(size_t(std::max(n_sequences, 1)) * model_->config.vocab_size * sizeof(float), "logits");
-    size_t largest = 0;  // bytes: a dequantized weight, or a fused GEMM's gathered inputs
-    for (const DevLayer & L : layers_) {
-        for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
-            if (!l->quantized) continue;
-            // Rows up to `rows` may take either path (qgemm_pays): room for the dequantized weight unless every m
-            // goes to the fused GEMM, and for its gathered inputs.
-            const bool always_fused = cuda::qgemm_pays(l->q, rows);
-            const size_t need = std::max(always_fused ? 0 : size_t(l->n) * l->k * sizeof(bf16), cuda::qgemm_scratch_bytes(l->q, rows));
-            largest = std::max(largest, need);
-        }
-    }
+    const size_t largest = dequant_bytes(rows);
     if (largest > 0 && rows > k_gemv_max_m) dequant_.ensure(largest, "dequantized weights");
     ensure_prefill_kv(prompt_tokens);
     return cuda::DeviceAllocator::instance().in_use();

@@ -153,7 +153,8 @@ private:
     void reset_cache(int n_sequences, int tokens_per_sequence);
     void ensure_workspace(int c);
     bool k_sz_needed() const { return kv_kind_ == cuda::KVKind::INT8 || kv_kind_ == cuda::KVKind::INT4; }  // (scale, zero) per row
-    int max_quantized_k() const;  // largest padded k of a quantized projection (0: none)
+    int max_quantized_k() const;
+    size_t dequant_bytes(int rows) const;  // the dequantization buffer projections of up to `rows` rows need  // largest padded k of a quantized projection (0: none)
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
     bool ensure_prefill_kv(int tokens);
     void prefill(const int * table, int pos_start, size_t ids_offset, int n, bool all_logits, float * logits_out);

@@ -86,14 +86,7 @@ PoolInfo CudaQwenEngine::make_pool(const PoolOptions & opt) {
     }
     split_out_ = DeviceBuffer(split_rows * c.num_attention_heads * c.head_dim * sizeof(float), "attention splits");
     split_ml_ = DeviceBuffer(split_rows * c.num_attention_heads * 2 * sizeof(float), "attention splits");
-    size_t largest = 0;  // a dequantized weight or a fused GEMM's gathered inputs, for steps of more rows than the GEMVs take
-    for (const DevLayer & L : layers_) {
-        for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
-            if (!l->quantized) continue;
-            const bool always_fused = cuda::qgemm_pays(l->q, step_tokens);
-            largest = std::max({largest, always_fused ? 0 : size_t(l->n) * l->k * sizeof(bf16), cuda::qgemm_scratch_bytes(l->q, step_tokens)});
-        }
-    }
+    const size_t largest = dequant_bytes(step_tokens);
     if (largest > 0) dequant_.ensure(largest, "dequantized weights");
     std::vector<int> identity(static_cast<size_t>(stride));
     std::iota(identity.begin(), identity.end(), 0);

@@ -12,30 +12,15 @@
 #include "runtime/generate.h"
 #include "tools/synth.h"
 #include "../unit/test_helpers.h"
+#include "backend_cases.h"
 
 using namespace qinfer;
 
 namespace {
 
-struct Case {
-    std::string preset, backend, kv_dtype;
-};
-void PrintTo(const Case & c, std::ostream * os) { *os << c.preset << "/" << c.backend << "/kv " << c.kv_dtype; }
+using Case = test::BackendCase;
 
-std::string synth_once(const std::string & preset) {
-    static std::map<std::string, std::string> dirs;
-    auto it = dirs.find(preset);
-    if (it != dirs.end()) return it->second;
-    SynthOptions o;
-    o.preset = preset;
-    o.out_dir = test::temp_dir("batch-" + preset);
-    o.seed = 11;
-    o.dtype = DType::F32;
-    o.dtype_given = true;
-    o.quiet = true;
-    synthesize(o);
-    return dirs[preset] = o.out_dir;
-}
+std::string synth_once(const std::string & preset) { return test::synth_once("batch", preset, 11); }
 
 // Prompts of different lengths, so the batch's sequences sit at different positions.
 std::vector<std::vector<int>> prompts(int vocab) {
@@ -166,17 +151,10 @@ const Case k_cases[] = {
     {"tiny-qwen2", "cuda", "int8"},    {"tiny-qwen2", "cuda", "int4"},   {"tiny-qwen2", "cuda", "fp8"},
 };
 
-std::string case_name(const ::testing::TestParamInfo<Case> & info) {
-    std::string n = info.param.preset + "_" + info.param.backend + "_" + info.param.kv_dtype;
-    for (char & ch : n) {
-        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-    }
-    return n;
-}
 
 }  // namespace
 
-INSTANTIATE_TEST_SUITE_P(Backends, Batch, ::testing::ValuesIn(k_cases), case_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Batch, ::testing::ValuesIn(k_cases), test::backend_case_name);
 
 // A sequence that reaches its end of sequence leaves the static batch; the others go on, each as it would alone.
 TEST(BatchGenerate, EosLeavesTheBatch) {

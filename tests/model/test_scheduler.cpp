@@ -15,30 +15,15 @@
 #include "runtime/scheduler.h"
 #include "tools/synth.h"
 #include "../unit/test_helpers.h"
+#include "backend_cases.h"
 
 using namespace qinfer;
 
 namespace {
 
-struct Case {
-    std::string preset, backend, kv_dtype;
-};
-void PrintTo(const Case & c, std::ostream * os) { *os << c.preset << "/" << c.backend << "/kv " << c.kv_dtype; }
+using Case = test::BackendCase;
 
-std::string synth_once(const std::string & preset) {
-    static std::map<std::string, std::string> dirs;
-    auto it = dirs.find(preset);
-    if (it != dirs.end()) return it->second;
-    SynthOptions o;
-    o.preset = preset;
-    o.out_dir = test::temp_dir("sched-" + preset);
-    o.seed = 5;
-    o.dtype = DType::F32;
-    o.dtype_given = true;
-    o.quiet = true;
-    synthesize(o);
-    return dirs[preset] = o.out_dir;
-}
+std::string synth_once(const std::string & preset) { return test::synth_once("sched", preset, 5); }
 
 std::unique_ptr<Engine> engine_for(const Case & c) {
     EngineOptions eo;
@@ -210,17 +195,10 @@ const Case k_cases[] = {
     {"tiny-qwen2", "cuda", "fp8"},  {"tiny-qwen2", "cuda", "int4"},
 };
 
-std::string case_name(const ::testing::TestParamInfo<Case> & info) {
-    std::string n = info.param.preset + "_" + info.param.backend + "_" + info.param.kv_dtype;
-    for (char & ch : n) {
-        if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-    }
-    return n;
-}
 
 }  // namespace
 
-INSTANTIATE_TEST_SUITE_P(Backends, Scheduling, ::testing::ValuesIn(k_cases), case_name);
+INSTANTIATE_TEST_SUITE_P(Backends, Scheduling, ::testing::ValuesIn(k_cases), test::backend_case_name);
 
 namespace {
 

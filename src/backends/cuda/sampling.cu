@@ -114,6 +114,60 @@ struct SampleArgs {
     int *tokens, *pos, *step, *len, *out;
 };
 
+// The draw of sample_rows_kernel and pick_rows_kernel, after penalties and temperature are in `work` (a row of
+// n_valid values, consumed): the top_k candidates by k block-wide argmax passes (each winner marked NaN, which never
+// wins again; ties to the lower id, as the host's sort), then on thread 0 the softmax over them, the top-p and min-p
+// cuts and the draw with u in [0, 1). Every thread of the block calls it; the token is thread 0's (others get -1).
+__device__ int draw_top_k(float * work, int n_valid, int top_k, float top_p, float min_p, double u01) {
+    __shared__ float cand_v[k_sample_max_k];
+    __shared__ int cand_i[k_sample_max_k];
+    const int k = max(1, min(min(top_k, k_sample_max_k), n_valid));
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, work[i], i);
+        block_argmax(bv, bi);
+        if (threadIdx.x == 0) {
+            if (bi == 0x7fffffff) bi = 0;
+            cand_v[j] = bv;
+            cand_i[j] = bi;
+            work[bi] = NAN;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return -1;
+    double prob[k_sample_max_k];
+    double sum = 0;
+    for (int j = 0; j < k; j++) sum += (prob[j] = exp(double(cand_v[j]) - double(cand_v[0])));
+    for (int j = 0; j < k; j++) prob[j] /= sum;
+    int cut = k;
+    if (top_p < 1.0f) {
+        double cum = 0;  // the smallest prefix whose mass reaches top_p
+        for (int j = 0; j < k; j++) {
+            cum += prob[j];
+            if (cum >= top_p) {
+                cut = j + 1;
+                break;
+            }
+        }
+    }
+    if (min_p > 0.0f) {
+        const double threshold = min_p * prob[0];
+        int c = 1;
+        while (c < cut && prob[c] >= threshold) c++;
+        cut = c;
+    }
+    double total = 0;
+    for (int j = 0; j < cut; j++) total += prob[j];
+    const double u = u01 * total;
+    double acc = 0;
+    for (int j = 0; j < cut; j++) {
+        acc += prob[j];
+        if (u < acc) return cand_i[j];
+    }
+    return cand_i[cut - 1];
+}
+
 // One block per row: penalties and temperature into `work`, the top_k candidates by k block-wide argmax passes
 // (each winner is then marked NaN, which never wins again; ties go to the lower id, as the host's sort), then on one
 // thread the softmax over them, the top-p and min-p cuts and the draw.
@@ -132,56 +186,8 @@ __global__ void __launch_bounds__(k_sample_threads) sample_rows_kernel(SampleArg
         work[i] = l / p.temperature;
     }
     __syncthreads();
-    __shared__ float cand_v[k_sample_max_k];
-    __shared__ int cand_i[k_sample_max_k];
-    const int k = min(p.top_k, a.n_valid);
-    for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int i = threadIdx.x; i < a.n_valid; i += k_sample_threads) argmax_merge(bv, bi, work[i], i);
-        block_argmax(bv, bi);
-        if (threadIdx.x == 0) {
-            if (bi == 0x7fffffff) bi = 0;
-            cand_v[j] = bv;
-            cand_i[j] = bi;
-            work[bi] = NAN;
-        }
-        __syncthreads();
-    }
+    const int tok = draw_top_k(work, a.n_valid, p.top_k, p.top_p, p.min_p, uniform01(p.seed, uint64_t(a.pos[r]), uint64_t(r)));
     if (threadIdx.x != 0) return;
-    double prob[k_sample_max_k];
-    double sum = 0;
-    for (int j = 0; j < k; j++) sum += (prob[j] = exp(double(cand_v[j]) - double(cand_v[0])));
-    for (int j = 0; j < k; j++) prob[j] /= sum;
-    int cut = k;
-    if (p.top_p < 1.0f) {
-        double cum = 0;  // the smallest prefix whose mass reaches top_p
-        for (int j = 0; j < k; j++) {
-            cum += prob[j];
-            if (cum >= p.top_p) {
-                cut = j + 1;
-                break;
-            }
-        }
-    }
-    if (p.min_p > 0.0f) {
-        const double threshold = p.min_p * prob[0];
-        int c = 1;
-        while (c < cut && prob[c] >= threshold) c++;
-        cut = c;
-    }
-    double total = 0;
-    for (int j = 0; j < cut; j++) total += prob[j];
-    const double u = uniform01(p.seed, uint64_t(a.pos[r]), uint64_t(r)) * total;
-    double acc = 0;
-    int tok = cand_i[cut - 1];
-    for (int j = 0; j < cut; j++) {
-        acc += prob[j];
-        if (u < acc) {
-            tok = cand_i[j];
-            break;
-        }
-    }
     a.tokens[r] = tok;
     a.out[int64_t(*a.step) * a.rows + r] = tok;
     a.pos[r] += 1;
@@ -249,56 +255,8 @@ __global__ void __launch_bounds__(k_sample_threads)
         } else {
             for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) work[i] /= p.temperature;
             __syncthreads();
-            __shared__ float cand_v[k_sample_max_k];
-            __shared__ int cand_i[k_sample_max_k];
-            const int k = max(1, min(min(p.top_k, k_sample_max_k), n_valid));
-            for (int j = 0; j < k; j++) {
-                float bv = -INFINITY;
-                int bi = 0x7fffffff;
-                for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, work[i], i);
-                block_argmax(bv, bi);
-                if (threadIdx.x == 0) {
-                    if (bi == 0x7fffffff) bi = 0;
-                    cand_v[j] = bv;
-                    cand_i[j] = bi;
-                    work[bi] = NAN;
-                }
-                __syncthreads();
-            }
+            tok = draw_top_k(work, n_valid, p.top_k, p.top_p, p.min_p, uniform01(p.seed, uint64_t(pos[r]), 0));
             if (threadIdx.x != 0) return;
-            double prob[k_sample_max_k];
-            double sum = 0;
-            for (int j = 0; j < k; j++) sum += (prob[j] = exp(double(cand_v[j]) - double(cand_v[0])));
-            for (int j = 0; j < k; j++) prob[j] /= sum;
-            int cut = k;
-            if (p.top_p < 1.0f) {
-                double cum = 0;
-                for (int j = 0; j < k; j++) {
-                    cum += prob[j];
-                    if (cum >= p.top_p) {
-                        cut = j + 1;
-                        break;
-                    }
-                }
-            }
-            if (p.min_p > 0.0f) {
-                const double threshold = p.min_p * prob[0];
-                int c = 1;
-                while (c < cut && prob[c] >= threshold) c++;
-                cut = c;
-            }
-            double total = 0;
-            for (int j = 0; j < cut; j++) total += prob[j];
-            const double u = uniform01(p.seed, uint64_t(pos[r]), 0) * total;
-            double acc = 0;
-            tok = cand_i[cut - 1];
-            for (int j = 0; j < cut; j++) {
-                acc += prob[j];
-                if (u < acc) {
-                    tok = cand_i[j];
-                    break;
-                }
-            }
         }
     }
     tokens[r] = tok;
