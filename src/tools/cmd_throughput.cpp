@@ -141,15 +141,15 @@ int cmd_bench_throughput(int argc, char ** argv) {
                                                   : dataset_prompts(dataset, model_dir, output_len, a.has("num-prompts") ? num_prompts : 0);
     Scheduler sched(*engine, so);
     const SystemInfo sys = system_info(gpu);
-    std::fprintf(stderr, "bench: %s on %s, %d KV blocks of %d tokens (%d tokens a request at most), %d rows and %d tokens a step\n",
-                 model_name.c_str(), sys.card.c_str(), sched.pool().n_blocks, sched.pool().block_size, sched.max_request_tokens(),
-                 so.pool.max_rows, so.pool.max_step_tokens);
     for (const Prompt & p : prompts) {
         if (int(p.tokens.size()) + p.output_len > sched.max_request_tokens()) {
             QINFER_FAIL() << "a prompt of " << p.tokens.size() << " tokens + " << p.output_len << " does not fit: one request may hold "
                           << sched.max_request_tokens() << " tokens here (--max-model-len, --gpu-memory-utilization)";
         }
     }
+    std::fprintf(stderr, "bench: %s on %s, %d KV blocks of %d tokens (%d tokens a request at most), %d rows and %d tokens a step\n",
+                 model_name.c_str(), sys.card.c_str(), sched.pool().n_blocks, sched.pool().block_size, sched.max_request_tokens(),
+                 so.pool.max_rows, so.pool.max_step_tokens);
     auto submit = [&](const Prompt & p, int max_new, RequestCallbacks cb) {
         RequestOptions r;
         r.prompt = p.tokens;

@@ -131,6 +131,13 @@ expect quant-truncated "truncated" "$q" info --model "$tmp/m"
 expect serve-no-model "missing option --model" "$q" serve
 expect serve-bad-port "port must lie in" "$q" serve --model "$good" --port 70000
 expect serve-no-tokenizer "no tokenizer.json\|without cpp-httplib" "$q" serve --model "$good" --port 0
+expect serve-bad-queue "max-queue must be >= 0" "$q" serve --model "$good" --max-queue -1
+expect throughput-no-prompts "must be >= 1" "$q" bench --throughput --model "$good" --num-prompts 0
+expect throughput-too-long "does not fit: one request may hold" "$q" bench --throughput --model "$good" --backend cpu --input-len 5000 \
+    --output-len 10 --num-prompts 1 --max-model-len 64
+expect throughput-bad-dataset "cannot read" "$q" bench --throughput --model "$good" --backend cpu --dataset "$tmp/none.jsonl"
+expect loadgen-bad-url "takes http://HOST:PORT\|without cpp-httplib" "$q" bench --serve localhost:1
+expect loadgen-no-server "no answer from\|without cpp-httplib" "$q" bench --serve http://127.0.0.1:1 --num-prompts 1
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
