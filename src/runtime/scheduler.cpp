@@ -164,14 +164,6 @@ void Scheduler::admit_prefix(Seq & s) {
         }
     }
     s.computed = int(s.blocks.size()) * bs;
-    if (!s.admitted) {
-        s.admitted = true;
-        s.t_admit = Clock::now();
-        s.cached_prompt_tokens = s.computed;
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_.prompt_tokens += s.req.prompt.size();
-        stats_.prefix_hit_tokens += uint64_t(s.computed);
-    }
 }
 
 bool Scheduler::ensure_blocks(Seq & s, int n_tokens) {
@@ -326,6 +318,14 @@ bool Scheduler::step() {
             s.hashes.clear();
             s.computed = 0;
             break;
+        }
+        if (!s.admitted) {  // the first admission (not a preempted sequence's return): queue time and prefix hits
+            s.admitted = true;
+            s.t_admit = Clock::now();
+            s.cached_prompt_tokens = s.computed;
+            std::lock_guard<std::mutex> lock(mu_);
+            stats_.prompt_tokens += s.req.prompt.size();
+            stats_.prefix_hit_tokens += uint64_t(s.computed);
         }
         running_.push_back(std::move(waiting_.front()));
         waiting_.pop_front();
