@@ -100,6 +100,7 @@ struct HttpServer::Impl {
     ~Impl() {
         if (sched) sched->stop();
         if (loop.joinable()) loop.join();
+        sched.reset();  // requests still queued finish now, while the metrics and mailboxes their callbacks use exist
     }
 
     // A checked request ready to run: its prompt ids and output budget.
