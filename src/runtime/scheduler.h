@@ -9,7 +9,6 @@
 // requests' callbacks.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -61,7 +60,7 @@ struct RequestOutcome {
 struct RequestCallbacks {
     // Each new token, on the scheduler's thread; false cancels the request (stop_reason "callback").
     std::function<bool(const TokenEvent &)> on_token;
-    // Exactly once, on the scheduler's thread (or in cancel() / the destructor for a request never admitted).
+    // Exactly once, on the scheduler's thread (or in the destructor, for requests still queued or running).
     std::function<void(const RequestOutcome &)> on_finish;
 };
 
