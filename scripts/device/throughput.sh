@@ -1,14 +1,24 @@
 # shellcheck shell=bash
 # A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # Continuous batching against vLLM's benchmark_throughput rows (the serving issue): TP_SPECS entries
-# preset:input:output:prompts[:max-batch-tokens] (default 7B 100/250 and 1000/100, 0.5B 100/250, 1000 prompts each),
+# preset:input:output:prompts[:max-batch-tokens[:max-num-seqs]] (default 7B 100/250 and 1000/100, 0.5B 100/250, 1000 prompts each),
 # then transformers' generate_batch on the same weights and card (HF_TP_SPECS preset:input:output:prompts, default
 # 7B 100/250 with 200 prompts: it runs ~15x slower) for the ratio. TP_ARGS: more options for every qinfer row.
-for spec in ${TP_SPECS:-qwen2.5-7b:100:250:1000 qwen2.5-7b:1000:100:1000 qwen2.5-0.5b:100:250:1000}; do
-    IFS=: read -r p i o n mbt <<<"$spec"
-    tag=tp-$p-$i-$o-$n${mbt:+-mbt$mbt}
+# TP_TRACE_SPECS (same form, default none): a traced run each first, summed up by scripts/trace_totals.py.
+for spec in ${TP_TRACE_SPECS:-}; do
+    IFS=: read -r p i o n mbt mns <<<"$spec"
+    tag=trace-tp-$p-$i-$o-$n${mbt:+-mbt$mbt}${mns:+-mns$mns}
     # shellcheck disable=SC2086  # TP_ARGS splits into words on purpose
-    "$Q" bench --throughput --preset "$p" --num-prompts "$n" --input-len "$i" --output-len "$o" ${mbt:+--max-batch-tokens "$mbt"} ${TP_ARGS:-} \
+    "$Q" bench --throughput --preset "$p" --num-prompts "$n" --input-len "$i" --output-len "$o" ${mbt:+--max-batch-tokens "$mbt"} ${mns:+--max-num-seqs "$mns"} ${TP_ARGS:-} \
+        --trace "/tmp/$tag.csv" 2>&1 | grep -E "^Throughput|error|traced" | sed 's/^/traced: /' | tee -a "$OUT/throughput.log"
+    python3 scripts/trace_totals.py "/tmp/$tag.csv" 24 2>&1 | tee -a "$OUT/throughput.log"
+    gzip -c "/tmp/$tag.csv" >"$OUT/$tag.csv.gz"
+done
+for spec in ${TP_SPECS:-qwen2.5-7b:100:250:1000 qwen2.5-7b:1000:100:1000 qwen2.5-0.5b:100:250:1000}; do
+    IFS=: read -r p i o n mbt mns <<<"$spec"
+    tag=tp-$p-$i-$o-$n${mbt:+-mbt$mbt}${mns:+-mns$mns}
+    # shellcheck disable=SC2086  # TP_ARGS splits into words on purpose
+    "$Q" bench --throughput --preset "$p" --num-prompts "$n" --input-len "$i" --output-len "$o" ${mbt:+--max-batch-tokens "$mbt"} ${mns:+--max-num-seqs "$mns"} ${TP_ARGS:-} \
         --json "$OUT/$tag.json" 2>&1 | grep -E "^Throughput|^\| qwen|error|^card" | tee -a "$OUT/throughput.log"
 done
 for spec in ${HF_TP_SPECS-qwen2.5-7b:100:250:200}; do

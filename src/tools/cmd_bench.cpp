@@ -104,12 +104,26 @@ std::vector<int> bench_prompt(int n, int vocab, int which) {
     return p;
 }
 
+// Output files are opened once before any work, so that an unwritable path fails at once, not after the benchmark.
+void check_writable(const char * flag, const std::string & path) {
+    if (path.empty()) return;
+    std::ofstream probe(path, std::ios::app);
+    if (!probe) QINFER_FAIL() << "--" << flag << ": cannot write " << path;
+}
+
+}  // namespace
+
 // --trace: CUPTI's kernel records (backends/cuda/kernel_trace.h); a build without CUDA never gets here (--trace needs
 // the CUDA backend).
 void start_kernel_trace() {
 #ifdef QINFER_CUDA
     std::string why;
     if (!cuda::kernel_trace_start(why)) QINFER_FAIL() << "--trace: " << why;
+#endif
+}
+void discard_kernel_trace() {
+#ifdef QINFER_CUDA
+    cuda::kernel_trace_discard();
 #endif
 }
 size_t write_kernel_trace(const std::string & path) {
@@ -120,15 +134,6 @@ size_t write_kernel_trace(const std::string & path) {
     return 0;
 #endif
 }
-
-// Output files are opened once before any work, so that an unwritable path fails at once, not after the benchmark.
-void check_writable(const char * flag, const std::string & path) {
-    if (path.empty()) return;
-    std::ofstream probe(path, std::ios::app);
-    if (!probe) QINFER_FAIL() << "--" << flag << ": cannot write " << path;
-}
-
-}  // namespace
 
 int cmd_bench(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {

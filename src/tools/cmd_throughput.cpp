@@ -89,10 +89,12 @@ int cmd_bench_throughput(int argc, char ** argv) {
                 "                    [--output-len 250] [--dataset FILE.jsonl] [--max-num-seqs 256] [--max-batch-tokens 8192]\n"
                 "                    [--max-model-len N] [--gpu-memory-utilization 0.9] [--kv-dtype D] [--no-prefix-cache]\n"
                 "                    [--backend auto|cpu|cuda] [--threads N] [--seed S] [--json FILE] [--csv FILE]\n"
+                "                    [--trace FILE.csv]\n"
                 "vLLM's benchmark_throughput.py: every prompt submitted at once to the continuous-batching scheduler, greedy,\n"
                 "end of sequence ignored, each request stopping at its output length. --dataset: one JSON object a line with\n"
                 "\"prompt\" (text) or \"prompt_token_ids\", and \"output_len\". A warm-up of min(--max-num-seqs, --num-prompts)\n"
-                "requests of 8 tokens runs first (graph capture, cuBLASLt plans), untimed.\n");
+                "requests of 8 tokens runs first (graph capture, cuBLASLt plans), untimed. --trace: every GPU kernel of the timed\n"
+                "part (CUPTI; scripts/trace_totals.py sums it up).\n");
             return 0;
         }
     }
@@ -120,12 +122,12 @@ int cmd_bench_throughput(int argc, char ** argv) {
     eo.kv_dtype = a.str("kv-dtype", "auto");
     if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
     const uint64_t seed = uint64_t(a.integer("seed", 0));
-    const std::string json_path = a.str("json"), csv_path = a.str("csv");
+    const std::string json_path = a.str("json"), csv_path = a.str("csv"), trace_path = a.str("trace");
     const SynthQuant quant = synth_quant_from_args(a);
     a.check_unused();
     if (num_prompts < 1 || input_len < 1 || output_len < 1) QINFER_FAIL() << "--num-prompts, --input-len and --output-len must be >= 1";
     if (so.pool.max_rows < 1 || so.pool.max_step_tokens < 1) QINFER_FAIL() << "--max-num-seqs and --max-batch-tokens must be >= 1";
-    for (const std::string & p : {json_path, csv_path}) {
+    for (const std::string & p : {json_path, csv_path, trace_path}) {
         if (!p.empty() && !std::ofstream(p, std::ios::app)) QINFER_FAIL() << "cannot write " << p;
     }
     if (!quant.kind.empty() && !model_dir.empty()) QINFER_FAIL() << "--quant synthesizes a preset; with --model the checkpoint's own format is used";
@@ -134,9 +136,11 @@ int cmd_bench_throughput(int argc, char ** argv) {
         model_dir = ensure_synth(preset, layers, DType::BF16, quant);
     }
     const std::string model_name = preset.empty() ? model_dir : preset;
+    if (!trace_path.empty()) start_kernel_trace();  // before any graph is captured
     auto engine = make_engine(model_dir, eo);
     const ModelConfig & c = engine->config();
     const bool gpu = engine->backend_name() == "cuda";
+    if (!trace_path.empty() && !gpu) QINFER_FAIL() << "--trace records GPU kernels: it needs the CUDA backend";
     std::vector<Prompt> prompts = dataset.empty() ? random_prompts(num_prompts, input_len, output_len, c.vocab_size, seed)
                                                   : dataset_prompts(dataset, model_dir, output_len, a.has("num-prompts") ? num_prompts : 0);
     Scheduler sched(*engine, so);
@@ -167,6 +171,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
     }
     sched.run_until_idle();
     const SchedulerStats before = sched.stats();
+    if (!trace_path.empty()) discard_kernel_trace();  // the warm-up's kernels
 
     Progress bar("throughput", int64_t(prompts.size()));
     int finished = 0, failed = 0;
@@ -186,6 +191,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
     sched.run_until_idle();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     bar.finish();
+    if (!trace_path.empty()) std::fprintf(stderr, "bench: %zu kernels traced to %s\n", write_kernel_trace(trace_path), trace_path.c_str());
     const SchedulerStats st = sched.stats();
     const double req_s = finished / secs, total_s = double(prompt_tokens + output_tokens) / secs, out_s = double(output_tokens) / secs;
     const double hit = st.prompt_tokens > before.prompt_tokens

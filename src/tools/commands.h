@@ -17,6 +17,10 @@ int cmd_plan(int argc, char ** argv);
 int cmd_bench(int argc, char ** argv);
 int cmd_bench_throughput(int argc, char ** argv);  // bench --throughput (cmd_throughput.cpp)
 int cmd_bench_serve(int argc, char ** argv);       // bench --serve URL (cmd_loadgen.cpp)
+// bench --trace FILE.csv: CUPTI's record of every kernel (backends/cuda/kernel_trace.h), kept from start to write.
+void start_kernel_trace();
+void discard_kernel_trace();
+size_t write_kernel_trace(const std::string & path);
 int cmd_plot(int argc, char ** argv);
 int cmd_memory_table(int argc, char ** argv);
 int cmd_tokenize(int argc, char ** argv);

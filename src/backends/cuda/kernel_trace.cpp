@@ -156,6 +156,14 @@ size_t kernel_trace_write(const std::string & path) {
     return records.size();
 }
 
+void kernel_trace_discard() {
+    if (!g_started) return;
+    cudaDeviceSynchronize();
+    g_cupti.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_records.clear();
+}
+
 #else
 
 bool kernel_trace_start(std::string & why) {
@@ -164,6 +172,8 @@ bool kernel_trace_start(std::string & why) {
 }
 
 size_t kernel_trace_write(const std::string &) { return 0; }
+
+void kernel_trace_discard() {}
 
 #endif
 

@@ -13,5 +13,7 @@ bool kernel_trace_start(std::string & why);
 // Stops recording and writes one CSV row per kernel, in start order: start_ns,end_ns,graph_id,graph_node_id,stream,
 // grid,block,name (name demangled, quoted). Returns the number of kernels written.
 size_t kernel_trace_write(const std::string & path);
+// Drops what was recorded so far and goes on recording (a warm-up left out of the trace).
+void kernel_trace_discard();
 
 }  // namespace qinfer::cuda

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Where a whole run's GPU time goes, from a kernel trace (`qinfer bench --throughput --trace FILE.csv`, or any
+`--trace`): per kernel family, the time it ran and the time it alone was running (exposed), and the time no kernel
+ran at all (the host between steps, copies, launch gaps). Steps are cut after each pick_rows_kernel (the last kernel of
+a continuous-batching step that decodes); a step holding a prefill attention kernel counts as mixed.
+
+usage: trace_totals.py TRACE.csv[.gz] [TOP]
+"""
+import csv
+import gzip
+import re
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from trace_step import short  # noqa: E402
+
+
+def family(name):
+    """Kernels of one kind under one name: cuBLASLt's many GEMM kernels become 'GEMM (cuBLASLt)'."""
+    if re.match(r"(nvjet|sm90_xmma|sm80_xmma|cutlass|gemm|gemv2T|ampere_|sm90_gemm|xmma)", name):
+        return "GEMM (cuBLASLt)"
+    return re.sub(r"<.*", "", name)
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", newline="") as f:
+        kernels = sorted((int(r["start_ns"]), int(r["end_ns"]), family(short(r["name"]))) for r in csv.DictReader(f))
+    if not kernels:
+        sys.exit("trace_totals: no kernels in " + path)
+    dur, exposed, count = defaultdict(float), defaultdict(float), defaultdict(int)
+    idle, prev_end = 0.0, kernels[0][0]
+    steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
+    step_start, step_mixed = kernels[0][0], False
+    for start, end, name in kernels:
+        count[name] += 1
+        dur[name] += end - start
+        exposed[name] += max(0.0, end - max(prev_end, start))
+        idle += max(0.0, start - prev_end)
+        prev_end = max(prev_end, end)
+        step_mixed = step_mixed or "prefill" in name
+        if name == "pick_rows_kernel":
+            kind = "mixed" if step_mixed else "decode"
+            steps[kind][0] += 1
+            steps[kind][1] += end - step_start
+            step_start, step_mixed = end, False
+    wall = prev_end - kernels[0][0]
+    print(f"{path}: {len(kernels)} kernels over {wall / 1e9:.3f} s; no kernel running for {idle / 1e9:.3f} s ({100 * idle / wall:.1f}%)")
+    for kind, (n, t) in steps.items():
+        if n:
+            print(f"{kind} steps: {n}, mean {t / n / 1e6:.2f} ms (end of the step before to the end of its token pick, gaps included)")
+    print(f"{'kernel':48s} {'launches':>9s} {'ran s':>8s} {'exposed s':>9s} {'of wall':>8s}")
+    for n in sorted(count, key=lambda n: -exposed[n])[:top]:
+        print(f"{n[:48]:48s} {count[n]:9d} {dur[n] / 1e9:8.3f} {exposed[n] / 1e9:9.3f} {100 * exposed[n] / wall:7.1f}%")
+
+
+if __name__ == "__main__":
+    main()
