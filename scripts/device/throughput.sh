@@ -14,7 +14,21 @@ for spec in ${TP_TRACE_SPECS:-}; do
     python3 scripts/trace_totals.py "/tmp/$tag.csv" 24 2>&1 | tee -a "$OUT/throughput.log"
     gzip -c "/tmp/$tag.csv" >"$OUT/$tag.csv.gz"
 done
-for spec in ${TP_SPECS:-qwen2.5-7b:100:250:1000 qwen2.5-7b:1000:100:1000 qwen2.5-0.5b:100:250:1000}; do
+# TP_AB_SPECS (same form): each run by the baseline binary of the ab stage (build-base/qinfer) and this tree's,
+# alternated, rows prefixed base / this.
+for spec in ${TP_AB_SPECS:-}; do
+    IFS=: read -r p i o n mbt mns <<<"$spec"
+    for arm in base this; do
+        bin=$Q commit=${QINFER_COMMIT:-}
+        [ "$arm" = base ] && bin=$PWD/build-base/qinfer commit=$(cat .ab-base/COMMIT 2>/dev/null || echo base)
+        [ -x "$bin" ] || { note "throughput: no $bin"; continue; }
+        # shellcheck disable=SC2086  # TP_ARGS splits into words on purpose
+        QINFER_COMMIT=$commit "$bin" bench --throughput --preset "$p" --num-prompts "$n" --input-len "$i" --output-len "$o" ${mbt:+--max-batch-tokens "$mbt"} \
+            ${mns:+--max-num-seqs "$mns"} ${TP_ARGS:-} --json "$OUT/tp-$arm-$p-$i-$o-$n${mbt:+-mbt$mbt}${mns:+-mns$mns}.json" 2>&1 |
+            grep -E "^\| qwen|error" | sed "s/^/$arm /" | tee -a "$OUT/throughput.log"
+    done
+done
+for spec in ${TP_SPECS-qwen2.5-7b:100:250:1000 qwen2.5-7b:1000:100:1000 qwen2.5-0.5b:100:250:1000}; do
     IFS=: read -r p i o n mbt mns <<<"$spec"
     tag=tp-$p-$i-$o-$n${mbt:+-mbt$mbt}${mns:+-mns$mns}
     # shellcheck disable=SC2086  # TP_ARGS splits into words on purpose

@@ -153,11 +153,18 @@ private:
     void reset_cache(int n_sequences, int tokens_per_sequence);
     void ensure_workspace(int c);
     bool k_sz_needed() const { return kv_kind_ == cuda::KVKind::INT8 || kv_kind_ == cuda::KVKind::INT4; }  // (scale, zero) per row
-    int max_quantized_k() const;
-    size_t dequant_bytes(int rows) const;  // the dequantization buffer projections of up to `rows` rows need  // largest padded k of a quantized projection (0: none)
+    int max_quantized_k() const;           // largest padded k of a quantized projection (0: none)
+    size_t dequant_bytes(int rows) const;  // the dequantization buffer projections of up to `rows` rows need
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
     bool ensure_prefill_kv(int tokens);
-    void prefill(const int * table, int pos_start, size_t ids_offset, int n, bool all_logits, float * logits_out);
+    // n prompt tokens of one sequence, appended at pos0.. (qwen_cuda_prefill.cpp).
+    struct PrefillSegment {
+        const int * table = nullptr;  // the sequence's block table, device int [blocks]
+        int table_row = -1;           // that table's row of batch_tables_ (needed when segments share a pass)
+        int pos0 = 0, n = 0;
+        float * logits = nullptr;  // host fp32 [vocab]: the last position's logits (all_logits: [n, vocab]); null: none
+    };
+    void prefill(const std::vector<PrefillSegment> & segs, size_t ids_offset, bool all_logits);
     cuda::KVLayer kv_layer(int layer, const int * block_table, int stride = 0) const;
     cuda::KVLayer kv_layer_batch(int layer) const;
     cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
@@ -214,6 +221,9 @@ private:
     // The prompt's token ids in pinned memory, so each pass's copy to ids_ is asynchronous: from pageable memory
     // cudaMemcpyAsync waited for the stream, and the GPU idled while the host queued every pass (forward()).
     cuda::HostMappedBuffer ids_host_;
+    // Passes packing several prompts: each token's position and batch-table row, the rows whose logits are wanted.
+    DeviceBuffer pack_;
+    cuda::HostMappedBuffer pack_host_;
     DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
     // Prefill over a quantized cache: the sequence's cache so far as bf16 [blocks, n_kv, block_size, head_dim] (K and V,
     // one layer at a time) read through an identity block table [blocks per sequence] by the bf16 attention kernels.

@@ -201,17 +201,29 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
     }
     out.logits.resize(size_t(n_logit_rows) * V);
 
-    // Prompt chunks, one prefill pass (or several) each.
+    // Prompt chunks, packed into shared prefill passes. Until an fp8 cache has its scales, each chunk runs alone, so
+    // that the first chunk's values set them, as in the CPU cache.
+    const bool pack = kv_kind_ != cuda::KVKind::FP8 || fp8_ready;
+    std::vector<PrefillSegment> prefill_segs;
     size_t ids_at = 0;
     for (size_t j = 0; j < chunks.size(); j++) {
         const StepSegment & s = segs[chunks[j]];
         int * ids = static_cast<int *>(ids_host_.host()) + ids_at;
         std::copy(tokens.begin() + long(first_row[chunks[j]]), tokens.begin() + long(first_row[chunks[j]] + size_t(s.n)), ids);
-        const int * table = batch_tables_.as<int>() + (size_t(pool_rows_) + j) * stride;
-        float * dst = s.pick ? out.logits.data() + size_t(out.logits_row[chunks[j]]) * V : nullptr;
-        prefill(table, s.pos0, ids_at, s.n, false, dst);
+        PrefillSegment p;
+        p.table_row = pool_rows_ + int(j);
+        p.table = batch_tables_.as<int>() + size_t(p.table_row) * stride;
+        p.pos0 = s.pos0;
+        p.n = s.n;
+        p.logits = s.pick ? out.logits.data() + size_t(out.logits_row[chunks[j]]) * V : nullptr;
+        if (pack) {
+            prefill_segs.push_back(p);
+        } else {
+            prefill({p}, ids_at, false);
+        }
         ids_at += size_t(s.n);
     }
+    if (!prefill_segs.empty()) prefill(prefill_segs, 0, false);
     profile_decode_ = false;
 
     // The decode rows, padded to their bucket, in one step.

@@ -63,32 +63,101 @@ void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_
     if (ids_host_.bytes() < size_t(n) * sizeof(int)) ids_host_ = cuda::HostMappedBuffer(size_t(n) * sizeof(int), "prompt ids");
     std::memcpy(ids_host_.host(), tokens.data(), size_t(n) * sizeof(int));  // the last forward ended with a sync
     logits.resize(size_t(all_logits ? n : 1) * cfg.vocab_size);
-    prefill(block_tables_.at(seq).as<int>(), pos_start, 0, n, all_logits, logits.data());
+    PrefillSegment seg;
+    seg.table = block_tables_.at(seq).as<int>();
+    seg.pos0 = pos_start;
+    seg.n = n;
+    seg.logits = logits.data();
+    prefill({seg}, 0, all_logits);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     table_->set_length(seq, pos_start + n);
 }
 
-// n tokens (ids_host_ from `ids_offset`, pinned) appended at pos_start.. of the sequence whose block table is `table`
-// (device int [blocks]), in passes of prefill_chunk() tokens; the logits of every position (all_logits) or of the
-// last go to `logits_out` (host, fp32 [rows, vocab]; null: none computed). Queued on the stream, not waited for.
-void CudaQwenEngine::prefill(const int * table, int pos_start, size_t ids_offset, int n, bool all_logits, float * logits_out) {
+namespace {
+
+// A pass's share of one segment: its tokens first .. first + n - 1 of the pass, from token `from` of segment `seg`.
+struct PassPiece {
+    size_t seg;
+    int first, from, n;
+};
+
+}  // namespace
+
+// The segments' tokens (their ids one after another in ids_host_ from `ids_offset`, pinned) appended to their
+// sequences, packed into passes of prefill_chunk() tokens: a pass runs its projections once over every token it holds,
+// whichever prompt they belong to, and its attention a launch per segment piece (each over its own sequence's cache).
+// A segment's logits (the last position's, or every position's with all_logits: one segment only) go to its host
+// buffer. Queued on the stream, not waited for.
+void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t ids_offset, bool all_logits) {
     const ModelConfig & cfg = model_->config;
-    const int H = cfg.hidden_size, V = cfg.vocab_size;
+    const int H = cfg.hidden_size, V = cfg.vocab_size, QD = cfg.q_dim();
     const float eps = float(cfg.rms_norm_eps);
-    const int chunk = std::min(n, prefill_chunk());
+    QINFER_CHECK(!all_logits || segs.size() == 1) << "prefill: every position's logits for one segment only";
+    size_t total = 0;
+    int longest = 0;
+    for (const PrefillSegment & s : segs) {
+        QINFER_CHECK(s.n > 0 && s.table) << "prefill: a segment needs tokens and a block table";
+        QINFER_CHECK(segs.size() == 1 || s.table_row >= 0) << "prefill: packed segments need their row of the batch tables";
+        total += size_t(s.n);
+        longest = std::max(longest, s.pos0 + s.n);
+    }
+    if (total == 0) return;
+    const int chunk = int(std::min<size_t>(total, size_t(prefill_chunk())));
     ensure_workspace(chunk);
-    // Over a quantized cache, each pass's attention runs the bf16 kernels on the cache dequantized so far
-    // (ensure_prefill_kv); the buffers hold the whole prompt's blocks.
-    const bool via_bf16 = ensure_prefill_kv(pos_start + n);
-    if (all_logits) logits_.ensure(size_t(std::min(n, chunk)) * V * sizeof(float), "logits");
-    else logits_.ensure(size_t(V) * sizeof(float), "logits");
+    // Over a quantized cache, each piece's attention runs the bf16 kernels on its sequence's cache dequantized so far
+    // (ensure_prefill_kv); the buffers hold the longest sequence's blocks.
+    const bool via_bf16 = ensure_prefill_kv(longest);
+    logits_.ensure(size_t(all_logits ? chunk : std::min<size_t>(segs.size(), size_t(chunk))) * V * sizeof(float), "logits");
+    // Packed passes: per token its position and its row of the batch tables, and the rows whose logits are wanted,
+    // staged per pass (int [3 * chunk] on the device, [3 * total] pinned: a pass's staging is not reused in a call).
+    if (segs.size() > 1) {
+        pack_.ensure(3 * size_t(chunk) * sizeof(int), "workspace");
+        if (pack_host_.bytes() < 3 * total * sizeof(int)) {
+            CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read by queued copies
+            pack_host_ = cuda::HostMappedBuffer(3 * total * sizeof(int), "prompt positions");
+        }
+    }
     const int * ids_host = static_cast<const int *>(ids_host_.host()) + ids_offset;
     const bool profile = env().profile;
     profile_decode_ = profile;
-    if (profile && n > 1) prof_.begin(stream_);
-    for (int off = 0; off < n; off += chunk) {
-        const int c = std::min(chunk, n - off);
-        const int pos0 = pos_start + off;
+    if (profile && total > 1) prof_.begin(stream_);
+    size_t seg_i = 0;
+    int seg_from = 0;
+    for (size_t off = 0; off < total; off += size_t(chunk)) {
+        const int c = int(std::min<size_t>(size_t(chunk), total - off));
+        std::vector<PassPiece> pieces;
+        for (int t = 0; t < c;) {
+            const int take = std::min(c - t, segs[seg_i].n - seg_from);
+            pieces.push_back({seg_i, t, seg_from, take});
+            t += take;
+            seg_from += take;
+            if (seg_from == segs[seg_i].n) {
+                seg_i++;
+                seg_from = 0;
+            }
+        }
+        const bool packed = pieces.size() > 1;
+        // Rows whose logits are wanted: each piece that ends its segment, if the segment asks for them.
+        std::vector<size_t> want;
+        for (size_t p = 0; p < pieces.size(); p++) {
+            const PrefillSegment & s = segs[pieces[p].seg];
+            if (s.logits && pieces[p].from + pieces[p].n == s.n) want.push_back(p);
+        }
+        int * pos_dev = pack_.as<int>(), * row_dev = pos_dev + chunk, * want_dev = row_dev + chunk;
+        if (packed) {
+            int * staged = static_cast<int *>(pack_host_.host()) + 3 * off;  // positions [c], rows [c], wanted rows
+            for (const PassPiece & pc : pieces) {
+                const PrefillSegment & s = segs[pc.seg];
+                for (int i = 0; i < pc.n; i++) {
+                    staged[pc.first + i] = s.pos0 + pc.from + i;
+                    staged[c + pc.first + i] = s.table_row;
+                }
+            }
+            for (size_t w = 0; w < want.size(); w++) staged[2 * c + int(w)] = pieces[want[w]].first + pieces[want[w]].n - 1;
+            CUDA_CHECK(cudaMemcpyAsync(pos_dev, staged, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
+            CUDA_CHECK(cudaMemcpyAsync(row_dev, staged + c, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
+            CUDA_CHECK(cudaMemcpyAsync(want_dev, staged + 2 * c, want.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        }
         CUDA_CHECK(cudaMemcpyAsync(ids_.get(), ids_host + off, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
         float * x = x_.as<float>();
         bf16 * xn = xn_.as<bf16>();
@@ -105,8 +174,15 @@ void CudaQwenEngine::prefill(const int * table, int pos_start, size_t ids_offset
             prof_.mark("add/rms_norm");
             linear(xn, c, L.qkv, qkv_.as<bf16>());
             prof_.mark("qkv gemm");
-            cuda::QkvRopeArgs r = rope_args(l, kv_layer(l, table), c);
-            r.pos0 = pos0;
+            cuda::QkvRopeArgs r;
+            if (packed) {
+                r = rope_args(l, kv_layer(l, batch_tables_.as<int>(), batch_stride_), c);
+                r.pos_dev = pos_dev;
+                r.row_seq = row_dev;
+            } else {
+                r = rope_args(l, kv_layer(l, segs[pieces[0].seg].table), c);
+                r.pos0 = segs[pieces[0].seg].pos0 + pieces[0].from;
+            }
             if (kv_kind_ == cuda::KVKind::FP8 && !fp8_ready_[size_t(l)]) {
                 // The layer's first values set its fp8 scales (amax / 448), as in the CPU cache.
                 CUDA_CHECK(cudaMemsetAsync(fp8_amax_.get(), 0, 2 * sizeof(float), stream_));
@@ -118,15 +194,20 @@ void CudaQwenEngine::prefill(const int * table, int pos_start, size_t ids_offset
             }
             cuda::qkv_rope_cache(r, stream_);
             prof_.mark("bias/norm/rope/cache");
-            cuda::KVLayer attn_cache = r.cache;
-            if (via_bf16) {
-                const int n_blocks = (pos0 + c + block_size_ - 1) / block_size_;
-                cuda::kv_dequantize_blocks(r.cache, n_blocks, cfg.num_key_value_heads, cfg.head_dim, prefill_k_.as<bf16>(), prefill_v_.as<bf16>(), stream_);
-                attn_cache = cuda::KVLayer{prefill_k_.as<bf16>(), prefill_v_.as<bf16>(), prefill_table_.as<int>(), block_size_, 0, {},
-                                           int64_t(n_blocks) * cfg.num_key_value_heads * block_size_};
+            for (const PassPiece & pc : pieces) {
+                const PrefillSegment & s = segs[pc.seg];
+                const int pos0 = s.pos0 + pc.from;
+                cuda::KVLayer attn_cache = kv_layer(l, s.table);
+                if (via_bf16) {
+                    const int n_blocks = (pos0 + pc.n + block_size_ - 1) / block_size_;
+                    cuda::kv_dequantize_blocks(attn_cache, n_blocks, cfg.num_key_value_heads, cfg.head_dim, prefill_k_.as<bf16>(), prefill_v_.as<bf16>(),
+                                               stream_);
+                    attn_cache = cuda::KVLayer{prefill_k_.as<bf16>(), prefill_v_.as<bf16>(), prefill_table_.as<int>(), block_size_, 0, {},
+                                               int64_t(n_blocks) * cfg.num_key_value_heads * block_size_};
+                }
+                cuda::attention_prefill(q_.as<bf16>() + size_t(pc.first) * QD, attn_cache, pc.n, pos0, cfg.num_attention_heads,
+                                        cfg.num_key_value_heads, cfg.head_dim, attn_.as<bf16>() + size_t(pc.first) * QD, stream_);
             }
-            cuda::attention_prefill(q_.as<bf16>(), attn_cache, c, pos0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                                    attn_.as<bf16>(), stream_);
             prof_.mark("attention");
             linear(attn_.as<bf16>(), c, L.o, tmp_.as<bf16>());
             prof_.mark("o_proj gemm");
@@ -142,31 +223,43 @@ void CudaQwenEngine::prefill(const int * table, int pos_start, size_t ids_offset
         }
         if (pending) cuda::add_residual(x, tmp_.as<bf16>(), int64_t(c) * H, stream_);
         prof_.mark("add/rms_norm");
-        // Logits: every position of the chunk, or only the sequence's last one.
-        const bool last_chunk = off + c == n;
-        if ((!all_logits && !last_chunk) || !logits_out) continue;
-        const int rows = all_logits ? c : 1;
-        const float * x_rows = x + size_t(c - rows) * H;
-        cuda::rms_norm(x_rows, final_norm_.as<bf16>(), eps, rows, H, xn, stream_);
+        // Logits: every position of the pass (all_logits), or the last position of each segment that ends here.
+        if (all_logits ? !segs[0].logits : want.empty()) continue;
+        int rows = all_logits ? c : int(want.size());
+        const bf16 * rows_in = xn;
+        if (all_logits || !packed) {
+            const float * x_rows = x + size_t(all_logits ? 0 : c - 1) * H;
+            cuda::rms_norm(x_rows, final_norm_.as<bf16>(), eps, rows, H, xn, stream_);
+        } else {
+            cuda::rms_norm(x, final_norm_.as<bf16>(), eps, c, H, xn, stream_);
+            cuda::gather_rows(xn, want_dev, rows, H, tmp_.as<bf16>(), stream_);  // tmp_ is free after the residual add
+            rows_in = tmp_.as<bf16>();
+        }
         if (rows <= k_gemv_max_m) {
             cuda::GemvArgs a;
             a.w = lm_head_;
             a.n = V;
             a.k = H;
-            a.x = xn;
+            a.x = rows_in;
             a.m = rows;
             a.y = logits_.get();
             cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::F32, stream_);
         } else {
-            cuda::gemm(xn, lm_head_, rows, V, H, logits_.get(), true, stream_);
+            cuda::gemm(rows_in, lm_head_, rows, V, H, logits_.get(), true, stream_);
         }
         prof_.mark("final norm, lm_head");
-        float * dst = logits_out + (all_logits ? size_t(off) * V : 0);
-        CUDA_CHECK(cudaMemcpyAsync(dst, logits_.get(), size_t(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        if (all_logits) {
+            CUDA_CHECK(cudaMemcpyAsync(segs[0].logits + off * V, logits_.get(), size_t(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+            continue;
+        }
+        for (size_t w = 0; w < want.size(); w++) {
+            CUDA_CHECK(cudaMemcpyAsync(segs[pieces[want[w]].seg].logits, logits_.as<float>() + w * V, size_t(V) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+        }
     }
-    if (profile && n > 1) {
+    if (profile && total > 1) {
         prof_.mark("logits copy");
-        prof_.report("prefill (" + std::to_string(n) + " tokens, passes of " + std::to_string(chunk) + ")");
+        prof_.report("prefill (" + std::to_string(total) + " tokens, passes of " + std::to_string(chunk) + ")");
     }
 }
 

@@ -175,8 +175,11 @@ TEST(CudaOps, Gemm) {
 
 TEST(CudaOps, NormsEmbeddingSilu) {
     REQUIRE_GPU();
+    // Rows held in registers 4 floats a load (hidden % 4 == 0: 96, 896, 1536, 3584, 5120 span the widths of one to
+    // eight loads a thread) and the scalar form (98: not whole float4s; 9000: wider than eight loads a thread).
     for (int n : {1, 7, 257}) {
-        for (int h : {96, 896, 3584}) {
+        for (int h : {96, 98, 896, 1536, 3584, 5120, 9000}) {
+            SCOPED_TRACE(std::to_string(n) + " rows of " + std::to_string(h));
             std::vector<float> x = randn(size_t(n) * h), delta = randn(size_t(n) * h), w = randn(size_t(h), 0.2f);
             for (float & v : w) v = round_bf16(v + 1);
             DeviceBuffer dx = upload(x), dd = upload_bf16(delta), dw = upload_bf16(w), dy = poisoned(size_t(n) * h * 2);
@@ -201,16 +204,18 @@ TEST(CudaOps, NormsEmbeddingSilu) {
         for (int id : ids) want.insert(want.end(), table.begin() + size_t(id) * hidden, table.begin() + size_t(id + 1) * hidden);
         EXPECT_EQ(rel_err(download_f32(dx, want.size()), want), 0.0);
     }
-    // SwiGLU on [n, 2 inter].
-    const int n = 7, inter = 333;
-    std::vector<float> gu = randn(size_t(n) * 2 * inter);
-    DeviceBuffer dgu = upload_bf16(gu), dout = poisoned(size_t(n) * inter * 2);
-    cuda::silu_mul(dgu.as<bf16>(), n, inter, dout.as<bf16>(), nullptr);
-    std::vector<float> ref(size_t(n) * inter);
-    for (int t = 0; t < n; t++) {
-        cpu::silu_mul(gu.data() + size_t(t) * 2 * inter, gu.data() + size_t(t) * 2 * inter + inter, inter, ref.data() + size_t(t) * inter);
+    // SwiGLU on [n, 2 inter]: 16-byte loads (inter % 8 == 0) and one value a load (333).
+    for (auto [n, inter] : {std::pair{7, 333}, std::pair{7, 4864}, std::pair{257, 1000}}) {
+        SCOPED_TRACE(std::to_string(n) + " rows of " + std::to_string(inter));
+        std::vector<float> gu = randn(size_t(n) * 2 * inter);
+        DeviceBuffer dgu = upload_bf16(gu), dout = poisoned(size_t(n) * inter * 2);
+        cuda::silu_mul(dgu.as<bf16>(), n, inter, dout.as<bf16>(), nullptr);
+        std::vector<float> ref(size_t(n) * inter);
+        for (int t = 0; t < n; t++) {
+            cpu::silu_mul(gu.data() + size_t(t) * 2 * inter, gu.data() + size_t(t) * 2 * inter + inter, inter, ref.data() + size_t(t) * inter);
+        }
+        EXPECT_LT(rel_err(download_bf16(dout, ref.size()), ref), 1e-2);
     }
-    EXPECT_LT(rel_err(download_bf16(dout, ref.size()), ref), 1e-2);
 }
 
 // A paged cache with a shuffled block table, filled from fp32 K/V [len, n_kv, d] (bf16-rounded).
@@ -597,73 +602,84 @@ TEST(CudaOps, AttentionDecodeBatch) {
                 cpu::attention(q.data() + off, 1, cache.lens[size_t(b)] - 1, n_head, n_kv, d, k_row, v_row, want.data() + off);
             }
             DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(B) * n_head * d * 2), dlen = upload(cache.lens);
-            const int splits = cuda::decode_splits(4097, n_kv, d, B);
-            DeviceBuffer po(size_t(B) * n_head * splits * d * 4, "test"), pml(size_t(B) * n_head * splits * 2 * 4, "test");
-            cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
-            for (const DecodeCase & c : decode_cases(d, cache.layer())) {
-                cudaMemset(dout.get(), 0xff, dout.bytes());
-                c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, B, c.kernel); });
-                const std::vector<float> got = download_bf16(dout, q.size());
-                for (int b = 0; b < B; b++) {
-                    const long off = long(b) * n_head * d;
-                    const std::vector<float> got_b(got.begin() + off, got.begin() + off + n_head * d), want_b(want.begin() + off, want.begin() + off + n_head * d);
-                    EXPECT_LT(rel_err(got_b, want_b), 2e-2) << "sequence " << b << " len " << cache.lens[size_t(b)] << " d " << d << " rep " << n_rep
-                                                            << " kernel " << int(c.kernel) << " early " << c.early_kv;
+            // The splits a graph of this batch would take, and one split (the tensor-core kernels then write out
+            // themselves, no combine).
+            const int splits_max = cuda::decode_splits(4097, n_kv, d, B);
+            DeviceBuffer po(size_t(B) * n_head * splits_max * d * 4, "test"), pml(size_t(B) * n_head * splits_max * 2 * 4, "test");
+            for (int splits : {splits_max, 1}) {
+                cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
+                for (const DecodeCase & c : decode_cases(d, cache.layer())) {
+                    cudaMemset(dout.get(), 0xff, dout.bytes());
+                    c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, B, c.kernel); });
+                    const std::vector<float> got = download_bf16(dout, q.size());
+                    for (int b = 0; b < B; b++) {
+                        const long off = long(b) * n_head * d;
+                        const std::vector<float> got_b(got.begin() + off, got.begin() + off + n_head * d), want_b(want.begin() + off, want.begin() + off + n_head * d);
+                        EXPECT_LT(rel_err(got_b, want_b), 2e-2) << "sequence " << b << " len " << cache.lens[size_t(b)] << " d " << d << " rep " << n_rep
+                                                                << " kernel " << int(c.kernel) << " early " << c.early_kv << " splits " << splits;
+                    }
                 }
             }
         }
     }
 }
 
-// The cache write of a batch's decode tokens: token t goes to sequence t at its own position, through its own table.
+// The cache write of a batch's decode tokens: token t goes to sequence t at its own position, through its own table;
+// packed (tokens of several prompts in one pass), token t goes to sequence row_seq[t] (here the batch reversed).
 TEST(CudaOps, QkvRopeCacheBatch) {
     REQUIRE_GPU();
     const int n_head = 4, n_kv = 2, d = 64, width = (n_head + 2 * n_kv) * d;
-    BatchCache cache({1, 40, 17}, n_kv, d);  // the new token of sequence b lands at position lens[b] - 1
-    const int B = int(cache.lens.size());
-    std::vector<int> pos;
-    for (int len : cache.lens) pos.push_back(len - 1);
-    std::vector<float> qkv = randn(size_t(B) * width);
-    ModelConfig c;
-    c.head_dim = d;
-    c.rope_theta = 1e6;
-    RopeFreqs f = compute_rope_freqs(c, 0);
-    DeviceBuffer dqkv = upload_bf16(qkv), dinv = upload(f.inv_freq), dq = poisoned(size_t(B) * n_head * d * 2), dpos = upload(pos);
-    cuda::QkvRopeArgs a;
-    a.qkv = dqkv.as<bf16>();
-    a.inv_freq = dinv.as<float>();
-    a.n = B;
-    a.n_head = n_head;
-    a.n_kv = n_kv;
-    a.head_dim = d;
-    a.pos_dev = dpos.as<int>();
-    a.cache = cache.layer();
-    a.q_out = dq.as<bf16>();
-    cuda::qkv_rope_cache(a, nullptr);
-    std::vector<float> q(size_t(B) * n_head * d), k(size_t(B) * n_kv * d), cs(size_t(B) * d), sn(size_t(B) * d);
-    for (int t = 0; t < B; t++) {
-        std::copy_n(qkv.begin() + t * width, n_head * d, q.begin() + t * n_head * d);
-        std::copy_n(qkv.begin() + t * width + n_head * d, n_kv * d, k.begin() + t * n_kv * d);
-        rope_cos_sin(f, pos[size_t(t)], cs.data() + t * d, sn.data() + t * d);
-    }
-    cpu::rope(q.data(), B, n_head, d, cs.data(), sn.data());
-    cpu::rope(k.data(), B, n_kv, d, cs.data(), sn.data());
-    EXPECT_LT(rel_err(download_bf16(dq, q.size()), q), 1e-2);
-    std::vector<float> kc = download_bf16(cache.dk, cache.dk.bytes() / 2), vc = download_bf16(cache.dv, cache.dv.bytes() / 2);
-    std::vector<float> got_k, want_v, got_v;
-    for (int t = 0; t < B; t++) {
-        const int p = pos[size_t(t)];
-        const size_t blk = size_t(cache.tables[size_t(t) * cache.stride + size_t(p / 16)]);
-        for (int h = 0; h < n_kv; h++) {
-            const size_t base = ((blk * n_kv + h) * 16 + p % 16) * d;
-            got_k.insert(got_k.end(), kc.begin() + long(base), kc.begin() + long(base + d));
-            got_v.insert(got_v.end(), vc.begin() + long(base), vc.begin() + long(base + d));
-            const auto vsrc = qkv.begin() + t * width + (n_head + n_kv + h) * d;
-            want_v.insert(want_v.end(), vsrc, vsrc + d);
+    for (bool packed : {false, true}) {
+        SCOPED_TRACE(packed ? "packed" : "batch");
+        BatchCache cache({1, 40, 17}, n_kv, d);  // the new token of sequence b lands at position lens[b] - 1
+        const int B = int(cache.lens.size());
+        std::vector<int> seq_of(static_cast<size_t>(B)), pos;
+        for (int t = 0; t < B; t++) seq_of[size_t(t)] = packed ? B - 1 - t : t;
+        for (int t = 0; t < B; t++) pos.push_back(cache.lens[size_t(seq_of[size_t(t)])] - 1);
+        std::vector<float> qkv = randn(size_t(B) * width);
+        ModelConfig c;
+        c.head_dim = d;
+        c.rope_theta = 1e6;
+        RopeFreqs f = compute_rope_freqs(c, 0);
+        DeviceBuffer dqkv = upload_bf16(qkv), dinv = upload(f.inv_freq), dq = poisoned(size_t(B) * n_head * d * 2), dpos = upload(pos);
+        DeviceBuffer drow = upload(seq_of);
+        cuda::QkvRopeArgs a;
+        a.qkv = dqkv.as<bf16>();
+        a.inv_freq = dinv.as<float>();
+        a.n = B;
+        a.n_head = n_head;
+        a.n_kv = n_kv;
+        a.head_dim = d;
+        a.pos_dev = dpos.as<int>();
+        a.row_seq = packed ? drow.as<int>() : nullptr;
+        a.cache = cache.layer();
+        a.q_out = dq.as<bf16>();
+        cuda::qkv_rope_cache(a, nullptr);
+        std::vector<float> q(size_t(B) * n_head * d), k(size_t(B) * n_kv * d), cs(size_t(B) * d), sn(size_t(B) * d);
+        for (int t = 0; t < B; t++) {
+            std::copy_n(qkv.begin() + t * width, n_head * d, q.begin() + t * n_head * d);
+            std::copy_n(qkv.begin() + t * width + n_head * d, n_kv * d, k.begin() + t * n_kv * d);
+            rope_cos_sin(f, pos[size_t(t)], cs.data() + t * d, sn.data() + t * d);
         }
+        cpu::rope(q.data(), B, n_head, d, cs.data(), sn.data());
+        cpu::rope(k.data(), B, n_kv, d, cs.data(), sn.data());
+        EXPECT_LT(rel_err(download_bf16(dq, q.size()), q), 1e-2);
+        std::vector<float> kc = download_bf16(cache.dk, cache.dk.bytes() / 2), vc = download_bf16(cache.dv, cache.dv.bytes() / 2);
+        std::vector<float> got_k, want_v, got_v;
+        for (int t = 0; t < B; t++) {
+            const int p = pos[size_t(t)];
+            const size_t blk = size_t(cache.tables[size_t(seq_of[size_t(t)]) * cache.stride + size_t(p / 16)]);
+            for (int h = 0; h < n_kv; h++) {
+                const size_t base = ((blk * n_kv + h) * 16 + p % 16) * d;
+                got_k.insert(got_k.end(), kc.begin() + long(base), kc.begin() + long(base + d));
+                got_v.insert(got_v.end(), vc.begin() + long(base), vc.begin() + long(base + d));
+                const auto vsrc = qkv.begin() + t * width + (n_head + n_kv + h) * d;
+                want_v.insert(want_v.end(), vsrc, vsrc + d);
+            }
+        }
+        EXPECT_LT(rel_err(got_k, k), 1e-2);
+        EXPECT_EQ(rel_err(got_v, want_v), 0.0);
     }
-    EXPECT_LT(rel_err(got_k, k), 1e-2);
-    EXPECT_EQ(rel_err(got_v, want_v), 0.0);
 }
 
 TEST(CudaOps, ArgmaxRowsAdvance) {

@@ -239,8 +239,12 @@ TEST(CudaSampling, PickRowsByTheirOwnSettings) {
     int sampled = 0;
     for (int r = 0; r < rows; r++) {
         const int tok = got[size_t(r)];
-        if (r % 3 == 0) EXPECT_EQ(tok, argmax_all) << "row " << r;
-        if (r % 3 == 1) EXPECT_EQ(tok, argmax_500) << "row " << r;
+        if (r % 3 == 0) {
+            EXPECT_EQ(tok, argmax_all) << "row " << r;
+        }
+        if (r % 3 == 1) {
+            EXPECT_EQ(tok, argmax_500) << "row " << r;
+        }
         if (r % 3 == 2) {
             ASSERT_TRUE(tok >= 0 && tok < 600) << "row " << r;
             EXPECT_GT(want[size_t(tok)], 0.0) << "row " << r << " drew " << tok << ", which the rules exclude";

@@ -245,6 +245,9 @@ struct DecodeArgs {
     DecodeScratch scratch;
     int min_split;  // fewest keys a split takes (the kernel's tile)
     bool early_kv = false;  // tensor-core kernel: keys before the new one requested before pdl_wait (set_decode_early_kv)
+    // Tensor-core kernels with one split (max_splits 1): O / l goes straight to out (bf16 [batch, n_head, d]) and no
+    // combine runs; null: partial results for the combine.
+    bf16 * out = nullptr;
 };
 
 // Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of

@@ -102,6 +102,10 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
             lsum += wl[w * 8 + r] * cw;
             osum += wo[(w * 8 + r) * D + c] * cw;
         }
+        if (a.out) {  // the only split: the combine's result (weight e^0 = 1) written here
+            a.out[(int64_t(b) * a.n_head + kvh * n_rep + r) * D + c] = __float2bfloat16(osum / lsum);
+            continue;
+        }
         const int64_t prow = (int64_t(b) * a.n_head + kvh * n_rep + r) * a.scratch.max_splits + split_id;
         a.scratch.partial_out[prow * D + c] = osum;
         if (c == 0) {

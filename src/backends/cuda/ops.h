@@ -153,6 +153,9 @@ struct QkvRopeArgs {
     const int * pos0_dev = nullptr;
     // Decode of a batch: token t is sequence t of the batch, at position pos_dev[t] (device int [n]); overrides pos0.
     const int * pos_dev = nullptr;
+    // With pos_dev, tokens of several prompts packed in one pass: token t reads row row_seq[t] (device int [n]) of the
+    // block tables instead of row t.
+    const int * row_seq = nullptr;
     KVLayer cache;
     // fp8 cache, first write of a layer: instead of writing, fold max |K| and max |V| of these tokens into
     // fp8_amax (device float [2], zeroed by the caller); fp8_scales_from_amax then sets the layer's scales.

@@ -38,7 +38,7 @@ __device__ __forceinline__ void rotate(const QkvRopeArgs & a, int pos, int j, fl
 // Cache row of KV head kvh for token t at pos: (block * n_kv + kvh) * block_size + slot; a decode batch's token t
 // reads row t of the block tables.
 __device__ __forceinline__ int64_t cache_row(const QkvRopeArgs & a, int t, int pos, int kvh) {
-    const int * table = a.pos_dev ? a.cache.block_table + int64_t(t) * a.cache.table_stride : a.cache.block_table;
+    const int * table = a.pos_dev ? a.cache.block_table + int64_t(a.row_seq ? a.row_seq[t] : t) * a.cache.table_stride : a.cache.block_table;
     const int block = table[pos / a.cache.block_size], slot = pos % a.cache.block_size;
     return (int64_t(block) * a.n_kv + kvh) * a.cache.block_size + slot;
 }
