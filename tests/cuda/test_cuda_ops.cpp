@@ -586,27 +586,27 @@ struct BatchCache {
     cuda::KVLayer layer() const { return {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), block_size, stride, {}, rows}; }
 };
 
-// Batched decode attention: each sequence of the batch, at its own length, equals the CPU reference alone.
+// Batched decode attention: each sequence of the batch, at its own length, equals the CPU reference alone. Splits as
+// a graph of this batch takes them, and one split where every length is within a split's most keys (the tensor-core
+// kernels then write out themselves, no combine), as large batches of short sequences run.
 TEST(CudaOps, AttentionDecodeBatch) {
     REQUIRE_GPU();
     for (int d : {64, 128}) {
         for (int n_rep : {1, 7}) {
-            const int n_kv = 2, n_head = n_kv * n_rep;
-            BatchCache cache({1, 257, 70, 4097, 17}, n_kv, d);
-            const int B = int(cache.lens.size());
-            std::vector<float> q = randn(size_t(B) * n_head * d, 2.0f), want(q.size());
-            for (int b = 0; b < B; b++) {
-                auto k_row = [&](int j) { return cache.k[size_t(b)].data() + size_t(j) * n_kv * d; };
-                auto v_row = [&](int j) { return cache.v[size_t(b)].data() + size_t(j) * n_kv * d; };
-                const size_t off = size_t(b) * n_head * d;
-                cpu::attention(q.data() + off, 1, cache.lens[size_t(b)] - 1, n_head, n_kv, d, k_row, v_row, want.data() + off);
-            }
-            DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(B) * n_head * d * 2), dlen = upload(cache.lens);
-            // The splits a graph of this batch would take, and one split (the tensor-core kernels then write out
-            // themselves, no combine).
-            const int splits_max = cuda::decode_splits(4097, n_kv, d, B);
-            DeviceBuffer po(size_t(B) * n_head * splits_max * d * 4, "test"), pml(size_t(B) * n_head * splits_max * 2 * 4, "test");
-            for (int splits : {splits_max, 1}) {
+            for (bool one_split : {false, true}) {
+                const int n_kv = 2, n_head = n_kv * n_rep;
+                BatchCache cache(one_split ? std::vector<int>{1, 257, 70, k_decode_max_split_keys, 17} : std::vector<int>{1, 257, 70, 4097, 17}, n_kv, d);
+                const int B = int(cache.lens.size());
+                std::vector<float> q = randn(size_t(B) * n_head * d, 2.0f), want(q.size());
+                for (int b = 0; b < B; b++) {
+                    auto k_row = [&](int j) { return cache.k[size_t(b)].data() + size_t(j) * n_kv * d; };
+                    auto v_row = [&](int j) { return cache.v[size_t(b)].data() + size_t(j) * n_kv * d; };
+                    const size_t off = size_t(b) * n_head * d;
+                    cpu::attention(q.data() + off, 1, cache.lens[size_t(b)] - 1, n_head, n_kv, d, k_row, v_row, want.data() + off);
+                }
+                DeviceBuffer dq = upload_bf16(q), dout = poisoned(size_t(B) * n_head * d * 2), dlen = upload(cache.lens);
+                const int splits = one_split ? 1 : cuda::decode_splits(4097, n_kv, d, B);
+                DeviceBuffer po(size_t(B) * n_head * splits * d * 4, "test"), pml(size_t(B) * n_head * splits * 2 * 4, "test");
                 cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
                 for (const DecodeCase & c : decode_cases(d, cache.layer())) {
                     cudaMemset(dout.get(), 0xff, dout.bytes());
