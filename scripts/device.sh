@@ -29,8 +29,9 @@ done
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
-# Carried .deb files (scripts/fetch-device-deps.sh): unpack into .deps/root.
-if ls .deps/*.deb >/dev/null 2>&1; then
+# Carried .deb files (scripts/fetch-device-deps.sh): unpack into .deps/root, once (stages side by side on several
+# GPUs skip the build and find them there: four unpacking into one folder at once had failed).
+if [ "${QINFER_SKIP_BUILD:-0}" != 1 ] && ls .deps/*.deb >/dev/null 2>&1; then
     mkdir -p .deps/root
     for f in .deps/*.deb; do
         if command -v dpkg >/dev/null; then dpkg -x "$f" .deps/root; else (cd .deps/root && ar p "../$(basename "$f")" data.tar.xz | tar xJ); fi

@@ -2,7 +2,8 @@
 """Where a whole run's GPU time goes, from a kernel trace (`qinfer bench --throughput --trace FILE.csv`, or any
 `--trace`): per kernel family, the time it ran and the time it alone was running (exposed), and the time no kernel
 ran at all (the host between steps, copies, launch gaps). Steps are cut after each pick_rows_kernel (the last kernel of
-a continuous-batching step that decodes); a step holding a prefill attention kernel counts as mixed.
+a continuous-batching step that decodes); a step holding a prefill attention kernel counts as mixed. Per kind of
+step it then prints each family's mean exposed time a step, and the mean gap between steps (no kernel: the host).
 
 usage: trace_totals.py TRACE.csv[.gz] [TOP]
 """
@@ -35,11 +36,14 @@ def main():
     dur, exposed, count = defaultdict(float), defaultdict(float), defaultdict(int)
     idle, prev_end = 0.0, kernels[0][0]
     steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
-    step_start, step_mixed = kernels[0][0], False
+    per_step = {"decode": defaultdict(float), "mixed": defaultdict(float)}
+    step_start, step_mixed, step_exposed = kernels[0][0], False, defaultdict(float)
     for start, end, name in kernels:
         count[name] += 1
         dur[name] += end - start
         exposed[name] += max(0.0, end - max(prev_end, start))
+        step_exposed[name] += max(0.0, end - max(prev_end, start))
+        step_exposed["(no kernel running)"] += max(0.0, start - prev_end)
         idle += max(0.0, start - prev_end)
         prev_end = max(prev_end, end)
         step_mixed = step_mixed or "prefill" in name
@@ -47,12 +51,17 @@ def main():
             kind = "mixed" if step_mixed else "decode"
             steps[kind][0] += 1
             steps[kind][1] += end - step_start
-            step_start, step_mixed = end, False
+            for n, t in step_exposed.items():
+                per_step[kind][n] += t
+            step_start, step_mixed, step_exposed = end, False, defaultdict(float)
     wall = prev_end - kernels[0][0]
     print(f"{path}: {len(kernels)} kernels over {wall / 1e9:.3f} s; no kernel running for {idle / 1e9:.3f} s ({100 * idle / wall:.1f}%)")
     for kind, (n, t) in steps.items():
-        if n:
-            print(f"{kind} steps: {n}, mean {t / n / 1e6:.2f} ms (end of the step before to the end of its token pick, gaps included)")
+        if not n:
+            continue
+        print(f"{kind} steps: {n}, mean {t / n / 1e6:.2f} ms (end of the step before to the end of its token pick, gaps included)")
+        for name in sorted(per_step[kind], key=lambda x: -per_step[kind][x])[:10]:
+            print(f"    {name[:44]:44s} {per_step[kind][name] / n / 1e3:10.1f} us a step exposed")
     print(f"{'kernel':48s} {'launches':>9s} {'ran s':>8s} {'exposed s':>9s} {'of wall':>8s}")
     for n in sorted(count, key=lambda n: -exposed[n])[:top]:
         print(f"{n[:48]:48s} {count[n]:9d} {dur[n] / 1e9:8.3f} {exposed[n] / 1e9:9.3f} {100 * exposed[n] / wall:7.1f}%")

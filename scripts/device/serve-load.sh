@@ -31,9 +31,11 @@ if start_server --max-num-seqs 256; then
     grep -E "^qinfer_(prefix_cache_hit_rate|requests_rejected_total|preemptions_total|kv_blocks_total)" "$OUT/serve-metrics.txt"
     if [ "${SOAK_SECONDS:-0}" -gt 0 ]; then
         load soak-warmup --num-prompts 64 --input-len 1000 --output-len 256 --max-concurrency 64 --duration 30
-        rss0=$(awk '/VmRSS/ {print $2}' /proc/$server/status); gpu0=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        # The server's own GPU memory (its process's, whichever GPU it was given).
+        gpu_mem() { nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', ' -v p="$server" '$1 == p {print $2}'; }
+        rss0=$(awk '/VmRSS/ {print $2}' /proc/$server/status); gpu0=$(gpu_mem)
         load soak --num-prompts 64 --input-len 1000 --output-len 256 --max-concurrency 64 --duration "$SOAK_SECONDS" --timeout $((SOAK_SECONDS + 60))
-        rss1=$(awk '/VmRSS/ {print $2}' /proc/$server/status); gpu1=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        rss1=$(awk '/VmRSS/ {print $2}' /proc/$server/status); gpu1=$(gpu_mem)
         note "soak ${SOAK_SECONDS}s: RSS ${rss0} -> ${rss1} kB, GPU memory ${gpu0} -> ${gpu1} MiB"
     fi
     stop_server

@@ -23,7 +23,7 @@ for spec in ${TP_AB_SPECS:-}; do
         [ "$arm" = base ] && bin=$PWD/build-base/qinfer commit=$(cat .ab-base/COMMIT 2>/dev/null || echo base)
         [ -x "$bin" ] || { note "throughput: no $bin"; continue; }
         # shellcheck disable=SC2086  # TP_ARGS splits into words on purpose
-        QINFER_COMMIT=$commit "$bin" bench --throughput --preset "$p" --num-prompts "$n" --input-len "$i" --output-len "$o" ${mbt:+--max-batch-tokens "$mbt"} \
+        QINFER_COMMIT=$commit QINFER_ASSETS=$PWD/assets "$bin" bench --throughput --preset "$p" --num-prompts "$n" --input-len "$i" --output-len "$o" ${mbt:+--max-batch-tokens "$mbt"} \
             ${mns:+--max-num-seqs "$mns"} ${TP_ARGS:-} --json "$OUT/tp-$arm-$p-$i-$o-$n${mbt:+-mbt$mbt}${mns:+-mns$mns}.json" 2>&1 |
             grep -E "^\| qwen|error" | sed "s/^/$arm /" | tee -a "$OUT/throughput.log"
     done

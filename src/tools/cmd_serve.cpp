@@ -514,7 +514,10 @@ int cmd_serve(int argc, char ** argv) {
     o.http_threads = int(a.integer("http-threads", 0));
     if (o.scheduler.pool.max_rows < 1 || o.scheduler.pool.max_step_tokens < 1) QINFER_FAIL() << "--max-num-seqs and --max-batch-tokens must be >= 1";
     if (o.scheduler.max_waiting < 0 || !(o.request_timeout_s > 0)) QINFER_FAIL() << "--max-queue must be >= 0 and --request-timeout > 0";
-    if (o.http_threads <= 0) o.http_threads = std::min(4096, o.scheduler.pool.max_rows + (o.scheduler.max_waiting ? o.scheduler.max_waiting : 1024) + 32);
+    // A thread for every request the scheduler may hold (running and queued; each streams from its own thread) and 256
+    // more for /health, /metrics and the quick 503s of an overload. With 32 more, 2000 requests at once against
+    // --max-queue 512 kept every thread busy and /health took up to 806 ms (H200, d932f67).
+    if (o.http_threads <= 0) o.http_threads = std::min(4096, o.scheduler.pool.max_rows + (o.scheduler.max_waiting ? o.scheduler.max_waiting : 1024) + 256);
     a.check_unused();
     HttpServer server(o);
     const int port = server.bind();
