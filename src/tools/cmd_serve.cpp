@@ -370,6 +370,9 @@ struct HttpServer::Impl {
 
     void routes() {
         http.set_payload_max_length(opt.max_body_bytes);
+        // Each streamed token is a small write: without TCP_NODELAY, Nagle's algorithm holds it until the client
+        // acknowledges the write before, which a client's delayed ACK can put off by ~40 ms.
+        http.set_tcp_nodelay(true);
         http.set_socket_options([this](socket_t fd) {
             int yes = 1;
             ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const char *>(&yes), sizeof yes);
