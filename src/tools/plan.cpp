@@ -10,6 +10,7 @@
 #include "model/decode_splits.h"
 #include "model/prefill_chunk.h"
 #include "model/quant_repack.h"
+#include "model/tp_plan.h"
 #include "model/weights.h"
 #include "tools/args.h"
 #include "tools/commands.h"
@@ -89,10 +90,31 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     return m;
 }
 
+// --tp N: how a tensor-parallel run splits the model over N ranks (model/tp_plan.h), a row a rank. The intermediate
+// dimension is cut on the checkpoint's quantization groups where they are larger than 128.
+static int print_tp_plan(const ModelConfig & c, int tp) {
+    const int group = c.quant.quantized() ? c.quant.scheme_for("model.layers.0.mlp.down_proj").group_size : -1;
+    const int align = std::max(128, group);
+    const std::vector<TpShard> plan = plan_tensor_parallel(c, tp, align);
+    const bool moe = c.num_experts > 0;
+    std::printf("| rank | query heads | KV heads | %s columns | vocabulary rows |\n|---|---|---|---|---|\n", moe ? "expert intermediate" : "intermediate");
+    for (const TpShard & s : plan) {
+        std::printf("| %d | %d..%d (%d) | %d..%d (%d) | %d..%d (%d) | %d..%d (%d) |\n", s.rank, s.q_head0, s.q_head0 + s.n_q_heads - 1, s.n_q_heads,
+                    s.kv_head0, s.kv_head0 + s.n_kv_heads - 1, s.n_kv_heads, s.inter0, s.inter0 + s.n_inter - 1, s.n_inter, s.vocab0,
+                    s.vocab0 + s.n_vocab - 1, s.n_vocab);
+    }
+    std::printf("heads go as whole GQA groups (%d query heads a KV head)%s; q/k/v and gate/up split by output, o_proj and down by\n"
+                "input (one all-reduce after each), embedding and lm_head by vocabulary rows\n",
+                c.num_attention_heads / c.num_key_value_heads,
+                tp > c.num_key_value_heads ? ", each KV head held by the ranks that split its group" : "");
+    return 0;
+}
+
 int cmd_plan(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
             std::printf("usage: qinfer plan --gpu-mem 24GB (--model DIR | --preset NAME) [--context 8192] [--prompt N]\n"
+                        "       qinfer plan --tp N (--model DIR | --preset NAME)   (how tensor parallel splits the model)\n"
                         "                   [--reserve 1GB] [--batches 1,4,16,...] [--json FILE] [--embedding-on-gpu]\n"
                         "for each weight format and KV dtype: weights, the longest context at batch 1 and the largest batch at\n"
                         "--context, from qinfer's memory model of the CUDA engine (1 GB = 1e9 bytes; --reserve: CUDA context etc.)\n"
@@ -102,6 +124,13 @@ int cmd_plan(int argc, char ** argv) {
         }
     }
     Args a(argc, argv, 2, {"embedding-on-gpu"});
+    if (a.has("tp")) {
+        const int tp = int(a.integer("tp", 1));
+        const std::string dir = a.str("model"), preset = a.str("preset");
+        a.check_unused();
+        if (dir.empty() == preset.empty()) QINFER_FAIL() << "give --model DIR or --preset NAME";
+        return print_tp_plan(dir.empty() ? parse_model_config(find_preset(preset).config.dump(), "preset " + preset) : load_model_config(dir), tp);
+    }
     auto bytes_of = [](const std::string & s, const char * what) {
         char * end = nullptr;
         const double v = std::strtod(s.c_str(), &end);

@@ -138,6 +138,8 @@ expect throughput-too-long "does not fit: one request may hold" "$q" bench --thr
 expect throughput-bad-dataset "cannot read" "$q" bench --throughput --model "$good" --backend cpu --dataset "$tmp/none.jsonl"
 expect loadgen-bad-url "takes http://HOST:PORT\|without cpp-httplib" "$q" bench --serve localhost:1
 expect loadgen-no-server "no answer from\|without cpp-httplib" "$q" bench --serve http://127.0.0.1:1 --num-prompts 1
+expect tp-uneven-kv "rank count must be a multiple of 4" "$q" plan --tp 6 --preset qwen2.5-7b
+expect tp-zero "must be at least 1" "$q" plan --tp 0 --model "$good"
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
