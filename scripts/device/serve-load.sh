@@ -4,13 +4,15 @@
 # SERVE_PRESET (default qwen2.5-7b), 512 streaming requests of input 1000 / output 256 at SERVE_CONC (default 64,256)
 # concurrent clients; overload: 2000 requests at once against --max-queue 512; the prefix cache: 64 questions after
 # a 2000-token shared prompt, with and without --no-prefix-cache; a soak of SOAK_SECONDS (default 0: none) at 64
-# clients with the server's RSS and GPU memory after warm-up and at the end. SERVE_OVERLOAD=0 leaves the overload out.
+# clients with the server's RSS and GPU memory after warm-up and at the end. SERVE_OVERLOAD=0 leaves the overload out;
+# SERVE_PREFIX=0 the prefix-cache pair. SERVE_ARGS: more options for every server (e.g. --max-batch-tokens 4096).
 p=${SERVE_PRESET:-qwen2.5-7b}
 d=${QINFER_CACHE:-$HOME/.cache/qinfer}/synth/$p-bf16
 [ -f "$d/config.json" ] || "$Q" synth --preset "$p" --out "$d" >/dev/null
-port=8123
+port=${SERVE_PORT:-8123}  # stages side by side on one host need a port each
 start_server() {  # options for serve
-    "$Q" serve --model "$d" --port $port --max-queue 512 "$@" >"$OUT/serve-$SECONDS.log" 2>&1 &
+    # shellcheck disable=SC2086  # SERVE_ARGS splits into words on purpose
+    "$Q" serve --model "$d" --port $port --max-queue 512 ${SERVE_ARGS:-} "$@" >"$OUT/serve-$SECONDS.log" 2>&1 &
     server=$!
     for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0; sleep 1; done
     note "serve-load: the server did not come up"
@@ -26,7 +28,7 @@ load() {  # label, then options for bench --serve
 if start_server --max-num-seqs 256; then
     load "$p" --num-prompts 512 --input-len 1000 --output-len 256 --max-concurrency "${SERVE_CONC:-64,256}"
     [ "${SERVE_OVERLOAD:-1}" = 1 ] && load overload --num-prompts 2000 --input-len 100 --output-len 64 --max-concurrency 2000
-    load prefix-cache --num-prompts 64 --prefix-len 2000 --input-len 24 --output-len 16 --max-concurrency 8 --seed 3
+    [ "${SERVE_PREFIX:-1}" = 1 ] && load prefix-cache --num-prompts 64 --prefix-len 2000 --input-len 24 --output-len 16 --max-concurrency 8 --seed 3
     curl -s "http://127.0.0.1:$port/metrics" >"$OUT/serve-metrics.txt"
     grep -E "^qinfer_(prefix_cache_hit_rate|requests_rejected_total|preemptions_total|kv_blocks_total)" "$OUT/serve-metrics.txt"
     if [ "${SOAK_SECONDS:-0}" -gt 0 ]; then
@@ -40,7 +42,7 @@ if start_server --max-num-seqs 256; then
     fi
     stop_server
 fi
-if start_server --max-num-seqs 256 --no-prefix-cache; then
+if [ "${SERVE_PREFIX:-1}" = 1 ] && start_server --max-num-seqs 256 --no-prefix-cache; then
     load prefix-cache-off --num-prompts 64 --prefix-len 2000 --input-len 24 --output-len 16 --max-concurrency 8 --seed 3
     stop_server
 fi
