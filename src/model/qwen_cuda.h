@@ -123,6 +123,9 @@ struct DevLayer {
     DevLinear shared_gate;  // bf16 [1, hidden]
 };
 
+// The decode rows' bucket: the rows a captured decode step is padded to (qwen_cuda_paged.cpp).
+int rows_bucket(int rows);
+
 class CudaQwenEngine : public Engine {
 public:
     CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt);
@@ -163,8 +166,18 @@ private:
         int table_row = -1;           // that table's row of batch_tables_ (needed when segments share a pass)
         int pos0 = 0, n = 0;
         float * logits = nullptr;  // host fp32 [vocab]: the last position's logits (all_logits: [n, vocab]); null: none
+        int pick_slot = -1;        // >= 0 (continuous batching): the last position's token picked on the device by
+                                   // row_picks_[slot] into slot_tokens_[slot]
+        bool decode = false;       // a decoding sequence's one token riding in the pass (DecodeRows)
     };
-    void prefill(const std::vector<PrefillSegment> & segs, size_t ids_offset, bool all_logits);
+    // Decode rows in a pass: the first segments (one token each, table row r = their index), their attention by the
+    // decode kernel over context lengths len_dev (device int [rows]).
+    struct DecodeRows {
+        const int * len_dev = nullptr;
+        int max_len = 1;
+        bool short_ctx = false;
+    };
+    void prefill(const std::vector<PrefillSegment> & segs, size_t ids_offset, bool all_logits, const DecodeRows * decode = nullptr);
     cuda::KVLayer kv_layer(int layer, const int * block_table, int stride = 0) const;
     cuda::KVLayer kv_layer_batch(int layer) const;
     cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
@@ -250,7 +263,8 @@ private:
     bool pooled_ = false;
     PoolOptions pool_opt_;
     int pool_rows_ = 0, pool_stride_ = 0, scratch_block_ = 0;
-    DeviceBuffer row_picks_;            // cuda::RowPick [pool_rows_]
+    DeviceBuffer row_picks_;            // cuda::RowPick [2 * pool_rows_]: decode rows from 0, prompt chunks from pool_rows_
+    DeviceBuffer slot_tokens_;          // int [2 * pool_rows_]: tokens picked in prefill passes (PrefillSegment::pick_slot)
     DeviceBuffer pick_history_;         // int: the step's penalised rows' prompts and outputs, one after another
     cuda::HostMappedBuffer history_host_;  // their pinned staging
     cuda::HostMappedBuffer step_host_;  // pinned staging of a step: tables, decode state, picks, picked tokens

@@ -1,16 +1,16 @@
 // Continuous batching on the CUDA engine (class in model/qwen_cuda.h): the cache becomes one pool of blocks whose
-// tables the scheduler (runtime/scheduler.h) owns, and a step runs its prompt chunks as prefill passes and all its
-// decoding sequences as one batched decode step, captured in a CUDA graph per bucket of rows (padding rows write to a
-// block of their own), each row picking its token on the device by its own settings where it can.
+// tables the scheduler (runtime/scheduler.h) owns. A step with prompt chunks runs them and its decoding sequences'
+// tokens together in prefill passes (one read of the weights); a step of decoding sequences alone is one batched
+// decode step, captured in a CUDA graph per bucket of rows (padding rows write to a block of their own). Each row
+// picks its token on the device by its own settings where it can.
 #include "model/qwen_cuda.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "core/env.h"
 
 namespace qinfer::cuda_engine {
-
-namespace {
 
 // Decode rows are padded up to a bucket so that a few graphs serve every batch: exact up to the fused GEMVs' 4 rows,
 // then 8, 16, steps of 16 to 128, of 32 to 256, of 64 beyond.
@@ -22,13 +22,16 @@ int rows_bucket(int b) {
     return (b + 63) / 64 * 64;
 }
 
+namespace {
+
 // Whether a row's token can be picked on the device: greedy or top-k within the kernel's k, penalties with the
 // history to apply them over; log-probabilities and full-vocabulary sampling (top_k 0) go to the host.
+bool penalised(const SamplingParams & p) { return p.repetition_penalty != 1.0f || p.presence_penalty != 0 || p.frequency_penalty != 0; }
+
 bool device_pick(const StepSegment & s) {
     if (s.need_logits || !s.sampling) return false;
     const SamplingParams & p = *s.sampling;
-    const bool penalties = p.repetition_penalty != 1.0f || p.presence_penalty != 0 || p.frequency_penalty != 0;
-    if (penalties && (!s.prompt || !s.output)) return false;
+    if (penalised(p) && (!s.prompt || !s.output)) return false;
     return p.temperature == 0 || (p.top_k >= 1 && p.top_k <= cuda::k_sample_max_k);
 }
 
@@ -65,12 +68,14 @@ PoolInfo CudaQwenEngine::make_pool(const PoolOptions & opt) {
     pool_stride_ = stride;
     kv_tokens_ = stride * block_size_;  // what prefill_chunk() sizes passes for
 
-    const int step_tokens = std::max(pool_rows_, std::min(opt.max_step_tokens, prefill_chunk()));
+    // A pass holds a step's decode rows and its prompt tokens, at most prefill_chunk() of them.
+    const int step_tokens = std::max(pool_rows_, std::min(opt.max_step_tokens + pool_rows_, prefill_chunk()));
     ensure_workspace(step_tokens);
     const size_t V = size_t(c.vocab_size);
     logits_ = DeviceBuffer(size_t(pool_rows_) * V * sizeof(float), "logits");
     sample_work_ = DeviceBuffer(size_t(pool_rows_) * V * sizeof(float), "sampling");
-    row_picks_ = DeviceBuffer(size_t(pool_rows_) * sizeof(cuda::RowPick), "sampling");
+    row_picks_ = DeviceBuffer(2 * size_t(pool_rows_) * sizeof(cuda::RowPick), "sampling");
+    slot_tokens_ = DeviceBuffer(2 * size_t(pool_rows_) * sizeof(int), "sampling");
     // Penalties: every row's history fits (a sequence holds at most max_seq_tokens), and the counts start at zero.
     pick_history_ = DeviceBuffer(size_t(pool_rows_) * info.max_seq_tokens * sizeof(int), "sampling");
     history_host_ = cuda::HostMappedBuffer(size_t(pool_rows_) * info.max_seq_tokens * sizeof(int), "sampling");
@@ -92,9 +97,9 @@ PoolInfo CudaQwenEngine::make_pool(const PoolOptions & opt) {
     std::iota(identity.begin(), identity.end(), 0);
     prefill_table_ = upload_vector(identity, "block table");
     ensure_prefill_kv(info.max_seq_tokens);
-    ids_host_ = cuda::HostMappedBuffer(size_t(std::max(opt.max_step_tokens, 1)) * sizeof(int), "prompt ids");
+    ids_host_ = cuda::HostMappedBuffer((size_t(std::max(opt.max_step_tokens, 1)) + pool_rows_) * sizeof(int), "prompt ids");
     const size_t staged = 2 * size_t(pool_rows_) * stride + (3 * size_t(pool_rows_) + 1) + 2 * size_t(pool_rows_) + 4;  // + alignment
-    step_host_ = cuda::HostMappedBuffer(staged * sizeof(int) + size_t(pool_rows_) * sizeof(cuda::RowPick), "step staging");
+    step_host_ = cuda::HostMappedBuffer(staged * sizeof(int) + 2 * size_t(pool_rows_) * sizeof(cuda::RowPick), "step staging");
 
     // The cache takes what the memory fraction leaves, keeping 0.5 GB for cuBLASLt's plans, the graphs and the
     // runtime's own allocations.
@@ -159,9 +164,16 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
         ((segs[i].n == 1 && (kv_kind_ != cuda::KVKind::FP8 || fp8_ready) && int(decode.size()) < pool_rows_) ? decode : chunks).push_back(i);
     }
     if (chunks.size() > size_t(pool_rows_)) QINFER_FAIL() << "step: more than " << pool_rows_ << " prompt chunks in one step";
-    const int B = int(decode.size()), bucket = B > 0 ? std::min(rows_bucket(B), pool_rows_) : 0;
+    const int B = int(decode.size());
+    // Until an fp8 cache has its scales, each chunk runs alone, so that the first chunk's values set them, as in the
+    // CPU cache. Otherwise the chunks share passes, and the decode rows ride in them (one read of the weights for the
+    // step); a step of decode rows alone is the captured decode step, padded to its bucket.
+    const bool pack = kv_kind_ != cuda::KVKind::FP8 || fp8_ready;
+    const bool merged = B > 0 && !chunks.empty() && pack;
+    const int bucket = B == 0 ? 0 : merged ? B : std::min(rows_bucket(B), pool_rows_);
 
-    // Staging (pinned): block tables, prompt ids, decode state and picks.
+    // Staging (pinned): block tables, prompt ids, decode state, picked tokens (decode rows from 0, chunks from
+    // pool_rows_) and the rows' pick settings (likewise).
     int * tables = static_cast<int *>(step_host_.host());
     int * state = tables + 2 * size_t(pool_rows_) * stride;  // tokens [bucket], pos [bucket], step, len [bucket]
     int * picked = state + 3 * size_t(pool_rows_) + 1;
@@ -171,25 +183,35 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
     for (int r = 0; r < B; r++) put_table(size_t(r), *segs[decode[size_t(r)]].blocks);
     for (int r = B; r < bucket; r++) tables[size_t(r) * stride] = scratch_block_;  // padding rows: position 0 of their own block
     for (size_t j = 0; j < chunks.size(); j++) put_table(size_t(pool_rows_) + j, *segs[chunks[j]].blocks);
+    // Only the columns in use go over (a row's kernels read no entry past its length): at 1024 rows of 2048-entry
+    // tables the whole rows had been 8 MB a step.
+    size_t cols = 1;
+    for (const StepSegment & s : segs) cols = std::max(cols, s.blocks->size());
+    const size_t pitch = size_t(stride) * sizeof(int);
     if (bucket > 0) {
-        CUDA_CHECK(cudaMemcpyAsync(batch_tables_.get(), tables, size_t(bucket) * stride * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpy2DAsync(batch_tables_.get(), pitch, tables, pitch, cols * sizeof(int), size_t(bucket), cudaMemcpyHostToDevice, stream_));
     }
     if (!chunks.empty()) {
-        CUDA_CHECK(cudaMemcpyAsync(batch_tables_.as<int>() + size_t(pool_rows_) * stride, tables + size_t(pool_rows_) * stride,
-                                   chunks.size() * stride * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpy2DAsync(batch_tables_.as<int>() + size_t(pool_rows_) * stride, pitch, tables + size_t(pool_rows_) * stride, pitch,
+                                     cols * sizeof(int), chunks.size(), cudaMemcpyHostToDevice, stream_));
     }
-    size_t n_ids = 0;
+    size_t n_ids = merged ? size_t(B) : 0;
     for (size_t i : chunks) n_ids += size_t(segs[i].n);
     if (ids_host_.bytes() < n_ids * sizeof(int)) {
         CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read by queued copies
         ids_host_ = cuda::HostMappedBuffer(n_ids * sizeof(int), "prompt ids");
     }
 
+    // Which rows the host picks (their logits come back): log-probabilities, full-vocabulary sampling, and a prompt
+    // end's penalties (its history is not staged).
     out.tokens.assign(segs.size(), -1);
     out.logits_row.assign(segs.size(), -1);
     int n_logit_rows = 0;
-    for (size_t i : chunks) {
-        if (segs[i].pick) out.logits_row[i] = n_logit_rows++;
+    std::vector<bool> chunk_on_device(chunks.size());
+    for (size_t j = 0; j < chunks.size(); j++) {
+        const StepSegment & s = segs[chunks[j]];
+        chunk_on_device[j] = s.pick && device_pick(s) && !penalised(*s.sampling);
+        if (s.pick && !chunk_on_device[j]) out.logits_row[chunks[j]] = n_logit_rows++;
     }
     std::vector<int> host_pick;  // decode rows whose logits the host needs
     for (int r = 0; r < B; r++) {
@@ -200,78 +222,114 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
         }
     }
     out.logits.resize(size_t(n_logit_rows) * V);
+    auto host_logits = [&](size_t i) { return out.logits_row[i] >= 0 ? out.logits.data() + size_t(out.logits_row[i]) * V : nullptr; };
 
-    // Prompt chunks, packed into shared prefill passes. Until an fp8 cache has its scales, each chunk runs alone, so
-    // that the first chunk's values set them, as in the CPU cache.
-    const bool pack = kv_kind_ != cuda::KVKind::FP8 || fp8_ready;
-    std::vector<PrefillSegment> prefill_segs;
-    size_t ids_at = 0;
+    // Pick settings: each decode row (padding rows greedy), each prompt end picked on the device.
+    size_t n_hist = 0;
+    auto fill_pick = [&](const StepSegment * s, int pos) {
+        cuda::RowPick p;
+        p.n_valid = s && s->n_valid > 0 ? std::min(s->n_valid, V) : V;
+        p.pos = pos;
+        if (!s || !s->pick || !device_pick(*s)) return p;
+        const SamplingParams & sp = *s->sampling;
+        p.temperature = sp.temperature;
+        p.top_k = sp.top_k;
+        p.top_p = sp.top_p;
+        p.min_p = sp.min_p;
+        p.seed = sp.seed;
+        p.repetition_penalty = sp.repetition_penalty;
+        p.presence_penalty = sp.presence_penalty;
+        p.frequency_penalty = sp.frequency_penalty;
+        if (penalised(sp)) {
+            // The history, packed after the rows before it (their sum stays within the buffer: each row's history is
+            // shorter than its sequence, which its table bounds).
+            int * hist = static_cast<int *>(history_host_.host());
+            p.hist_off = int(n_hist);
+            p.n_prompt = int(s->prompt->size());
+            p.n_output = int(s->output->size());
+            std::copy(s->prompt->begin(), s->prompt->end(), hist + n_hist);
+            std::copy(s->output->begin(), s->output->end(), hist + n_hist + s->prompt->size());
+            n_hist += s->prompt->size() + s->output->size();
+        }
+        return p;
+    };
+    int max_len = 1;
+    bool short_ctx = true;
+    for (int r = 0; r < bucket; r++) {
+        const bool real = r < B;
+        const StepSegment * s = real ? &segs[decode[size_t(r)]] : nullptr;
+        const int pos = real ? s->pos0 : 0;
+        state[r] = real ? tokens[first_row[decode[size_t(r)]]] : 0;
+        state[bucket + r] = pos;
+        state[2 * bucket + 1 + r] = pos + 1;
+        max_len = std::max(max_len, pos + 1);
+        short_ctx = short_ctx && pos + 1 <= cuda::k_short_decode_keys;
+        picks[r] = fill_pick(s, pos);
+    }
+    state[2 * bucket] = 0;
+    cuda::RowPick * chunk_picks = picks + pool_rows_;
     for (size_t j = 0; j < chunks.size(); j++) {
         const StepSegment & s = segs[chunks[j]];
-        int * ids = static_cast<int *>(ids_host_.host()) + ids_at;
-        std::copy(tokens.begin() + long(first_row[chunks[j]]), tokens.begin() + long(first_row[chunks[j]] + size_t(s.n)), ids);
+        chunk_picks[j] = fill_pick(chunk_on_device[j] ? &s : nullptr, s.pos0 + s.n - 1);
+    }
+    if (bucket > 0) {
+        CUDA_CHECK(cudaMemcpyAsync(state_.get(), state, (3 * size_t(bucket) + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(row_picks_.get(), picks, size_t(bucket) * sizeof(cuda::RowPick), cudaMemcpyHostToDevice, stream_));
+    }
+    if (!chunks.empty()) {
+        CUDA_CHECK(cudaMemcpyAsync(row_picks_.as<cuda::RowPick>() + pool_rows_, chunk_picks, chunks.size() * sizeof(cuda::RowPick),
+                                   cudaMemcpyHostToDevice, stream_));
+    }
+    if (n_hist > 0) {
+        CUDA_CHECK(cudaMemcpyAsync(pick_history_.get(), history_host_.host(), n_hist * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    }
+
+    // The passes: decode rows (merged) then prompt chunks, their ids one after another.
+    std::vector<PrefillSegment> passes;
+    int * ids = static_cast<int *>(ids_host_.host());
+    size_t ids_at = 0;
+    if (merged) {
+        for (int r = 0; r < B; r++) {
+            const size_t i = decode[size_t(r)];
+            PrefillSegment p;
+            p.table_row = r;
+            p.table = batch_tables_.as<int>() + size_t(r) * stride;
+            p.pos0 = segs[i].pos0;
+            p.n = 1;
+            p.decode = true;
+            p.pick_slot = segs[i].pick && out.logits_row[i] < 0 ? r : -1;
+            p.logits = host_logits(i);
+            passes.push_back(p);
+            ids[ids_at++] = tokens[first_row[i]];
+        }
+    }
+    for (size_t j = 0; j < chunks.size(); j++) {
+        const StepSegment & s = segs[chunks[j]];
+        std::copy(tokens.begin() + long(first_row[chunks[j]]), tokens.begin() + long(first_row[chunks[j]] + size_t(s.n)), ids + ids_at);
         PrefillSegment p;
         p.table_row = pool_rows_ + int(j);
         p.table = batch_tables_.as<int>() + size_t(p.table_row) * stride;
         p.pos0 = s.pos0;
         p.n = s.n;
-        p.logits = s.pick ? out.logits.data() + size_t(out.logits_row[chunks[j]]) * V : nullptr;
+        p.pick_slot = chunk_on_device[j] ? pool_rows_ + int(j) : -1;
+        p.logits = host_logits(chunks[j]);
         if (pack) {
-            prefill_segs.push_back(p);
+            passes.push_back(p);
         } else {
             prefill({p}, ids_at, false);
         }
         ids_at += size_t(s.n);
     }
-    if (!prefill_segs.empty()) prefill(prefill_segs, 0, false);
+    if (merged) {
+        const DecodeRows rows{state_.as<int>() + 2 * bucket + 1, max_len, short_ctx};
+        prefill(passes, 0, false, &rows);
+    } else if (!passes.empty()) {
+        prefill(passes, 0, false);
+    }
     profile_decode_ = false;
 
-    // The decode rows, padded to their bucket, in one step.
-    if (B > 0) {
-        int max_len = 1;
-        bool short_ctx = true;
-        size_t n_hist = 0;
-        for (int r = 0; r < bucket; r++) {
-            const bool real = r < B;
-            const StepSegment * s = real ? &segs[decode[size_t(r)]] : nullptr;
-            const int pos = real ? s->pos0 : 0;
-            state[r] = real ? tokens[first_row[decode[size_t(r)]]] : 0;
-            state[bucket + r] = pos;
-            state[2 * bucket + 1 + r] = pos + 1;
-            max_len = std::max(max_len, pos + 1);
-            short_ctx = short_ctx && pos + 1 <= cuda::k_short_decode_keys;
-            cuda::RowPick p;
-            p.n_valid = real && s->n_valid > 0 ? std::min(s->n_valid, V) : V;
-            if (real && device_pick(*s)) {
-                const SamplingParams & sp = *s->sampling;
-                p.temperature = sp.temperature;
-                p.top_k = sp.top_k;
-                p.top_p = sp.top_p;
-                p.min_p = sp.min_p;
-                p.seed = sp.seed;
-                p.repetition_penalty = sp.repetition_penalty;
-                p.presence_penalty = sp.presence_penalty;
-                p.frequency_penalty = sp.frequency_penalty;
-                if (p.repetition_penalty != 1.0f || p.presence_penalty != 0 || p.frequency_penalty != 0) {
-                    // The history, packed after the rows before it (their sum stays within the buffer: each row's
-                    // history is shorter than its sequence, which its table bounds).
-                    int * hist = static_cast<int *>(history_host_.host());
-                    p.hist_off = int(n_hist);
-                    p.n_prompt = int(s->prompt->size());
-                    p.n_output = int(s->output->size());
-                    std::copy(s->prompt->begin(), s->prompt->end(), hist + n_hist);
-                    std::copy(s->output->begin(), s->output->end(), hist + n_hist + s->prompt->size());
-                    n_hist += s->prompt->size() + s->output->size();
-                }
-            }
-            picks[r] = p;
-        }
-        state[2 * bucket] = 0;
-        CUDA_CHECK(cudaMemcpyAsync(state_.get(), state, (3 * size_t(bucket) + 1) * sizeof(int), cudaMemcpyHostToDevice, stream_));
-        CUDA_CHECK(cudaMemcpyAsync(row_picks_.get(), picks, size_t(bucket) * sizeof(cuda::RowPick), cudaMemcpyHostToDevice, stream_));
-        if (n_hist > 0) {
-            CUDA_CHECK(cudaMemcpyAsync(pick_history_.get(), history_host_.host(), n_hist * sizeof(int), cudaMemcpyHostToDevice, stream_));
-        }
+    if (B > 0 && !merged) {
+        // The decode rows alone, padded to their bucket, in one captured step.
         int pow2 = 1;
         while (pow2 < max_len) pow2 *= 2;
         max_splits_ = cuda::decode_splits(std::min(pow2, pool_stride_ * block_size_), cfg.num_key_value_heads, cfg.head_dim, bucket);
@@ -300,14 +358,24 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
         }
         CUDA_CHECK(cudaMemcpyAsync(picked, tokens_out_.get(), size_t(B) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
         for (int r : host_pick) {
-            float * dst = out.logits.data() + size_t(out.logits_row[decode[size_t(r)]]) * V;
-            CUDA_CHECK(cudaMemcpyAsync(dst, logits_.as<float>() + size_t(r) * V, size_t(V) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+            CUDA_CHECK(cudaMemcpyAsync(host_logits(decode[size_t(r)]), logits_.as<float>() + size_t(r) * V, size_t(V) * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
         }
     }
+    if (merged) CUDA_CHECK(cudaMemcpyAsync(picked, slot_tokens_.get(), size_t(B) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    if (!chunks.empty()) {
+        CUDA_CHECK(cudaMemcpyAsync(picked + pool_rows_, slot_tokens_.as<int>() + pool_rows_, chunks.size() * sizeof(int), cudaMemcpyDeviceToHost,
+                                   stream_));
+    }
+    const auto wait0 = std::chrono::steady_clock::now();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    out.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wait0).count();
     for (int r = 0; r < B; r++) {
         const size_t i = decode[size_t(r)];
         if (segs[i].pick && out.logits_row[i] < 0) out.tokens[i] = picked[r];
+    }
+    for (size_t j = 0; j < chunks.size(); j++) {
+        if (chunk_on_device[j]) out.tokens[chunks[j]] = picked[pool_rows_ + int(j)];
     }
 }
 

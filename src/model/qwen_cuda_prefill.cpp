@@ -85,19 +85,26 @@ struct PassPiece {
 
 // The segments' tokens (their ids one after another in ids_host_ from `ids_offset`, pinned) appended to their
 // sequences, packed into passes of prefill_chunk() tokens: a pass runs its projections once over every token it holds,
-// whichever prompt they belong to, and its attention a launch per segment piece (each over its own sequence's cache).
-// A segment's logits (the last position's, or every position's with all_logits: one segment only) go to its host
-// buffer. Queued on the stream, not waited for.
-void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t ids_offset, bool all_logits) {
+// whichever sequence they belong to, and its attention a launch per prompt piece (each over its own sequence's cache)
+// and one decode launch over the decode rows it holds (`decode`: the first segments, one token each). A segment's
+// last position picks its token on the device (pick_slot), or its logits (the last position's, or every position's
+// with all_logits: one segment only) go to its host buffer. Queued on the stream, not waited for.
+void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t ids_offset, bool all_logits, const DecodeRows * decode) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, V = cfg.vocab_size, QD = cfg.q_dim();
     const float eps = float(cfg.rms_norm_eps);
     QINFER_CHECK(!all_logits || segs.size() == 1) << "prefill: every position's logits for one segment only";
-    size_t total = 0;
+    size_t total = 0, n_decode = 0;
     int longest = 0;
-    for (const PrefillSegment & s : segs) {
+    bool slots = false;
+    for (size_t i = 0; i < segs.size(); i++) {
+        const PrefillSegment & s = segs[i];
         QINFER_CHECK(s.n > 0 && s.table) << "prefill: a segment needs tokens and a block table";
         QINFER_CHECK(segs.size() == 1 || s.table_row >= 0) << "prefill: packed segments need their row of the batch tables";
+        QINFER_CHECK(!s.decode || (decode && s.n == 1 && n_decode == i && s.table_row == int(i))) << "prefill: decode rows come first, one token each, in table row order";
+        QINFER_CHECK(s.pick_slot < 0 || pooled_) << "prefill: device picks need the pool's buffers";
+        n_decode += s.decode;
+        slots = slots || s.pick_slot >= 0;
         total += size_t(s.n);
         longest = std::max(longest, s.pos0 + s.n);
     }
@@ -107,14 +114,18 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
     // Over a quantized cache, each piece's attention runs the bf16 kernels on its sequence's cache dequantized so far
     // (ensure_prefill_kv); the buffers hold the longest sequence's blocks.
     const bool via_bf16 = ensure_prefill_kv(longest);
-    logits_.ensure(size_t(all_logits ? chunk : std::min<size_t>(segs.size(), size_t(chunk))) * V * sizeof(float), "logits");
-    // Packed passes: per token its position and its row of the batch tables, and the rows whose logits are wanted,
-    // staged per pass (int [3 * chunk] on the device, [3 * total] pinned: a pass's staging is not reused in a call).
-    if (segs.size() > 1) {
-        pack_.ensure(3 * size_t(chunk) * sizeof(int), "workspace");
-        if (pack_host_.bytes() < 3 * total * sizeof(int)) {
+    // Logits rows at a time: the pool's buffers hold pool_rows_ (and the picks' scratch as many).
+    const int logit_rows = pooled_ ? pool_rows_ : int(all_logits ? chunk : std::min<size_t>(segs.size(), size_t(chunk)));
+    logits_.ensure(size_t(logit_rows) * V * sizeof(float), "logits");
+    // Packed passes: per token its position and its row of the batch tables, the rows whose logits are wanted and
+    // their pick slots, staged per pass (int [4 * chunk] on the device, [4 * total] pinned: a pass's staging is not
+    // reused in a call).
+    const bool staged_passes = segs.size() > 1 || slots;
+    if (staged_passes) {
+        pack_.ensure(4 * size_t(chunk) * sizeof(int), "workspace");
+        if (pack_host_.bytes() < 4 * total * sizeof(int)) {
             CUDA_CHECK(cudaStreamSynchronize(stream_));  // the old buffer may still be read by queued copies
-            pack_host_ = cuda::HostMappedBuffer(3 * total * sizeof(int), "prompt positions");
+            pack_host_ = cuda::HostMappedBuffer(4 * total * sizeof(int), "prompt positions");
         }
     }
     const int * ids_host = static_cast<const int *>(ids_host_.host()) + ids_offset;
@@ -137,15 +148,18 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
             }
         }
         const bool packed = pieces.size() > 1;
-        // Rows whose logits are wanted: each piece that ends its segment, if the segment asks for them.
+        // Rows whose logits are wanted: each piece that ends its segment, if the segment asks for them or its token.
         std::vector<size_t> want;
+        size_t pass_decode = 0;  // the pass's decode rows: its first pieces
         for (size_t p = 0; p < pieces.size(); p++) {
             const PrefillSegment & s = segs[pieces[p].seg];
-            if (s.logits && pieces[p].from + pieces[p].n == s.n) want.push_back(p);
+            pass_decode += s.decode;
+            if ((s.logits || s.pick_slot >= 0) && pieces[p].from + pieces[p].n == s.n) want.push_back(p);
         }
-        int * pos_dev = pack_.as<int>(), * row_dev = pos_dev + chunk, * want_dev = row_dev + chunk;
-        if (packed) {
-            int * staged = static_cast<int *>(pack_host_.host()) + 3 * off;  // positions [c], rows [c], wanted rows
+        int * pos_dev = pack_.as<int>(), * row_dev = pos_dev + chunk, * want_dev = row_dev + chunk, * slot_dev = want_dev + chunk;
+        if (staged_passes) {
+            // positions [c], rows [c], wanted rows [want], their slots [want]
+            int * staged = static_cast<int *>(pack_host_.host()) + 4 * off;
             for (const PassPiece & pc : pieces) {
                 const PrefillSegment & s = segs[pc.seg];
                 for (int i = 0; i < pc.n; i++) {
@@ -153,10 +167,16 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
                     staged[c + pc.first + i] = s.table_row;
                 }
             }
-            for (size_t w = 0; w < want.size(); w++) staged[2 * c + int(w)] = pieces[want[w]].first + pieces[want[w]].n - 1;
-            CUDA_CHECK(cudaMemcpyAsync(pos_dev, staged, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
-            CUDA_CHECK(cudaMemcpyAsync(row_dev, staged + c, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
-            CUDA_CHECK(cudaMemcpyAsync(want_dev, staged + 2 * c, want.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
+            for (size_t w = 0; w < want.size(); w++) {
+                staged[2 * c + int(w)] = pieces[want[w]].first + pieces[want[w]].n - 1;
+                staged[3 * c + int(w)] = segs[pieces[want[w]].seg].pick_slot;
+            }
+            if (packed) {
+                CUDA_CHECK(cudaMemcpyAsync(pos_dev, staged, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
+                CUDA_CHECK(cudaMemcpyAsync(row_dev, staged + c, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
+                CUDA_CHECK(cudaMemcpyAsync(want_dev, staged + 2 * c, want.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
+            }
+            CUDA_CHECK(cudaMemcpyAsync(slot_dev, staged + 3 * c, want.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
         }
         CUDA_CHECK(cudaMemcpyAsync(ids_.get(), ids_host + off, size_t(c) * sizeof(int), cudaMemcpyHostToDevice, stream_));
         float * x = x_.as<float>();
@@ -194,8 +214,21 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
             }
             cuda::qkv_rope_cache(r, stream_);
             prof_.mark("bias/norm/rope/cache");
+            if (pass_decode > 0) {
+                // The decode rows of this pass (tokens 0.. of it): rows d0.. of the batch tables and of len_dev.
+                const int d0 = int(pieces[0].seg), rows = int(pass_decode);
+                int pow2 = 1;
+                while (pow2 < decode->max_len) pow2 *= 2;
+                const int splits = cuda::decode_splits(std::min(pow2, pool_stride_ * block_size_), cfg.num_key_value_heads, cfg.head_dim,
+                                                       rows_bucket(rows));
+                const cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), splits};
+                cuda::attention_decode(q_.as<bf16>(), kv_layer(l, batch_tables_.as<int>() + size_t(d0) * batch_stride_, batch_stride_),
+                                       decode->len_dev + d0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
+                                       attn_.as<bf16>(), stream_, rows, cuda::DecodeKernel::Auto, decode->short_ctx);
+            }
             for (const PassPiece & pc : pieces) {
                 const PrefillSegment & s = segs[pc.seg];
+                if (s.decode) continue;
                 const int pos0 = s.pos0 + pc.from;
                 cuda::KVLayer attn_cache = kv_layer(l, s.table);
                 if (via_bf16) {
@@ -225,7 +258,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
         prof_.mark("add/rms_norm");
         // Logits: every position of the pass (all_logits), or the last position of each segment that ends here.
         if (all_logits ? !segs[0].logits : want.empty()) continue;
-        int rows = all_logits ? c : int(want.size());
+        const int rows = all_logits ? c : int(want.size());
         const bf16 * rows_in = xn;
         if (all_logits || !packed) {
             const float * x_rows = x + size_t(all_logits ? 0 : c - 1) * H;
@@ -235,26 +268,36 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
             cuda::gather_rows(xn, want_dev, rows, H, tmp_.as<bf16>(), stream_);  // tmp_ is free after the residual add
             rows_in = tmp_.as<bf16>();
         }
-        if (rows <= k_gemv_max_m) {
-            cuda::GemvArgs a;
-            a.w = lm_head_;
-            a.n = V;
-            a.k = H;
-            a.x = rows_in;
-            a.m = rows;
-            a.y = logits_.get();
-            cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::F32, stream_);
-        } else {
-            cuda::gemm(rows_in, lm_head_, rows, V, H, logits_.get(), true, stream_);
-        }
-        prof_.mark("final norm, lm_head");
-        if (all_logits) {
-            CUDA_CHECK(cudaMemcpyAsync(segs[0].logits + off * V, logits_.get(), size_t(rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-            continue;
-        }
-        for (size_t w = 0; w < want.size(); w++) {
-            CUDA_CHECK(cudaMemcpyAsync(segs[pieces[want[w]].seg].logits, logits_.as<float>() + w * V, size_t(V) * sizeof(float),
-                                       cudaMemcpyDeviceToHost, stream_));
+        for (int r0 = 0; r0 < rows; r0 += logit_rows) {
+            const int m = std::min(logit_rows, rows - r0);
+            if (m <= k_gemv_max_m) {
+                cuda::GemvArgs a;
+                a.w = lm_head_;
+                a.n = V;
+                a.k = H;
+                a.x = rows_in + size_t(r0) * H;
+                a.m = m;
+                a.y = logits_.get();
+                cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::F32, stream_);
+            } else {
+                cuda::gemm(rows_in + size_t(r0) * H, lm_head_, m, V, H, logits_.get(), true, stream_);
+            }
+            prof_.mark("final norm, lm_head");
+            if (all_logits) {
+                CUDA_CHECK(cudaMemcpyAsync(segs[0].logits + (off + size_t(r0)) * V, logits_.get(), size_t(m) * V * sizeof(float),
+                                           cudaMemcpyDeviceToHost, stream_));
+                continue;
+            }
+            if (slots) {
+                cuda::pick_slots(logits_.as<float>(), m, V, slot_dev + r0, row_picks_.as<cuda::RowPick>(), pick_history_.as<int>(),
+                                 sample_work_.as<float>(), sample_counts_.as<int>(), slot_tokens_.as<int>(), stream_);
+            }
+            for (int w = r0; w < r0 + m; w++) {
+                const PrefillSegment & s = segs[pieces[want[size_t(w)]].seg];
+                if (s.pick_slot >= 0) continue;
+                CUDA_CHECK(cudaMemcpyAsync(s.logits, logits_.as<float>() + size_t(w - r0) * V, size_t(V) * sizeof(float), cudaMemcpyDeviceToHost,
+                                           stream_));
+            }
         }
     }
     if (profile && total > 1) {

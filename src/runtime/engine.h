@@ -46,6 +46,7 @@ struct StepOutput {
     std::vector<int> tokens;      // per segment: the token picked on the device, or -1 (logits_row says where the logits are)
     std::vector<int> logits_row;  // per segment: its row of `logits`, or -1
     std::vector<float> logits;    // fp32 [rows, vocab]
+    double wait_seconds = 0;      // the host's time blocked on the device in this step (CUDA: its synchronisation)
 };
 
 class Engine {

@@ -70,6 +70,7 @@ struct SchedulerStats {
     uint64_t prompt_tokens = 0, prefix_hit_tokens = 0;  // admitted prompts' tokens, and those found cached
     uint64_t generated_tokens = 0, finished = 0, preemptions = 0, steps = 0;
     double busy_seconds = 0;  // time inside steps
+    double wait_seconds = 0;  // of it, the host blocked on the device (the rest: scheduling, staging, launches, callbacks)
 };
 
 class Scheduler {
@@ -109,7 +110,7 @@ private:
     void preempt(Seq & s);
     void publish_full_blocks(Seq & s);
     bool emit(Seq & s, int token, const float * logits);
-    void update_stats(double step_seconds);
+    void update_stats(double step_seconds, double wait_seconds = 0);
 
     Engine & engine_;
     SchedulerOptions opt_;

@@ -332,3 +332,66 @@ TEST(CudaSampling, PickRowsWithPenalties) {
         EXPECT_NEAR(freq[size_t(i)], w, 5 * std::sqrt(w * (1 - w) / (rows / 2)) + 1e-9) << "id " << i;
     }
 }
+
+// The rows of a prefill pass (pick_slots) pick by the same rules as a decode step's rows: each row's token equals
+// pick_rows_advance's for the same logits and settings (its position in RowPick::pos), written to its slot; rows of
+// slot -1 are left to the host. Greedy, greedy over fewer ids, sampled, and penalised rows, on distinct logits.
+TEST(CudaSampling, PickSlotsEqualPickRows) {
+    REQUIRE_GPU();
+    const int vocab = 733, rows = 257, slots_n = 300;
+    const std::vector<float> all = randn(size_t(rows) * vocab, 2.0f);
+    const std::vector<int> prompt = {3, 9, 3, 700}, output = {5, 5, 12};
+    std::vector<int> state(3 * size_t(rows) + 1, 0), history, slot(static_cast<size_t>(rows));
+    std::vector<cuda::RowPick> picks(static_cast<size_t>(rows)), by_slot(static_cast<size_t>(slots_n));
+    for (int r = 0; r < rows; r++) {
+        state[size_t(rows + r)] = 40 + 3 * r;
+        state[size_t(2 * rows + 1 + r)] = 41 + 3 * r;
+        cuda::RowPick & k = picks[size_t(r)];
+        k.n_valid = r % 5 == 1 ? 400 : vocab;
+        if (r % 5 >= 2) {
+            k.temperature = 0.8f;
+            k.top_k = 1 + r % 40;
+            k.top_p = 0.9f;
+            k.seed = 1000 + uint64_t(r);
+        }
+        if (r % 5 == 4) {
+            k.repetition_penalty = 1.3f;
+            k.presence_penalty = 0.2f;
+            k.frequency_penalty = 0.1f;
+            k.hist_off = int(history.size());
+            k.n_prompt = int(prompt.size());
+            k.n_output = int(output.size());
+            history.insert(history.end(), prompt.begin(), prompt.end());
+            history.insert(history.end(), output.begin(), output.end());
+        }
+        slot[size_t(r)] = r % 7 == 3 ? -1 : (r * 37) % slots_n;  // distinct slots (37 and 300 are coprime)
+        k.pos = state[size_t(rows + r)];
+        if (slot[size_t(r)] >= 0) by_slot[size_t(slot[size_t(r)])] = k;
+    }
+    DeviceBuffer dl = upload(all), dst = upload(state), dh = upload(history), dc = upload(std::vector<int>(size_t(rows) * vocab, 0));
+    DeviceBuffer dw(size_t(rows) * vocab * 4, "test"), dout = upload(std::vector<int>(size_t(rows), -1));
+    DeviceBuffer dp(picks.size() * sizeof(cuda::RowPick), "test"), dps(by_slot.size() * sizeof(cuda::RowPick), "test");
+    ASSERT_EQ(cudaMemcpy(dp.get(), picks.data(), picks.size() * sizeof(cuda::RowPick), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dps.get(), by_slot.data(), by_slot.size() * sizeof(cuda::RowPick), cudaMemcpyHostToDevice), cudaSuccess);
+    DeviceBuffer dslot = upload(slot), dtok = upload(std::vector<int>(size_t(slots_n), -7));
+    int * s = dst.as<int>();
+    cuda::pick_rows_advance(dl.as<float>(), rows, vocab, dp.as<cuda::RowPick>(), dh.as<int>(), dw.as<float>(), dc.as<int>(), s, s + rows, s + 2 * rows,
+                            s + 2 * rows + 1, dout.as<int>(), nullptr);
+    cuda::pick_slots(dl.as<float>(), rows, vocab, dslot.as<int>(), dps.as<cuda::RowPick>(), dh.as<int>(), dw.as<float>(), dc.as<int>(), dtok.as<int>(),
+                     nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int> want(static_cast<size_t>(rows)), got(static_cast<size_t>(slots_n)), counts(size_t(rows) * vocab);
+    cudaMemcpy(want.data(), dout.get(), want.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(got.data(), dtok.get(), got.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(counts.data(), dc.get(), counts.size() * 4, cudaMemcpyDeviceToHost);
+    EXPECT_TRUE(std::all_of(counts.begin(), counts.end(), [](int c) { return c == 0; })) << "the counts scratch was left dirty";
+    std::vector<bool> used(static_cast<size_t>(slots_n), false);
+    for (int r = 0; r < rows; r++) {
+        if (slot[size_t(r)] < 0) continue;
+        used[size_t(slot[size_t(r)])] = true;
+        EXPECT_EQ(got[size_t(slot[size_t(r)])], want[size_t(r)]) << "row " << r << " (slot " << slot[size_t(r)] << ")";
+    }
+    for (int j = 0; j < slots_n; j++) {
+        if (!used[size_t(j)]) EXPECT_EQ(got[size_t(j)], -7) << "slot " << j << " was written by no row";
+    }
+}

@@ -271,10 +271,16 @@ struct RowPick {
     float temperature = 0, top_p = 1, min_p = 0;
     float repetition_penalty = 1, presence_penalty = 0, frequency_penalty = 0;
     int hist_off = 0, n_prompt = 0, n_output = 0;
+    int pos = 0;  // pick_slots only: the position of the row's last token (its draw hashes it; the decode state has pos)
     uint64_t seed = 0;
 };
 void pick_rows_advance(const float * logits, int rows, int vocab, const RowPick * picks, const int * history, float * work, int * counts,
                        int * tokens, int * pos, int * step, int * len, int * out_tokens, cudaStream_t stream);
+// The same rules for the rows of a prefill pass (prompt ends, and decode rows that ride in the pass): logits fp32
+// [rows, vocab]; row w picks by picks[slots[w]] into tokens[slots[w]], or is left to the host where slots[w] is -1.
+// work / counts as above ([rows, vocab]); no decode state moves.
+void pick_slots(const float * logits, int rows, int vocab, const int * slots, const RowPick * picks, const int * history, float * work,
+                int * counts, int * tokens, cudaStream_t stream);
 
 // ---- prefill GEMM (cuBLASLt) ----
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.

@@ -196,73 +196,84 @@ __global__ void __launch_bounds__(k_sample_threads) sample_rows_kernel(SampleArg
     counts[tok] += 1;
 }
 
-// One block per row, by the row's own settings: penalties over its history, then the argmax over its ids
-// (temperature 0), or top-k sampling as sample_rows_kernel.
-__global__ void __launch_bounds__(k_sample_threads)
-    pick_rows_kernel(const float * logits, int vocab, int rows, const RowPick * picks, const int * history, float * work_all, int * counts_all,
-                     int * tokens, int * pos, const int * step, int * len, int * out) {
-    pdl_wait();
-    const int r = blockIdx.x;
-    const RowPick p = picks[r];
-    const float * row = logits + int64_t(r) * vocab;
+// The token of one row by its own settings (a whole block calls it; the token is thread 0's): penalties over its
+// history, then the argmax over its ids (temperature 0), or top-k sampling as sample_rows_kernel, its draw hashing the
+// seed and `pos`.
+__device__ int pick_row_token(const float * row, int vocab, const RowPick & p, const int * history, float * work, int * counts, int pos) {
     const int n_valid = max(1, min(p.n_valid, vocab));
     const bool rep = p.repetition_penalty != 1.0f, counted = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-    int tok;
     if (p.temperature <= 0.0f && !rep && !counted) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
         for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, row[i], i);
         block_argmax(bv, bi);
-        if (threadIdx.x != 0) return;
-        tok = bi == 0x7fffffff ? 0 : bi;
-    } else {
-        float * work = work_all + int64_t(r) * vocab;
-        for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) work[i] = row[i];
-        __syncthreads();
-        const int * h = history + p.hist_off;
-        if (rep) {
-            // Each id of the prompt and output once: writing the penalised logit again for a repeated id is the same.
-            for (int j = threadIdx.x; j < p.n_prompt + p.n_output; j += k_sample_threads) {
-                const int id = h[j];
-                if (id < 0 || id >= n_valid) continue;
-                const float l = row[id];
-                work[id] = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
-            }
-            __syncthreads();
-        }
-        if (counted) {
-            int * counts = counts_all + int64_t(r) * vocab;
-            const int * gen = h + p.n_prompt;
-            for (int j = threadIdx.x; j < p.n_output; j += k_sample_threads) {
-                if (gen[j] >= 0 && gen[j] < n_valid) atomicAdd(&counts[gen[j]], 1);
-            }
-            __syncthreads();
-            // The first to take an id's count applies it (and leaves the count zero again).
-            for (int j = threadIdx.x; j < p.n_output; j += k_sample_threads) {
-                if (gen[j] < 0 || gen[j] >= n_valid) continue;
-                const int c = atomicExch(&counts[gen[j]], 0);
-                if (c > 0) work[gen[j]] -= p.presence_penalty + p.frequency_penalty * float(c);
-            }
-            __syncthreads();
-        }
-        if (p.temperature <= 0.0f) {
-            float bv = -INFINITY;
-            int bi = 0x7fffffff;
-            for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, work[i], i);
-            block_argmax(bv, bi);
-            if (threadIdx.x != 0) return;
-            tok = bi == 0x7fffffff ? 0 : bi;
-        } else {
-            for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) work[i] /= p.temperature;
-            __syncthreads();
-            tok = draw_top_k(work, n_valid, p.top_k, p.top_p, p.min_p, uniform01(p.seed, uint64_t(pos[r]), 0));
-            if (threadIdx.x != 0) return;
-        }
+        return bi == 0x7fffffff ? 0 : bi;
     }
+    for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) work[i] = row[i];
+    __syncthreads();
+    const int * h = history + p.hist_off;
+    if (rep) {
+        // Each id of the prompt and output once: writing the penalised logit again for a repeated id is the same.
+        for (int j = threadIdx.x; j < p.n_prompt + p.n_output; j += k_sample_threads) {
+            const int id = h[j];
+            if (id < 0 || id >= n_valid) continue;
+            const float l = row[id];
+            work[id] = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+        }
+        __syncthreads();
+    }
+    if (counted) {
+        const int * gen = h + p.n_prompt;
+        for (int j = threadIdx.x; j < p.n_output; j += k_sample_threads) {
+            if (gen[j] >= 0 && gen[j] < n_valid) atomicAdd(&counts[gen[j]], 1);
+        }
+        __syncthreads();
+        // The first to take an id's count applies it (and leaves the count zero again).
+        for (int j = threadIdx.x; j < p.n_output; j += k_sample_threads) {
+            if (gen[j] < 0 || gen[j] >= n_valid) continue;
+            const int c = atomicExch(&counts[gen[j]], 0);
+            if (c > 0) work[gen[j]] -= p.presence_penalty + p.frequency_penalty * float(c);
+        }
+        __syncthreads();
+    }
+    if (p.temperature <= 0.0f) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) argmax_merge(bv, bi, work[i], i);
+        block_argmax(bv, bi);
+        return bi == 0x7fffffff ? 0 : bi;
+    }
+    for (int i = threadIdx.x; i < n_valid; i += k_sample_threads) work[i] /= p.temperature;
+    __syncthreads();
+    return draw_top_k(work, n_valid, p.top_k, p.top_p, p.min_p, uniform01(p.seed, uint64_t(pos), 0));
+}
+
+// One block per row of a decode step: its token, then the decode state advances.
+__global__ void __launch_bounds__(k_sample_threads)
+    pick_rows_kernel(const float * logits, int vocab, int rows, const RowPick * picks, const int * history, float * work_all, int * counts_all,
+                     int * tokens, int * pos, const int * step, int * len, int * out) {
+    pdl_wait();
+    const int r = blockIdx.x;
+    const int tok = pick_row_token(logits + int64_t(r) * vocab, vocab, picks[r], history, work_all + int64_t(r) * vocab,
+                                   counts_all + int64_t(r) * vocab, pos[r]);
+    if (threadIdx.x != 0) return;
     tokens[r] = tok;
     out[int64_t(*step) * rows + r] = tok;
     pos[r] += 1;
     len[r] += 1;
+}
+
+// One block per row of a prefill pass's logits: row w picks by picks[slots[w]] into tokens[slots[w]] (slot -1: the
+// host takes that row's logits).
+__global__ void __launch_bounds__(k_sample_threads)
+    pick_slots_kernel(const float * logits, int vocab, const int * slots, const RowPick * picks, const int * history, float * work_all,
+                      int * counts_all, int * tokens) {
+    pdl_wait();
+    const int w = blockIdx.x, slot = slots[w];
+    if (slot < 0) return;
+    const RowPick p = picks[slot];
+    const int tok = pick_row_token(logits + int64_t(w) * vocab, vocab, p, history, work_all + int64_t(w) * vocab, counts_all + int64_t(w) * vocab, p.pos);
+    if (threadIdx.x == 0) tokens[slot] = tok;
 }
 
 }  // namespace
@@ -273,6 +284,12 @@ void pick_rows_advance(const float * logits, int rows, int vocab, const RowPick 
     launch_kernel(pick_rows_kernel, rows, k_sample_threads, 0, stream, logits, vocab, rows, picks, history, work, counts, tokens, pos, step, len,
                   out_tokens);
     launch_kernel(step_advance_kernel, 1, 1, 0, stream, step);
+}
+
+void pick_slots(const float * logits, int rows, int vocab, const int * slots, const RowPick * picks, const int * history, float * work,
+                int * counts, int * tokens, cudaStream_t stream) {
+    if (rows == 0) return;
+    launch_kernel(pick_slots_kernel, rows, k_sample_threads, 0, stream, logits, vocab, slots, picks, history, work, counts, tokens);
 }
 
 void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream) {
