@@ -48,7 +48,8 @@ t0=$(date +%s)
     -DCMAKE_CUDA_ARCHITECTURES="90a" -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 [ "${QINFER_SKIP_BUILD:-0}" = 1 ] || cmake --build build-device -j16 >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 note "build: ok in $(( $(date +%s) - t0 )) s"
-Q=$PWD/build-device/qinfer
+# QINFER_BIN: another binary for the stages (e.g. build-base/qinfer, the ab stage's baseline, for a serve pair).
+Q=${QINFER_BIN:-$PWD/build-device/qinfer}
 
 for stage in "${stages[@]+"${stages[@]}"}"; do
     t_stage=$(date +%s)

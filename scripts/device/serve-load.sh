@@ -5,7 +5,7 @@
 # concurrent clients; overload: 2000 requests at once against --max-queue 512; the prefix cache: 64 questions after
 # a 2000-token shared prompt, with and without --no-prefix-cache; a soak of SOAK_SECONDS (default 0: none) at 64
 # clients with the server's RSS and GPU memory after warm-up and at the end. SERVE_OVERLOAD=0 leaves the overload out;
-# SERVE_PREFIX=0 the prefix-cache pair. SERVE_ARGS: more options for every server (e.g. --max-batch-tokens 4096).
+# SERVE_PREFIX=0 the prefix-cache pair; SERVE_MAIN=0 the 512 requests (a soak alone). SERVE_ARGS: more options for every server (e.g. --max-batch-tokens 4096).
 p=${SERVE_PRESET:-qwen2.5-7b}
 d=${QINFER_CACHE:-$HOME/.cache/qinfer}/synth/$p-bf16
 [ -f "$d/config.json" ] || "$Q" synth --preset "$p" --out "$d" >/dev/null
@@ -26,11 +26,11 @@ load() {  # label, then options for bench --serve
         grep -E "^\| |first failure"
 }
 if start_server --max-num-seqs 256; then
-    load "$p" --num-prompts 512 --input-len 1000 --output-len 256 --max-concurrency "${SERVE_CONC:-64,256}"
+    [ "${SERVE_MAIN:-1}" = 1 ] && load "$p" --num-prompts 512 --input-len 1000 --output-len 256 --max-concurrency "${SERVE_CONC:-64,256}"
     [ "${SERVE_OVERLOAD:-1}" = 1 ] && load overload --num-prompts 2000 --input-len 100 --output-len 64 --max-concurrency 2000
     [ "${SERVE_PREFIX:-1}" = 1 ] && load prefix-cache --num-prompts 64 --prefix-len 2000 --input-len 24 --output-len 16 --max-concurrency 8 --seed 3
     curl -s "http://127.0.0.1:$port/metrics" >"$OUT/serve-metrics.txt"
-    grep -E "^qinfer_(prefix_cache_hit_rate|requests_rejected_total|preemptions_total|kv_blocks_total)" "$OUT/serve-metrics.txt"
+    grep -E "^qinfer_(prefix_cache_hit_rate|requests_rejected_total|preemptions_total|kv_blocks_total|scheduler_)" "$OUT/serve-metrics.txt"
     if [ "${SOAK_SECONDS:-0}" -gt 0 ]; then
         load soak-warmup --num-prompts 64 --input-len 1000 --output-len 256 --max-concurrency 64 --duration 30
         # The server's own GPU memory (its process's, whichever GPU it was given).

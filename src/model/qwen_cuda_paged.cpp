@@ -354,7 +354,9 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
                 CUDA_CHECK(cudaGraphDestroy(g));
                 it = pool_graphs_.emplace(key, exec).first;
             }
+            const auto launch0 = std::chrono::steady_clock::now();
             CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+            out.launch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - launch0).count();
         }
         CUDA_CHECK(cudaMemcpyAsync(picked, tokens_out_.get(), size_t(B) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
         for (int r : host_pick) {

@@ -47,6 +47,7 @@ struct StepOutput {
     std::vector<int> logits_row;  // per segment: its row of `logits`, or -1
     std::vector<float> logits;    // fp32 [rows, vocab]
     double wait_seconds = 0;      // the host's time blocked on the device in this step (CUDA: its synchronisation)
+    double launch_seconds = 0;    // the host's time in launching a captured step (CUDA: cudaGraphLaunch)
 };
 
 class Engine {

@@ -335,7 +335,7 @@ bool Scheduler::step() {
         // Every running sequence is a prompt that found no free block: the newest gives its blocks back.
         preempt(*running_.back());
     }
-    double wait = 0;
+    double wait = 0, launch = 0;
     if (!segs.empty()) {
         StepOutput out;
         try {
@@ -367,12 +367,13 @@ bool Scheduler::step() {
         }
         for (Seq * s : done) running_.erase(std::find_if(running_.begin(), running_.end(), [&](const auto & p) { return p.get() == s; }));
         wait = out.wait_seconds;
+        launch = out.launch_seconds;
     }
-    update_stats(seconds(t0, Clock::now()), wait);
+    update_stats(seconds(t0, Clock::now()), wait, launch);
     return true;
 }
 
-void Scheduler::update_stats(double step_seconds, double wait_seconds) {
+void Scheduler::update_stats(double step_seconds, double wait_seconds, double launch_seconds) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.steps += step_seconds > 0;
     stats_.running = int(running_.size());
@@ -381,6 +382,7 @@ void Scheduler::update_stats(double step_seconds, double wait_seconds) {
     stats_.blocks_cached = pool_->cached();
     stats_.busy_seconds += step_seconds;
     stats_.wait_seconds += wait_seconds;
+    stats_.launch_seconds += launch_seconds;
 }
 
 void Scheduler::run_until_idle() {

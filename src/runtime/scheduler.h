@@ -70,7 +70,8 @@ struct SchedulerStats {
     uint64_t prompt_tokens = 0, prefix_hit_tokens = 0;  // admitted prompts' tokens, and those found cached
     uint64_t generated_tokens = 0, finished = 0, preemptions = 0, steps = 0;
     double busy_seconds = 0;  // time inside steps
-    double wait_seconds = 0;  // of it, the host blocked on the device (the rest: scheduling, staging, launches, callbacks)
+    double wait_seconds = 0;    // of it, the host blocked on the device (the rest: scheduling, staging, launches, callbacks)
+    double launch_seconds = 0;  // and launching captured steps
 };
 
 class Scheduler {
@@ -110,7 +111,7 @@ private:
     void preempt(Seq & s);
     void publish_full_blocks(Seq & s);
     bool emit(Seq & s, int token, const float * logits);
-    void update_stats(double step_seconds, double wait_seconds = 0);
+    void update_stats(double step_seconds, double wait_seconds = 0, double launch_seconds = 0);
 
     Engine & engine_;
     SchedulerOptions opt_;

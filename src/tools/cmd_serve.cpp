@@ -81,6 +81,52 @@ struct Mailbox {
     }
 };
 
+// Carries the scheduler's events to the HTTP threads' mailboxes from a thread of its own, so that the scheduler's
+// loop only appends to one queue (one lock, at most one wake-up a step) between its steps. Waking each stream's
+// thread itself had cost the loop ~0.5 ms a step at 64 streaming clients (the development machine's 2 cores, a
+// stand-in engine: 551 -> 26 us a step), time in which the GPU waits for the next step.
+class Courier {
+public:
+    Courier() : thread_([this] { run(); }) {}
+    ~Courier() { stop(); }
+    Courier(const Courier &) = delete;
+    Courier & operator=(const Courier &) = delete;
+    void send(const std::shared_ptr<Mailbox> & box, Mailbox::Event ev) {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.emplace_back(box, std::move(ev));
+        cv_.notify_one();
+    }
+    // Delivers what is queued, then ends the thread.
+    void stop() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            stopping_ = true;
+            cv_.notify_one();
+        }
+        if (thread_.joinable()) thread_.join();
+    }
+
+private:
+    void run() {
+        std::vector<std::pair<std::shared_ptr<Mailbox>, Mailbox::Event>> batch;
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lock(mu_);
+                cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+                if (queue_.empty()) return;
+                batch.swap(queue_);
+            }
+            for (auto & [box, ev] : batch) box->push(std::move(ev));
+            batch.clear();
+        }
+    }
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<std::pair<std::shared_ptr<Mailbox>, Mailbox::Event>> queue_;
+    bool stopping_ = false;
+    std::thread thread_;  // last: it starts once the members above exist
+};
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -94,6 +140,7 @@ struct HttpServer::Impl {
     int fits = 0;  // tokens (prompt and output) one request may hold
     std::atomic<uint64_t> next_id{1};
     ServeMetrics metrics;
+    Courier courier;  // the scheduler's events to the mailboxes
     httplib::Server http;
     int listen_fd = -1;  // the listening socket (set_socket_options), whose backlog bind() raises
 
@@ -101,6 +148,7 @@ struct HttpServer::Impl {
         if (sched) sched->stop();
         if (loop.joinable()) loop.join();
         sched.reset();  // requests still queued finish now, while the metrics and mailboxes their callbacks use exist
+        courier.stop();
     }
 
     // A checked request ready to run: its prompt ids and output budget.
@@ -179,7 +227,7 @@ struct HttpServer::Impl {
                 Mailbox::Event ev;
                 ev.choice = i;
                 ev.token = e;
-                box->push(std::move(ev));
+                courier.send(box, std::move(ev));
                 return true;
             };
             cb.on_finish = [box, i, this](const RequestOutcome & o) {
@@ -190,7 +238,7 @@ struct HttpServer::Impl {
                 ev.choice = i;
                 ev.finished = true;
                 ev.outcome = o;
-                box->push(std::move(ev));
+                courier.send(box, std::move(ev));
             };
             try {
                 c->request = sched->submit(std::move(r), std::move(cb));

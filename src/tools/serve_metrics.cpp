@@ -58,6 +58,8 @@ std::string metrics_text(const SchedulerStats & st, ServeMetrics & m, double now
     metric(out, "qinfer_requests_finished_total", "counter", "Requests that finished (any reason).", double(st.finished));
     metric(out, "qinfer_preemptions_total", "counter", "Sequences preempted for want of KV blocks.", double(st.preemptions));
     metric(out, "qinfer_scheduler_steps_total", "counter", "Scheduler steps run.", double(st.steps));
+    metric(out, "qinfer_scheduler_busy_seconds_total", "counter", "Time inside scheduler steps.", st.busy_seconds);
+    metric(out, "qinfer_scheduler_device_wait_seconds_total", "counter", "Of the steps' time, the host blocked on the device.", st.wait_seconds);
     double rate = 0;
     {
         std::lock_guard<std::mutex> lock(m.mu);
