@@ -50,6 +50,7 @@ t0=$(date +%s)
 note "build: ok in $(( $(date +%s) - t0 )) s"
 # QINFER_BIN: another binary for the stages (e.g. build-base/qinfer, the ab stage's baseline, for a serve pair).
 Q=${QINFER_BIN:-$PWD/build-device/qinfer}
+export QINFER_ASSETS=${QINFER_ASSETS:-$PWD/assets}  # another tree's binary finds the tokenizers here
 
 for stage in "${stages[@]+"${stages[@]}"}"; do
     t_stage=$(date +%s)

@@ -8,14 +8,18 @@
 # SERVE_PREFIX=0 the prefix-cache pair; SERVE_MAIN=0 the 512 requests (a soak alone). SERVE_ARGS: more options for every server (e.g. --max-batch-tokens 4096).
 p=${SERVE_PRESET:-qwen2.5-7b}
 d=${QINFER_CACHE:-$HOME/.cache/qinfer}/synth/$p-bf16
-[ -f "$d/config.json" ] || "$Q" synth --preset "$p" --out "$d" >/dev/null
+[ -f "$d/tokenizer.json" ] || "$Q" synth --preset "$p" --out "$d" >/dev/null
 port=${SERVE_PORT:-8123}  # stages side by side on one host need a port each
 start_server() {  # options for serve
     # shellcheck disable=SC2086  # SERVE_ARGS splits into words on purpose
     "$Q" serve --model "$d" --port $port --max-queue 512 ${SERVE_ARGS:-} "$@" >"$OUT/serve-$SECONDS.log" 2>&1 &
     server=$!
-    for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0; sleep 1; done
-    note "serve-load: the server did not come up"
+    for _ in $(seq 300); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
+        kill -0 "$server" 2>/dev/null || break  # it exited: its log says why
+        sleep 1
+    done
+    note "serve-load: the server did not come up: $(tail -1 "$OUT"/serve-*.log | tail -1)"
     return 1
 }
 stop_server() { kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; }
