@@ -2,7 +2,8 @@
 """Where a whole run's GPU time goes, from a kernel trace (`qinfer bench --throughput --trace FILE.csv`, or any
 `--trace`): per kernel family, the time it ran and the time it alone was running (exposed), and the time no kernel
 ran at all (the host between steps, copies, launch gaps). Steps are cut after each pick_rows_kernel (the last kernel of
-a continuous-batching step that decodes); a step holding a prefill attention kernel counts as mixed. Per kind of
+a continuous-batching step that decodes alone), or after a pick_slots_kernel that a gap of over 100 us follows (the end
+of a step whose decode rows ride in its prefill passes); a step holding a prefill attention kernel counts as mixed. Per kind of
 step it then prints each family's mean exposed time a step, and the mean gap between steps (no kernel: the host).
 
 usage: trace_totals.py TRACE.csv[.gz] [TOP]
@@ -38,7 +39,7 @@ def main():
     steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
     per_step = {"decode": defaultdict(float), "mixed": defaultdict(float)}
     step_start, step_mixed, step_exposed = kernels[0][0], False, defaultdict(float)
-    for start, end, name in kernels:
+    for i, (start, end, name) in enumerate(kernels):
         count[name] += 1
         dur[name] += end - start
         exposed[name] += max(0.0, end - max(prev_end, start))
@@ -47,7 +48,10 @@ def main():
         idle += max(0.0, start - prev_end)
         prev_end = max(prev_end, end)
         step_mixed = step_mixed or "prefill" in name
-        if name == "pick_rows_kernel":
+        # A step ends with its picks: the decode step's pick_rows_kernel, or a prefill pass's pick_slots_kernel that
+        # the host follows with a gap (a step of several passes picks after each).
+        gap_after = kernels[i + 1][0] - end if i + 1 < len(kernels) else float("inf")
+        if name == "pick_rows_kernel" or (name == "pick_slots_kernel" and gap_after > 100e3):
             kind = "mixed" if step_mixed else "decode"
             steps[kind][0] += 1
             steps[kind][1] += end - step_start
