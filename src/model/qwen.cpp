@@ -175,7 +175,7 @@ void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int
     std::vector<float> attn(size_t(n) * n_head * d);        // fp32 [n, n_head, head_dim]
     std::vector<float> block_out(size_t(n) * H);            // fp32 [n, hidden]
 
-    cpu::embedding(W.embed_tokens, tokens.data(), n, x.data());
+    embed(tokens, x.data());
     for (int l = 0; l < c.num_hidden_layers; l++) {
         const LayerWeights & L = W.layers[size_t(l)];
         const AttentionWeights & A = L.self_attn;
@@ -197,6 +197,7 @@ void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int
             attention(l, blocks, g.n, g.pos0, q.data() + r * n_head * d, attn.data() + r * n_head * d);
         }
         cpu::linear(attn.data(), n, A.o_proj, block_out.data());
+        if (tp_) tp_->all_reduce(block_out.data(), size_t(n) * H);
         cpu::add(x.data(), block_out.data(), int64_t(n) * H);
 
         cpu::rms_norm(x.data(), L.post_attention_layernorm, eps, n, H, xn.data());
@@ -205,6 +206,7 @@ void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int
         } else {
             mlp(L.mlp, n, xn.data(), block_out.data());
         }
+        if (tp_) tp_->all_reduce(block_out.data(), size_t(n) * H);
         cpu::add(x.data(), block_out.data(), int64_t(n) * H);
     }
     for (const Segment & g : segs) {
@@ -225,10 +227,45 @@ void CpuQwenEngine::run(const std::vector<Segment> & segs, const std::vector<int
     cpu::rms_norm(x_out.data(), W.norm, eps, n_out, H, xn.data());
     Linear lm_head;
     lm_head.in_features = H;
-    lm_head.out_features = c.vocab_size;
+    lm_head.out_features = tp_ ? n_vocab_ : c.vocab_size;
     lm_head.weight = W.lm_head;
     logits.resize(size_t(n_out) * c.vocab_size);
-    cpu::linear(xn.data(), n_out, lm_head, logits.data());
+    if (!tp_) {
+        cpu::linear(xn.data(), n_out, lm_head, logits.data());
+        return;
+    }
+    std::vector<float> mine(size_t(n_out) * n_vocab_);  // fp32 [n_out, this rank's vocabulary rows]
+    cpu::linear(xn.data(), n_out, lm_head, mine.data());
+    tp_->all_gather_cols(mine.data(), n_out, vocab0_, n_vocab_, c.vocab_size, logits.data());
+}
+
+// The token embedding into x (fp32 [n, hidden]); a tensor-parallel rank looks up the ids among its rows, zeros for the
+// others, and the ranks' rows are summed.
+void CpuQwenEngine::embed(const std::vector<int> & tokens, float * x) const {
+    const ModelConfig & c = model_->config;
+    const int n = int(tokens.size()), H = c.hidden_size;
+    if (!tp_) {
+        cpu::embedding(model_->weights.embed_tokens, tokens.data(), n, x);
+        return;
+    }
+    std::vector<int> local(tokens.size());
+    for (size_t i = 0; i < tokens.size(); i++) {
+        if (tokens[i] < 0 || tokens[i] >= c.vocab_size) QINFER_FAIL() << "token id " << tokens[i] << " is outside the vocabulary [0, " << c.vocab_size << ")";
+        const int id = tokens[i] - vocab0_;
+        local[i] = id >= 0 && id < n_vocab_ ? id : 0;
+    }
+    cpu::embedding(model_->weights.embed_tokens, local.data(), n, x);
+    for (size_t i = 0; i < tokens.size(); i++) {
+        if (tokens[i] < vocab0_ || tokens[i] >= vocab0_ + n_vocab_) std::fill(x + i * H, x + (i + 1) * H, 0.0f);
+    }
+    tp_->all_reduce(x, size_t(n) * H);
+}
+
+void CpuQwenEngine::join_tensor_parallel(TpLink * link, int vocab0, int n_vocab) {
+    QINFER_CHECK(link && vocab0 >= 0 && n_vocab > 0 && vocab0 + n_vocab <= model_->config.vocab_size) << "join_tensor_parallel: bad vocabulary rows";
+    tp_ = link;
+    vocab0_ = vocab0;
+    n_vocab_ = n_vocab;
 }
 
 // The pool: opt.n_blocks, or room for every row at the longest sequence within 4 GB of cache (the CPU has no device

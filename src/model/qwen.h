@@ -14,6 +14,16 @@
 
 namespace qinfer {
 
+// Tensor parallel on the CPU (model/qwen_tp.h): how a rank's engine meets the other ranks. all_reduce leaves the sum
+// over ranks in x on every rank (added in rank order, so every rank holds the same bits); all_gather_cols assembles a
+// [rows, total] matrix on every rank from each rank's columns [col0, col0 + cols).
+class TpLink {
+public:
+    virtual ~TpLink() = default;
+    virtual void all_reduce(float * x, size_t n) = 0;
+    virtual void all_gather_cols(const float * mine, int rows, int col0, int cols, int total, float * out) = 0;
+};
+
 class CpuQwenEngine : public Engine {
 public:
     CpuQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt);
@@ -26,6 +36,10 @@ public:
     PoolInfo make_pool(const PoolOptions & opt) override;
     void step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out) override;
     const Model & model() const { return *model_; }
+    // Makes this engine one rank of a tensor-parallel group: its model holds the rank's heads and intermediate
+    // columns (partial sums after o_proj and down_proj, reduced through `link`) and rows [vocab0, vocab0 + n_vocab)
+    // of the embedding and lm_head (config().vocab_size stays the whole vocabulary).
+    void join_tensor_parallel(TpLink * link, int vocab0, int n_vocab);
     const CpuKVCache & kv_cache() const { return kv_; }
 
 private:
@@ -38,11 +52,14 @@ private:
     void attention(int layer, const std::vector<int> & blocks, int n, int pos0, const float * q, float * out) const;
     void mlp(const MlpWeights & w, int n, const float * x, float * out) const;
     void moe(const MoeWeights & w, int n, const float * x, float * out) const;
+    void embed(const std::vector<int> & tokens, float * x) const;
 
     std::unique_ptr<Model> model_;
     CpuKVCache kv_;
     bool pooled_ = false;  // make_pool was called: the scheduler owns the blocks
     RopeFreqs rope_;  // static scalings; dynamic NTK recomputes per call
+    TpLink * tp_ = nullptr;  // tensor parallel: the other ranks (null: the whole model is here)
+    int vocab0_ = 0, n_vocab_ = 0;
 };
 
 }  // namespace qinfer

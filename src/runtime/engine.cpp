@@ -41,6 +41,13 @@ bool cuda_available() { return false; }
 #endif
 
 std::unique_ptr<Engine> make_engine(const std::string & model_dir, const EngineOptions & opt) {
+    if (opt.tp < 1) QINFER_FAIL() << "--tp " << opt.tp << ": the number of ranks must be at least 1";
+    if (opt.tp > 1) {
+        if (opt.backend != "cpu") {
+            QINFER_FAIL() << "--tp " << opt.tp << ": tensor parallel runs on the CPU backend only so far (--backend cpu); the GPUs' is not built yet";
+        }
+        return make_cpu_tp_engine(model_dir, opt);
+    }
     if (opt.backend == "cpu") return make_cpu_engine(model_dir, opt);
     if (opt.backend == "cuda" || (opt.backend == "auto" && cuda_available())) {
 #ifdef QINFER_CUDA

@@ -115,9 +115,13 @@ struct EngineOptions {
     // host memory mapped into the GPU's address space (false, as llama.cpp keeps token_embd on the CPU), or the GPU.
     // A tied table is lm_head too and always stays on the GPU.
     bool embedding_on_gpu = false;
+    // Tensor-parallel ranks (model/qwen_tp.h): the CPU backend splits the model over this many ranks in one process;
+    // the CUDA backend's tensor parallel is not built yet.
+    int tp = 1;
 };
 
 std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt);
+std::unique_ptr<Engine> make_cpu_tp_engine(const std::string & model_dir, const EngineOptions & opt);  // model/qwen_tp.h
 std::unique_ptr<Engine> make_engine(const std::string & model_dir, const EngineOptions & opt);
 bool cuda_available();
 

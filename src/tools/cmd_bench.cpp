@@ -145,7 +145,7 @@ int cmd_bench(int argc, char ** argv) {
             std::printf(
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--batch 1,4,16,...] [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
-                "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png] [--embedding-on-gpu] [--trace FILE.csv]\n"
+                "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png] [--embedding-on-gpu] [--trace FILE.csv] [--tp N]\n"
                 "--trace: every GPU kernel's start and end (kernels inside the decode step's CUDA graph included, overlaps\n"
                 "         kept), recorded by CUPTI from before the model loads, one CSV row each; scripts/trace_step.py\n"
                 "         sums a decode step per kernel. Rows timed with it carry CUPTI's overhead: take speeds from runs without it\n"
@@ -188,6 +188,7 @@ int cmd_bench(int argc, char ** argv) {
     eo.kv_dtype = a.str("kv-dtype", "auto");
     if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
     eo.embedding_on_gpu = a.flag("embedding-on-gpu");
+    eo.tp = int(a.integer("tp", 1));
     const SynthQuant quant = synth_quant_from_args(a);
     const bool max_batch = a.flag("max-batch");
     a.check_unused();

@@ -527,7 +527,7 @@ int cmd_serve(int argc, char ** argv) {
             std::fputs("usage: qinfer serve --model DIR [--host 127.0.0.1] [--port 8080] [--name NAME] [--context N] [--max-tokens N]\n"
                        "                    [--api-key KEY] [--max-num-seqs 256] [--max-batch-tokens 2048] [--gpu-memory-utilization 0.9]\n"
                        "                    [--max-queue 1024] [--request-timeout 600] [--no-prefix-cache] [--http-threads N]\n"
-                       "                    [--backend auto|cpu|cuda] [--threads N] [--kv-dtype D] [--embedding-on-gpu]\n"
+                       "                    [--backend auto|cpu|cuda] [--threads N] [--kv-dtype D] [--embedding-on-gpu] [--tp N]\n"
                        "                    [sampling defaults as for run: --greedy, --temperature T, --top-p P, ...]\n"
                        "OpenAI-style API: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events;\n"
                        "n, logprobs), GET /v1/models, GET /health, GET /metrics (Prometheus). Requests run together under continuous\n"
@@ -556,6 +556,7 @@ int cmd_serve(int argc, char ** argv) {
     o.engine.threads = int(a.integer("threads", 0));
     o.engine.kv_dtype = a.str("kv-dtype", "auto");
     o.engine.embedding_on_gpu = a.flag("embedding-on-gpu");
+    o.engine.tp = int(a.integer("tp", 1));
     o.scheduler.pool.max_rows = int(a.integer("max-num-seqs", 256));
     o.scheduler.pool.max_step_tokens = int(a.integer("max-batch-tokens", 2048));
     o.scheduler.pool.memory_fraction = a.number("gpu-memory-utilization", 0.9);

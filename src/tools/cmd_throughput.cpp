@@ -88,7 +88,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
                 "usage: qinfer bench --throughput [--model DIR | --preset NAME [--quant KIND]] [--num-prompts 1000] [--input-len 100]\n"
                 "                    [--output-len 250] [--dataset FILE.jsonl] [--max-num-seqs 1024] [--max-batch-tokens 8192]\n"
                 "                    [--max-model-len N] [--gpu-memory-utilization 0.9] [--kv-dtype D] [--no-prefix-cache]\n"
-                "                    [--backend auto|cpu|cuda] [--threads N] [--seed S] [--json FILE] [--csv FILE]\n"
+                "                    [--backend auto|cpu|cuda] [--threads N] [--tp N] [--seed S] [--json FILE] [--csv FILE]\n"
                 "                    [--trace FILE.csv]\n"
                 "vLLM's benchmark_throughput.py: every prompt submitted at once to the continuous-batching scheduler, greedy,\n"
                 "end of sequence ignored, each request stopping at its output length. --dataset: one JSON object a line with\n"
@@ -123,6 +123,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
     eo.threads = int(a.integer("threads", 0));
     eo.kv_dtype = a.str("kv-dtype", "auto");
     if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
+    eo.tp = int(a.integer("tp", 1));
     const uint64_t seed = uint64_t(a.integer("seed", 0));
     const std::string json_path = a.str("json"), csv_path = a.str("csv"), trace_path = a.str("trace");
     const SynthQuant quant = synth_quant_from_args(a);

@@ -1,0 +1,279 @@
+#include "model/qwen_tp.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "core/check.h"
+#include "model/qwen.h"
+
+namespace qinfer {
+
+namespace {
+
+// [begin, end) of part r of `size` split into `parts` as evenly as possible.
+std::pair<int, int> part(int size, int parts, int r) { return {int(int64_t(size) * r / parts), int(int64_t(size) * (r + 1) / parts)}; }
+
+// Rows [r0, r0 + n) of a tensor whose first dimension is its rows: a view.
+Weight rows(const Weight & w, int64_t r0, int64_t n) {
+    if (!w.present()) return w;
+    QINFER_CHECK(!w.shape.empty() && r0 >= 0 && r0 + n <= w.shape[0]) << "tensor parallel: rows " << r0 << "+" << n << " of " << w.name;
+    Weight s = w;
+    const size_t row_bytes = w.nbytes() / size_t(w.shape[0]);
+    s.data = static_cast<const uint8_t *>(w.data) + size_t(r0) * row_bytes;
+    s.shape[0] = n;
+    return s;
+}
+
+// Columns [c0, c0 + n) of a 2-D tensor: a copy kept in `owned`.
+Weight cols(const Weight & w, int64_t c0, int64_t n, std::vector<std::vector<uint8_t>> & owned) {
+    QINFER_CHECK(w.shape.size() == 2 && c0 >= 0 && c0 + n <= w.shape[1]) << "tensor parallel: columns " << c0 << "+" << n << " of " << w.name;
+    const size_t e = dtype_size(w.dtype), R = size_t(w.shape[0]), C = size_t(w.shape[1]);
+    std::vector<uint8_t> & buf = owned.emplace_back(R * size_t(n) * e);
+    for (size_t r = 0; r < R; r++) std::memcpy(buf.data() + r * size_t(n) * e, static_cast<const uint8_t *>(w.data) + (r * C + size_t(c0)) * e, size_t(n) * e);
+    Weight s = w;
+    s.data = buf.data();
+    s.shape[1] = n;
+    return s;
+}
+
+void dense_only(const Linear & l) {
+    if (l.quantized()) QINFER_FAIL() << "tensor parallel on the CPU: quantized projections are not split yet (" << l.qweight.name << l.weight.name << ")";
+}
+
+// Output rows [r0, r0 + n) of a projection (and of its bias): column-parallel.
+Linear split_out(const Linear & l, int r0, int n) {
+    dense_only(l);
+    Linear s = l;
+    s.weight = rows(l.weight, r0, n);
+    s.bias = rows(l.bias, r0, n);
+    s.out_features = n;
+    return s;
+}
+
+// Input columns [c0, c0 + n) of a projection: row-parallel; its bias added by rank 0 alone (the partial sums meet in
+// the all-reduce).
+Linear split_in(const Linear & l, int c0, int n, int rank, std::vector<std::vector<uint8_t>> & owned) {
+    dense_only(l);
+    Linear s = l;
+    s.weight = cols(l.weight, c0, n, owned);
+    if (rank != 0) s.bias = Weight();
+    s.in_features = n;
+    return s;
+}
+
+MlpWeights split_mlp(const MlpWeights & m, int i0, int n, int rank, std::vector<std::vector<uint8_t>> & owned) {
+    MlpWeights s;
+    s.gate_proj = split_out(m.gate_proj, i0, n);
+    s.up_proj = split_out(m.up_proj, i0, n);
+    s.down_proj = split_in(m.down_proj, i0, n, rank, owned);
+    return s;
+}
+
+// The in-process collective: every rank's engine runs in its own thread and waits for the others at a barrier that
+// a failing rank breaks (the others then throw instead of waiting forever).
+struct Group {
+    explicit Group(int n) : tp(n), bufs(size_t(n)) {}
+    const int tp;
+    std::mutex mu;
+    std::condition_variable cv;
+    int arrived = 0;
+    uint64_t generation = 0;
+    bool broken = false;
+    std::vector<const float *> bufs;  // each rank's operand of the collective under way
+
+    void barrier() {
+        std::unique_lock<std::mutex> lock(mu);
+        if (broken) QINFER_FAIL() << "tensor parallel: another rank failed";
+        const uint64_t g = generation;
+        if (++arrived == tp) {
+            arrived = 0;
+            generation++;
+            cv.notify_all();
+            return;
+        }
+        cv.wait(lock, [&] { return generation != g || broken; });
+        if (broken) QINFER_FAIL() << "tensor parallel: another rank failed";
+    }
+    void breakdown() {
+        std::lock_guard<std::mutex> lock(mu);
+        broken = true;
+        cv.notify_all();
+    }
+};
+
+class RankLink : public TpLink {
+public:
+    RankLink(Group & g, int rank) : g_(g), rank_(rank) {}
+    void all_reduce(float * x, size_t n) override {
+        g_.bufs[size_t(rank_)] = x;
+        g_.barrier();
+        sum_.assign(n, 0.0f);
+        for (int r = 0; r < g_.tp; r++) {
+            const float * b = g_.bufs[size_t(r)];
+            for (size_t i = 0; i < n; i++) sum_[i] += b[i];
+        }
+        g_.barrier();  // every rank has read every operand
+        std::copy(sum_.begin(), sum_.end(), x);
+    }
+    void all_gather_cols(const float * mine, int rows, int col0, int cols, int total, float * out) override {
+        g_.bufs[size_t(rank_)] = mine;
+        cols_[0] = col0;
+        cols_[1] = cols;
+        g_.barrier();
+        for (int r = 0; r < g_.tp; r++) {
+            const int * rc = peers_[size_t(r)]->cols_;
+            const float * b = g_.bufs[size_t(r)];
+            for (int i = 0; i < rows; i++) std::copy(b + size_t(i) * rc[1], b + size_t(i + 1) * rc[1], out + size_t(i) * total + rc[0]);
+        }
+        g_.barrier();
+    }
+    std::vector<RankLink *> peers_;
+
+private:
+    Group & g_;
+    const int rank_;
+    std::vector<float> sum_;
+    int cols_[2] = {0, 0};
+};
+
+class CpuTpEngine : public Engine {
+public:
+    CpuTpEngine(std::unique_ptr<Model> full, const EngineOptions & opt) : full_(std::move(full)), group_(opt.tp) {
+        const ModelConfig & c = full_->config;
+        // Dense weights: no quantization group to respect (inter_align 1); vocabulary rows in whole cache lines.
+        const std::vector<TpShard> plan = plan_tensor_parallel(c, opt.tp, 1, 16);
+        for (int r = 0; r < opt.tp; r++) links_.push_back(std::make_unique<RankLink>(group_, r));
+        for (auto & l : links_) {
+            for (auto & p : links_) l->peers_.push_back(p.get());
+        }
+        for (const TpShard & s : plan) {
+            ranks_.push_back(std::make_unique<CpuQwenEngine>(shard_model(*full_, s, opt.tp, owned_), opt));
+            ranks_.back()->join_tensor_parallel(links_[size_t(s.rank)].get(), s.vocab0, s.n_vocab);
+        }
+    }
+    const ModelConfig & config() const override { return full_->config; }
+    std::string backend_name() const override { return "cpu-tp" + std::to_string(ranks_.size()); }
+    int new_sequence(int max_tokens) override {
+        int seq = -1;
+        for (auto & r : ranks_) {
+            const int s = r->new_sequence(max_tokens);
+            QINFER_CHECK(seq < 0 || s == seq) << "tensor parallel: the ranks' sequence ids diverged";
+            seq = s;
+        }
+        return seq;
+    }
+    void free_sequence(int seq) override {
+        for (auto & r : ranks_) r->free_sequence(seq);
+    }
+    void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override {
+        each([&](CpuQwenEngine & e, std::vector<float> & out) { e.forward(seq, tokens, all_logits, out); }, logits);
+    }
+    void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override {
+        each([&](CpuQwenEngine & e, std::vector<float> & out) { e.forward_batch(seqs, tokens, out); }, logits);
+    }
+    PoolInfo make_pool(const PoolOptions & opt) override {
+        // Rank 0 sizes the pool; the others take as many blocks, so that one block table serves every rank.
+        const PoolInfo info = ranks_[0]->make_pool(opt);
+        PoolOptions same = opt;
+        same.n_blocks = info.n_blocks;
+        for (size_t r = 1; r < ranks_.size(); r++) ranks_[r]->make_pool(same);
+        return info;
+    }
+    void step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out) override {
+        std::vector<StepOutput> outs(ranks_.size());
+        run_ranks([&](size_t r) { ranks_[r]->step(segs, tokens, outs[r]); });
+        out = std::move(outs[0]);
+    }
+
+private:
+    // fn(rank engine, its logits) on every rank at once; rank 0's logits are the result (every rank holds the same).
+    template <typename F> void each(F && fn, std::vector<float> & logits) {
+        std::vector<std::vector<float>> outs(ranks_.size());
+        run_ranks([&](size_t r) { fn(*ranks_[r], outs[r]); });
+        logits = std::move(outs[0]);
+    }
+    // fn(r) for every rank, rank 0 on this thread; the first failure is rethrown once every rank has stopped.
+    void run_ranks(const std::function<void(size_t)> & fn) {
+        std::vector<std::exception_ptr> errors(ranks_.size());
+        auto guarded = [&](size_t r) {
+            try {
+                fn(r);
+            } catch (...) {
+                errors[r] = std::current_exception();
+                group_.breakdown();
+            }
+        };
+        std::vector<std::thread> threads;
+        for (size_t r = 1; r < ranks_.size(); r++) threads.emplace_back(guarded, r);
+        guarded(0);
+        for (auto & t : threads) t.join();
+        for (auto & e : errors) {
+            if (e) std::rethrow_exception(e);  // the rank that failed first in rank order; the others say "another rank failed"
+        }
+    }
+
+    std::unique_ptr<Model> full_;
+    std::vector<std::vector<uint8_t>> owned_;  // column slices of the ranks' weights
+    Group group_;
+    std::vector<std::unique_ptr<RankLink>> links_;
+    std::vector<std::unique_ptr<CpuQwenEngine>> ranks_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp, std::vector<std::vector<uint8_t>> & owned) {
+    const ModelConfig & c = full.config;
+    auto m = std::make_unique<Model>();
+    m->dir = full.dir;
+    m->config = c;
+    ModelConfig & rc = m->config;
+    rc.num_attention_heads = s.n_q_heads;
+    rc.num_key_value_heads = s.n_kv_heads;
+    const auto [d0, d1] = part(c.intermediate_size, tp, s.rank);
+    const auto [e0, e1] = part(c.moe_intermediate_size, tp, s.rank);
+    const auto [h0, h1] = part(c.shared_expert_intermediate_size, tp, s.rank);
+    rc.intermediate_size = d1 - d0;
+    rc.moe_intermediate_size = e1 - e0;
+    rc.shared_expert_intermediate_size = h1 - h0;
+    const ModelWeights & W = full.weights;
+    ModelWeights & R = m->weights;
+    const int d = c.head_dim;
+    R.embed_tokens = rows(W.embed_tokens, s.vocab0, s.n_vocab);
+    R.lm_head = rows(W.lm_head, s.vocab0, s.n_vocab);
+    R.norm = W.norm;
+    for (const LayerWeights & L : W.layers) {
+        LayerWeights & RL = R.layers.emplace_back();
+        RL.input_layernorm = L.input_layernorm;
+        RL.post_attention_layernorm = L.post_attention_layernorm;
+        const AttentionWeights & A = L.self_attn;
+        AttentionWeights & RA = RL.self_attn;
+        RA = A;  // norms and KV scales as they are
+        RA.q_proj = split_out(A.q_proj, s.q_head0 * d, s.n_q_heads * d);
+        RA.k_proj = split_out(A.k_proj, s.kv_head0 * d, s.n_kv_heads * d);
+        RA.v_proj = split_out(A.v_proj, s.kv_head0 * d, s.n_kv_heads * d);
+        RA.o_proj = split_in(A.o_proj, s.q_head0 * d, s.n_q_heads * d, s.rank, owned);
+        RL.is_moe = L.is_moe;
+        if (!L.is_moe) {
+            RL.mlp = split_mlp(L.mlp, d0, d1 - d0, s.rank, owned);
+            continue;
+        }
+        RL.moe.gate = L.moe.gate;  // the router sees the whole hidden state on every rank
+        for (const MlpWeights & e : L.moe.experts) RL.moe.experts.push_back(split_mlp(e, e0, e1 - e0, s.rank, owned));
+        RL.moe.has_shared_expert = L.moe.has_shared_expert;
+        if (L.moe.has_shared_expert) {
+            RL.moe.shared_expert = split_mlp(L.moe.shared_expert, h0, h1 - h0, s.rank, owned);
+            RL.moe.shared_expert_gate = L.moe.shared_expert_gate;
+        }
+    }
+    return m;
+}
+
+std::unique_ptr<Engine> make_cpu_tp_engine(const std::string & model_dir, const EngineOptions & opt) {
+    QINFER_CHECK(opt.tp > 1) << "make_cpu_tp_engine: --tp " << opt.tp;
+    return std::make_unique<CpuTpEngine>(load_model(model_dir), opt);
+}
+
+}  // namespace qinfer

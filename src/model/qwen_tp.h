@@ -1,0 +1,24 @@
+// Tensor parallel on the CPU: one model split over `tp` ranks as model/tp_plan.h plans it (whole GQA groups of heads,
+// intermediate columns, vocabulary rows), each rank a CpuQwenEngine over its slices, run in threads of one process
+// that meet in an in-process all-reduce after o_proj and down_proj (and gather the logits). It is the specification
+// of the GPUs' tensor parallel: its logits equal the whole model's within fp32 rounding (tests/model/test_tp_cpu.cpp).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "model/tp_plan.h"
+#include "model/weights.h"
+#include "runtime/engine.h"
+
+namespace qinfer {
+
+// A rank's model: its config (heads and intermediate sizes of the shard; the vocabulary stays whole) and its slices
+// of `full`'s weights: row slices are views into the full model's mapped checkpoint, column slices (o_proj's and
+// down_proj's inputs) copies kept in `owned`. The full model must outlive it. Dense weights only: a quantized
+// projection gets a one-line error.
+std::unique_ptr<Model> shard_model(const Model & full, const TpShard & shard, int tp, std::vector<std::vector<uint8_t>> & owned);
+
+std::unique_ptr<Engine> make_cpu_tp_engine(const std::string & model_dir, const EngineOptions & opt);
+
+}  // namespace qinfer
