@@ -39,35 +39,69 @@ Weight cols(const Weight & w, int64_t c0, int64_t n, std::vector<std::vector<uin
     return s;
 }
 
-void dense_only(const Linear & l) {
-    if (l.quantized()) QINFER_FAIL() << "tensor parallel on the CPU: quantized projections are not split yet (" << l.qweight.name << l.weight.name << ")";
+// Quantized projections split in their stored packing: GPTQ (4 and 8 bits: whole fields in each int32 word) and
+// AWQ's GEMM layout; the others get a one-line error.
+bool gptq(const Linear & l) { return l.scheme.packing == QuantPacking::GptqV1 || l.scheme.packing == QuantPacking::GptqV2; }
+void splittable(const Linear & l, int at, int n, int multiple, const char * what) {
+    const std::string & name = l.qweight.present() ? l.qweight.name : l.weight.name;
+    if (!gptq(l) && l.scheme.packing != QuantPacking::AwqGemm) {
+        QINFER_FAIL() << "tensor parallel on the CPU: " << name << " (" << l.scheme.describe() << ") is not split yet (GPTQ 4/8-bit and AWQ are)";
+    }
+    if (gptq(l) && l.scheme.bits != 4 && l.scheme.bits != 8) QINFER_FAIL() << "tensor parallel on the CPU: " << name << ": " << l.scheme.bits << "-bit GPTQ is not split yet";
+    if (at % multiple != 0 || n % multiple != 0) {
+        QINFER_FAIL() << "tensor parallel: " << name << "'s " << what << " [" << at << ", " << at + n << ") is not on multiples of " << multiple;
+    }
 }
 
-// Output rows [r0, r0 + n) of a projection (and of its bias): column-parallel.
-Linear split_out(const Linear & l, int r0, int n) {
-    dense_only(l);
+// Output rows [r0, r0 + n) of a projection (and of its bias): column-parallel. A quantized one takes its columns of
+// qweight, qzeros and scales (g_idx, along K, stays whole).
+Linear split_out(const Linear & l, int r0, int n, std::vector<std::vector<uint8_t>> & owned) {
     Linear s = l;
-    s.weight = rows(l.weight, r0, n);
     s.bias = rows(l.bias, r0, n);
     s.out_features = n;
+    if (!l.quantized()) {
+        s.weight = rows(l.weight, r0, n);
+        return s;
+    }
+    const int per_word = gptq(l) ? 32 / l.scheme.bits : 8;  // output columns a word of qzeros (and AWQ's qweight) holds
+    splittable(l, r0, n, per_word, "output columns");
+    s.qweight = gptq(l) ? cols(l.qweight, r0, n, owned) : cols(l.qweight, r0 / 8, n / 8, owned);
+    s.qzeros = cols(l.qzeros, r0 / per_word, n / per_word, owned);
+    s.scales = cols(l.scales, r0, n, owned);
     return s;
 }
 
 // Input columns [c0, c0 + n) of a projection: row-parallel; its bias added by rank 0 alone (the partial sums meet in
-// the all-reduce).
+// the all-reduce). A quantized one takes its rows of qweight; with g_idx (act-order or not) its slice of g_idx and the
+// whole scales and zeros (the channels keep their checkpoint groups), else its groups' rows of them.
 Linear split_in(const Linear & l, int c0, int n, int rank, std::vector<std::vector<uint8_t>> & owned) {
-    dense_only(l);
     Linear s = l;
-    s.weight = cols(l.weight, c0, n, owned);
     if (rank != 0) s.bias = Weight();
     s.in_features = n;
+    if (!l.quantized()) {
+        s.weight = cols(l.weight, c0, n, owned);
+        return s;
+    }
+    const int K = l.in_features, G = l.scheme.group(K);
+    const int per_word = gptq(l) ? 32 / l.scheme.bits : 1;  // input rows a word of qweight holds
+    splittable(l, c0, n, per_word, "input rows");
+    s.qweight = rows(l.qweight, c0 / per_word, n / per_word);
+    if (l.g_idx.present()) {
+        s.g_idx = rows(l.g_idx, c0, n);
+    } else if (l.scheme.group_size > 0) {
+        if (c0 % G != 0 || (n % G != 0 && c0 + n != K)) {
+            QINFER_FAIL() << "tensor parallel: " << l.qweight.name << "'s input rows [" << c0 << ", " << c0 + n << ") cut its groups of " << G;
+        }
+        s.scales = rows(l.scales, c0 / G, (n + G - 1) / G);
+        s.qzeros = rows(l.qzeros, c0 / G, (n + G - 1) / G);
+    }
     return s;
 }
 
 MlpWeights split_mlp(const MlpWeights & m, int i0, int n, int rank, std::vector<std::vector<uint8_t>> & owned) {
     MlpWeights s;
-    s.gate_proj = split_out(m.gate_proj, i0, n);
-    s.up_proj = split_out(m.up_proj, i0, n);
+    s.gate_proj = split_out(m.gate_proj, i0, n, owned);
+    s.up_proj = split_out(m.up_proj, i0, n, owned);
     s.down_proj = split_in(m.down_proj, i0, n, rank, owned);
     return s;
 }
@@ -251,9 +285,9 @@ std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp
         const AttentionWeights & A = L.self_attn;
         AttentionWeights & RA = RL.self_attn;
         RA = A;  // norms and KV scales as they are
-        RA.q_proj = split_out(A.q_proj, s.q_head0 * d, s.n_q_heads * d);
-        RA.k_proj = split_out(A.k_proj, s.kv_head0 * d, s.n_kv_heads * d);
-        RA.v_proj = split_out(A.v_proj, s.kv_head0 * d, s.n_kv_heads * d);
+        RA.q_proj = split_out(A.q_proj, s.q_head0 * d, s.n_q_heads * d, owned);
+        RA.k_proj = split_out(A.k_proj, s.kv_head0 * d, s.n_kv_heads * d, owned);
+        RA.v_proj = split_out(A.v_proj, s.kv_head0 * d, s.n_kv_heads * d, owned);
         RA.o_proj = split_in(A.o_proj, s.q_head0 * d, s.n_q_heads * d, s.rank, owned);
         RL.is_moe = L.is_moe;
         if (!L.is_moe) {

@@ -15,8 +15,8 @@ namespace qinfer {
 
 // A rank's model: its config (heads and intermediate sizes of the shard; the vocabulary stays whole) and its slices
 // of `full`'s weights: row slices are views into the full model's mapped checkpoint, column slices (o_proj's and
-// down_proj's inputs) copies kept in `owned`. The full model must outlive it. Dense weights only: a quantized
-// projection gets a one-line error.
+// down_proj's inputs) copies kept in `owned`. The full model must outlive it. Quantized projections are split in
+// their stored packing (GPTQ 4/8-bit with or without act-order, AWQ GEMM); other formats get a one-line error.
 std::unique_ptr<Model> shard_model(const Model & full, const TpShard & shard, int tp, std::vector<std::vector<uint8_t>> & owned);
 
 std::unique_ptr<Engine> make_cpu_tp_engine(const std::string & model_dir, const EngineOptions & opt);

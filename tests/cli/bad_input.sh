@@ -144,8 +144,8 @@ expect tp-zero "must be at least 1" "$q" plan --tp 0 --model "$good"
 expect tp-cuda "runs on the CPU backend only" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --backend cuda --tp 2
 expect tp-too-many "more ranks than the model's" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --backend cpu --tp 64
 expect tp-bad-token "outside the vocabulary" "$q" logits --model "$good" --tokens 1,100000 --out "$tmp/x.npy" --backend cpu --tp 2
-"$q" synth --preset tiny-qwen2 --quant gptq-int4 --out "$tmp/gptq" >/dev/null 2>&1
-expect tp-quantized "quantized projections are not split yet" "$q" logits --model "$tmp/gptq" --tokens 1 --out "$tmp/x.npy" --backend cpu --tp 2
+"$q" synth --preset tiny-qwen2 --quant nf4 --out "$tmp/nf4" >/dev/null 2>&1
+expect tp-nf4 "is not split yet" "$q" logits --model "$tmp/nf4" --tokens 1 --out "$tmp/x.npy" --backend cpu --tp 2
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -1,7 +1,8 @@
 // Tensor parallel on the CPU (model/qwen_tp.h): the model split over ranks of one process, its partial sums meeting in
 // an in-process all-reduce, gives the whole model's logits within fp32 rounding, for every architecture the loader
 // takes (biases, Qwen3's q/k norms, MoE with a shared expert, Llama-3, Qwen1.5's full multi-head attention), with
-// KV heads held whole or shared by several ranks; and continuous batching over it gives the same tokens.
+// KV heads held whole or shared by several ranks, and for GPTQ / AWQ weights split in their packing; and continuous
+// batching over it gives the same tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/scheduler.h"
+#include "tools/synth.h"
 
 using namespace qinfer;
 
@@ -76,6 +78,47 @@ INSTANTIATE_TEST_SUITE_P(Presets, TensorParallelCpu, ::testing::ValuesIn(k_tp_ca
     }
     return n;
 });
+
+// Quantized checkpoints split in their stored packing: GPTQ 4-bit (groups cut at rank boundaries, and act-order with
+// g_idx kept whole-grouped), GPTQ 8-bit, AWQ; logits equal one rank's.
+struct QuantCase {
+    std::string kind;
+    int group;
+    bool desc_act;
+};
+class TensorParallelCpuQuant : public ::testing::TestWithParam<QuantCase> {};
+
+TEST_P(TensorParallelCpuQuant, LogitsEqualOneRank) {
+    const QuantCase & q = GetParam();
+    SynthOptions o;
+    o.preset = "tiny-qwen2";
+    o.out_dir = test::temp_dir("tp-" + q.kind + "-g" + std::to_string(q.group) + (q.desc_act ? "-act" : ""));
+    o.seed = 5;
+    o.quiet = true;
+    o.quant.kind = q.kind;
+    o.quant.group_size = q.group;
+    o.quant.desc_act = q.desc_act;
+    synthesize(o);
+    auto whole = cpu(o.out_dir, 1);
+    auto split = cpu(o.out_dir, 2);
+    const int V = whole->config().vocab_size;
+    const std::vector<float> a = logits_of(*whole, V), b = logits_of(*split, V);
+    ASSERT_EQ(a.size(), b.size());
+    float amax = 0, diff = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        amax = std::max(amax, std::fabs(a[i]));
+        diff = std::max(diff, std::fabs(a[i] - b[i]));
+    }
+    EXPECT_LE(diff, 1e-5f * std::max(amax, 1.0f)) << "max |logit| " << amax;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, TensorParallelCpuQuant,
+                         ::testing::Values(QuantCase{"gptq-int4", 16, false}, QuantCase{"gptq-int4", 32, true}, QuantCase{"gptq-int8", 16, false},
+                                           QuantCase{"awq", 16, false}),
+                         [](const auto & info) {
+                             return std::string(info.param.kind == "gptq-int4" ? "gptq4" : info.param.kind == "gptq-int8" ? "gptq8" : "awq") + "_g" +
+                                    std::to_string(info.param.group) + (info.param.desc_act ? "_act" : "");
+                         });
 
 // The scheduler over two ranks: chunked prompts beside decoding rows give each request the tokens of one rank.
 TEST(TensorParallelCpuScheduling, TokensEqualOneRank) {
