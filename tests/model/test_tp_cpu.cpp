@@ -46,13 +46,11 @@ std::vector<float> logits_of(Engine & e, int vocab) {
     return all;
 }
 
-class TensorParallelCpu : public ::testing::TestWithParam<TpCase> {};
-
-TEST_P(TensorParallelCpu, LogitsEqualOneRank) {
-    const TpCase & c = GetParam();
-    const std::string dir = test::synth_once("tp", c.preset, 3);
+// The checkpoint at `dir` on `tp` ranks against one: the same config, and logits within fp32 rounding (partial sums
+// added in another order), far below any real difference.
+void expect_logits_equal_one_rank(const std::string & dir, int tp) {
     auto whole = cpu(dir, 1);
-    auto split = cpu(dir, c.tp);
+    auto split = cpu(dir, tp);
     EXPECT_EQ(split->config().vocab_size, whole->config().vocab_size);
     EXPECT_EQ(split->config().num_attention_heads, whole->config().num_attention_heads);
     const int V = whole->config().vocab_size;
@@ -63,9 +61,12 @@ TEST_P(TensorParallelCpu, LogitsEqualOneRank) {
         amax = std::max(amax, std::fabs(a[i]));
         diff = std::max(diff, std::fabs(a[i] - b[i]));
     }
-    // fp32 partial sums added in another order: rounding, far below any real difference.
     EXPECT_LE(diff, 1e-5f * std::max(amax, 1.0f)) << "max |logit| " << amax;
 }
+
+class TensorParallelCpu : public ::testing::TestWithParam<TpCase> {};
+
+TEST_P(TensorParallelCpu, LogitsEqualOneRank) { expect_logits_equal_one_rank(test::synth_once("tp", GetParam().preset, 3), GetParam().tp); }
 
 const TpCase k_tp_cases[] = {
     {"tiny-qwen2", 2}, {"tiny-qwen2", 4},  // 6 query heads on 2 KV heads: whole groups, then KV heads shared by two ranks
@@ -99,17 +100,7 @@ TEST_P(TensorParallelCpuQuant, LogitsEqualOneRank) {
     o.quant.group_size = q.group;
     o.quant.desc_act = q.desc_act;
     synthesize(o);
-    auto whole = cpu(o.out_dir, 1);
-    auto split = cpu(o.out_dir, 2);
-    const int V = whole->config().vocab_size;
-    const std::vector<float> a = logits_of(*whole, V), b = logits_of(*split, V);
-    ASSERT_EQ(a.size(), b.size());
-    float amax = 0, diff = 0;
-    for (size_t i = 0; i < a.size(); i++) {
-        amax = std::max(amax, std::fabs(a[i]));
-        diff = std::max(diff, std::fabs(a[i] - b[i]));
-    }
-    EXPECT_LE(diff, 1e-5f * std::max(amax, 1.0f)) << "max |logit| " << amax;
+    expect_logits_equal_one_rank(o.out_dir, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, TensorParallelCpuQuant,
