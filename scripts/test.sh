@@ -7,13 +7,16 @@ bash scripts/build.sh
 (cd build && ctest --output-on-failure -j"$(nproc)")
 
 # The scheduler and the HTTP server under AddressSanitizer and LeakSanitizer (UBSan too): the scheduling tests, a short
-# soak with cancellations and preemptions from four threads, the server's concurrency and overload tests.
+# soak with cancellations and preemptions from four threads, the server's concurrency and overload tests; the CPU's
+# tensor parallel (ranks in threads) and the quantized repack, whose code packing this build once caught reading a
+# shift before it was set.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQINFER_CUDA=OFF -DQINFER_NATIVE=OFF \
     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" >/dev/null
 cmake --build build-asan -j"$(nproc)" --target qinfer_tests
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=2 \
-    build-asan/tests/qinfer_tests --gtest_filter='SchedulerRequests.*:Backends/Scheduling.*cpu*:Serve.*' --gtest_brief=1
-echo "sanitizers: scheduler and server tests clean"
+    build-asan/tests/qinfer_tests --gtest_filter='SchedulerRequests.*:Backends/Scheduling.*cpu*:Serve.*:*TensorParallelCpu*:QuantRepack*' \
+    --gtest_brief=1
+echo "sanitizers: scheduler, server, tensor-parallel and repack tests clean"
 
 # The tokenizer on megabytes of real text against the reference implementation (npm package, node).
 bash scripts/tokenizer_check.sh build/qinfer

@@ -21,7 +21,7 @@ QuantReader::QuantReader(const Linear & l) : l_(l), K_(l.in_features), N_(l.out_
     groups_ = (K_ + group_size_ - 1) / group_size_;
     // With g_idx the groups are the scales' rows, which a tensor-parallel rank's slice of K keeps whole (its channels'
     // groups are the checkpoint's).
-    if (l.g_idx.present() && l.scales.present() && l.scheme.packing != QuantPacking::AwqGemv) groups_ = l.scales.shape[0];
+    if (l.g_idx.present() && l.scales.present() && l.scheme.packing != QuantPacking::AwqGemv) groups_ = l.scales.numel() / N_;
     qweight_ = static_cast<const uint32_t *>(l.qweight.data);
     qzeros_ = static_cast<const uint32_t *>(l.qzeros.data);
     if (l.g_idx.present()) g_idx_ = static_cast<const int32_t *>(l.g_idx.data);

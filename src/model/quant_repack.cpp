@@ -173,13 +173,18 @@ RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile)
             const int64_t row = row0 + n;
             for (int64_t i = 0; i < r.k; i++) {
                 const int64_t channel = r.perm.empty() ? i : r.perm[size_t(i)];
+                // The word's index first, then the shift it set: in `codes[word_index(&shift)] |= q << shift` C++17
+                // evaluates the right side first, with the shift still unset (a build with sanitizers did).
                 int shift = 0;
                 const uint32_t q = reader.code(n, channel);
                 if (r.tiled && r.bits == 8) {
-                    r.codes[r.word_index(row, i, &shift, 0)] |= (q & 15u) << shift;
-                    r.codes[r.word_index(row, i, &shift, 1)] |= (q >> 4) << shift;
+                    const size_t lo = r.word_index(row, i, &shift, 0);
+                    r.codes[lo] |= (q & 15u) << shift;
+                    const size_t hi = r.word_index(row, i, &shift, 1);
+                    r.codes[hi] |= (q >> 4) << shift;
                 } else {
-                    r.codes[r.word_index(row, i, &shift)] |= q << shift;
+                    const size_t w = r.word_index(row, i, &shift);
+                    r.codes[w] |= q << shift;
                 }
             }
             for (int64_t g = 0; g < r.groups; g++) {
