@@ -8,10 +8,16 @@
 namespace qinfer {
 
 // Bytes of the CUDA engine's prefill workspaces per token of a pass (CudaQwenEngine::ensure_workspace): ids, the
-// fp32 residual, the normalised bf16 input, qkv, fp32 queries, attention output, gate_up, the SwiGLU product.
+// fp32 residual, the normalised bf16 input, qkv, fp32 queries, attention output, gate_up, the SwiGLU product; MoE
+// layers' router logits, routing, expert products and outputs, the shared expert's output, gate_up and inputs.
 inline double prefill_bytes_per_token(const ModelConfig & c) {
     const double H = c.hidden_size, I = c.intermediate_size;
-    return 4 + 4 * H + 2 * H + 2 * double(c.q_dim() + 2 * c.kv_dim()) + 4 * double(c.q_dim()) + 2 * H + 6 * I;
+    double moe = 0;
+    if (c.num_experts > 0) {
+        const double k = c.num_experts_per_tok, Ie = c.moe_intermediate_size, Is = std::max(c.shared_expert_intermediate_size, 0);
+        moe = 4 * (c.num_experts + 1) + 16 * k + 2 * std::max(k * Ie, Is) + 2 * k * H + 2 * H + 4 * std::max(Ie, Is) + 2 * H;
+    }
+    return 4 + 4 * H + 2 * H + 2 * double(c.q_dim() + 2 * c.kv_dim()) + 4 * double(c.q_dim()) + 2 * H + 6 * I + moe;
 }
 
 // A longer pass keeps the attention kernel's grid full (on an H100, 7B at 30720 tokens: time to first token 1.92 s

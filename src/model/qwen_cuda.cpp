@@ -4,7 +4,8 @@
 // the cache and workspaces and holds the linear/MLP/MoE layers; prefill runs in chunks through cuBLASLt and
 // FlashAttention-style attention (qwen_cuda_prefill.cpp); decode steps, of one sequence or a static batch, are
 // captured once in a CUDA graph and replayed (qwen_cuda_decode.cpp).
-// MoE layers route on the host (correct first), so MoE models decode without the graph. Quantized projections
+// MoE layers route on the device and run bf16 experts there too (cuda::moe_*), inside the decode graph; quantized
+// experts go one by one on rows counted on the host. Quantized projections
 // (GPTQ/AWQ/AutoRound 4/8-bit, bitsandbytes 4-bit) are repacked at load time into one layout with its own GEMV;
 // prefill dequantizes each one to bf16 and multiplies with cuBLASLt.
 #include "model/qwen_cuda.h"
@@ -213,13 +214,24 @@ void CudaQwenEngine::upload_weights() {
             D.mlp = upload_mlp(L.mlp, &done, bar);
             continue;
         }
-        D.router = upload_dense({&L.moe.gate}, &done, bar);
-        for (const MlpWeights & e : L.moe.experts) D.experts.push_back(upload_mlp(e, &done, bar));
         D.has_shared = L.moe.has_shared_expert;
-        if (D.has_shared) {
-            D.shared = upload_mlp(L.moe.shared_expert, &done, bar);
-            D.shared_gate = upload_dense({&L.moe.shared_expert_gate}, &done, bar);
+        D.router = D.has_shared ? upload_dense({&L.moe.gate, &L.moe.shared_expert_gate}, &done, bar) : upload_dense({&L.moe.gate}, &done, bar);
+        if (D.has_shared) D.shared = upload_mlp(L.moe.shared_expert, &done, bar);
+        if (L.moe.experts[0].gate_proj.quantized()) {
+            for (const MlpWeights & e : L.moe.experts) D.experts.push_back(upload_mlp(e, &done, bar));
+            continue;
         }
+        std::vector<const Weight *> gate_up, down;
+        for (const MlpWeights & e : L.moe.experts) {
+            if (e.gate_proj.quantized() || e.up_proj.quantized() || e.down_proj.quantized()) {
+                QINFER_FAIL() << "CUDA backend: layer " << l << " mixes quantized and unquantized experts";
+            }
+            if (e.gate_proj.bias.present() || e.down_proj.bias.present()) QINFER_FAIL() << "CUDA backend: MLP biases are not supported";
+            gate_up.insert(gate_up.end(), {&e.gate_proj.weight, &e.up_proj.weight});
+            down.push_back(&e.down_proj.weight);
+        }
+        D.expert_gate_up = upload(gate_up, "weights", &done, bar);
+        D.expert_down = upload(down, "weights", &done, bar);
     }
     final_norm_ = upload({&W.norm}, "norm", &done, bar);
     if (c.tie_word_embeddings) {
@@ -238,8 +250,8 @@ void CudaQwenEngine::upload_weights() {
 void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const ModelConfig & c = model_->config;
     ws_tokens_ = 0;
-    for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &prefill_k_, &prefill_v_, &moe_rows_, &moe_scale_, &moe_in_,
-                             &moe_gu_, &moe_act_, &moe_out_, &router_logits_, &sample_seen_, &sample_counts_, &sample_work_}) {
+    for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &prefill_k_, &prefill_v_, &router_logits_, &moe_idx_, &moe_w_,
+                             &moe_act_, &moe_out_, &moe_shared_, &moe_gu_, &moe_in_, &sample_seen_, &sample_counts_, &sample_work_}) {
         *b = DeviceBuffer();
     }
     if (graph_) cudaGraphExecDestroy(graph_);
@@ -355,6 +367,23 @@ void CudaQwenEngine::ensure_workspace(int c) {
         gu_ = DeviceBuffer(size_t(c) * 2 * I * sizeof(bf16), "workspace");
         act_ = DeviceBuffer(size_t(c) * I * sizeof(bf16), "workspace");
     }
+    if (cfg.num_experts > 0) {
+        const size_t E1 = size_t(cfg.num_experts) + 1, ck = size_t(c) * cfg.num_experts_per_tok;
+        const size_t Ie = size_t(cfg.moe_intermediate_size), Is = size_t(std::max(cfg.shared_expert_intermediate_size, 0));
+        bool on_host = false;
+        for (const auto & L : layers_) on_host |= L.experts_on_host();
+        router_logits_ = DeviceBuffer(size_t(c) * E1 * sizeof(float), "workspace");
+        moe_idx_ = DeviceBuffer((3 * ck + 2 * E1) * sizeof(int), "workspace");
+        moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
+        moe_act_ = DeviceBuffer(std::max(ck * Ie, size_t(c) * Is) * sizeof(bf16), "workspace");
+        moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");
+        if (Is > 0) moe_shared_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
+        if (Is > 0 || on_host) moe_gu_ = DeviceBuffer(size_t(c) * 2 * std::max(Ie, Is) * sizeof(bf16), "workspace");
+        if (on_host) {
+            moe_in_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
+            if (moe_offsets_host_.bytes() == 0) moe_offsets_host_ = cuda::HostMappedBuffer(E1 * sizeof(int), "MoE offsets");
+        }
+    }
     const int max_k = max_quantized_k();
     if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, k_qgemv_max_m), "workspace");
     ws_tokens_ = c;
@@ -462,62 +491,83 @@ void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf1
     prof_.mark("down gemm");
 }
 
-// Sparse MoE block, routed on the host: softmax over experts in fp32, top-k, optional renormalisation; each expert
-// runs on the tokens routed to it; outputs and the sigmoid-gated shared expert are added into the residual x.
+// The routing's buffers, laid out for ws_tokens_ tokens (ensure_workspace).
+cuda::MoeRouting CudaQwenEngine::moe_routing() const {
+    const ModelConfig & cfg = model_->config;
+    const size_t ck = size_t(ws_tokens_) * cfg.num_experts_per_tok, e1 = size_t(cfg.num_experts) + 1;
+    cuda::MoeRouting r;
+    r.ids = moe_idx_.as<int>();
+    r.offsets = r.ids + ck;
+    r.tiles = r.offsets + e1;
+    r.token_of = r.tiles + e1;
+    r.slot_of = r.token_of + ck;
+    r.weights = moe_w_.as<float>();
+    return r;
+}
+
+// Sparse MoE block (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock) on c tokens of xn, added into the residual x:
+// the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
+// the device, the routed experts' grouped GEMMs, the weighted combine (cuda::moe_*). Quantized experts run one by one
+// through linear() on their rows, counted on the host.
 void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
-    router_logits_.ensure(size_t(c) * std::max(E, 1) * sizeof(float), "workspace");
-    cuda::gemm(xn, L.router.ptr(), c, E, H, router_logits_.get(), true, stream_);
-    std::vector<float> logits(static_cast<size_t>(c) * E);
-    CUDA_CHECK(cudaMemcpyAsync(logits.data(), router_logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    std::vector<std::vector<int>> rows(static_cast<size_t>(E));
-    std::vector<std::vector<float>> weights(static_cast<size_t>(E));
-    for (int t = 0; t < c; t++) {
-        const float * lt = logits.data() + size_t(t) * E;
-        const float mx = *std::max_element(lt, lt + E);
-        std::vector<float> p(static_cast<size_t>(E));
-        float sum = 0;
-        for (int e = 0; e < E; e++) sum += (p[size_t(e)] = std::exp(lt[e] - mx));
-        for (float & v : p) v /= sum;
-        std::vector<int> order(static_cast<size_t>(E));
-        std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
-        float top = 0;
-        for (int i = 0; i < k; i++) top += p[size_t(order[size_t(i)])];
-        for (int i = 0; i < k; i++) {
-            const int e = order[size_t(i)];
-            rows[size_t(e)].push_back(t);
-            weights[size_t(e)].push_back(cfg.norm_topk_prob ? p[size_t(e)] / top : p[size_t(e)]);
+    const int router_rows = L.router.n;  // E (+ 1)
+    if (L.has_shared) {
+        if (c <= k_gemv_max_m) {
+            cuda::GemvArgs a;
+            a.n = L.shared.down.k;
+            a.k = H;
+            a.x = xn;
+            a.m = c;
+            a.y = moe_act_.get();
+            project(L.shared.gate_up, a, cuda::GemvIn::Bf16, cuda::GemvOut::SiluMulBf16);
+            a = cuda::GemvArgs{};
+            a.n = H;
+            a.k = L.shared.down.k;
+            a.x = moe_act_.get();
+            a.m = c;
+            a.y = moe_shared_.get();
+            project(L.shared.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16);
+        } else {
+            mlp(L.shared, xn, c, moe_gu_.as<bf16>(), moe_act_.as<bf16>(), moe_shared_.as<bf16>());
+        }
+        prof_.mark("shared expert");
+    }
+    if (c <= k_gemv_max_m) {
+        cuda::GemvArgs a;
+        a.w = L.router.ptr();
+        a.n = router_rows;
+        a.k = H;
+        a.x = xn;
+        a.m = c;
+        a.y = router_logits_.get();
+        cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::F32, stream_);
+    } else {
+        cuda::gemm(xn, L.router.ptr(), c, router_rows, H, router_logits_.get(), true, stream_);
+    }
+    const int tile = cuda::moe_tile_rows(c, k, E);
+    const cuda::MoeRouting r = moe_routing();
+    cuda::moe_route(router_logits_.as<float>(), router_rows, c, E, k, cfg.norm_topk_prob, tile, r, stream_);
+    prof_.mark("router");
+    if (!L.experts_on_host()) {
+        const cuda::MoeExperts w{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
+        cuda::moe_experts(xn, c, k, w, r, tile, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
+    } else {
+        int * offsets = static_cast<int *>(moe_offsets_host_.host());
+        CUDA_CHECK(cudaMemcpyAsync(offsets, r.offsets, size_t(E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (int e = 0; e < E; e++) {
+            const int m = offsets[e + 1] - offsets[e];
+            if (m == 0) continue;
+            cuda::gather_rows(xn, r.token_of + offsets[e], m, H, moe_in_.as<bf16>(), stream_);
+            mlp(L.experts[size_t(e)], moe_in_.as<bf16>(), m, moe_gu_.as<bf16>(), moe_act_.as<bf16>(), moe_out_.as<bf16>() + size_t(offsets[e]) * H);
         }
     }
-    moe_rows_.ensure(size_t(c) * sizeof(int), "workspace");
-    moe_scale_.ensure(size_t(c) * sizeof(float), "workspace");
-    moe_in_.ensure(size_t(c) * H * sizeof(bf16), "workspace");
-    const int inter = std::max(I, cfg.shared_expert_intermediate_size);
-    moe_gu_.ensure(size_t(c) * 2 * inter * sizeof(bf16), "workspace");
-    moe_act_.ensure(size_t(c) * inter * sizeof(bf16), "workspace");
-    moe_out_.ensure(size_t(c) * H * sizeof(bf16), "workspace");
-    auto run_mlp = [&](const DevMlp & m, const bf16 * in, int rows_n) {
-        mlp(m, in, rows_n, moe_gu_.as<bf16>(), moe_act_.as<bf16>(), moe_out_.as<bf16>());
-    };
-    for (int e = 0; e < E; e++) {
-        const int m = int(rows[size_t(e)].size());
-        if (m == 0) continue;
-        CUDA_CHECK(cudaMemcpyAsync(moe_rows_.get(), rows[size_t(e)].data(), size_t(m) * sizeof(int), cudaMemcpyHostToDevice, stream_));
-        CUDA_CHECK(cudaMemcpyAsync(moe_scale_.get(), weights[size_t(e)].data(), size_t(m) * sizeof(float), cudaMemcpyHostToDevice, stream_));
-        cuda::gather_rows(xn, moe_rows_.as<int>(), m, H, moe_in_.as<bf16>(), stream_);
-        run_mlp(L.experts[size_t(e)], moe_in_.as<bf16>(), m);
-        cuda::add_scaled_rows(x, moe_out_.as<bf16>(), moe_rows_.as<int>(), moe_scale_.as<float>(), false, m, H, stream_);
-        // The host vectors must outlive the async copies before the next expert reuses the device buffers.
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
-    }
-    if (L.has_shared) {
-        run_mlp(L.shared, xn, c);
-        cuda::gemm(xn, L.shared_gate.ptr(), c, 1, H, router_logits_.get(), true, stream_);
-        cuda::add_scaled_rows(x, moe_out_.as<bf16>(), nullptr, router_logits_.as<float>(), true, c, H, stream_);
-    }
+    prof_.mark("experts");
+    cuda::moe_combine(x, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
+                      L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
+    prof_.mark("combine");
 }
 
 }  // namespace cuda_engine

@@ -116,11 +116,14 @@ struct DevLayer {
     DevLinear o;                                         // bf16 [hidden, n_head d]
     bool moe = false;
     DevMlp mlp;
-    DevLinear router;  // bf16 [n_experts, hidden]
-    std::vector<DevMlp> experts;
+    DevLinear router;  // bf16 [n_experts (+ 1: the shared expert's gate row, when it has one), hidden]
+    // Routed experts: bf16 stacked for the grouped GEMMs (cuda::MoeExperts), or quantized one by one (then their rows
+    // are counted on the host: a wait per layer, and no decode graph).
+    DeviceBuffer expert_gate_up, expert_down;  // bf16 [n_experts, 2 inter, hidden], [n_experts, hidden, inter]
+    std::vector<DevMlp> experts;               // quantized experts
     bool has_shared = false;
     DevMlp shared;
-    DevLinear shared_gate;  // bf16 [1, hidden]
+    bool experts_on_host() const { return moe && !experts.empty(); }
 };
 
 // The decode rows' bucket: the rows a captured decode step is padded to (qwen_cuda_paged.cpp).
@@ -242,7 +245,13 @@ private:
     // one layer at a time) read through an identity block table [blocks per sequence] by the bf16 attention kernels.
     DeviceBuffer prefill_k_, prefill_v_, prefill_table_;
     DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_qgemv_max_m, largest padded k]
-    DeviceBuffer moe_rows_, moe_scale_, moe_in_, moe_gu_, moe_act_, moe_out_, router_logits_;
+    // MoE layers (moe()): router logits fp32 [c, n_experts (+ 1)], the routing (cuda::MoeRouting: ints, weights), the
+    // routed experts' SwiGLU products bf16 [c top_k, inter] (the shared expert's [c, shared inter] share it) and
+    // outputs bf16 [c top_k, hidden], the shared expert's output [c, hidden] and gate_up [c, 2 inter] (also the quantized
+    // experts'), their gathered inputs [c, hidden], the routing's offsets on the host.
+    DeviceBuffer router_logits_, moe_idx_, moe_w_, moe_act_, moe_out_, moe_shared_, moe_gu_, moe_in_;
+    cuda::HostMappedBuffer moe_offsets_host_;
+    cuda::MoeRouting moe_routing() const;
     // Decode state of a batch of B on the device: int tokens [B], positions [B], step, context lengths [B] (for B = 1
     // the layout argmax_advance expects); tokens_out_ int [steps, B] produced by the graph.
     DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;

@@ -108,7 +108,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         }
         prof_.mark("o_proj gemv");
         if (L.moe) {
-            moe(L, B, xn, x);  // routes on the host: never inside a captured graph
+            moe(L, B, xn, x);
         } else if (fused) {
             cuda::GemvArgs a;
             a.n = L.mlp.down.k;
@@ -227,7 +227,7 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
                                       StepEnd end, std::vector<int> & out) {
     const ModelConfig & cfg = model_->config;
     for (const auto & L : layers_) {
-        if (L.moe) return false;  // host routing: the per-token path
+        if (L.experts_on_host()) return false;  // quantized experts are counted on the host: the per-token path
     }
     if (cfg.rope_scaling.type == RopeType::Dynamic) return false;
     if (!prepare_batch(seqs, tokens, n_steps)) return false;

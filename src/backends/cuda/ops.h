@@ -282,6 +282,40 @@ void pick_rows_advance(const float * logits, int rows, int vocab, const RowPick 
 void pick_slots(const float * logits, int rows, int vocab, const int * slots, const RowPick * picks, const int * history, float * work,
                 int * counts, int * tokens, cudaStream_t stream);
 
+// ---- mixture of experts (moe.cu) ----
+// A MoE layer of c tokens on the device: route (softmax over the router logits in fp32, top-k, optional
+// renormalisation), group the c * top_k token-expert assignments by expert, run every routed expert's SwiGLU MLP on
+// its rows with two grouped GEMMs (one launch each; grids sized for the worst case, so graphs can capture them), and
+// add the weighted outputs (and the sigmoid-gated shared expert) into the residual stream.
+constexpr int k_moe_max_experts = 256;
+constexpr int k_moe_max_topk = 8;
+struct MoeRouting {
+    int * ids = nullptr;       // int [c, top_k]: the chosen experts, largest probability first (ties: lower id)
+    float * weights = nullptr;  // fp32 [c, top_k]: their probabilities (renormalised: over the chosen ones)
+    int * offsets = nullptr;   // int [E + 1]: expert e's rows are rows offsets[e] .. offsets[e + 1] - 1 of the sorted order
+    int * tiles = nullptr;     // int [E + 1]: expert e's first row tile (tile_rows rows per tile, moe_tile_rows)
+    int * token_of = nullptr;  // int [c * top_k]: sorted row -> its token (an expert's rows in token order)
+    int * slot_of = nullptr;   // int [c * top_k]: assignment t * top_k + j -> its sorted row
+};
+// The grouped GEMMs' row tile for c tokens: 64 where experts get 16 rows or more on average, else 16.
+int moe_tile_rows(int tokens, int top_k, int n_experts);
+// logits fp32 [c, stride] (the first n_experts of each row; n_experts <= k_moe_max_experts, top_k <= k_moe_max_topk) -> r.
+void moe_route(const float * logits, int stride, int c, int n_experts, int top_k, bool renormalise, int tile_rows, const MoeRouting & r,
+               cudaStream_t stream);
+struct MoeExperts {
+    const bf16 * gate_up = nullptr;  // [n_experts, 2 inter, hidden]: each expert's gate rows, then its up rows
+    const bf16 * down = nullptr;     // [n_experts, hidden, inter]
+    int n_experts = 0, hidden = 0, inter = 0;  // hidden and inter multiples of 8
+};
+// act bf16 [c top_k, inter] = silu(gate) * up of each sorted row's token xn bf16 [c, hidden] through its expert;
+// out bf16 [c top_k, hidden] = act W_down^T, in the sorted order.
+void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const MoeRouting & r, int tile_rows, bf16 * act, bf16 * out,
+                 cudaStream_t stream);
+// x fp32 [c, hidden] += sum_j weights[t, j] out[slot_of[t top_k + j]] (+ sigmoid(shared_gate[t gate_stride]) shared[t]
+// where shared, bf16 [c, hidden], is given).
+void moe_combine(float * x, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,
+                 int gate_stride, cudaStream_t stream);
+
 // ---- prefill GEMM (cuBLASLt) ----
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.
 void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_f32, cudaStream_t stream);

@@ -1,0 +1,378 @@
+// Mixture-of-experts kernels (ops.h, "mixture of experts"): routing on the device (softmax, top-k, optional
+// renormalisation), the token-expert assignments grouped by expert, the routed experts' SwiGLU MLPs as two grouped
+// GEMMs over all experts (one launch each, the gate/up one with SiLU-mul in its epilogue), and the weighted combine
+// into the residual stream. Nothing here goes through the host, so a MoE decode step can be captured in a graph.
+#include <algorithm>
+#include <climits>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda {
+namespace {
+
+constexpr int k_route_warps = 4;
+constexpr int k_per_lane = k_moe_max_experts / 32;
+
+// One warp per token: p = softmax(logits) in fp32; top-k by repeated arg-max (largest first, ties to the lower expert:
+// torch.topk's order, as the CPU path's stable sort); weights p, or p / sum of the chosen p (norm_topk_prob).
+__global__ void __launch_bounds__(k_route_warps * 32) route_kernel(const float * logits, int stride, int c, int E, int k, bool renormalise, int * ids,
+                                                                   float * weights) {
+    pdl_wait();
+    const int lane = threadIdx.x % 32;
+    const int t = blockIdx.x * k_route_warps + threadIdx.x / 32;
+    if (t >= c) return;
+    const float * lt = logits + size_t(t) * stride;
+    float p[k_per_lane];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < k_per_lane; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < E ? lt[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+    mx = warp_max(mx);
+    float sum = 0;
+#pragma unroll
+    for (int i = 0; i < k_per_lane; i++) {
+        p[i] = lane + 32 * i < E ? expf(p[i] - mx) : 0.0f;
+        sum += p[i];
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < k_per_lane; i++) p[i] = lane + 32 * i < E ? p[i] / sum : -1.0f;  // -1: never chosen
+    float chosen = 0, top = 0;
+    for (int j = 0; j < k; j++) {
+        float best = -2.0f;
+        int best_e = INT_MAX;
+#pragma unroll
+        for (int i = 0; i < k_per_lane; i++) {
+            if (p[i] > best) {  // strict: this lane's experts rise with i, so ties keep the lower one
+                best = p[i];
+                best_e = lane + 32 * i;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+            if (ob > best || (ob == best && oe < best_e)) {
+                best = ob;
+                best_e = oe;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < k_per_lane; i++) {
+            if (lane + 32 * i == best_e) p[i] = -1.0f;
+        }
+        top += best;
+        if (lane == j) chosen = best;
+        if (lane == 0) ids[size_t(t) * k + j] = best_e;
+    }
+    if (lane < k) weights[size_t(t) * k + lane] = renormalise ? chosen / top : chosen;
+}
+
+constexpr int k_group_threads = 256;
+
+// One block per expert: every block counts all n assignments per expert (shared atomics), takes its expert's offset
+// and tile offset from the counts of the experts before it, then lists its assignments in order (a stable sort).
+__global__ void __launch_bounds__(k_group_threads) group_kernel(const int * ids, int n, int E, int k, int tile_rows, int * offsets, int * tiles,
+                                                                int * token_of, int * slot_of) {
+    pdl_wait();
+    __shared__ int hist[k_moe_max_experts];
+    __shared__ int warp_counts[k_group_threads / 32];
+    __shared__ int start;
+    const int e = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    for (int i = tid; i < E; i += k_group_threads) hist[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += k_group_threads) atomicAdd(&hist[ids[i]], 1);
+    __syncthreads();
+    if (tid == 0) {
+        int off = 0, tl = 0;
+        for (int j = 0; j < e; j++) {
+            off += hist[j];
+            tl += (hist[j] + tile_rows - 1) / tile_rows;
+        }
+        offsets[e] = off;
+        tiles[e] = tl;
+        if (e == E - 1) {
+            offsets[E] = off + hist[e];
+            tiles[E] = tl + (hist[e] + tile_rows - 1) / tile_rows;
+        }
+        start = off;
+    }
+    __syncthreads();
+    if (hist[e] == 0) return;
+    int base = start;
+    for (int from = 0; from < n; from += k_group_threads) {
+        const int i = from + tid;
+        const bool mine = i < n && ids[i] == e;
+        const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+        if (lane == 0) warp_counts[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, total = 0;
+#pragma unroll
+        for (int w = 0; w < k_group_threads / 32; w++) {
+            before += w < warp ? warp_counts[w] : 0;
+            total += warp_counts[w];
+        }
+        if (mine) {
+            const int p = base + before + __popc(ballot & ((1u << lane) - 1));
+            token_of[p] = i / k;
+            slot_of[i] = p;
+        }
+        base += total;
+        __syncthreads();
+    }
+}
+
+// ---- grouped GEMM: y[p, :] = x[row(p), :] W_e^T for the sorted rows p of every expert e ----
+// Tokens are the A operand of mma.m16n8k16 (rows of x, gathered through token_of), weight rows the B operand (W_e
+// row-major [rows, K] is B in "col" layout). Tiles of BM rows x BN weight rows, K in steps of 64 through a STAGES-deep
+// cp.async ring, fragments by ldmatrix, fp32 accumulation. Each block finds its (expert, row tile) in `tiles`; blocks
+// beyond the step's tiles leave at once (the grid is sized for the worst case, so it does not depend on the routing).
+struct GemmArgs {
+    const bf16 * x = nullptr;
+    const int * token_of = nullptr;  // null: row p of x
+    const bf16 * w = nullptr;        // [E, w_rows, k]
+    int64_t w_stride = 0;            // elements per expert
+    int n = 0, k = 0;                // output features (SwiGLU: I, over 2I weight rows), inputs
+    const int * offsets = nullptr, * tiles = nullptr;
+    int E = 0;
+    bf16 * y = nullptr;  // [rows, n]
+};
+
+constexpr int k_bk = 64;
+constexpr int k_row = k_bk + 8;  // shared row stride in bf16 (144 bytes: ldmatrix rows fall in distinct banks)
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void * p) {
+    const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void * p) {
+    const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES> constexpr size_t gemm_smem() {
+    const size_t ring = size_t(STAGES) * (BM + BN) * k_row * sizeof(bf16), out = size_t(BM) * (BN + 4) * sizeof(float);
+    return ring > out ? ring : out;
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU>
+__global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
+    constexpr int threads = WM * WN * 32, TM = BM / WM, TN = BN / WN, MT = TM / 16, NT = TN / 8;
+    static_assert(TM % 16 == 0 && TN % 8 == 0 && (NT == 1 || NT % 2 == 0), "warp tile");
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 * As = reinterpret_cast<bf16 *>(smem);                  // [STAGES][BM][k_row]
+    bf16 * Bs = As + size_t(STAGES) * BM * k_row;                // [STAGES][BN][k_row]
+    __shared__ int a_rows[BM];                                   // x's row of each tile row (-1: none)
+    __shared__ int b_rows[BN];                                   // weight row of each tile column (-1: none)
+    pdl_wait();
+    const int g = blockIdx.y;
+    if (g >= a.tiles[a.E]) return;
+    int lo = 0, hi = a.E;
+    while (lo < hi) {  // the last expert whose first tile is at or before g
+        const int mid = (lo + hi + 1) / 2;
+        if (a.tiles[mid] <= g) lo = mid;
+        else hi = mid - 1;
+    }
+    const int e = lo;
+    const int row0 = a.offsets[e] + (g - a.tiles[e]) * BM;
+    const int rows = min(BM, a.offsets[e + 1] - row0);
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / WN, wn = warp % WN;
+    const int f0 = blockIdx.x * (SWIGLU ? BN / 2 : BN);  // first output feature
+    for (int r = tid; r < BM; r += threads) a_rows[r] = r < rows ? (a.token_of ? a.token_of[row0 + r] : row0 + r) : -1;
+    for (int r = tid; r < BN; r += threads) {
+        int f = f0 + r, wr = f;
+        if constexpr (SWIGLU) {
+            f = f0 + r % (BN / 2);
+            wr = r < BN / 2 ? f : a.n + f;
+        }
+        b_rows[r] = f < a.n ? wr : -1;
+    }
+    __syncthreads();
+    const bf16 * w = a.w + int64_t(e) * a.w_stride;
+    const int nk = (a.k + k_bk - 1) / k_bk;
+    auto load = [&](int stage, int kb) {
+        bf16 * as = As + size_t(stage) * BM * k_row;
+        bf16 * bs = Bs + size_t(stage) * BN * k_row;
+        for (int i = tid; i < (BM + BN) * (k_bk / 8); i += threads) {
+            const int r = i / (k_bk / 8), kk = kb * k_bk + (i % (k_bk / 8)) * 8;
+            if (r < BM) {
+                const int src = a_rows[r];
+                const bool ok = src >= 0 && kk < a.k;
+                cp_async16(as + r * k_row + (i % (k_bk / 8)) * 8, ok ? a.x + int64_t(src) * a.k + kk : a.x, ok);
+            } else {
+                const int src = b_rows[r - BM];
+                const bool ok = src >= 0 && kk < a.k;
+                cp_async16(bs + (r - BM) * k_row + (i % (k_bk / 8)) * 8, ok ? w + int64_t(src) * a.k + kk : w, ok);
+            }
+        }
+    };
+    float acc[MT][NT][4] = {};
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) load(s, s);
+        cp_async_commit();
+    }
+    for (int kb = 0; kb < nk; kb++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (kb + STAGES - 1 < nk) load((kb + STAGES - 1) % STAGES, kb + STAGES - 1);
+        cp_async_commit();
+        const bf16 * as = As + size_t(kb % STAGES) * BM * k_row;
+        const bf16 * bs = Bs + size_t(kb % STAGES) * BN * k_row;
+#pragma unroll
+        for (int ks = 0; ks < k_bk / 16; ks++) {
+            uint32_t af[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                ldmatrix_x4(af[mt], as + (wm * TM + mt * 16 + lane % 16) * k_row + ks * 16 + (lane / 16) * 8);
+            }
+            uint32_t bfr[NT][2];
+            if constexpr (NT == 1) {
+                ldmatrix_x2(bfr[0], bs + (wn * TN + lane % 8) * k_row + ks * 16 + ((lane / 8) % 2) * 8);
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt += 2) {
+                    uint32_t r[4];
+                    ldmatrix_x4(r, bs + (wn * TN + nt * 8 + lane % 8 + (lane / 16) * 8) * k_row + ks * 16 + ((lane / 8) % 2) * 8);
+                    bfr[nt][0] = r[0];
+                    bfr[nt][1] = r[1];
+                    bfr[nt + 1][0] = r[2];
+                    bfr[nt + 1][1] = r[3];
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) mma16816(acc[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    float * cs = reinterpret_cast<float *>(smem);  // [BM][BN + 4]
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int r = wm * TM + mt * 16 + lane / 4, col = wn * TN + nt * 8 + 2 * (lane % 4);
+            cs[r * (BN + 4) + col] = acc[mt][nt][0];
+            cs[r * (BN + 4) + col + 1] = acc[mt][nt][1];
+            cs[(r + 8) * (BN + 4) + col] = acc[mt][nt][2];
+            cs[(r + 8) * (BN + 4) + col + 1] = acc[mt][nt][3];
+        }
+    }
+    __syncthreads();
+    constexpr int out_cols = SWIGLU ? BN / 2 : BN;
+    for (int i = tid; i < BM * out_cols; i += threads) {
+        const int r = i / out_cols, col = i % out_cols;
+        if (r >= rows || f0 + col >= a.n) continue;
+        float v = cs[r * (BN + 4) + col];
+        if constexpr (SWIGLU) {
+            // As the unfused path: gate and up rounded to bf16 (the projection's output), then silu(gate) * up.
+            const float gate = __bfloat162float(__float2bfloat16(v));
+            const float up = __bfloat162float(__float2bfloat16(cs[r * (BN + 4) + BN / 2 + col]));
+            v = silu(gate) * up;
+        }
+        a.y[int64_t(row0 + r) * a.n + f0 + col] = __float2bfloat16(v);
+    }
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
+    constexpr size_t smem = gemm_smem<BM, BN, WM, WN, STAGES>();
+    static size_t configured = 0;
+    auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, SWIGLU>;
+    allow_dynamic_smem(kernel, smem, configured);
+    const int out_per_block = SWIGLU ? BN / 2 : BN;
+    const dim3 grid((a.n + out_per_block - 1) / out_per_block, max_tiles);
+    launch_kernel(kernel, grid, dim3(WM * WN * 32), smem, stream, a);
+}
+
+// Small tiles (16 rows, 32 weight rows, a 6-deep ring) where experts get few rows each (decode, small batches): many
+// blocks over the selected experts' weights, each with enough loads in flight. Large tiles (64 x 128) where they get
+// many (prefill): each weight tile is read once per 64 rows.
+template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int assignments, cudaStream_t stream) {
+    const int max_tiles = std::min(assignments, (assignments + tile_rows - 1) / tile_rows + std::min(a.E, assignments));
+    if (tile_rows == 16) return launch_gemm<16, 32, 1, 4, 6, SWIGLU>(a, max_tiles, stream);
+    launch_gemm<64, 128, 2, 2, 3, SWIGLU>(a, max_tiles, stream);
+}
+
+constexpr int k_combine_threads = 256;
+
+// x[t] += sum_j weight[t, j] y[slot_of[t k + j]] (+ sigmoid(gate[t]) shared[t]), in fp32, in a fixed order.
+__global__ void __launch_bounds__(k_combine_threads) combine_kernel(float * x, int H, int k, const float * weights, const int * slot_of,
+                                                                    const bf16 * y, const bf16 * shared, const float * shared_gate,
+                                                                    int gate_stride) {
+    pdl_wait();
+    const int t = blockIdx.x;
+    float w[k_moe_max_topk];
+    int slot[k_moe_max_topk];
+    for (int j = 0; j < k; j++) {
+        w[j] = weights[size_t(t) * k + j];
+        slot[j] = slot_of[size_t(t) * k + j];
+    }
+    const float sg = shared ? 1.0f / (1.0f + expf(-shared_gate[size_t(t) * gate_stride])) : 0.0f;
+    for (int i = threadIdx.x; i < H; i += k_combine_threads) {
+        float v = x[size_t(t) * H + i];
+        for (int j = 0; j < k; j++) v += w[j] * __bfloat162float(y[size_t(slot[j]) * H + i]);
+        if (shared) v += sg * __bfloat162float(shared[size_t(t) * H + i]);
+        x[size_t(t) * H + i] = v;
+    }
+}
+
+}  // namespace
+
+int moe_tile_rows(int tokens, int top_k, int n_experts) { return tokens * top_k >= 16 * n_experts ? 64 : 16; }
+
+void moe_route(const float * logits, int stride, int c, int n_experts, int top_k, bool renormalise, int tile_rows, const MoeRouting & r,
+               cudaStream_t stream) {
+    QINFER_CHECK(n_experts >= 1 && n_experts <= k_moe_max_experts) << "MoE: " << n_experts << " experts (at most " << k_moe_max_experts << ")";
+    QINFER_CHECK(top_k >= 1 && top_k <= std::min(k_moe_max_topk, n_experts)) << "MoE: top-" << top_k << " of " << n_experts;
+    launch_kernel(route_kernel, dim3((c + k_route_warps - 1) / k_route_warps), dim3(k_route_warps * 32), 0, stream, logits, stride, c, n_experts,
+                  top_k, renormalise, r.ids, r.weights);
+    launch_kernel(group_kernel, dim3(n_experts), dim3(k_group_threads), 0, stream, static_cast<const int *>(r.ids), c * top_k, n_experts,
+                  top_k, tile_rows, r.offsets, r.tiles, r.token_of, r.slot_of);
+}
+
+void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const MoeRouting & r, int tile_rows, bf16 * act, bf16 * out,
+                 cudaStream_t stream) {
+    QINFER_CHECK(w.hidden % 8 == 0 && w.inter % 8 == 0) << "MoE experts: hidden " << w.hidden << " and intermediate " << w.inter
+                                                       << " must be multiples of 8";
+    QINFER_CHECK(tile_rows == 16 || tile_rows == 64) << "MoE experts: tile of " << tile_rows << " rows";
+    GemmArgs a;
+    a.offsets = r.offsets;
+    a.tiles = r.tiles;
+    a.E = w.n_experts;
+    a.x = xn;
+    a.token_of = r.token_of;
+    a.w = w.gate_up;
+    a.w_stride = int64_t(2) * w.inter * w.hidden;
+    a.n = w.inter;
+    a.k = w.hidden;
+    a.y = act;
+    grouped_gemm<true>(a, tile_rows, c * top_k, stream);
+    a.x = act;
+    a.token_of = nullptr;
+    a.w = w.down;
+    a.w_stride = int64_t(w.hidden) * w.inter;
+    a.n = w.hidden;
+    a.k = w.inter;
+    a.y = out;
+    grouped_gemm<false>(a, tile_rows, c * top_k, stream);
+}
+
+void moe_combine(float * x, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,
+                 int gate_stride, cudaStream_t stream) {
+    launch_kernel(combine_kernel, dim3(c), dim3(k_combine_threads), 0, stream, x, hidden, top_k, static_cast<const float *>(r.weights),
+                  static_cast<const int *>(r.slot_of), out, shared, shared_gate, gate_stride);
+}
+
+}  // namespace qinfer::cuda
