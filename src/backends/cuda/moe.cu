@@ -4,6 +4,7 @@
 // into the residual stream. Nothing here goes through the host, so a MoE decode step can be captured in a graph.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -14,15 +15,11 @@ namespace {
 constexpr int k_route_warps = 4;
 constexpr int k_per_lane = k_moe_max_experts / 32;
 
-// One warp per token: p = softmax(logits) in fp32; top-k by repeated arg-max (largest first, ties to the lower expert:
-// torch.topk's order, as the CPU path's stable sort); weights p, or p / sum of the chosen p (norm_topk_prob).
-__global__ void __launch_bounds__(k_route_warps * 32) route_kernel(const float * logits, int stride, int c, int E, int k, bool renormalise, int * ids,
-                                                                   float * weights) {
-    pdl_wait();
+// Token t's routing by one warp: p = softmax(logits) in fp32; top-k by repeated arg-max (largest first, ties to the
+// lower expert: torch.topk's order, as the CPU path's stable sort); weights p, or p / sum of the chosen p
+// (norm_topk_prob).
+__device__ __forceinline__ void route_token(const float * lt, int E, int k, bool renormalise, int * ids, float * weights) {
     const int lane = threadIdx.x % 32;
-    const int t = blockIdx.x * k_route_warps + threadIdx.x / 32;
-    if (t >= c) return;
-    const float * lt = logits + size_t(t) * stride;
     float p[k_per_lane];
     float mx = -INFINITY;
 #pragma unroll
@@ -67,9 +64,86 @@ __global__ void __launch_bounds__(k_route_warps * 32) route_kernel(const float *
         }
         top += best;
         if (lane == j) chosen = best;
-        if (lane == 0) ids[size_t(t) * k + j] = best_e;
+        if (lane == 0) ids[j] = best_e;
     }
-    if (lane < k) weights[size_t(t) * k + lane] = renormalise ? chosen / top : chosen;
+    if (lane < k) weights[lane] = renormalise ? chosen / top : chosen;
+}
+
+__global__ void __launch_bounds__(k_route_warps * 32) route_kernel(const float * logits, int stride, int c, int E, int k, bool renormalise,
+                                                                   int * ids, float * weights) {
+    pdl_wait();
+    const int t = blockIdx.x * k_route_warps + threadIdx.x / 32;
+    if (t >= c) return;
+    route_token(logits + size_t(t) * stride, E, k, renormalise, ids + size_t(t) * k, weights + size_t(t) * k);
+}
+
+// Block-wide exclusive prefix sum of one value per thread (blockDim.x == THREADS); `scratch` holds THREADS / 32 ints.
+template <int THREADS> __device__ __forceinline__ int block_exclusive_sum(int v, int * scratch, int * total) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+    }
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    int before = 0, all = 0;
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; w++) {
+        before += w < warp ? scratch[w] : 0;
+        all += scratch[w];
+    }
+    __syncthreads();
+    *total = all;
+    return before + incl - v;
+}
+
+// A small step in one block (c top_k <= k_small_assignments, E <= the block's threads): every warp routes tokens,
+// then each expert's count, offset and tile offset come from one prefix sum, and each assignment finds its sorted row
+// as its expert's offset plus the earlier assignments to the same expert (the same stable order as group_kernel).
+constexpr int k_small_threads = 256;
+constexpr int k_small_assignments = 256;
+static_assert(k_small_threads >= k_moe_max_experts, "one thread per expert");
+__global__ void __launch_bounds__(k_small_threads) route_group_small_kernel(const float * logits, int stride, int c, int E, int k,
+                                                                            bool renormalise, int tile_rows, int * ids, float * weights,
+                                                                            int * offsets, int * tiles, int * token_of, int * slot_of) {
+    pdl_wait();
+    __shared__ int sids[k_small_assignments];
+    __shared__ int count[k_moe_max_experts], first[k_moe_max_experts];
+    __shared__ int scratch[k_small_threads / 32];
+    const int tid = threadIdx.x, n = c * k;
+    for (int t = tid / 32; t < c; t += k_small_threads / 32) {
+        route_token(logits + size_t(t) * stride, E, k, renormalise, sids + t * k, weights + size_t(t) * k);
+    }
+    if (tid < k_moe_max_experts) count[tid] = 0;
+    __syncthreads();
+    if (tid < n) {
+        ids[tid] = sids[tid];
+        atomicAdd(&count[sids[tid]], 1);
+    }
+    __syncthreads();
+    const int mine = tid < E ? count[tid] : 0;
+    int total = 0;
+    const int off = block_exclusive_sum<k_small_threads>(mine, scratch, &total);
+    const int tl = block_exclusive_sum<k_small_threads>((mine + tile_rows - 1) / tile_rows, scratch, &total);
+    if (tid < E) {
+        first[tid] = off;
+        offsets[tid] = off;
+        tiles[tid] = tl;
+    }
+    if (tid == E - 1) {
+        offsets[E] = off + mine;
+        tiles[E] = total;
+    }
+    __syncthreads();
+    if (tid < n) {
+        const int e = sids[tid];
+        int p = first[e];
+        for (int j = 0; j < tid; j++) p += sids[j] == e;
+        token_of[p] = tid / k;
+        slot_of[tid] = p;
+    }
 }
 
 constexpr int k_group_threads = 256;
@@ -301,7 +375,12 @@ template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU> void launch_g
 // many (prefill): each weight tile is read once per 64 rows.
 template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int assignments, cudaStream_t stream) {
     const int max_tiles = std::min(assignments, (assignments + tile_rows - 1) / tile_rows + std::min(a.E, assignments));
-    if (tile_rows == 16) return launch_gemm<16, 32, 1, 4, 6, SWIGLU>(a, max_tiles, stream);
+    if (tile_rows == 16) {
+        static const int variant = std::getenv("QINFER_MOE_SMALL") ? std::atoi(std::getenv("QINFER_MOE_SMALL")) : 0;  // A/B, to go
+        if (variant == 1) return launch_gemm<16, 64, 1, 8, 4, SWIGLU>(a, max_tiles, stream);
+        if (variant == 2) return launch_gemm<16, 128, 1, 8, 3, SWIGLU>(a, max_tiles, stream);
+        return launch_gemm<16, 32, 1, 4, 6, SWIGLU>(a, max_tiles, stream);
+    }
     launch_gemm<64, 128, 2, 2, 3, SWIGLU>(a, max_tiles, stream);
 }
 
@@ -336,6 +415,11 @@ void moe_route(const float * logits, int stride, int c, int n_experts, int top_k
                cudaStream_t stream) {
     QINFER_CHECK(n_experts >= 1 && n_experts <= k_moe_max_experts) << "MoE: " << n_experts << " experts (at most " << k_moe_max_experts << ")";
     QINFER_CHECK(top_k >= 1 && top_k <= std::min(k_moe_max_topk, n_experts)) << "MoE: top-" << top_k << " of " << n_experts;
+    if (c * top_k <= k_small_assignments) {
+        launch_kernel(route_group_small_kernel, dim3(1), dim3(k_small_threads), 0, stream, logits, stride, c, n_experts, top_k, renormalise,
+                      tile_rows, r.ids, r.weights, r.offsets, r.tiles, r.token_of, r.slot_of);
+        return;
+    }
     launch_kernel(route_kernel, dim3((c + k_route_warps - 1) / k_route_warps), dim3(k_route_warps * 32), 0, stream, logits, stride, c, n_experts,
                   top_k, renormalise, r.ids, r.weights);
     launch_kernel(group_kernel, dim3(n_experts), dim3(k_group_threads), 0, stream, static_cast<const int *>(r.ids), c * top_k, n_experts,
