@@ -168,15 +168,23 @@ TEST_P(CudaMoe, MatchesCpu) {
         const std::vector<float> got_x = download_f32(x, size_t(c) * H);
         EXPECT_LT(rel_err(got_x, x_want), 2e-2);
 
-        // A batch's rows equal each row run alone, bit for bit.
+        // A batch's rows equal each row run alone (through the same kernels: beyond k_moe_gemv_max_tokens, "alone" is
+        // the row repeated that many times plus one), bit for bit.
         if (c > 1 && c <= 20) {
+            const int reps = c <= cuda::k_moe_gemv_max_tokens ? 1 : cuda::k_moe_gemv_max_tokens + 1;
             for (int t = 0; t < c; t += std::max(1, c / 3)) {
-                RoutingBuffers one(1, E, k);
-                cuda::moe_route(logits_d.as<float>() + size_t(t) * stride, stride, 1, E, k, p.renormalise, tile, one.r, nullptr);
-                DeviceBuffer act1 = poisoned(size_t(k) * I * 2), out1 = poisoned(size_t(k) * H * 2);
-                cuda::moe_experts(xn_d.as<cuda::bf16>() + size_t(t) * H, 1, k, w, one.r, tile, act1.as<cuda::bf16>(), out1.as<cuda::bf16>(), nullptr);
-                const std::vector<float> alone = download_bf16(out1, size_t(k) * H);
-                const std::vector<int> slot1 = one.ints(2 * size_t(k) + 2 * (E + 1), size_t(k));
+                std::vector<float> lg, xr;
+                for (int i = 0; i < reps; i++) {
+                    lg.insert(lg.end(), logits.begin() + long(t) * stride, logits.begin() + long(t + 1) * stride);
+                    xr.insert(xr.end(), xn.begin() + long(t) * H, xn.begin() + long(t + 1) * H);
+                }
+                const DeviceBuffer lg_d = upload(lg), xr_d = upload_bf16(xr);
+                RoutingBuffers one(reps, E, k);
+                cuda::moe_route(lg_d.as<float>(), stride, reps, E, k, p.renormalise, tile, one.r, nullptr);
+                DeviceBuffer act1 = poisoned(size_t(reps) * k * I * 2), out1 = poisoned(size_t(reps) * k * H * 2);
+                cuda::moe_experts(xr_d.as<cuda::bf16>(), reps, k, w, one.r, tile, act1.as<cuda::bf16>(), out1.as<cuda::bf16>(), nullptr);
+                const std::vector<float> alone = download_bf16(out1, size_t(reps) * k * H);
+                const std::vector<int> slot1 = one.ints(2 * size_t(reps) * k + 2 * (E + 1), size_t(reps) * k);
                 for (int j = 0; j < k; j++) {
                     for (int h = 0; h < H; h++) {
                         ASSERT_EQ(alone[size_t(slot1[size_t(j)]) * H + h], got_out[(size_t(t) * k + j) * H + h]) << "token " << t << " slot " << j;
