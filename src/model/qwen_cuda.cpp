@@ -78,6 +78,11 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     // 6144, 145.6 -> 149.2 at 30720 (bench/results/2026-11-27-h100-pdl-matrix). On for every checkpoint.
     cuda::set_pdl_default(true);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (c.num_experts > 0 && c.shared_expert_intermediate_size > 0) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&moe_fork_, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&moe_join_, cudaEventDisableTiming));
+    }
     rope_ = compute_rope_freqs(c, 0);
     upload_weights();
     table_ = std::make_unique<BlockTable>(0, block_size_);
@@ -88,6 +93,10 @@ CudaQwenEngine::~CudaQwenEngine() {
     if (graph_) cudaGraphExecDestroy(graph_);
     drop_pool_graphs();
     if (stream_) cudaStreamDestroy(stream_);
+    if (side_stream_) cudaStreamDestroy(side_stream_);
+    for (cudaEvent_t e : {moe_fork_, moe_join_}) {
+        if (e) cudaEventDestroy(e);
+    }
 }
 
 // The parts as bf16, one after another at dst (device memory or mapped host memory: cudaMemcpyDefault).
@@ -513,26 +522,43 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) 
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
     const int router_rows = L.router.n;  // E (+ 1)
+    // The shared expert does not depend on the routing. In decode steps of bf16 experts (GEMVs only: no cuBLASLt
+    // workspace or staging scratch is shared) it runs on a second stream beside the router and the routed experts,
+    // a branch of the decode graph joined before the combine: those kernels are short and latency-bound, so the two
+    // chains overlap.
+    const bool beside = L.has_shared && !L.experts_on_host() && c <= k_gemv_max_m;
     if (L.has_shared) {
+        struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
+            cudaStream_t & cur;
+            cudaStream_t saved;
+            StreamSwap(cudaStream_t & c, cudaStream_t s) : cur(c), saved(c) { cur = s; }
+            ~StreamSwap() { cur = saved; }
+        };
+        if (beside) {
+            CUDA_CHECK(cudaEventRecord(moe_fork_, stream_));
+            CUDA_CHECK(cudaStreamWaitEvent(side_stream_, moe_fork_, 0));
+        }
+        StreamSwap on(stream_, beside ? side_stream_ : stream_);
         if (c <= k_gemv_max_m) {
             cuda::GemvArgs a;
             a.n = L.shared.down.k;
             a.k = H;
             a.x = xn;
             a.m = c;
-            a.y = moe_act_.get();
+            a.y = moe_gu_.get();  // not moe_act_, which the routed experts write meanwhile
             project(L.shared.gate_up, a, cuda::GemvIn::Bf16, cuda::GemvOut::SiluMulBf16);
             a = cuda::GemvArgs{};
             a.n = H;
             a.k = L.shared.down.k;
-            a.x = moe_act_.get();
+            a.x = moe_gu_.get();
             a.m = c;
             a.y = moe_shared_.get();
             project(L.shared.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16);
         } else {
             mlp(L.shared, xn, c, moe_gu_.as<bf16>(), moe_act_.as<bf16>(), moe_shared_.as<bf16>());
         }
-        prof_.mark("shared expert");
+        if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
+        else prof_.mark("shared expert");
     }
     if (c <= k_gemv_max_m) {
         cuda::GemvArgs a;
@@ -565,6 +591,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) 
         }
     }
     prof_.mark("experts");
+    if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
     cuda::moe_combine(x, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
                       L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
     prof_.mark("combine");

@@ -200,6 +200,10 @@ private:
     std::unique_ptr<Model> model_;
     EngineOptions opt_;
     cudaStream_t stream_ = nullptr;
+    // MoE with a shared expert: its kernels run on side_stream_ beside the routed experts (moe()), forked and joined
+    // by these events.
+    cudaStream_t side_stream_ = nullptr;
+    cudaEvent_t moe_fork_ = nullptr, moe_join_ = nullptr;
     DeviceBuffer embed_, final_norm_, lm_head_storage_;
     HostMappedBuffer embed_host_;      // the token embedding in pinned host memory (EngineOptions::embedding_on_gpu)
     const bf16 * embed_table_ = nullptr;  // [vocab, hidden]: embed_ or embed_host_, as the device addresses it
