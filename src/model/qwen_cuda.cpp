@@ -609,7 +609,7 @@ bool cuda_device_present() {
 }
 
 std::unique_ptr<Engine> make_cuda_engine(const std::string & model_dir, const EngineOptions & opt) {
-    return std::make_unique<cuda_engine::CudaQwenEngine>(load_model(model_dir), opt);
+    return std::make_unique<cuda_engine::CudaQwenEngine>(load_model(model_dir, opt.past_context ? opt.max_context : 0), opt);
 }
 
 void cuda_system_info(SystemInfo * s) {

@@ -188,10 +188,17 @@ void check_bnb_state(const std::string & dir, Linear & l) {
 
 }  // namespace
 
-std::unique_ptr<Model> load_model(const std::string & dir) {
+std::unique_ptr<Model> load_model(const std::string & dir, int past_context) {
     auto m = std::make_unique<Model>();
     m->dir = dir;
     m->config = load_model_config(dir);
+    if (past_context > m->config.max_context()) {
+        if (m->config.rope_scaling.type != RopeType::Default) {
+            QINFER_FAIL() << dir << ": running past the model's context of " << m->config.max_context()
+                          << " tokens needs plain RoPE (this model scales its RoPE by its context)";
+        }
+        m->config.max_position_embeddings = past_context;
+    }
     m->checkpoint = std::make_unique<Checkpoint>(dir);
     const Checkpoint & ck = *m->checkpoint;
     std::vector<std::string> missing;

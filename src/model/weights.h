@@ -121,7 +121,10 @@ struct Model {
     std::unique_ptr<Checkpoint> checkpoint;
     ModelWeights weights;
 };
-std::unique_ptr<Model> load_model(const std::string & dir);
+// past_context > 0: the model may run up to that many tokens beyond config.json's max_position_embeddings (models
+// with plain RoPE only; transformers does not stop there either: the seeds' Qwen1.5-MoE-A2.7B rows go to 30720 on a
+// model of 8192 positions).
+std::unique_ptr<Model> load_model(const std::string & dir, int past_context = 0);
 
 // Bytes one decode step reads: every weight once (the embedding only for one row unless it is the tied lm_head).
 uint64_t decode_weight_bytes(const Model & m);

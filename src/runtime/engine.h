@@ -118,6 +118,8 @@ struct EngineOptions {
     // Tensor-parallel ranks (model/qwen_tp.h): the CPU backend splits the model over this many ranks in one process;
     // the CUDA backend's tensor parallel is not built yet.
     int tp = 1;
+    // Let max_context exceed the model's max_position_embeddings (plain RoPE only; load_model's past_context).
+    bool past_context = false;
 };
 
 std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt);

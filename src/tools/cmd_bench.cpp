@@ -146,6 +146,9 @@ int cmd_bench(int argc, char ** argv) {
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--batch 1,4,16,...] [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
                 "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png] [--embedding-on-gpu] [--trace FILE.csv] [--tp N]\n"
+                "                    [--past-context]\n"
+                "--past-context: let input + generated run past the model's max_position_embeddings (plain RoPE only), as\n"
+                "         transformers does: the seeds' Qwen1.5-MoE-A2.7B rows go to 30720 on a model of 8192 positions\n"
                 "--trace: every GPU kernel's start and end (kernels inside the decode step's CUDA graph included, overlaps\n"
                 "         kept), recorded by CUPTI from before the model loads, one CSV row each; scripts/trace_step.py\n"
                 "         sums a decode step per kernel. Rows timed with it carry CUPTI's overhead: take speeds from runs without it\n"
@@ -168,7 +171,7 @@ int cmd_bench(int argc, char ** argv) {
             return 0;
         }
     }
-    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant", "max-batch", "embedding-on-gpu"});
+    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant", "max-batch", "embedding-on-gpu", "past-context"});
     std::string backend = a.str("backend", "auto");
     const bool gpu = backend == "cuda" || (backend == "auto" && cuda_available());
     std::string model_dir = a.str("model");
@@ -188,6 +191,7 @@ int cmd_bench(int argc, char ** argv) {
     eo.kv_dtype = a.str("kv-dtype", "auto");
     if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
     eo.embedding_on_gpu = a.flag("embedding-on-gpu");
+    eo.past_context = a.flag("past-context");
     eo.tp = int(a.integer("tp", 1));
     const SynthQuant quant = synth_quant_from_args(a);
     const bool max_batch = a.flag("max-batch");

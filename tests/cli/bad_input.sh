@@ -80,6 +80,13 @@ expect max-batch-cpu "needs the CUDA backend" "$q" bench --preset tiny-qwen2 --b
 expect bad-batch "--batch entries must be in 1..4096" "$q" bench --preset tiny-qwen2 --batch 0 --input-lens 1 --gen 1
 expect bench-json-unwritable "--json: cannot write" "$q" bench --preset tiny-qwen2 --backend cpu --input-lens 1 --gen 1 --json "$tmp/no-such-dir/rows.json"
 expect trace-cpu "--trace records GPU kernels" "$q" bench --preset tiny-qwen2 --backend cpu --input-lens 1 --gen 1 --trace "$tmp/t.csv"
+# --past-context: a row past max_position_embeddings (256 for the tiny presets) runs; scaled RoPE refuses it.
+if ! "$q" bench --model "$good" --backend cpu --input-lens 300 --gen 2 --past-context 2>/dev/null | grep -qE '^\| .* \| 300 \| [A-Z0-9]+ \| 0 \| [0-9]'; then
+    echo "FAIL past-context: no timed row at input 300"
+    fails=$((fails + 1))
+fi
+"$q" synth --preset tiny-qwen2-linear --out "$tmp/linear" >/dev/null
+expect past-context-scaled-rope "needs plain RoPE" "$q" bench --model "$tmp/linear" --backend cpu --input-lens 600 --gen 2 --past-context
 
 # Plots of benchmark JSON.
 echo '[{"model": "m", "quant": "BF16", "kv_dtype": "bf16", "batch": 1, "input_len": 1, "tok_s": 5}]' >"$tmp/rows.json"
