@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # The MoE rows of issue 35 with this tree's binary: each MOE_SPECS entry preset:quant:input lengths:batches (default
-# qwen1.5-moe-a2.7b:bf16:1:1,16,64), MOE_GEN generated (default 2048), past the model's context where asked (the seeds run
+# qwen1.5-moe-a2.7b:bf16:1:1,16,64), MOE_GEN generated (default 2048), with --past-context (harmless within the context; the seeds run
 # Qwen1.5-MoE-A2.7B, 8192 positions, at 30720: --past-context). Rows to $OUT/moe.log, JSON per entry.
 for spec in ${MOE_SPECS:-qwen1.5-moe-a2.7b:bf16:1:1,16,64}; do
     IFS=: read -r p q lens batches <<<"$spec"
