@@ -382,7 +382,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
         bool on_host = false;
         for (const auto & L : layers_) on_host |= L.experts_on_host();
         router_logits_ = DeviceBuffer(size_t(c) * E1 * sizeof(float), "workspace");
-        moe_idx_ = DeviceBuffer((3 * ck + 2 * E1) * sizeof(int), "workspace");
+        moe_idx_ = DeviceBuffer(cuda::moe_routing_ints(c, cfg.num_experts_per_tok, cfg.num_experts) * sizeof(int), "workspace");
         moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
         moe_act_ = DeviceBuffer(std::max(ck * Ie, size_t(c) * Is) * sizeof(bf16), "workspace");
         moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");
@@ -503,15 +503,7 @@ void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf1
 // The routing's buffers, laid out for ws_tokens_ tokens (ensure_workspace).
 cuda::MoeRouting CudaQwenEngine::moe_routing() const {
     const ModelConfig & cfg = model_->config;
-    const size_t ck = size_t(ws_tokens_) * cfg.num_experts_per_tok, e1 = size_t(cfg.num_experts) + 1;
-    cuda::MoeRouting r;
-    r.ids = moe_idx_.as<int>();
-    r.offsets = r.ids + ck;
-    r.tiles = r.offsets + e1;
-    r.token_of = r.tiles + e1;
-    r.slot_of = r.token_of + ck;
-    r.weights = moe_w_.as<float>();
-    return r;
+    return cuda::moe_routing_in(moe_idx_.as<int>(), moe_w_.as<float>(), ws_tokens_, cfg.num_experts_per_tok, cfg.num_experts);
 }
 
 // Sparse MoE block (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock) on c tokens of xn, added into the residual x:

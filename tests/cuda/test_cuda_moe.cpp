@@ -57,20 +57,14 @@ struct RoutingBuffers {
     DeviceBuffer idx, w;
     cuda::MoeRouting r;
     RoutingBuffers(int c, int E, int k) {
-        const size_t ck = size_t(c) * k, e1 = size_t(E) + 1;
-        idx = poisoned((3 * ck + 2 * e1) * sizeof(int));
-        w = poisoned(ck * sizeof(float));
-        r.ids = idx.as<int>();
-        r.offsets = r.ids + ck;
-        r.tiles = r.offsets + e1;
-        r.token_of = r.tiles + e1;
-        r.slot_of = r.token_of + ck;
-        r.weights = w.as<float>();
+        idx = poisoned(cuda::moe_routing_ints(c, k, E) * sizeof(int));
+        w = poisoned(size_t(c) * k * sizeof(float));
+        r = cuda::moe_routing_in(idx.as<int>(), w.as<float>(), c, k, E);
     }
-    std::vector<int> ints(size_t off, size_t n) const {
+    static std::vector<int> ints(const int * dev, size_t n) {
         std::vector<int> v(n);
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        cudaMemcpy(v.data(), idx.as<int>() + off, n * sizeof(int), cudaMemcpyDeviceToHost);
+        cudaMemcpy(v.data(), dev, n * sizeof(int), cudaMemcpyDeviceToHost);
         return v;
     }
 };
@@ -135,12 +129,12 @@ TEST_P(CudaMoe, MatchesCpu) {
         cuda::moe_route(logits_d.as<float>(), stride, c, E, k, p.renormalise, tile, rb.r, nullptr);
         const size_t ck = size_t(c) * k;
         // Routing: the same experts in the same order, the same weights.
-        EXPECT_EQ(rb.ints(0, ck), want.ids);
+        EXPECT_EQ(rb.ints(rb.r.ids, ck), want.ids);
         const std::vector<float> got_w = download_f32(rb.w, ck);
         for (size_t i = 0; i < ck; i++) ASSERT_NEAR(got_w[i], want.weights[i], 1e-6f) << "assignment " << i;
         // Grouping: expert e's rows list its tokens in order; slot_of inverts it; tiles count whole tiles.
-        const std::vector<int> offsets = rb.ints(ck, size_t(E) + 1), tiles = rb.ints(ck + E + 1, size_t(E) + 1);
-        const std::vector<int> token_of = rb.ints(ck + 2 * (E + 1), ck), slot_of = rb.ints(2 * ck + 2 * (E + 1), ck);
+        const std::vector<int> offsets = rb.ints(rb.r.offsets, size_t(E) + 1), tiles = rb.ints(rb.r.tiles, size_t(E) + 1);
+        const std::vector<int> token_of = rb.ints(rb.r.token_of, ck), slot_of = rb.ints(rb.r.slot_of, ck);
         ASSERT_EQ(offsets[0], 0);
         ASSERT_EQ(tiles[0], 0);
         for (int e = 0; e < E; e++) {
@@ -184,7 +178,7 @@ TEST_P(CudaMoe, MatchesCpu) {
                 DeviceBuffer act1 = poisoned(size_t(reps) * k * I * 2), out1 = poisoned(size_t(reps) * k * H * 2);
                 cuda::moe_experts(xr_d.as<cuda::bf16>(), reps, k, w, one.r, tile, act1.as<cuda::bf16>(), out1.as<cuda::bf16>(), nullptr);
                 const std::vector<float> alone = download_bf16(out1, size_t(reps) * k * H);
-                const std::vector<int> slot1 = one.ints(2 * size_t(reps) * k + 2 * (E + 1), size_t(reps) * k);
+                const std::vector<int> slot1 = one.ints(one.r.slot_of, size_t(reps) * k);
                 for (int j = 0; j < k; j++) {
                     for (int h = 0; h < H; h++) {
                         ASSERT_EQ(alone[size_t(slot1[size_t(j)]) * H + h], got_out[(size_t(t) * k + j) * H + h]) << "token " << t << " slot " << j;

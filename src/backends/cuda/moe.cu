@@ -472,6 +472,20 @@ __global__ void __launch_bounds__(k_combine_threads) combine_kernel(float * x, i
 
 }  // namespace
 
+size_t moe_routing_ints(int max_tokens, int top_k, int n_experts) { return 3 * size_t(max_tokens) * top_k + 2 * (size_t(n_experts) + 1); }
+
+MoeRouting moe_routing_in(int * ints, float * weights, int max_tokens, int top_k, int n_experts) {
+    const size_t ck = size_t(max_tokens) * top_k, e1 = size_t(n_experts) + 1;
+    MoeRouting r;
+    r.ids = ints;
+    r.offsets = r.ids + ck;
+    r.tiles = r.offsets + e1;
+    r.token_of = r.tiles + e1;
+    r.slot_of = r.token_of + ck;
+    r.weights = weights;
+    return r;
+}
+
 int moe_tile_rows(int tokens, int top_k, int n_experts) { return tokens * top_k >= 16 * n_experts ? 64 : 16; }
 
 void moe_route(const float * logits, int stride, int c, int n_experts, int top_k, bool renormalise, int tile_rows, const MoeRouting & r,

@@ -297,6 +297,10 @@ struct MoeRouting {
     int * token_of = nullptr;  // int [c * top_k]: sorted row -> its token (an expert's rows in token order)
     int * slot_of = nullptr;   // int [c * top_k]: assignment t * top_k + j -> its sorted row
 };
+// The routing's buffers for up to max_tokens tokens, carved from one device int array of moe_routing_ints() ints and
+// a float array of max_tokens * top_k weights.
+size_t moe_routing_ints(int max_tokens, int top_k, int n_experts);
+MoeRouting moe_routing_in(int * ints, float * weights, int max_tokens, int top_k, int n_experts);
 // The grouped GEMMs' row tile for c tokens: 64 where experts get 16 rows or more on average, else 16.
 int moe_tile_rows(int tokens, int top_k, int n_experts);
 // logits fp32 [c, stride] (the first n_experts of each row; n_experts <= k_moe_max_experts, top_k <= k_moe_max_topk) -> r.
