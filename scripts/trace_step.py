@@ -2,7 +2,8 @@
 """Where a decode step's GPU time goes, kernel by kernel, from `qinfer bench --trace FILE.csv` (CUPTI's records of
 every kernel, those replayed from the decode step's CUDA graph included).
 
-Steps are cut after each argmax_final_kernel (the last kernel of a greedy batch-1 decode step). For the last STEPS
+Steps are cut after each argmax_final_kernel or step_advance_kernel (the last kernel of a greedy decode step of one
+sequence, of a static batch). For the last STEPS
 steps it prints, per kernel (name without namespaces and arguments, template arguments cut, and its grid), the mean
 duration and the mean exposed time: the end of this kernel minus the end of the kernel before it. Under programmatic
 dependent launch a kernel starts before the one ahead of it ends, so durations overlap and do not add up; exposed
@@ -110,12 +111,12 @@ def main():
     steps, cur = [], []
     for k in kernels:
         cur.append(k)
-        if k[2].startswith("argmax_final_kernel"):
+        if k[2].startswith(("argmax_final_kernel", "step_advance_kernel")):
             steps.append(cur)
             cur = []
     steps = steps[-steps_wanted:]
     if not steps:
-        sys.exit("trace_step: no argmax_final_kernel in " + path)
+        sys.exit("trace_step: no argmax_final_kernel or step_advance_kernel in " + path)
     steps = [by_role(step) for step in steps]
     if layer is not None:
         return timeline(steps[-1], layer)
