@@ -1,7 +1,8 @@
 // Mixture-of-experts kernels (ops.h, "mixture of experts"): routing on the device (softmax, top-k, optional
-// renormalisation), the token-expert assignments grouped by expert, the routed experts' SwiGLU MLPs as two grouped
-// GEMMs over all experts (one launch each, the gate/up one with SiLU-mul in its epilogue), and the weighted combine
-// into the residual stream. Nothing here goes through the host, so a MoE decode step can be captured in a graph.
+// renormalisation), the token-expert assignments grouped by expert, the routed experts' SwiGLU MLPs in two launches
+// over all experts (GEMVs up to k_moe_gemv_max_tokens tokens, grouped tensor-core GEMMs beyond; SiLU-mul in the
+// gate/up epilogue), and the weighted combine into the residual stream. Nothing here goes through the host, so a MoE
+// decode step can be captured in a graph.
 #include <algorithm>
 #include <climits>
 
