@@ -160,15 +160,6 @@ __global__ void silu_mul_kernel(const bf16 * gate_up, int inter, bool vec, bf16 
     }
 }
 
-__global__ void add_scaled_rows_kernel(float * x, const bf16 * y, const int * rows, const float * scale, bool sigmoid_scale,
-                                       int hidden) {
-    const int i = blockIdx.x;
-    float s = scale[i];
-    if (sigmoid_scale) s = 1.0f / (1.0f + __expf(-s));
-    float * xr = x + int64_t(rows ? rows[i] : i) * hidden;
-    for (int j = threadIdx.x; j < hidden; j += blockDim.x) xr[j] += s * __bfloat162float(y[int64_t(i) * hidden + j]);
-}
-
 __global__ void gather_rows_kernel(const bf16 * in, const int * rows, int hidden, bf16 * out) {
     const int i = blockIdx.x;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x) out[int64_t(i) * hidden + j] = in[int64_t(rows[i]) * hidden + j];
@@ -312,13 +303,6 @@ void silu_mul(const bf16 * gate_up, int n, int inter, bf16 * out, cudaStream_t s
     const bool vec = inter % 8 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
     dim3 grid(vec ? (inter / 8 + 255) / 256 : (inter + 255) / 256, n);
     launch_kernel(silu_mul_kernel, grid, 256, 0, stream, gate_up, inter, vec, out);
-}
-
-void add_scaled_rows(float * x, const bf16 * y, const int * rows, const float * scale, bool sigmoid_scale, int m, int hidden,
-                     cudaStream_t stream) {
-    if (m == 0) return;
-    add_scaled_rows_kernel<<<m, 256, 0, stream>>>(x, y, rows, scale, sigmoid_scale, hidden);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * out, cudaStream_t stream) {

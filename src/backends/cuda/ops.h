@@ -107,10 +107,6 @@ void add_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, int 
 void add_residual(float * x, const bf16 * delta, int64_t count, cudaStream_t stream);
 // out = silu(gate_up[:, :inter]) * gate_up[:, inter:]: gate_up bf16 [n, 2 inter]; out bf16 [n, inter]
 void silu_mul(const bf16 * gate_up, int n, int inter, bf16 * out, cudaStream_t stream);
-// x[rows[i]] += scale_i * y[i], scale_i = scale[i] or sigmoid(scale[i]); rows null: i itself. Rows must be distinct.
-// x fp32 [*, hidden]; y bf16 [m, hidden]; scale fp32 [m]
-void add_scaled_rows(float * x, const bf16 * y, const int * rows, const float * scale, bool sigmoid_scale, int m, int hidden,
-                     cudaStream_t stream);
 // out[i] = in[rows[i]]: in bf16 [*, hidden]; out bf16 [m, hidden]; rows int [m]
 void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * out, cudaStream_t stream);
 
