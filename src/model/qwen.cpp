@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "backends/cpu/ops.h"
 #include "core/check.h"
@@ -99,25 +98,15 @@ void CpuQwenEngine::moe(const MoeWeights & w, int n, const float * x, float * ou
     cpu::linear(x, n, router, logits.data());
     std::fill(out, out + int64_t(n) * H, 0.0f);
     std::vector<float> expert_out(static_cast<size_t>(H));
+    std::vector<int> ids(static_cast<size_t>(k));
+    std::vector<float> weights(static_cast<size_t>(k));
     for (int t = 0; t < n; t++) {
-        float * lt = logits.data() + int64_t(t) * E;
-        float mx = *std::max_element(lt, lt + E), sum = 0;
-        std::vector<float> p(static_cast<size_t>(E));
-        for (int e = 0; e < E; e++) sum += (p[size_t(e)] = std::exp(lt[e] - mx));
-        for (float & v : p) v /= sum;
-        std::vector<int> order(static_cast<size_t>(E));
-        std::iota(order.begin(), order.end(), 0);
-        // torch.topk order: largest first; ties by lower index.
-        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
-        float top_sum = 0;
-        for (int i = 0; i < k; i++) top_sum += p[size_t(order[size_t(i)])];
+        cpu::moe_route(logits.data() + int64_t(t) * E, E, k, c.norm_topk_prob, ids.data(), weights.data());
         const float * xt = x + int64_t(t) * H;
         float * ot = out + int64_t(t) * H;
         for (int i = 0; i < k; i++) {
-            int e = order[size_t(i)];
-            float weight = c.norm_topk_prob ? p[size_t(e)] / top_sum : p[size_t(e)];
-            mlp(w.experts[size_t(e)], 1, xt, expert_out.data());
-            for (int j = 0; j < H; j++) ot[j] += weight * expert_out[size_t(j)];
+            mlp(w.experts[size_t(ids[size_t(i)])], 1, xt, expert_out.data());
+            for (int j = 0; j < H; j++) ot[j] += weights[size_t(i)] * expert_out[size_t(j)];
         }
         if (w.has_shared_expert) {
             mlp(w.shared_expert, 1, xt, expert_out.data());

@@ -1,6 +1,5 @@
-// The MoE kernels (backends/cuda/moe.cu) against a CPU reference of the model's MoE block (model/qwen.cpp's math:
-// softmax in fp32, top-k with ties to the lower expert, optional renormalisation; each projection's output rounded to
-// bf16 as the unfused CUDA path does): routing and grouping exactly, the grouped GEMMs and the combine within bf16
+// The MoE kernels (backends/cuda/moe.cu) against a CPU reference of the model's MoE block (the CPU backend's routing,
+// cpu::moe_route; each projection's output rounded to bf16 as the unfused CUDA path does): routing and grouping exactly, the grouped GEMMs and the combine within bf16
 // tolerance, for 4..128 experts, top-k 1..8, 1..300 tokens (some experts get no rows, some many), both row tiles,
 // hidden and intermediate sizes that are not multiples of the 64-wide K steps; a batch's rows equal each row alone.
 #include <cuda_runtime.h>
@@ -8,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "backends/cuda/ops.h"
 #include "cuda/helpers.h"
@@ -31,23 +29,10 @@ struct Routed {
 
 Routed route_cpu(const std::vector<float> & logits, int c, int E, int k, bool renormalise) {
     Routed r;
+    r.ids.resize(size_t(c) * k);
+    r.weights.resize(size_t(c) * k);
     for (int t = 0; t < c; t++) {
-        const float * lt = logits.data() + size_t(t) * E;
-        const float mx = *std::max_element(lt, lt + E);
-        std::vector<float> p(static_cast<size_t>(E));
-        float sum = 0;
-        for (int e = 0; e < E; e++) sum += (p[size_t(e)] = std::exp(lt[e] - mx));
-        for (float & v : p) v /= sum;
-        std::vector<int> order(static_cast<size_t>(E));
-        std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
-        float top = 0;
-        for (int j = 0; j < k; j++) top += p[size_t(order[size_t(j)])];
-        for (int j = 0; j < k; j++) {
-            const int e = order[size_t(j)];
-            r.ids.push_back(e);
-            r.weights.push_back(renormalise ? p[size_t(e)] / top : p[size_t(e)]);
-        }
+        cpu::moe_route(logits.data() + size_t(t) * E, E, k, renormalise, r.ids.data() + size_t(t) * k, r.weights.data() + size_t(t) * k);
     }
     return r;
 }

@@ -1,8 +1,11 @@
 #include "backends/cpu/ops.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <vector>
 
 #include "core/check.h"
 #include "core/parallel.h"
@@ -98,6 +101,23 @@ std::vector<float> weight_to_f32(const Weight & w) {
     std::vector<float> out(size_t(w.numel()));
     for (int64_t i = 0; i < w.numel(); i++) out[size_t(i)] = weight_at(w, i);
     return out;
+}
+
+void moe_route(const float * logits, int E, int k, bool renormalise, int * ids, float * weights) {
+    const float mx = *std::max_element(logits, logits + E);
+    std::vector<float> p(static_cast<size_t>(E));
+    float sum = 0;
+    for (int e = 0; e < E; e++) sum += (p[size_t(e)] = std::exp(logits[e] - mx));
+    for (float & v : p) v /= sum;
+    std::vector<int> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+    float top = 0;
+    for (int j = 0; j < k; j++) top += p[size_t(order[size_t(j)])];
+    for (int j = 0; j < k; j++) {
+        ids[j] = order[size_t(j)];
+        weights[j] = renormalise ? p[size_t(ids[j])] / top : p[size_t(ids[j])];
+    }
 }
 
 float dot_row(const Weight & w, int64_t row, const float * x, int k) {

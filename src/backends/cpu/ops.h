@@ -36,6 +36,11 @@ void silu_mul(const float * gate, const float * up, int64_t n, float * out);
 // x += y over n values.
 void add(float * x, const float * y, int64_t n);
 
+// MoE routing of one token (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock): p = softmax(logits[0:E]) in fp32, the
+// top k by p (largest first, ties to the lower expert, as torch.topk) into ids [k], their weights p, or p over the
+// sum of the chosen p (renormalise: norm_topk_prob), into weights [k].
+void moe_route(const float * logits, int E, int k, bool renormalise, int * ids, float * weights);
+
 // Dot product of a weight row with an fp32 vector (the decode hot loop).
 float dot_row(const Weight & w, int64_t row, const float * x, int k);
 
