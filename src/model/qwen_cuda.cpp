@@ -379,8 +379,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
     if (cfg.num_experts > 0) {
         const size_t E1 = size_t(cfg.num_experts) + 1, ck = size_t(c) * cfg.num_experts_per_tok;
         const size_t Ie = size_t(cfg.moe_intermediate_size), Is = size_t(std::max(cfg.shared_expert_intermediate_size, 0));
-        bool on_host = false;
-        for (const auto & L : layers_) on_host |= L.experts_on_host();
+        const bool on_host = experts_on_host();
         router_logits_ = DeviceBuffer(size_t(c) * E1 * sizeof(float), "workspace");
         moe_idx_ = DeviceBuffer(cuda::moe_routing_ints(c, cfg.num_experts_per_tok, cfg.num_experts) * sizeof(int), "workspace");
         moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
@@ -506,9 +505,13 @@ cuda::MoeRouting CudaQwenEngine::moe_routing() const {
     return cuda::moe_routing_in(moe_idx_.as<int>(), moe_w_.as<float>(), ws_tokens_, cfg.num_experts_per_tok, cfg.num_experts);
 }
 
+bool CudaQwenEngine::experts_on_host() const {
+    return std::any_of(layers_.begin(), layers_.end(), [](const DevLayer & L) { return L.experts_on_host(); });
+}
+
 // Sparse MoE block (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock) on c tokens of xn, added into the residual x:
 // the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
-// the device, the routed experts' grouped GEMMs, the weighted combine (cuda::moe_*). Quantized experts run one by one
+// the device, the routed experts (cuda::moe_experts), the weighted combine. Quantized experts run one by one
 // through linear() on their rows, counted on the host.
 void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) {
     const ModelConfig & cfg = model_->config;

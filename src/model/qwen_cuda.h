@@ -256,6 +256,7 @@ private:
     DeviceBuffer router_logits_, moe_idx_, moe_w_, moe_act_, moe_out_, moe_shared_, moe_gu_, moe_in_;
     cuda::HostMappedBuffer moe_offsets_host_;
     cuda::MoeRouting moe_routing() const;
+    bool experts_on_host() const;  // some MoE layer's experts are quantized (DevLayer::experts_on_host)
     // Decode state of a batch of B on the device: int tokens [B], positions [B], step, context lengths [B] (for B = 1
     // the layout argmax_advance expects); tokens_out_ int [steps, B] produced by the graph.
     DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;

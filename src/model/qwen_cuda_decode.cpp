@@ -226,9 +226,7 @@ bool CudaQwenEngine::decode_sampled(const std::vector<int> & seqs, const std::ve
 bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
                                       StepEnd end, std::vector<int> & out) {
     const ModelConfig & cfg = model_->config;
-    for (const auto & L : layers_) {
-        if (L.experts_on_host()) return false;  // quantized experts are counted on the host: the per-token path
-    }
+    if (experts_on_host()) return false;  // quantized experts are counted on the host: the per-token path
     if (cfg.rope_scaling.type == RopeType::Dynamic) return false;
     if (!prepare_batch(seqs, tokens, n_steps)) return false;
     const int B = int(seqs.size());

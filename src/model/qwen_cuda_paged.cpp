@@ -334,9 +334,7 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
         while (pow2 < max_len) pow2 *= 2;
         max_splits_ = cuda::decode_splits(std::min(pow2, pool_stride_ * block_size_), cfg.num_key_value_heads, cfg.head_dim, bucket);
         decode_short_ = short_ctx;
-        bool on_host = false;
-        for (const auto & L : layers_) on_host = on_host || L.experts_on_host();
-        if (on_host) {
+        if (experts_on_host()) {
             decode_step(bucket, StepEnd::Pick);  // quantized experts are counted on the host: no graph
         } else {
             const auto key = std::make_tuple(bucket, max_splits_, decode_short_);
