@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "model/random_weights.h"
 
 namespace qinfer {
 
@@ -186,19 +187,9 @@ void check_bnb_state(const std::string & dir, Linear & l) {
     }
 }
 
-}  // namespace
-
-std::unique_ptr<Model> load_model(const std::string & dir, int past_context) {
-    auto m = std::make_unique<Model>();
-    m->dir = dir;
-    m->config = load_model_config(dir);
-    if (past_context > m->config.max_context()) {
-        if (m->config.rope_scaling.type != RopeType::Default) {
-            QINFER_FAIL() << dir << ": running past the model's context of " << m->config.max_context()
-                          << " tokens needs plain RoPE (this model scales its RoPE by its context)";
-        }
-        m->config.max_position_embeddings = past_context;
-    }
+// The checkpoint's tensors into the weight slots: every name, shape and dtype checked.
+void map_checkpoint(Model * m) {
+    const std::string & dir = m->dir;
     m->checkpoint = std::make_unique<Checkpoint>(dir);
     const Checkpoint & ck = *m->checkpoint;
     std::vector<std::string> missing;
@@ -253,6 +244,12 @@ std::unique_ptr<Model> load_model(const std::string & dir, int past_context) {
         if (!used.count(name) && !harmless) unexpected.push_back(name);
     }
     if (!unexpected.empty()) QINFER_FAIL() << dir << ": unexpected tensors: " << list(unexpected);
+    if (m->config.tie_word_embeddings) m->weights.lm_head = m->weights.embed_tokens;
+}
+
+// What the config does not say about the tensors: bitsandbytes' JSON, g_idx's range, the fp8 KV scales' values.
+void check_weights(Model * m) {
+    const std::string & dir = m->dir;
     for_each_linear(m->weights, [&](Linear & l) {
         if (l.scheme.method == QuantMethod::Bnb4) check_bnb_state(dir, l);
         if (l.g_idx.present()) {
@@ -273,7 +270,27 @@ std::unique_ptr<Model> load_model(const std::string & dir, int past_context) {
             if (!(v > 0) || !std::isfinite(v)) QINFER_FAIL() << dir << ": '" << s->name << "' is " << v << "; an fp8 KV scale must be positive";
         }
     }
-    if (m->config.tie_word_embeddings) m->weights.lm_head = m->weights.embed_tokens;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::string & dir, const LoadOptions & opt) {
+    auto m = std::make_unique<Model>();
+    m->dir = dir;
+    m->config = load_model_config(dir);
+    if (opt.past_context > m->config.max_context()) {
+        if (m->config.rope_scaling.type != RopeType::Default) {
+            QINFER_FAIL() << dir << ": running past the model's context of " << m->config.max_context()
+                          << " tokens needs plain RoPE (this model scales its RoPE by its context)";
+        }
+        m->config.max_position_embeddings = opt.past_context;
+    }
+    if (opt.dummy) {
+        m->dummy = dummy_weights(m->config, m->weights);
+    } else {
+        map_checkpoint(m.get());
+    }
+    check_weights(m.get());
     return m;
 }
 

@@ -118,13 +118,20 @@ void for_each_linear(ModelWeights & w, const std::function<void(Linear &)> & f);
 struct Model {
     std::string dir;
     ModelConfig config;
-    std::unique_ptr<Checkpoint> checkpoint;
+    std::unique_ptr<Checkpoint> checkpoint;  // null for dummy weights
+    std::shared_ptr<const void> dummy;       // the dummy weights' memory (model/random_weights.h)
     ModelWeights weights;
 };
-// past_context > 0: the model may run up to that many tokens beyond config.json's max_position_embeddings (models
-// with plain RoPE only; transformers does not stop there either: the seeds' Qwen1.5-MoE-A2.7B rows go to 30720 on a
-// model of 8192 positions).
-std::unique_ptr<Model> load_model(const std::string & dir, int past_context = 0);
+struct LoadOptions {
+    // > 0: the model may run up to that many tokens beyond config.json's max_position_embeddings (models with plain
+    // RoPE only; transformers does not stop there either: the seeds' Qwen1.5-MoE-A2.7B rows go to 30720 on a model
+    // of 8192 positions).
+    int past_context = 0;
+    // vLLM's --load-format dummy: random weights from config.json alone; the folder's weight files are not read (it
+    // needs none). For benchmarks of models larger than the disk.
+    bool dummy = false;
+};
+std::unique_ptr<Model> load_model(const std::string & dir, const LoadOptions & opt = {});
 
 // Bytes one decode step reads: every weight once (the embedding only for one row unless it is the tied lm_head).
 uint64_t decode_weight_bytes(const Model & m);

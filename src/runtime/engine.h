@@ -120,6 +120,8 @@ struct EngineOptions {
     int tp = 1;
     // Let max_context exceed the model's max_position_embeddings (plain RoPE only; load_model's past_context).
     bool past_context = false;
+    // --load-format dummy: random weights from config.json alone (model/weights.h LoadOptions).
+    bool dummy_weights = false;
 };
 
 std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt);

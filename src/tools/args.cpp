@@ -88,4 +88,10 @@ void Args::check_unused() const {
     }
 }
 
+bool load_format_dummy(const Args & a) {
+    const std::string f = a.str("load-format", "auto");
+    if (f != "auto" && f != "dummy") QINFER_FAIL() << "--load-format must be auto or dummy, got '" << f << "'";
+    return f == "dummy";
+}
+
 }  // namespace qinfer

@@ -29,4 +29,7 @@ private:
 
 std::vector<int> parse_int_list(const std::string & text, const std::string & what);
 
+// --load-format auto|dummy (vLLM's names): true for dummy, random weights from config.json alone.
+bool load_format_dummy(const Args & a);
+
 }  // namespace qinfer

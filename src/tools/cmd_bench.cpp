@@ -19,6 +19,7 @@
 #include "core/parallel.h"
 #include "core/progress.h"
 #include "core/rng.h"
+#include "model/random_weights.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -146,7 +147,9 @@ int cmd_bench(int argc, char ** argv) {
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--batch 1,4,16,...] [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
                 "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png] [--embedding-on-gpu] [--trace FILE.csv] [--tp N]\n"
-                "                    [--past-context]\n"
+                "                    [--past-context] [--load-format auto|dummy]\n"
+                "--load-format dummy: random weights built in memory from config.json alone (vLLM's name), for models larger\n"
+                "         than the disk; with --preset only the preset's config folder is written. Rows say load_format\n"
                 "--past-context: let input + generated run past the model's max_position_embeddings (plain RoPE only), as\n"
                 "         transformers does: the seeds' Qwen1.5-MoE-A2.7B rows go to 30720 on a model of 8192 positions\n"
                 "--trace: every GPU kernel's start and end (kernels inside the decode step's CUDA graph included, overlaps\n"
@@ -193,6 +196,7 @@ int cmd_bench(int argc, char ** argv) {
     eo.embedding_on_gpu = a.flag("embedding-on-gpu");
     eo.past_context = a.flag("past-context");
     eo.tp = int(a.integer("tp", 1));
+    eo.dummy_weights = load_format_dummy(a);
     const SynthQuant quant = synth_quant_from_args(a);
     const bool max_batch = a.flag("max-batch");
     a.check_unused();
@@ -223,8 +227,9 @@ int cmd_bench(int argc, char ** argv) {
     if (model_dir.empty()) {
         std::fprintf(stderr, "bench: synthetic %s%s%s\n", preset.c_str(), layers ? (" (" + std::to_string(layers) + " layers)").c_str() : "",
                      quant.kind.empty() ? "" : (", " + quant.kind).c_str());
-        model_dir = ensure_synth(preset, layers, DType::BF16, quant);
+        model_dir = ensure_synth(preset, layers, DType::BF16, quant, eo.dummy_weights);
     }
+    const std::string load_format = eo.dummy_weights ? "dummy" : "safetensors";
     std::string model_name = !name_opt.empty() ? name_opt : preset.empty() ? model_dir : preset;
 
     if (!trace_path.empty()) start_kernel_trace();  // before any graph is captured
@@ -233,9 +238,15 @@ int cmd_bench(int argc, char ** argv) {
     eo.max_sequences = *std::max_element(batches.begin(), batches.end());
     auto engine = make_engine(model_dir, eo);
     const ModelConfig & c = engine->config();
-    auto model = load_model(model_dir);  // mapped again, only to count the bytes a decode step reads
-    const double weight_bytes = double(decode_weight_bytes(*model));
-    model.reset();
+    double weight_bytes = 0;  // what a decode step reads: the tensors' shapes and dtypes, mapped again (not read)
+    if (eo.dummy_weights) {
+        Model layout;
+        layout.config = c;
+        dummy_weights(layout.config, layout.weights, false);
+        weight_bytes = double(decode_weight_bytes(layout));
+    } else {
+        weight_bytes = double(decode_weight_bytes(*load_model(model_dir)));
+    }
     SystemInfo sys = system_info(engine->backend_name() == "cuda");
     const bool kv_bf16 = engine->backend_name() == "cuda";
     std::fprintf(stderr, "bench: %s on %s, memory bandwidth %.1f GB/s (%s)\n", model_name.c_str(), sys.card.c_str(),
@@ -375,8 +386,9 @@ int cmd_bench(int argc, char ** argv) {
                     gpu ? 1 : 0, speed, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
                     100 * r.bw_frac, r.batch, r.kv_dtype.c_str());
     }
-    std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.1f GB/s (%s)\n", sys.card.c_str(), sys.software.c_str(),
-                engine->backend_name().c_str(), commit.c_str(), sys.bandwidth / 1e9, sys.bandwidth_source.c_str());
+    std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.1f GB/s (%s) | weights %s\n", sys.card.c_str(), sys.software.c_str(),
+                engine->backend_name().c_str(), commit.c_str(), sys.bandwidth / 1e9, sys.bandwidth_source.c_str(),
+                eo.dummy_weights ? "--load-format dummy (random, built in memory)" : "read from safetensors");
     if (!bases.empty()) {
         std::printf("\n| Model | Input Length | engine | its tokens generated | its Speed(tokens/s) | its GPU Memory(GB) | qinfer / it |\n");
         std::printf("|---|---|---|---|---|---|---|\n");
@@ -394,7 +406,7 @@ int cmd_bench(int argc, char ** argv) {
         json j = {{"model", r.model}, {"quant", r.quant}, {"kv_dtype", r.kv_dtype}, {"batch", r.batch},
                   {"input_len", r.input_len}, {"gen_len", r.gen_len}, {"card", sys.card}, {"driver", sys.driver},
                   {"cuda", sys.cuda}, {"commit", commit}, {"backend", engine->backend_name()},
-                  {"bandwidth_gbs", sys.bandwidth / 1e9}, {"env", json::parse(env_knobs_json())}};
+                  {"bandwidth_gbs", sys.bandwidth / 1e9}, {"load_format", load_format}, {"env", json::parse(env_knobs_json())}};
         if (r.note.empty()) {
             j.update(json{{"tok_s", r.tok_s}, {"tok_s_std", r.tok_s_std}, {"repeat", repeat}, {"decode_tok_s", r.decode_tok_s}, {"ttft_s", r.ttft_s}, {"peak_gb", r.peak_gb},
                           {"bw_frac", r.bw_frac}});

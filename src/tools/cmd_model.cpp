@@ -41,6 +41,7 @@ EngineOptions engine_options(const Args & a) {
     if (o.kv_dtype != "auto") parse_kv_dtype(o.kv_dtype);
     o.embedding_on_gpu = a.flag("embedding-on-gpu");
     o.tp = int(a.integer("tp", 1));
+    o.dummy_weights = load_format_dummy(a);
     return o;
 }
 
@@ -70,15 +71,16 @@ SamplingParams sampling_from_args(const Args & a, const GenerationConfig & gc) {
 int cmd_synth(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
         std::printf("usage: qinfer synth --preset NAME --out DIR [--layers N] [--seed S] [--dtype bf16|fp16|fp32]\n"
-                    "                    [--shard-size BYTES] [--kv-scale S] %s\n"
+                    "                    [--shard-size BYTES] [--kv-scale S] [--config-only] %s\n"
                     "--kv-scale: also store fp8 KV-cache scales (self_attn.k_scale / v_scale = S, as vLLM exports do)\n"
+                    "--config-only: config.json, generation_config.json and tokenizer without weights, for --load-format dummy\n"
                     "quant kinds: %s\npresets:",
                     k_synth_quant_usage, synth_quant_kinds());
         for (const auto & n : preset_names()) std::printf(" %s", n.c_str());
         std::printf("\n");
         return 0;
     }
-    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant"});
+    Args a(argc, argv, 2, {"desc-act", "asym", "double-quant", "config-only"});
     SynthOptions o;
     o.preset = a.required("preset");
     o.quant = synth_quant_from_args(a);
@@ -94,11 +96,16 @@ int cmd_synth(int argc, char ** argv) {
     }
     o.shard_bytes = uint64_t(a.integer("shard-size", int64_t(o.shard_bytes)));
     o.kv_scale = float(a.number("kv-scale", 0));
+    o.config_only = a.flag("config-only");
     if (a.has("kv-scale") && !(o.kv_scale > 0)) QINFER_FAIL() << "--kv-scale must be positive";
     if (o.layers < 0) QINFER_FAIL() << "--layers must be positive";
     a.check_unused();
     uint64_t bytes = synthesize(o);
-    std::printf("wrote %s: %.3f GB of weights (%s)\n", o.out_dir.c_str(), double(bytes) / 1e9, o.preset.c_str());
+    if (o.config_only) {
+        std::printf("wrote %s: config and tokenizer of %s, no weights (run it with --load-format dummy)\n", o.out_dir.c_str(), o.preset.c_str());
+    } else {
+        std::printf("wrote %s: %.3f GB of weights (%s)\n", o.out_dir.c_str(), double(bytes) / 1e9, o.preset.c_str());
+    }
     return 0;
 }
 
@@ -106,6 +113,7 @@ int cmd_logits(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
         std::printf("usage: qinfer logits --model DIR --tokens 1,2,3 --out FILE.npy [--backend cpu|cuda] [--threads N]\n"
                     "                     [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu] [--tp N (CPU: ranks of one process)]\n"
+                    "                     [--load-format auto|dummy]\n"
                     "writes fp32 logits [n_tokens, vocab] of one forward pass over the tokens\n");
         return 0;
     }
@@ -137,6 +145,7 @@ int cmd_run(int argc, char ** argv) {
                     "                  [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]\n"
                     "                  [--frequency-penalty F] [--seed S] [--ignore-eos] [--backend cpu|cuda] [--threads N]\n"
                     "                  [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu] [--tp N (CPU: ranks of one process)]\n"
+                    "                  [--load-format auto|dummy (random weights from config.json alone)]\n"
                     "sampling defaults come from the checkpoint's generation_config.json; --greedy overrides them\n");
         return 0;
     }

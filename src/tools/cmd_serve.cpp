@@ -528,6 +528,7 @@ int cmd_serve(int argc, char ** argv) {
                        "                    [--api-key KEY] [--max-num-seqs 256] [--max-batch-tokens 2048] [--gpu-memory-utilization 0.9]\n"
                        "                    [--max-queue 1024] [--request-timeout 600] [--no-prefix-cache] [--http-threads N]\n"
                        "                    [--backend auto|cpu|cuda] [--threads N] [--kv-dtype D] [--embedding-on-gpu] [--tp N]\n"
+                       "                    [--load-format auto|dummy (random weights from config.json alone)]\n"
                        "                    [sampling defaults as for run: --greedy, --temperature T, --top-p P, ...]\n"
                        "OpenAI-style API: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events;\n"
                        "n, logprobs), GET /v1/models, GET /health, GET /metrics (Prometheus). Requests run together under continuous\n"
@@ -557,6 +558,7 @@ int cmd_serve(int argc, char ** argv) {
     o.engine.kv_dtype = a.str("kv-dtype", "auto");
     o.engine.embedding_on_gpu = a.flag("embedding-on-gpu");
     o.engine.tp = int(a.integer("tp", 1));
+    o.engine.dummy_weights = load_format_dummy(a);
     o.scheduler.pool.max_rows = int(a.integer("max-num-seqs", 256));
     o.scheduler.pool.max_step_tokens = int(a.integer("max-batch-tokens", 2048));
     o.scheduler.pool.memory_fraction = a.number("gpu-memory-utilization", 0.9);

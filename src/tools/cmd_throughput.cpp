@@ -89,7 +89,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
                 "                    [--output-len 250] [--dataset FILE.jsonl] [--max-num-seqs 1024] [--max-batch-tokens 8192]\n"
                 "                    [--max-model-len N] [--gpu-memory-utilization 0.9] [--kv-dtype D] [--no-prefix-cache]\n"
                 "                    [--backend auto|cpu|cuda] [--threads N] [--tp N] [--seed S] [--json FILE] [--csv FILE]\n"
-                "                    [--trace FILE.csv]\n"
+                "                    [--trace FILE.csv] [--load-format auto|dummy]\n"
                 "vLLM's benchmark_throughput.py: every prompt submitted at once to the continuous-batching scheduler, greedy,\n"
                 "end of sequence ignored, each request stopping at its output length. --dataset: one JSON object a line with\n"
                 "\"prompt\" (text) or \"prompt_token_ids\", and \"output_len\". A warm-up of min(--max-num-seqs, --num-prompts)\n"
@@ -124,6 +124,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
     eo.kv_dtype = a.str("kv-dtype", "auto");
     if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
     eo.tp = int(a.integer("tp", 1));
+    eo.dummy_weights = load_format_dummy(a);
     const uint64_t seed = uint64_t(a.integer("seed", 0));
     const std::string json_path = a.str("json"), csv_path = a.str("csv"), trace_path = a.str("trace");
     const SynthQuant quant = synth_quant_from_args(a);
@@ -136,7 +137,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
     if (!quant.kind.empty() && !model_dir.empty()) QINFER_FAIL() << "--quant synthesizes a preset; with --model the checkpoint's own format is used";
     if (model_dir.empty()) {
         std::fprintf(stderr, "bench: synthetic %s%s\n", preset.c_str(), quant.kind.empty() ? "" : (", " + quant.kind).c_str());
-        model_dir = ensure_synth(preset, layers, DType::BF16, quant);
+        model_dir = ensure_synth(preset, layers, DType::BF16, quant, eo.dummy_weights);
     }
     const std::string model_name = preset.empty() ? model_dir : preset;
     if (!trace_path.empty()) start_kernel_trace();  // before any graph is captured
@@ -211,7 +212,8 @@ int cmd_bench_throughput(int argc, char ** argv) {
                 total_s, out_s, finished ? ttft_sum / finished : 0.0, 100 * hit, (unsigned long long)(st.preemptions - before.preemptions),
                 (unsigned long long)(st.steps - before.steps), peak_gb, failed);
     const std::string commit = git_commit();
-    std::printf("card: %s | %s | commit %s | %d KV blocks\n", sys.card.c_str(), sys.software.c_str(), commit.c_str(), sched.pool().n_blocks);
+    std::printf("card: %s | %s | commit %s | %d KV blocks | weights %s\n", sys.card.c_str(), sys.software.c_str(), commit.c_str(),
+                sched.pool().n_blocks, eo.dummy_weights ? "--load-format dummy (random, built in memory)" : "read from safetensors");
     // The host's share: a step's time outside its wait on the device (scheduling, staging, launches, callbacks),
     // during which the device may idle.
     const uint64_t steps = st.steps - before.steps;
@@ -231,7 +233,8 @@ int cmd_bench_throughput(int argc, char ** argv) {
                 {"prompt_tokens", prompt_tokens}, {"output_tokens", output_tokens}, {"seconds", secs},
                 {"mean_ttft_s", finished ? ttft_sum / finished : 0.0}, {"prefix_hit_rate", hit}, {"preemptions", st.preemptions - before.preemptions},
                 {"steps", steps}, {"host_us_per_step", host_us}, {"graph_launch_us_per_step", launch_us}, {"peak_gb", peak_gb}, {"failed", failed}, {"card", sys.card}, {"driver", sys.driver},
-                {"cuda", sys.cuda}, {"commit", commit}, {"env", json::parse(env_knobs_json())}};
+                {"cuda", sys.cuda}, {"commit", commit}, {"load_format", eo.dummy_weights ? "dummy" : "safetensors"},
+                {"env", json::parse(env_knobs_json())}};
     if (!json_path.empty()) std::ofstream(json_path) << json::array({row}).dump(2) << "\n";
     if (!csv_path.empty()) {
         std::ofstream f(csv_path);

@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "io/model_config.h"
 #include "io/safetensors.h"
+#include "model/random_weights.h"
 #include "model/weights.h"
 #include "tools/presets.h"
 
@@ -28,66 +29,25 @@ using json = nlohmann::json;
 
 namespace {
 
-// Standard deviation and mean of a tensor's values. Linear weights get 1/sqrt(in) so every projection keeps
-// unit-variance inputs at unit variance; the residual-writing projections are scaled down by sqrt(2 layers) so
-// the residual stream grows slowly over depth (as GPT-2's init does); norm weights scatter around 1.
-struct Init {
-    float mean, std;
-};
-
-Init init_for(const std::string & name, const std::vector<int64_t> & shape, WeightRole role, int n_layers) {
-    switch (role) {
-    case WeightRole::Norm: return {1.0f, 0.1f};
-    case WeightRole::Bias: return {0.0f, 0.1f};
-    case WeightRole::Embedding: return {0.0f, 1.0f};
-    case WeightRole::Router: return {0.0f, 1.0f / std::sqrt(float(shape[1]))};
-    case WeightRole::Linear: {
-        float s = 1.0f / std::sqrt(float(shape[1]));
-        bool writes_residual = name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos;
-        if (writes_residual) s /= std::sqrt(2.0f * float(n_layers));
-        return {0.0f, s};
-    }
-    default: return {0.0f, 1.0f};  // quantized tensors are produced from the dense weight
-    }
-}
-
-void fill_tensor(uint64_t stream, Init init, DType dtype, uint8_t * out, size_t nbytes) {
-    const int64_t n = int64_t(nbytes / dtype_size(dtype));
-    constexpr int64_t k_chunk = 1 << 16;
-    parallel_for((n + k_chunk - 1) / k_chunk, [&](int64_t c) {
-        const int64_t i0 = c * k_chunk, i1 = std::min(n, i0 + k_chunk);
-        for (int64_t i = i0; i < i1; i++) {
-            float v = init.mean + init.std * normal_at(stream, uint64_t(i));
-            switch (dtype) {
-            case DType::BF16: {
-                uint16_t h = f32_to_bf16(v);
-                std::memcpy(out + 2 * i, &h, 2);
-                break;
-            }
-            case DType::F16: {
-                uint16_t h = f32_to_f16(v);
-                std::memcpy(out + 2 * i, &h, 2);
-                break;
-            }
-            default: std::memcpy(out + 4 * i, &v, 4); break;
-            }
-        }
-    });
-}
-
-std::string torch_name(DType t) {
-    switch (t) {
-    case DType::BF16: return "bfloat16";
-    case DType::F16: return "float16";
-    case DType::F32: return "float32";
-    default: QINFER_FAIL() << "synth writes bf16, fp16 or fp32, not " << dtype_name(t);
-    }
-}
-
 void write_json(const fs::path & p, const json & j) {
     std::ofstream out(p);
     if (!out) QINFER_FAIL() << p.string() << ": cannot open for writing";
     out << j.dump(2) << "\n";
+}
+
+// config.json (with its quantization_config), generation_config.json and the preset's tokenizer files.
+void write_metadata(const fs::path & dir, const Preset & preset, const json & cfg, bool quantized, const ModelConfig & c) {
+    write_json(dir / "config.json", cfg);
+    if (quantized && c.quant.base.method == QuantMethod::Gptq) write_json(dir / "quantize_config.json", cfg["quantization_config"]);
+    write_json(dir / "generation_config.json", preset.generation_config);
+    if (!preset.tokenizer.empty()) {
+        const std::string assets = read_env().assets_dir;
+        fs::path src = fs::path(assets.empty() ? QINFER_ASSETS_DIR : assets) / "tokenizers" / preset.tokenizer;
+        if (!fs::exists(src)) QINFER_FAIL() << "tokenizer files not found at " << src.string() << " (set QINFER_ASSETS)";
+        for (const auto & e : fs::directory_iterator(src)) {
+            fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
+        }
+    }
 }
 
 }  // namespace
@@ -110,13 +70,17 @@ uint64_t synthesize(const SynthOptions & opt) {
     DType dtype = opt.dtype_given ? opt.dtype : dtype_from_torch_name(cfg["torch_dtype"].get<std::string>());
     // The hub's GPTQ/AWQ exports keep their unquantized tensors in fp16; bitsandbytes keeps the model's dtype.
     if (quantized && !opt.dtype_given && opt.quant.kind != "nf4" && opt.quant.kind != "fp4") dtype = DType::F16;
-    cfg["torch_dtype"] = torch_name(dtype);
+    cfg["torch_dtype"] = torch_dtype_name(dtype);
     if (quantized) cfg["quantization_config"] = synth_quant_config(opt.quant);
     ModelConfig c = parse_model_config(cfg.dump(), "preset " + opt.preset);
     if (quantized) c.quant = parse_quant_config(cfg["quantization_config"].dump(), "synth --quant " + opt.quant.kind);
 
     fs::create_directories(opt.out_dir);
     const fs::path dir(opt.out_dir);
+    if (opt.config_only) {
+        write_metadata(dir, preset, cfg, quantized, c);
+        return 0;
+    }
     // Declare every tensor, then split them into shards in checkpoint order.
     struct Spec {
         std::string name;
@@ -150,24 +114,11 @@ uint64_t synthesize(const SynthOptions & opt) {
         QINFER_FAIL() << "synth: no quantized linear owns " << name;
     };
     auto tensor_dtype = [&](WeightRole role, const std::string & name) {
-        switch (role) {
-        case WeightRole::QWeight:
-        case WeightRole::QZeros:
-        case WeightRole::QGIdx: return DType::I32;
-        case WeightRole::QScales: return DType::F16;
-        case WeightRole::BnbCodes:
-        case WeightRole::BnbQuantState: return DType::U8;
-        case WeightRole::BnbAbsmax: return linears.at(prefix_of(name))->scheme.double_quant ? DType::U8 : DType::F32;
-        case WeightRole::BnbQuantMap:
-        case WeightRole::BnbNestedAbsmax:
-        case WeightRole::BnbNestedQuantMap:
-        case WeightRole::KvScale: return DType::F32;
-        default: return dtype;
-        }
+        return stored_dtype(role, dtype, role == WeightRole::BnbAbsmax ? linears.at(prefix_of(name))->scheme : QuantScheme{});
     };
     for (Spec & sp : specs) {
         if (sp.role == WeightRole::BnbQuantState) {
-            sp.shape = {int64_t(bnb_quant_state_json(*linears.at(prefix_of(sp.name)), torch_name(dtype), 0).size())};
+            sp.shape = {int64_t(bnb_quant_state_json(*linears.at(prefix_of(sp.name)), torch_dtype_name(dtype), 0).size())};
         }
     }
     struct Pending {
@@ -185,14 +136,10 @@ uint64_t synthesize(const SynthOptions & opt) {
             const std::string wname = prefix + ".weight";
             const std::vector<int64_t> shape = {l.out_features, l.in_features};
             std::vector<float> dense(size_t(l.out_features) * l.in_features);
-            fill_tensor(hash_string(wname, seed_stream), init_for(wname, shape, WeightRole::Linear, c.num_hidden_layers), DType::F32,
+            fill_random(hash_string(wname, seed_stream), random_init(wname, shape, WeightRole::Linear, c.num_hidden_layers), DType::F32,
                         reinterpret_cast<uint8_t *>(dense.data()), dense.size() * 4);
-            // Projections that read the same input share GPTQ's act-order (their Hessians are the same).
-            std::string key = prefix.substr(0, prefix.rfind('.'));
-            const std::string leaf = prefix.substr(prefix.rfind('.') + 1);
-            key += leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj" ? ".qkv" : leaf == "gate_proj" || leaf == "up_proj" ? ".gate_up" : "." + leaf;
             Pending p;
-            p.tensors = quantize_linear(l, dense, hash_string(key, seed_stream), torch_name(dtype));
+            p.tensors = quantize_linear(l, dense, hash_string(act_order_key(prefix), seed_stream), torch_dtype_name(dtype));
             p.left = p.tensors.size();
             it = pending.emplace(prefix, std::move(p)).first;
         }
@@ -240,7 +187,7 @@ uint64_t synthesize(const SynthOptions & opt) {
             case WeightRole::Bias:
             case WeightRole::Embedding:
             case WeightRole::Router:
-                fill_tensor(hash_string(sp.name, seed_stream), init_for(sp.name, sp.shape, sp.role, c.num_hidden_layers), dtype, out,
+                fill_random(hash_string(sp.name, seed_stream), random_init(sp.name, sp.shape, sp.role, c.num_hidden_layers), dtype, out,
                             nbytes);
                 break;
             case WeightRole::KvScale: std::memcpy(out, &opt.kv_scale, sizeof(float)); break;
@@ -255,32 +202,23 @@ uint64_t synthesize(const SynthOptions & opt) {
     if (shards.size() > 1) {
         write_json(dir / "model.safetensors.index.json", json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
     }
-    write_json(dir / "config.json", cfg);
-    if (quantized && c.quant.base.method == QuantMethod::Gptq) write_json(dir / "quantize_config.json", cfg["quantization_config"]);
-    write_json(dir / "generation_config.json", preset.generation_config);
-    if (!preset.tokenizer.empty()) {
-        const std::string assets = read_env().assets_dir;
-        fs::path src = fs::path(assets.empty() ? QINFER_ASSETS_DIR : assets) / "tokenizers" / preset.tokenizer;
-        if (!fs::exists(src)) QINFER_FAIL() << "tokenizer files not found at " << src.string() << " (set QINFER_ASSETS)";
-        for (const auto & e : fs::directory_iterator(src)) {
-            fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
-        }
-    }
+    write_metadata(dir, preset, cfg, quantized, c);
     return total;
 }
 
-std::string synth_cache_dir(const std::string & preset, int layers, DType dtype, const SynthQuant & quant) {
+std::string synth_cache_dir(const std::string & preset, int layers, DType dtype, const SynthQuant & quant, bool config_only) {
     const fs::path base = read_env().cache_dir;
     std::string name = preset + "-" + dtype_name(dtype) + (layers > 0 ? "-l" + std::to_string(layers) : "");
     if (!quant.kind.empty()) {
         name += "-" + quant.kind + "-g" + std::to_string(quant.group_size) + (quant.desc_act ? "-act" : "") + "-" + quant.gptq_format +
                 (quant.sym == 0 ? "-asym" : "") + (quant.double_quant ? "-dq" : "");
     }
+    if (config_only) name += "-config";
     return (base / "synth" / name).string();
 }
 
-std::string ensure_synth(const std::string & preset, int layers, DType dtype, const SynthQuant & quant) {
-    std::string dir = synth_cache_dir(preset, layers, dtype, quant);
+std::string ensure_synth(const std::string & preset, int layers, DType dtype, const SynthQuant & quant, bool config_only) {
+    std::string dir = synth_cache_dir(preset, layers, dtype, quant, config_only);
     fs::path done = fs::path(dir) / ".complete";
     if (fs::exists(done)) return dir;
     SynthOptions o;
@@ -290,6 +228,7 @@ std::string ensure_synth(const std::string & preset, int layers, DType dtype, co
     o.dtype = dtype;
     o.dtype_given = quant.kind.empty();
     o.quant = quant;
+    o.config_only = config_only;
     synthesize(o);
     std::ofstream(done) << "ok\n";
     return dir;

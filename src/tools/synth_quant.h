@@ -3,13 +3,10 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <vector>
 
 #include "io/quant_config.h"
-#include "model/weights.h"
 
 namespace qinfer {
 
@@ -30,14 +27,5 @@ constexpr const char * k_synth_quant_usage =
 
 // The quantization_config object a checkpoint of this kind carries in config.json.
 nlohmann::json synth_quant_config(const SynthQuant & q);
-
-// bitsandbytes' per-weight JSON (fixed width, so its length is known before the weights are).
-std::string bnb_quant_state_json(const Linear & l, const std::string & dtype, float nested_offset);
-
-// Quantizes the dense weight w (fp32 [N, K]) of `l` (shapes and scheme set) into its stored tensors, keyed by the
-// name suffix after the module prefix (".qweight", ".weight.absmax", ...). perm_seed: act-order permutation stream,
-// shared by the projections that read the same input (q/k/v, gate/up) as GPTQ's Hessian order is.
-std::map<std::string, std::vector<uint8_t>> quantize_linear(const Linear & l, const std::vector<float> & w, uint64_t perm_seed,
-                                                            const std::string & dtype);
 
 }  // namespace qinfer

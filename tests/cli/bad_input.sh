@@ -88,6 +88,16 @@ fi
 "$q" synth --preset tiny-qwen2-linear --out "$tmp/linear" >/dev/null
 expect past-context-scaled-rope "needs plain RoPE" "$q" bench --model "$tmp/linear" --backend cpu --input-lens 600 --gen 2 --past-context
 
+# --load-format dummy: a config folder without weights runs and its rows say so; without the option it fails in one line.
+expect load-format-unknown "--load-format must be auto or dummy" "$q" bench --preset tiny-qwen2 --backend cpu --input-lens 1 --gen 1 --load-format fast
+"$q" synth --preset tiny-qwen2-moe --config-only --out "$tmp/cfg" >/dev/null
+if ! "$q" bench --model "$tmp/cfg" --load-format dummy --backend cpu --input-lens 4 --gen 2 --json "$tmp/dummy.json" >/dev/null 2>&1 ||
+    ! grep -q '"load_format": "dummy"' "$tmp/dummy.json"; then
+    echo "FAIL load-format-dummy: no row with load_format dummy"
+    fails=$((fails + 1))
+fi
+expect config-only-no-weights "no model.safetensors" "$q" logits --model "$tmp/cfg" --tokens 1 --out "$tmp/x.npy"
+
 # Plots of benchmark JSON.
 echo '[{"model": "m", "quant": "BF16", "kv_dtype": "bf16", "batch": 1, "input_len": 1, "tok_s": 5}]' >"$tmp/rows.json"
 expect plot-missing-json "cannot open" "$q" plot --json "$tmp/none.json" --out "$tmp/p.png"

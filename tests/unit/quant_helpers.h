@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "io/quant_config.h"
 #include "model/weights.h"
+#include "model/random_weights.h"
 #include "tools/synth_quant.h"
 
 namespace qinfer::test {
