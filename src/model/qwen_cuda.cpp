@@ -193,7 +193,7 @@ void CudaQwenEngine::upload_weights() {
     const ModelConfig & c = model_->config;
     const ModelWeights & W = model_->weights;
     if (c.o_bias) QINFER_FAIL() << "CUDA backend: o_proj biases are not supported";
-    Progress bar("loading", int64_t(model_->checkpoint->total_bytes()));
+    Progress bar("loading", int64_t(stored_bytes(*model_)));
     uint64_t done = 0;
     if (!c.tie_word_embeddings && !opt_.embedding_on_gpu) {
         // Read one row per token: the table stays in pinned host memory, read over PCIe (EngineOptions).

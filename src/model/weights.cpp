@@ -318,6 +318,15 @@ void for_each_linear(ModelWeights & w, const std::function<void(Linear &)> & f) 
     }
 }
 
+uint64_t stored_bytes(const Model & m) {
+    uint64_t total = 0;
+    ModelWeights w = m.weights;
+    visit_weights(m.config, w, [&](const std::string &, const std::vector<int64_t> &, WeightRole, Weight & slot) {
+        if (slot.present()) total += slot.nbytes();
+    });
+    return total;
+}
+
 uint64_t decode_weight_bytes(const Model & m) {
     const ModelConfig & c = m.config;
     double total = 0;

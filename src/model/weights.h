@@ -133,6 +133,8 @@ struct LoadOptions {
 };
 std::unique_ptr<Model> load_model(const std::string & dir, const LoadOptions & opt = {});
 
+// Bytes of every tensor the model holds (its checkpoint's tensor bytes, or the dummy weights' as if stored).
+uint64_t stored_bytes(const Model & m);
 // Bytes one decode step reads: every weight once (the embedding only for one row unless it is the tied lm_head).
 uint64_t decode_weight_bytes(const Model & m);
 uint64_t parameter_count(const ModelConfig & c);
