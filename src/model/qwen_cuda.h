@@ -277,6 +277,9 @@ private:
     bool pooled_ = false;
     PoolOptions pool_opt_;
     int pool_rows_ = 0, pool_stride_ = 0, scratch_block_ = 0;
+    // Decode-attention splits for `rows` pool rows whose longest sequence holds max_len keys: sized for the power of
+    // two at or above max_len (fewer distinct graphs), at most a block table's reach.
+    int pool_decode_splits(int max_len, int rows) const;
     DeviceBuffer row_picks_;            // cuda::RowPick [2 * pool_rows_]: decode rows from 0, prompt chunks from pool_rows_
     DeviceBuffer slot_tokens_;          // int [2 * pool_rows_]: tokens picked in prefill passes (PrefillSegment::pick_slot)
     DeviceBuffer pick_history_;         // int: the step's penalised rows' prompts and outputs, one after another

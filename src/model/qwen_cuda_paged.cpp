@@ -22,6 +22,13 @@ int rows_bucket(int b) {
     return (b + 63) / 64 * 64;
 }
 
+int CudaQwenEngine::pool_decode_splits(int max_len, int rows) const {
+    const ModelConfig & cfg = model_->config;
+    int pow2 = 1;
+    while (pow2 < max_len) pow2 *= 2;
+    return cuda::decode_splits(std::min(pow2, pool_stride_ * block_size_), cfg.num_key_value_heads, cfg.head_dim, rows);
+}
+
 namespace {
 
 // Whether a row's token can be picked on the device: greedy or top-k within the kernel's k, penalties with the
@@ -330,9 +337,7 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
 
     if (B > 0 && !merged) {
         // The decode rows alone, padded to their bucket, in one captured step.
-        int pow2 = 1;
-        while (pow2 < max_len) pow2 *= 2;
-        max_splits_ = cuda::decode_splits(std::min(pow2, pool_stride_ * block_size_), cfg.num_key_value_heads, cfg.head_dim, bucket);
+        max_splits_ = pool_decode_splits(max_len, bucket);
         decode_short_ = short_ctx;
         if (experts_on_host()) {
             decode_step(bucket, StepEnd::Pick);  // quantized experts are counted on the host: no graph

@@ -217,10 +217,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
             if (pass_decode > 0) {
                 // The decode rows of this pass (tokens 0.. of it): rows d0.. of the batch tables and of len_dev.
                 const int d0 = int(pieces[0].seg), rows = int(pass_decode);
-                int pow2 = 1;
-                while (pow2 < decode->max_len) pow2 *= 2;
-                const int splits = cuda::decode_splits(std::min(pow2, pool_stride_ * block_size_), cfg.num_key_value_heads, cfg.head_dim,
-                                                       rows_bucket(rows));
+                const int splits = pool_decode_splits(decode->max_len, rows_bucket(rows));
                 const cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), splits};
                 cuda::attention_decode(q_.as<bf16>(), kv_layer(l, batch_tables_.as<int>() + size_t(d0) * batch_stride_, batch_stride_),
                                        decode->len_dev + d0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
