@@ -206,7 +206,7 @@ Checkpoint::Checkpoint(const std::string & dir) : dir_(dir) {
         open_file(found[0]);
         return;
     }
-    if (found.empty()) QINFER_FAIL() << dir << ": no model.safetensors or model.safetensors.index.json";
+    if (found.empty()) QINFER_FAIL() << dir << ": no model.safetensors or model.safetensors.index.json (--load-format dummy runs a config.json alone on random weights)";
     QINFER_FAIL() << dir << ": several .safetensors files but no model.safetensors.index.json to say which tensors are where";
 }
 
