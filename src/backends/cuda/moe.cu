@@ -40,24 +40,22 @@ __device__ __forceinline__ void route_token(const float * lt, int E, int k, bool
     for (int i = 0; i < k_per_lane; i++) p[i] = lane + 32 * i < E ? p[i] / sum : -1.0f;  // -1: never chosen
     float chosen = 0, top = 0;
     for (int j = 0; j < k; j++) {
-        float best = -2.0f;
+        // The lane's best as a key that orders as the probability (non-negative floats order as their bits; + 1
+        // leaves 0 for "none"), then the warp's largest key and, among the lanes holding it, the lowest expert: two
+        // warp reductions instead of ten shuffles a pick.
+        unsigned key = 0;
         int best_e = INT_MAX;
 #pragma unroll
         for (int i = 0; i < k_per_lane; i++) {
-            if (p[i] > best) {  // strict: this lane's experts rise with i, so ties keep the lower one
-                best = p[i];
+            const unsigned ki = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : 0u;
+            if (ki > key) {  // strict: this lane's experts rise with i, so ties keep the lower one
+                key = ki;
                 best_e = lane + 32 * i;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-            if (ob > best || (ob == best && oe < best_e)) {
-                best = ob;
-                best_e = oe;
-            }
-        }
+        const unsigned best_key = __reduce_max_sync(0xffffffffu, key);
+        best_e = int(__reduce_min_sync(0xffffffffu, key == best_key ? unsigned(best_e) : 0xffffffffu));
+        const float best = __uint_as_float(best_key - 1u);
 #pragma unroll
         for (int i = 0; i < k_per_lane; i++) {
             if (lane + 32 * i == best_e) p[i] = -1.0f;
