@@ -453,8 +453,7 @@ __global__ void __launch_bounds__(k_combine_threads) combine_kernel(float * x, i
     float4 * xp = reinterpret_cast<float4 *>(x + size_t(t) * H + i);
     const float4 x0 = xp[0], x1 = xp[1];
     v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
-    auto add = [&](float s, const bf16 * row) {
-        const uint4 u = *reinterpret_cast<const uint4 *>(row + i);
+    auto add = [&](float s, const uint4 & u) {
         const __nv_bfloat162 * h = reinterpret_cast<const __nv_bfloat162 *>(&u);
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -463,8 +462,33 @@ __global__ void __launch_bounds__(k_combine_threads) combine_kernel(float * x, i
             v[2 * q + 1] += s * f.y;
         }
     };
-    for (int j = 0; j < k; j++) add(weights[size_t(t) * k + j], y + size_t(slot_of[size_t(t) * k + j]) * H);
-    if (shared) add(1.0f / (1.0f + expf(-shared_gate[size_t(t) * gate_stride])), shared + size_t(t) * H);
+    // Every load issued before the first add: the slots, then all the rows (one expert after another, each row's
+    // load waited for its slot's: two round trips to memory instead of two a chosen expert).
+    int slot[k_moe_max_topk];
+    float weight[k_moe_max_topk];
+    uint4 row[k_moe_max_topk];
+#pragma unroll
+    for (int j = 0; j < k_moe_max_topk; j++) {
+        if (j < k) {
+            slot[j] = slot_of[size_t(t) * k + j];
+            weight[j] = weights[size_t(t) * k + j];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < k_moe_max_topk; j++) {
+        if (j < k) row[j] = *reinterpret_cast<const uint4 *>(y + size_t(slot[j]) * H + i);
+    }
+    uint4 shared_row = {};
+    float gate = 0;
+    if (shared) {
+        shared_row = *reinterpret_cast<const uint4 *>(shared + size_t(t) * H + i);
+        gate = shared_gate[size_t(t) * gate_stride];
+    }
+#pragma unroll
+    for (int j = 0; j < k_moe_max_topk; j++) {
+        if (j < k) add(weight[j], row[j]);
+    }
+    if (shared) add(1.0f / (1.0f + expf(-gate)), shared_row);
     xp[0] = make_float4(v[0], v[1], v[2], v[3]);
     xp[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
