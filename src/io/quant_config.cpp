@@ -52,7 +52,11 @@ namespace {
 // A pattern from the file, shown in errors only when it is short and printable (errors are one line).
 std::string shown(const std::string & pattern) {
     const bool printable = std::all_of(pattern.begin(), pattern.end(), [](char ch) { return ch >= 0x20 && ch < 0x7f; });
-    return printable && pattern.size() <= 80 ? "'" + pattern + "'" : "(" + std::to_string(pattern.size()) + " bytes)";
+    if (printable && pattern.size() <= 80) return "'" + pattern + "'";
+    std::string bytes = "(";  // appended, not "(" + temporary: GCC 12 warned (-Wrestrict) on that form
+    bytes += std::to_string(pattern.size());
+    bytes += " bytes)";
+    return bytes;
 }
 
 
