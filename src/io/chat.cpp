@@ -99,7 +99,10 @@ void tool_message(const std::vector<ChatMessage> & m, size_t i, std::string & ou
 
 std::string tools_block(const nlohmann::ordered_json & tools) {
     std::string s = k_tools_intro;
-    for (const auto & t : tools) s += "\n" + python_json(t);
+    for (const auto & t : tools) {
+        s += '\n';
+        s += python_json(t);
+    }
     return s + k_tools_outro;
 }
 
@@ -118,7 +121,10 @@ std::string qwen25(const std::vector<ChatMessage> & m, const ChatOptions & opt) 
         } else if (msg.role == "assistant") {
             out += "<|im_start|>assistant";
             if (!msg.content.empty()) out += "\n" + msg.content;
-            for (const auto & call : msg.tool_calls) out += "\n" + tool_call_text(call, false);
+            for (const auto & call : msg.tool_calls) {
+                out += '\n';
+                out += tool_call_text(call, false);
+            }
             out += "<|im_end|>\n";
         } else if (msg.role == "tool") {
             tool_message(m, i, out);

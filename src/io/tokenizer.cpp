@@ -102,8 +102,10 @@ std::string cache_path_for(const std::string & json_path, const std::string & co
     std::string key = canon.string();
     for (const std::string & f : {json_path, config_path}) {
         if (!fs::exists(f, ec)) continue;
-        key += "|" + std::to_string(fs::file_size(f, ec)) + "|" +
-               std::to_string(fs::last_write_time(f, ec).time_since_epoch().count());
+        key += '|';
+        key += std::to_string(fs::file_size(f, ec));
+        key += '|';
+        key += std::to_string(fs::last_write_time(f, ec).time_since_epoch().count());
     }
     uint64_t h = 1469598103934665603ull;  // FNV-1a
     for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
