@@ -59,10 +59,14 @@ int cmd_tokenize(int argc, char ** argv) {
     const auto t2 = std::chrono::steady_clock::now();
     std::string out;
     if (pieces) {
-        for (const auto & p : tok->pieces(text)) out += (out.empty() ? "" : " ") + p;
+        for (const auto & p : tok->pieces(text)) {
+            if (!out.empty()) out += ' ';
+            out += p;
+        }
     } else {
         for (int id : tok->encode(text, replace ? Tokenizer::Invalid::Replace : Tokenizer::Invalid::Error)) {
-            out += (out.empty() ? "" : " ") + std::to_string(id);
+            if (!out.empty()) out += ' ';
+            out += std::to_string(id);
         }
     }
     if (timed) {

@@ -392,6 +392,8 @@ TEST(CudaSampling, PickSlotsEqualPickRows) {
         EXPECT_EQ(got[size_t(slot[size_t(r)])], want[size_t(r)]) << "row " << r << " (slot " << slot[size_t(r)] << ")";
     }
     for (int j = 0; j < slots_n; j++) {
-        if (!used[size_t(j)]) EXPECT_EQ(got[size_t(j)], -7) << "slot " << j << " was written by no row";
+        if (!used[size_t(j)]) {
+            EXPECT_EQ(got[size_t(j)], -7) << "slot " << j << " was written by no row";
+        }
     }
 }

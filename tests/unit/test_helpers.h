@@ -1,6 +1,7 @@
 // Helpers for tests: temporary folders and raw safetensors bytes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -19,11 +20,10 @@ inline std::string temp_dir(const std::string & name) {
 
 // A safetensors file from a header JSON and a data buffer of `data_bytes` bytes.
 inline std::vector<uint8_t> make_safetensors(const std::string & header, size_t data_bytes) {
-    std::vector<uint8_t> out(8);
+    std::vector<uint8_t> out(8 + header.size() + data_bytes, 0);
     uint64_t n = header.size();
     for (int i = 0; i < 8; i++) out[size_t(i)] = uint8_t(n >> (8 * i));
-    out.insert(out.end(), header.begin(), header.end());
-    out.resize(out.size() + data_bytes, 0);
+    std::copy(header.begin(), header.end(), out.begin() + 8);
     return out;
 }
 
