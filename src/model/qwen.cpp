@@ -312,7 +312,7 @@ void CpuQwenEngine::step(const std::vector<StepSegment> & segs, const std::vecto
 }
 
 std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt) {
-    return std::make_unique<CpuQwenEngine>(load_model(model_dir, {.past_context = opt.past_context ? opt.max_context : 0, .dummy = opt.dummy_weights}), opt);
+    return std::make_unique<CpuQwenEngine>(load_model(model_dir, load_options(opt)), opt);
 }
 
 }  // namespace qinfer

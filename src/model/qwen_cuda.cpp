@@ -604,7 +604,7 @@ bool cuda_device_present() {
 }
 
 std::unique_ptr<Engine> make_cuda_engine(const std::string & model_dir, const EngineOptions & opt) {
-    return std::make_unique<cuda_engine::CudaQwenEngine>(load_model(model_dir, {.past_context = opt.past_context ? opt.max_context : 0, .dummy = opt.dummy_weights}), opt);
+    return std::make_unique<cuda_engine::CudaQwenEngine>(load_model(model_dir, load_options(opt)), opt);
 }
 
 void cuda_system_info(SystemInfo * s) {

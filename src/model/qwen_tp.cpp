@@ -370,7 +370,7 @@ std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp
 
 std::unique_ptr<Engine> make_cpu_tp_engine(const std::string & model_dir, const EngineOptions & opt) {
     QINFER_CHECK(opt.tp > 1) << "make_cpu_tp_engine: --tp " << opt.tp;
-    return std::make_unique<CpuTpEngine>(load_model(model_dir, {.past_context = opt.past_context ? opt.max_context : 0, .dummy = opt.dummy_weights}), opt);
+    return std::make_unique<CpuTpEngine>(load_model(model_dir, load_options(opt)), opt);
 }
 
 }  // namespace qinfer

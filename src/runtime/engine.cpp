@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "model/weights.h"
 
 namespace qinfer {
 
@@ -39,6 +40,13 @@ bool cuda_available() { return cuda_device_present(); }
 #else
 bool cuda_available() { return false; }
 #endif
+
+LoadOptions load_options(const EngineOptions & opt) {
+    LoadOptions l;
+    l.past_context = opt.past_context ? opt.max_context : 0;
+    l.dummy = opt.dummy_weights;
+    return l;
+}
 
 std::unique_ptr<Engine> make_engine(const std::string & model_dir, const EngineOptions & opt) {
     if (opt.tp < 1) QINFER_FAIL() << "--tp " << opt.tp << ": the number of ranks must be at least 1";

@@ -124,6 +124,10 @@ struct EngineOptions {
     bool dummy_weights = false;
 };
 
+// How the engines load their model (model/weights.h): past_context and dummy_weights as LoadOptions.
+struct LoadOptions;
+LoadOptions load_options(const EngineOptions & opt);
+
 std::unique_ptr<Engine> make_cpu_engine(const std::string & model_dir, const EngineOptions & opt);
 std::unique_ptr<Engine> make_cpu_tp_engine(const std::string & model_dir, const EngineOptions & opt);  // model/qwen_tp.h
 std::unique_ptr<Engine> make_engine(const std::string & model_dir, const EngineOptions & opt);
