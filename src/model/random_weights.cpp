@@ -327,11 +327,15 @@ std::map<std::string, std::vector<uint8_t>> quantize_linear(const Linear & l, co
 }
 
 
-namespace {
-
-bool writes_residual(const std::string & module) {
-    return module.find("o_proj") != std::string::npos || module.find("down_proj") != std::string::npos;
+std::map<std::string, std::vector<uint8_t>> random_quantized_linear(const Linear & l, const std::string & module, int n_layers,
+                                                                    uint64_t value_stream, uint64_t perm_seed, DType dense) {
+    std::vector<float> weight(size_t(l.out_features) * l.in_features);  // fp32 [N, K]
+    const RandomInit init = random_init(module + ".weight", {l.out_features, l.in_features}, WeightRole::Linear, n_layers);
+    fill_random(value_stream, init, DType::F32, reinterpret_cast<uint8_t *>(weight.data()), weight.size() * 4);
+    return quantize_linear(l, weight, perm_seed, torch_dtype_name(dense));
 }
+
+namespace {
 
 // A quantized linear's stored tensors with their roles (bitsandbytes' codes live in `weight`).
 std::vector<std::pair<Weight *, WeightRole>> quantized_slots(Linear & l) {
@@ -411,16 +415,18 @@ std::shared_ptr<const void> dummy_weights(const ModelConfig & c, ModelWeights & 
         const std::string module = first.substr(0, first.rfind(bnb ? ".weight" : ".qweight"));
         const std::string group = act_order_key(module).substr(act_order_key(module).rfind('.') + 1);
         const std::string perm_key = group + "/" + std::to_string(l.in_features);
+        const RandomInit init = random_init(module + ".weight", {l.out_features, l.in_features}, WeightRole::Linear, c.num_hidden_layers);
+        char std_text[32];
+        std::snprintf(std_text, sizeof std_text, "/%.9g", double(init.std));
         const std::string key = l.scheme.describe() + "/" + std::to_string(l.out_features) + "x" + std::to_string(l.in_features) + "/" +
-                                perm_key + (writes_residual(module) ? "/residual" : "");
+                                perm_key + std_text;
         std::map<std::string, std::vector<uint8_t>> * bytes = nullptr;
         if (values) {
             auto it = store->quantized.find(key);
             if (it == store->quantized.end()) {
-                std::vector<float> weight(size_t(l.out_features) * l.in_features);
-                const RandomInit init = random_init(module + ".weight", {l.out_features, l.in_features}, WeightRole::Linear, c.num_hidden_layers);
-                fill_random(hash_string(key, seed), init, DType::F32, reinterpret_cast<uint8_t *>(weight.data()), weight.size() * 4);
-                it = store->quantized.emplace(key, quantize_linear(l, weight, hash_string(perm_key, seed), torch_dtype_name(dense))).first;
+                it = store->quantized
+                         .emplace(key, random_quantized_linear(l, module, c.num_hidden_layers, hash_string(key, seed), hash_string(perm_key, seed), dense))
+                         .first;
             }
             bytes = &it->second;
         }

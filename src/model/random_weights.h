@@ -43,6 +43,11 @@ std::string bnb_quant_state_json(const Linear & l, const std::string & dtype, fl
 std::map<std::string, std::vector<uint8_t>> quantize_linear(const Linear & l, const std::vector<float> & w, uint64_t perm_seed,
                                                             const std::string & dtype);
 
+// A quantized linear's stored tensors from random values: the dense weight of `module` (random_init's Linear init,
+// values number 0.. of value_stream) quantized by quantize_linear into the format of `dense` checkpoints.
+std::map<std::string, std::vector<uint8_t>> random_quantized_linear(const Linear & l, const std::string & module, int n_layers,
+                                                                    uint64_t value_stream, uint64_t perm_seed, DType dense);
+
 // --load-format dummy: fills every slot of `w` (config `c`) with random values without reading a file, and returns
 // the memory they live in. Dense tensors of one init view windows of one shared random pool (each at its own offset,
 // so no two are equal); the quantized linears of one shape and scheme share one set of stored tensors. Memory is about

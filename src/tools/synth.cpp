@@ -130,16 +130,11 @@ uint64_t synthesize(const SynthOptions & opt) {
     // The stored bytes of a quantized linear's tensor: quantize the dense synthetic weight of the same seed.
     auto quant_bytes = [&](const Spec & sp, uint8_t * out, size_t nbytes) {
         const std::string prefix = prefix_of(sp.name);
-        const Linear & l = *linears.at(prefix);
         auto it = pending.find(prefix);
         if (it == pending.end()) {
-            const std::string wname = prefix + ".weight";
-            const std::vector<int64_t> shape = {l.out_features, l.in_features};
-            std::vector<float> dense(size_t(l.out_features) * l.in_features);
-            fill_random(hash_string(wname, seed_stream), random_init(wname, shape, WeightRole::Linear, c.num_hidden_layers), DType::F32,
-                        reinterpret_cast<uint8_t *>(dense.data()), dense.size() * 4);
             Pending p;
-            p.tensors = quantize_linear(l, dense, hash_string(act_order_key(prefix), seed_stream), torch_dtype_name(dtype));
+            p.tensors = random_quantized_linear(*linears.at(prefix), prefix, c.num_hidden_layers, hash_string(prefix + ".weight", seed_stream),
+                                                hash_string(act_order_key(prefix), seed_stream), dtype);
             p.left = p.tensors.size();
             it = pending.emplace(prefix, std::move(p)).first;
         }

@@ -75,7 +75,7 @@ TEST_P(DummyWeights, LayoutOfTheCheckpoint) {
         EXPECT_FALSE(std::get<3>(c[i])) << std::get<0>(c[i]);
     }
     EXPECT_EQ(decode_weight_bytes(bare), decode_weight_bytes(*real));
-    // Two projections of one init (layers 0 and 1) view different windows of their pool.
+    // Two tensors of one init (layers 0 and 1's input norms) view different windows of their pool.
     const Weight & w0 = dummy->weights.layers[0].input_layernorm;
     const Weight & w1 = dummy->weights.layers[1].input_layernorm;
     EXPECT_NE(std::memcmp(w0.data, w1.data, w0.nbytes()), 0);
