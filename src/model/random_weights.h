@@ -50,8 +50,9 @@ std::map<std::string, std::vector<uint8_t>> random_quantized_linear(const Linear
 
 // --load-format dummy: fills every slot of `w` (config `c`) with random values without reading a file, and returns
 // the memory they live in. Dense tensors of one init view windows of one shared random pool (each at its own offset,
-// so no two are equal); the quantized linears of one shape and scheme share one set of stored tensors. Memory is about
-// twice the largest tensor, not the model's size. values false: names, shapes and dtypes only (data stays null).
+// so no two are equal); the quantized linears of one shape and scheme share one set of stored tensors. Memory: per
+// init, its largest tensor plus at most 4M values of offsets, not the model's size. values false: names, shapes and
+// dtypes only (data stays null).
 std::shared_ptr<const void> dummy_weights(const ModelConfig & c, ModelWeights & w, bool values = true);
 
 }  // namespace qinfer
