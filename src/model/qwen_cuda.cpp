@@ -7,7 +7,7 @@
 // MoE layers route on the device and run bf16 experts there too (cuda::moe_*), inside the decode graph; quantized
 // experts go one by one on rows counted on the host. Quantized projections
 // (GPTQ/AWQ/AutoRound 4/8-bit, bitsandbytes 4-bit) are repacked at load time into one layout with its own GEMV;
-// prefill dequantizes each one to bf16 and multiplies with cuBLASLt.
+// batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
 #include <cstring>
@@ -131,20 +131,7 @@ DevLinear CudaQwenEngine::upload_dense(const std::vector<const Weight *> & parts
     return l;
 }
 
-// Projections stacked along rows (q/k/v, gate/up): dense weights as bf16, quantized ones repacked for the kernels.
-DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & parts, uint64_t * done, Progress & bar) {
-    if (!parts[0]->quantized()) {
-        std::vector<const Weight *> w;
-        for (const Linear * p : parts) {
-            if (p->quantized()) QINFER_FAIL() << "CUDA backend: " << p->qweight.name << " is quantized but the projections fused with it are not";
-            w.push_back(&p->weight);
-        }
-        return upload_dense(w, done, bar);
-    }
-    // gate/up: the tensor-core layout needs the up rows to start on a 16-row block.
-    const bool stacked_gate_up = parts.size() == 2;
-    const bool tile = !stacked_gate_up || parts[0]->out_features % 16 == 0;
-    const RepackedQuant r = repack_quant(parts, tile);
+DevLinear upload_repacked(const RepackedQuant & r) {
     DevLinear l;
     l.quantized = true;
     l.n = r.rows;
@@ -172,6 +159,23 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & part
     q.tiled = r.tiled;
     q.rows_padded = r.rows_padded;
     q.k_padded = r.k_padded;
+    return l;
+}
+
+// Projections stacked along rows (q/k/v, gate/up): dense weights as bf16, quantized ones repacked for the kernels.
+DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & parts, uint64_t * done, Progress & bar) {
+    if (!parts[0]->quantized()) {
+        std::vector<const Weight *> w;
+        for (const Linear * p : parts) {
+            if (p->quantized()) QINFER_FAIL() << "CUDA backend: " << p->qweight.name << " is quantized but the projections fused with it are not";
+            w.push_back(&p->weight);
+        }
+        return upload_dense(w, done, bar);
+    }
+    // gate/up: the tensor-core layout needs the up rows to start on a 16-row block.
+    const bool stacked_gate_up = parts.size() == 2;
+    const bool tile = !stacked_gate_up || parts[0]->out_features % 16 == 0;
+    DevLinear l = upload_repacked(repack_quant(parts, tile));
     for (const Linear * p : parts) {
         for (const Weight * w : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->g_idx, &p->absmax}) {
             if (w->present()) *done += w->nbytes();
@@ -306,15 +310,13 @@ void CudaQwenEngine::plan_batch(int n_sequences, int max_tokens) {
     planned_ = true;
 }
 
-// Bytes of the dequantization buffer for projections of up to `rows` rows: a dequantized weight (unless every m up to
-// rows goes to the fused GEMM, qgemm_pays) or a fused GEMM's gathered inputs, for the largest quantized projection.
+// Bytes of the scratch of quantized projections of up to `rows` rows (cuda::quant_linear_scratch_bytes: a
+// dequantized weight, gathered inputs or K splits' partial sums), for the largest quantized projection.
 size_t CudaQwenEngine::dequant_bytes(int rows) const {
     size_t largest = 0;
     for (const DevLayer & L : layers_) {
         for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
-            if (!l->quantized) continue;
-            const bool always_fused = cuda::qgemm_pays(l->q, rows);
-            largest = std::max({largest, always_fused ? 0 : size_t(l->n) * l->k * sizeof(bf16), cuda::qgemm_scratch_bytes(l->q, rows)});
+            if (l->quantized) largest = std::max(largest, cuda::quant_linear_scratch_bytes(l->q, rows));
         }
     }
     return largest;
@@ -393,7 +395,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
         }
     }
     const int max_k = max_quantized_k();
-    if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, k_qgemv_max_m), "workspace");
+    if (max_k > 0 && qscratch_.bytes() == 0) qscratch_ = DeviceBuffer(cuda::qgemv_scratch_bytes(max_k, cuda::k_qgemv_max_m), "workspace");
     ws_tokens_ = c;
     graph_seqs_.clear();  // buffers moved: the graphs must be captured again
     drop_pool_graphs();
@@ -457,24 +459,18 @@ void CudaQwenEngine::project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn
     cuda::gemv(a, in, out, stream_);
 }
 
-// y[m, n] = x[m, k] W^T: the GEMV kernels for a few rows, cuBLASLt beyond (quantized weights: the fused GEMM where it
-// applies, else dequantized first).
+// y[m, n] = x[m, k] W^T: the GEMV kernels for a few rows, cuBLASLt beyond (quantized weights: the kernel
+// cuda::quant_path picks for m; dequantized first where it says so or where its scratch falls short).
 void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y) {
     if (l.quantized) {
-        if (m <= (l.q.tiled ? k_qgemv_max_m : k_gemv_max_m)) {
-            cuda::GemvArgs a;
-            a.n = l.n;
-            a.k = l.k;
-            a.x = x;
-            a.m = m;
-            a.y = y;
-            return cuda::qgemv(l.q, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, qscratch_.get(), stream_);
+        const cuda::QuantPath path = cuda::quant_path(l.q, m);
+        if (path != cuda::QuantPath::Dequantize &&
+            cuda::quant_linear(path, l.q, x, m, y, qscratch_.get(), dequant_.get(), dequant_.bytes(), stream_)) {
+            return;
         }
-        if (cuda::qgemm_pays(l.q, m) && cuda::qgemm(l.q, x, m, y, dequant_.get(), dequant_.bytes(), stream_)) return;
         dequant_.ensure(size_t(l.n) * l.k * sizeof(bf16), "dequantized weights");
-        cuda::dequantize(l.q, dequant_.as<bf16>(), stream_);
-        prof_.mark("dequantize");
-        return cuda::gemm(x, dequant_.as<bf16>(), m, l.n, l.k, y, false, stream_);
+        cuda::quant_linear(cuda::QuantPath::Dequantize, l.q, x, m, y, qscratch_.get(), dequant_.get(), dequant_.bytes(), stream_);
+        return;
     }
     if (m <= k_gemv_max_m) {
         cuda::GemvArgs a;

@@ -35,9 +35,7 @@ using cuda::bf16;
 using cuda::DeviceBuffer;
 using cuda::HostMappedBuffer;
 
-constexpr int k_gemv_max_m = 4;        // up to this many tokens go through the GEMV kernels
-constexpr int k_qgemv_max_m = 8;       // and through the tiled 4-bit GEMV, which takes 8 in one pass (the other
-                                       // quantized GEMVs run once per row); beyond: dequantize, then cuBLASLt
+constexpr int k_gemv_max_m = 4;  // up to this many tokens go through the GEMV kernels (quantized: cuda::quant_path)
 
 // Per-op GPU time of each prefill of more than one token and of the first decode step after it (QINFER_PROFILE=1):
 // events between ops, summed by op name. The work is queued behind a 50 ms sleep so the events time the GPU, not the
@@ -104,6 +102,9 @@ template <class T> DeviceBuffer upload_vector(const std::vector<T> & v, const ch
     return b;
 }
 
+// A repacked quantized weight on the device (model/quant_repack.h) and the kernels' view of it.
+DevLinear upload_repacked(const RepackedQuant & r);
+
 struct DevMlp {
     DevLinear gate_up;  // bf16 [2 inter, hidden]: gate rows, then up rows
     DevLinear down;     // bf16 [hidden, inter]
@@ -160,7 +161,7 @@ private:
     void ensure_workspace(int c);
     bool k_sz_needed() const { return kv_kind_ == cuda::KVKind::INT8 || kv_kind_ == cuda::KVKind::INT4; }  // (scale, zero) per row
     int max_quantized_k() const;           // largest padded k of a quantized projection (0: none)
-    size_t dequant_bytes(int rows) const;  // the dequantization buffer projections of up to `rows` rows need
+    size_t dequant_bytes(int rows) const;  // the scratch quantized projections of up to `rows` rows need
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
     bool ensure_prefill_kv(int tokens);
     // n prompt tokens of one sequence, appended at pos0.. (qwen_cuda_prefill.cpp).
@@ -248,7 +249,7 @@ private:
     // Prefill over a quantized cache: the sequence's cache so far as bf16 [blocks, n_kv, block_size, head_dim] (K and V,
     // one layer at a time) read through an identity block table [blocks per sequence] by the bf16 attention kernels.
     DeviceBuffer prefill_k_, prefill_v_, prefill_table_;
-    DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [k_qgemv_max_m, largest padded k]
+    DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [cuda::k_qgemv_max_m, largest padded k]
     // MoE layers (moe()): router logits fp32 [c, n_experts (+ 1)], the routing (cuda::MoeRouting: ints, weights), the
     // routed experts' SwiGLU products bf16 [c top_k, inter] (the shared expert's [c, shared inter] share it) and
     // outputs bf16 [c top_k, hidden], the shared expert's output [c, hidden] and gate_up [c, 2 inter] (also the quantized

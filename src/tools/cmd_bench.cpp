@@ -140,6 +140,7 @@ int cmd_bench(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--throughput")) return cmd_bench_throughput(argc, argv);
         if (!std::strcmp(argv[i], "--serve")) return cmd_bench_serve(argc, argv);
+        if (!std::strcmp(argv[i], "--kernels")) return cmd_bench_kernels(argc, argv);
     }
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
@@ -162,6 +163,7 @@ int cmd_bench(int argc, char ** argv) {
                 "--max-batch: instead of timing, the largest batch of each input length (+ --gen) whose buffers fit the card\n"
                 "--throughput: many requests under continuous batching, vLLM's benchmark_throughput (bench --throughput --help)\n"
                 "--serve URL: a load generator against a running `qinfer serve` (bench --serve URL --help)\n"
+                "--kernels: the quantized projection kernels against bf16 on Qwen2.5's shapes (bench --kernels --help)\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
                 "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"

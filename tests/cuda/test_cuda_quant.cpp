@@ -1,6 +1,7 @@
 // Quantized kernels against the CPU reference (cpu::linear dequantizes by each format's formula): the decode GEMV
-// for m = 1, 3 and 8 with every input/output form, dequantization + cuBLASLt for m = 16 and 257, and the fused prefill
-// GEMM (sm_90a) for m = 16 to 513, on odd shapes
+// for m = 1, 3 and 8 with every input/output form, dequantization + cuBLASLt for m = 16 and 257, the fused prefill
+// GEMM (sm_90a) for m = 16 to 513, the register-dequantizing GEMM (sm_80 and up) for m = 9 to 512 and the rule that
+// picks among them, on odd shapes
 // (K and N not multiples of 128 where the format allows) for every format the CUDA backend runs.
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@
 #include "cuda/helpers.h"
 #include "model/quant.h"
 #include "model/quant_repack.h"
+#include "model/qwen_cuda.h"
 #include "unit/quant_helpers.h"
 
 using namespace qinfer;
@@ -23,38 +25,9 @@ using cuda::DeviceBuffer;
 
 namespace {
 
-struct DevQuant {
-    DeviceBuffer codes, scales, zeros, absmax, table, perm;
-    cuda::QuantMatrix q;
-};
+using DevQuant = cuda_engine::DevLinear;
 
-DevQuant upload_quant(const Linear & l, bool tile = true) {
-    const RepackedQuant r = repack_quant({&l}, tile);
-    DevQuant d;
-    d.codes = upload(r.codes);
-    d.scales = upload(r.scales);
-    d.zeros = upload(r.zeros);
-    d.absmax = upload(r.absmax);
-    d.table = upload(r.table);
-    d.perm = upload(r.perm);
-    d.q.codes = d.codes.as<uint32_t>();
-    d.q.scales = d.scales.as<uint16_t>();
-    d.q.zeros = r.zeros.empty() ? nullptr : d.zeros.as<uint8_t>();
-    d.q.const_zero = r.const_zero;
-    d.q.absmax = d.absmax.as<float>();
-    d.q.table = d.table.as<float>();
-    d.q.perm = r.perm.empty() ? nullptr : d.perm.as<int>();
-    d.q.rows = r.rows;
-    d.q.k = r.k;
-    d.q.bits = r.bits;
-    d.q.group = r.group;
-    d.q.groups = r.groups;
-    d.q.lut = r.lut;
-    d.q.tiled = r.tiled;
-    d.q.rows_padded = r.rows_padded;
-    d.q.k_padded = r.k_padded;
-    return d;
-}
+DevQuant upload_quant(const Linear & l, bool tile = true) { return cuda_engine::upload_repacked(repack_quant({&l}, tile)); }
 
 std::vector<QuantScheme> cuda_schemes() {
     return {gptq_scheme(4, 128, true, QuantPacking::GptqV1),        gptq_scheme(4, 32, false, QuantPacking::GptqV2, true),
@@ -213,6 +186,76 @@ TEST(CudaQuant, FusedGemmMatchesCpu) {
         }
     }
     if (checked == 0) GTEST_SKIP() << "no fused prefill GEMM on this build or device (sm_90a only)";
+}
+
+// The register-dequantizing GEMM (qgemm_mma, every m: one and several token tiles of 16 / 32 / 64, K split where the
+// grid is short of the SMs) against the CPU reference and against dequantize + cuBLASLt, which multiplies the same
+// bf16 weights; act-order and x at an odd address go through the gathered inputs. Then every m through
+// cuda::quant_linear as the engine calls it (the path cuda::quant_path picks).
+TEST(CudaQuant, MmaGemmMatchesCpu) {
+    REQUIRE_GPU();
+    int checked = 0;
+    for (const QuantScheme & s : cuda_schemes()) {
+        for (auto [n, k, m_list] : {std::tuple{264, 192, std::vector<int>{9, 16, 17}}, std::tuple{1160, 4160, std::vector<int>{33, 64, 129}},
+                                    std::tuple{4864, 320, std::vector<int>{24, 512}}, std::tuple{200, 896, std::vector<int>{65, 100}}}) {
+            auto ql = make_quant_linear(s, n, k, rng()());
+            DevQuant dq = upload_quant(ql->l);
+            if (!cuda::qgemm_mma_applies(dq.q)) continue;
+            for (int m : m_list) {
+                std::vector<float> x = randn(size_t(m) * k);
+                std::vector<float> want(size_t(m) * n);
+                cpu::linear(x.data(), m, ql->l, want.data());
+                const std::vector<uint16_t> xb = to_bf16(x);
+                for (bool odd : {false, true}) {
+                    DeviceBuffer dx(size_t(m) * k * 2 + 16, "test"), dy = poisoned(size_t(m) * n * 2 + 16);
+                    bf16 * xp = dx.as<bf16>() + (odd ? 1 : 0);
+                    cudaMemcpy(xp, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice);
+                    DeviceBuffer scratch(size_t(m) * dq.q.k_padded * 2 + cuda::qgemm_mma_scratch_bytes(dq.q, m), "test");
+                    ASSERT_TRUE(cuda::qgemm_mma(dq.q, xp, m, dy.as<bf16>(), scratch.get(), scratch.bytes(), nullptr)) << s.describe();
+                    const std::vector<float> got = download_bf16(dy, size_t(m) * n);
+                    EXPECT_LT(rel_err(got, want), 1e-2) << s.describe() << " m " << m << " n " << n << " k " << k << " odd " << odd;
+                    std::vector<uint16_t> tail(8);
+                    cudaMemcpy(tail.data(), dy.as<bf16>() + size_t(m) * n, 16, cudaMemcpyDeviceToHost);
+                    for (uint16_t v : tail) EXPECT_EQ(v, 0xFFFFu) << s.describe() << " wrote past y";
+                    // A second call gives the same bits (K splits are added in a fixed order).
+                    cudaMemset(dy.get(), 0xFF, dy.bytes());
+                    ASSERT_TRUE(cuda::qgemm_mma(dq.q, xp, m, dy.as<bf16>(), scratch.get(), scratch.bytes(), nullptr));
+                    EXPECT_TRUE(download_bf16(dy, size_t(m) * n) == got) << s.describe() << " m " << m << ": second call differs";
+                    checked++;
+                    if (odd) continue;
+                    DeviceBuffer w = poisoned(size_t(n) * k * 2), dy2 = poisoned(size_t(m) * n * 2);
+                    cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
+                    cuda::gemm(xp, w.as<bf16>(), m, n, k, dy2.get(), false, nullptr);
+                    EXPECT_LT(rel_err(got, download_bf16(dy2, size_t(m) * n)), 6e-3) << s.describe() << " m " << m << " vs dequantize + GEMM";
+                }
+            }
+        }
+    }
+    EXPECT_GT(checked, 0);
+}
+
+// cuda::quant_linear on the path cuda::quant_path picks, for m on both sides of each of the rule's bounds, every format
+// (bitsandbytes included), as the engine calls it for batched steps and prefill.
+TEST(CudaQuant, QuantLinearMatchesCpu) {
+    REQUIRE_GPU();
+    const int n = 1160, k = 896;
+    for (const QuantScheme & s : cuda_schemes()) {
+        auto ql = make_quant_linear(s, n, k, rng()());
+        DevQuant dq = upload_quant(ql->l);
+        for (int m : {1, 4, 5, 8, 9, 64, 65, 128, 129, 513}) {
+            std::vector<float> x = randn(size_t(m) * k);
+            std::vector<float> want(size_t(m) * n);
+            cpu::linear(x.data(), m, ql->l, want.data());
+            DeviceBuffer dx = upload_bf16(x), dy = poisoned(size_t(m) * n * 2);
+            DeviceBuffer gemv_scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, cuda::k_qgemv_max_m), "test");
+            DeviceBuffer scratch(std::max<size_t>(16, cuda::quant_linear_scratch_bytes(dq.q, m)), "test");
+            const cuda::QuantPath path = cuda::quant_path(dq.q, m);
+            ASSERT_TRUE(cuda::quant_linear(path, dq.q, dx.as<bf16>(), m, dy.as<bf16>(), gemv_scratch.get(), scratch.get(), scratch.bytes(), nullptr))
+                << s.describe() << " m " << m << " " << cuda::quant_path_name(path);
+            const double tol = dq.q.lut ? 1.5e-2 : 1e-2;
+            EXPECT_LT(rel_err(download_bf16(dy, want.size()), want), tol) << s.describe() << " m " << m << " " << cuda::quant_path_name(path);
+        }
+    }
 }
 
 // Timings for the record (not assertions): prefill of 1024 tokens through each Qwen2.5-7B projection, quantized

@@ -95,6 +95,30 @@ bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratc
 // The fused GEMM's tile for timing: 1 = 256 tokens, 2 = 128 tokens, 3 = 128 tokens with two blocks per SM (4-bit
 // codes; 8-bit take 2); 0 = the rule in qgemm_wgmma.cu.
 void set_qgemm_tile(int tile);
+// Decode-step GEMM with the weights dequantized in registers (qgemm_mma.cu, mma.sync: sm_80 and up): y bf16 [m,
+// w.rows] = x bf16 [m, w.k] W^T for the tiled 4-/8-bit affine layout, any m (made for the 9 to a few hundred rows of a
+// continuous-batching step). Scratch as qgemm's: gathered inputs (act-order, k % 8, unaligned x), then the K splits'
+// fp32 partial sums (qgemm_mma_scratch_bytes covers every m' <= m); with too little room K is not split. False where
+// it does not apply or the inputs cannot be gathered.
+bool qgemm_mma_applies(const QuantMatrix & w);
+size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m);
+bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
+
+// ---- quantized projections: the rule (qlinear.cpp) ----
+constexpr int k_qgemv_max_m = 8;        // rows the tiled quantized GEMV takes in one pass
+constexpr int k_qgemv_rowwise_max_m = 4;  // rows the other quantized GEMVs take (one pass per row)
+// Which kernel y = x W^T of m rows (bf16 in, bf16 out) goes to, chosen per shape from measurements (qlinear.cpp says
+// which): the GEMV, the register-dequantizing GEMM (qgemm_mma), the wgmma GEMM (qgemm) or dequantize + cuBLASLt.
+enum class QuantPath { Gemv, Mma, Wgmma, Dequantize };
+QuantPath quant_path(const QuantMatrix & w, int m);
+const char * quant_path_name(QuantPath path);
+// Bytes of `scratch` quant_linear needs for any m' <= m rows (the dequantized weight where a path dequantizes).
+size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m);
+// y bf16 [m, w.rows] = x bf16 [m, w.k] W^T by `path`: gemv_scratch as qgemv's for k_qgemv_max_m rows, scratch of
+// quant_linear_scratch_bytes(w, m). False where the path does not apply to w or m or the scratch is too small for it
+// (the caller then dequantizes); nothing is launched then.
+bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * gemv_scratch, void * scratch,
+                  size_t scratch_bytes, cudaStream_t stream);
 
 // ---- elementwise ----
 // x[t] = float(table[ids[t]]): table bf16 [vocab, hidden]; ids int [n] on the device; x fp32 [n, hidden]

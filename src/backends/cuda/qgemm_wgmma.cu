@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
         const int tok = c / (k_bm / 8), row = row_tile + (c % (k_bm / 8)) * 8;
         if (tok0 + tok >= m || row >= n) continue;
         const float * src = so + tok * Layout::out_ld + (row - row_tile);
-        if (partial) {  // this split's fp32 sums, added up by qgemm_reduce_kernel
+        if (partial) {  // this split's fp32 sums, added up by mma4::reduce_splits_kernel
             float * dst = partial + (size_t(blockIdx.z) * m + tok0 + tok) * n + row;
             if (n % 8 == 0) {
                 reinterpret_cast<float4 *>(dst)[0] = reinterpret_cast<const float4 *>(src)[0];
@@ -285,15 +285,6 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
 #endif
 }
 
-// y = the sum of the splits' partial sums, in split order: partial fp32 [splits, m * n].
-__global__ void qgemm_reduce_kernel(const float * partial, int splits, size_t mn, bf16 * y) {
-    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < mn; i += size_t(gridDim.x) * blockDim.x) {
-        float sum = 0.0f;
-        for (int z = 0; z < splits; z++) sum += partial[size_t(z) * mn + i];
-        y[i] = __float2bfloat16(sum);
-    }
-}
-
 template <int BN, int PLANES, int STAGES, int BLOCKS>
 void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
     CUtensorMap x_map;
@@ -307,7 +298,7 @@ void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, int 
     CUDA_CHECK(cudaGetLastError());
     if (splits > 1) {
         const size_t mn = size_t(m) * w.rows;
-        qgemm_reduce_kernel<<<int(std::min<size_t>((mn + 255) / 256, 4096)), 256, 0, stream>>>(partial, splits, mn, y);
+        mma4::reduce_splits_kernel<bf16><<<int(std::min<size_t>((mn + 255) / 256, 4096)), 256, 0, stream>>>(partial, splits, mn, y);
         CUDA_CHECK(cudaGetLastError());
     }
 }

@@ -60,6 +60,17 @@ template <GemvIn IN> __global__ void __launch_bounds__(k_threads) stage_inputs_k
     });
 }
 
+// y = the sum of K splits' fp32 partial sums, in split order (the same bits on every call): partial [splits, m * n],
+// y [m * n] (bf16). The split GEMMs' second kernel (qgemm_wgmma.cu, qgemm_mma.cu).
+template <class Out> __global__ void reduce_splits_kernel(const float * partial, int splits, size_t mn, Out * y) {
+    pdl_wait();
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < mn; i += size_t(gridDim.x) * blockDim.x) {
+        float sum = 0.0f;
+        for (int z = 0; z < splits; z++) sum += partial[size_t(z) * mn + i];
+        y[i] = Out(sum);
+    }
+}
+
 // Code field f (0..7: A register f % 4, its second element when f >= 4) of one tile word, given that word of each
 // plane (8-bit: the low plane, then the high one). Lookup tiles hold a register's pair in one byte.
 template <int PLANES, bool LUT> __device__ __forceinline__ uint32_t tile_code(const uint32_t (&word)[PLANES], int f) {

@@ -1,0 +1,307 @@
+// GEMM for tiled 4- and 8-bit affine weights at decode-step sizes (9 to a few hundred tokens: the rows of a
+// continuous-batching step), on mma.sync (sm_80 and up): y[m, n] = x[m, k] W^T with the weights dequantized in
+// registers, straight from the codes, never written anywhere. The arithmetic is the tensor-core GEMV's
+// (qgemv_ring.cuh): each lane's 16 bytes of codes per plane and 64-wide K block are its A fragments of four k16
+// steps, made bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's 16 (hi - zh) beside
+// it); the products accumulate in fp32 per quantization group and each group's sums are scaled by its fp16 scale in
+// fp32 into the totals. Where the GEMV multiplies one B column block of 8 tokens, this kernel multiplies NT of them
+// (BT = 8 NT tokens) with each dequantized fragment, so the dequantization is paid once per BT tokens.
+//
+//   block (token tile, row tile, K split): 8 warps, warp w owns 16-row block w of the 128-row tile and all BT tokens,
+//     over the split's K blocks; the per-group sums and totals are 8 NT floats per lane.
+//   codes: each lane keeps k_ring K blocks of its row block's codes in flight (16 bytes per plane each), refilling a
+//     slot as soon as it is multiplied, as the GEMV does; group parameters are read from global memory one group ahead.
+//   x: the block's BT tokens x 64 K of each K block go into shared memory by cp.async, k_stages blocks ahead, in
+//     16-byte chunks XOR-swizzled by token (chunk c of token r at c ^ (r % 8)), so that each ldmatrix.x4 (B fragments
+//     of two 8-token column blocks for one k16 step) reads 8 distinct banks per phase. Tokens past m and positions
+//     past k arrive as zeros.
+//   epilogue: bf16 y, or with K split the split's fp32 sums into the scratch, added in split order by
+//     mma4::reduce_splits_kernel (deterministic: the same bits on every call).
+// Grid: token tiles fastest, so the token tiles of one row tile run together and read its codes from L2.
+// Act-order weights, k not a multiple of 8 and unaligned x take x gathered into bf16 [m, k_padded] first (the
+// scratch's head), as the wgmma GEMM does.
+#include <algorithm>
+#include <climits>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+#include "backends/cuda/qgemv_mma.cuh"
+
+namespace qinfer::cuda {
+
+namespace {
+
+constexpr int k_warps = 8;
+constexpr int k_threads = k_warps * 32;
+constexpr int k_rows = 16 * k_warps;  // weight rows per block
+constexpr int k_stages = 4;           // K blocks of x in shared memory
+constexpr int k_ring = 4;             // K blocks of codes in flight per lane
+constexpr int k_min_split_kb = 4;     // K blocks per split at least
+
+int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_rows; }
+// Blocks per SM the launch bound sets (the registers of the NT column blocks' sums and of the codes in flight): three
+// for 16 tokens of 4-bit codes, so that the row blocks of 7B's gate_up (2368 warps' worth) run in one wave (8-bit
+// codes spilled there).
+__host__ __device__ constexpr int blocks_per_sm(int nt, int planes) { return nt <= 2 && planes == 1 ? 3 : nt <= 4 ? 2 : 1; }
+
+// ldmatrix.x4: lane l gives the address of row l % 8 of matrix l / 8; register i receives matrix i's fragment.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t & r0, uint32_t & r1, uint32_t & r2, uint32_t & r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// A group's parameters as this lane needs them: rows g (lo) and g + 8 (hi) of its row block.
+template <int PLANES> struct GroupParams {
+    float s_lo, s_hi;
+    uint32_t zz_lo[PLANES], zz_hi[PLANES];  // bf16x2 pairs subtracted from each plane (128 + zl; 2048 + 16 zh)
+};
+
+// The raw fp16 scales and zero points of rows r and r + 8 for group gi (loaded a group ahead of their use).
+struct RawParams {
+    uint16_t s[2];
+    int z[2];
+};
+
+__device__ __forceinline__ RawParams load_params(const QuantMatrix & w, int64_t row, int gi) {
+    RawParams p;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t gidx = (row + 8 * h) * w.groups + gi;  // scales and zeros cover rows_padded
+        p.s[h] = w.scales[gidx];
+        p.z[h] = w.zeros ? int(w.zeros[gidx]) : w.const_zero;
+    }
+    return p;
+}
+
+template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_params(const RawParams & r) {
+    GroupParams<PLANES> p;
+    p.s_lo = __half2float(__ushort_as_half(r.s[0]));
+    p.s_hi = __half2float(__ushort_as_half(r.s[1]));
+    // 128 + z is exact in bf16 up to 255 (z of 4-bit codes, v1's stored zero + 1 included), so its bits are 0x4300 + z;
+    // 8-bit codes subtract their zero's low nibble there and 16 times its high nibble from the high plane.
+    const uint32_t low_mask = PLANES == 1 ? 0xFFu : 15u;
+    p.zz_lo[0] = (0x4300u + (uint32_t(r.z[0]) & low_mask)) * 0x10001u;
+    p.zz_hi[0] = (0x4300u + (uint32_t(r.z[1]) & low_mask)) * 0x10001u;
+    if constexpr (PLANES == 2) {
+        p.zz_lo[1] = (0x4500u + (uint32_t(r.z[0]) >> 4)) * 0x10001u;  // 2048 + 16 zh
+        p.zz_hi[1] = (0x4500u + (uint32_t(r.z[1]) >> 4)) * 0x10001u;
+    }
+    return p;
+}
+
+template <int PLANES, int NT>
+__global__ void __launch_bounds__(k_threads, blocks_per_sm(NT, PLANES))
+    qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial) {
+    constexpr int BT = 8 * NT;            // tokens per block
+    constexpr int TILE = 32 * PLANES;     // uint4 per row block and K block
+    static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
+    __shared__ __align__(128) uint4 sx[k_stages][BT * 8];  // [stage][token][8 chunks of 16 bytes], swizzled
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int nkb = w.k_padded / 64, n = w.rows, G = w.groups;
+    const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
+    const int tok0 = blockIdx.x * BT;
+    const int rb = blockIdx.y * k_warps + warp;
+    const bool active = rb < w.rows_padded / 16;
+    const uint4 * src = reinterpret_cast<const uint4 *>(w.codes) + size_t(active ? rb : 0) * nkb * TILE + lane;
+
+    // The first ring of codes and the first group's parameters: they do not depend on the kernel ahead.
+    uint4 ring[k_ring][PLANES];
+#pragma unroll
+    for (int u = 0; u < k_ring; u++) {
+#pragma unroll
+        for (int p = 0; p < PLANES; p++) {
+            ring[u][p] = active && kb_begin + u < kb_end ? mma4::load_stream(src + size_t(kb_begin + u) * TILE + p * 32) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
+    // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
+    int gi = min(kb_begin * 64 / w.group, G - 1);
+    int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
+    GroupParams<PLANES> par = unpack_params<PLANES>(load_params(w, row0, gi));
+    RawParams next = load_params(w, row0, min(gi + 1, G - 1));
+
+    pdl_wait();  // x comes from the kernel ahead
+    // x's K block kb into stage s: BT x 8 chunks of 16 bytes.
+    auto load_x = [&](int kb, int s) {
+        for (int c = threadIdx.x; c < BT * 8; c += k_threads) {
+            const int r = c / 8, ch = c % 8, tok = tok0 + r, pos = kb * 64 + ch * 8;
+            const bool valid = tok < m && pos < ldx;
+            cp_async16(&sx[s][r * 8 + (ch ^ (r % 8))], valid ? x + size_t(tok) * ldx + pos : x, valid);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < k_stages - 1; s++) {
+        if (kb_begin + s < kb_end) load_x(kb_begin + s, s);
+        cp_async_commit();
+    }
+
+    float c[NT][4] = {}, tot[NT][4] = {};
+    auto flush = [&]() {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            tot[nt][0] = fmaf(par.s_lo, c[nt][0], tot[nt][0]);
+            tot[nt][1] = fmaf(par.s_lo, c[nt][1], tot[nt][1]);
+            tot[nt][2] = fmaf(par.s_hi, c[nt][2], tot[nt][2]);
+            tot[nt][3] = fmaf(par.s_hi, c[nt][3], tot[nt][3]);
+            c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+        }
+    };
+    auto next_group = [&]() {
+        flush();
+        gi++;
+        group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
+        par = unpack_params<PLANES>(next);
+        next = load_params(w, row0, min(gi + 1, G - 1));
+    };
+    // ldmatrix addresses: lane l reads token 16 pair + 8 (l / 16) + l % 8, chunk 2 j + (l / 8) % 2 of k16 step j.
+    const int lr = (lane / 16) * 8 + lane % 8, lhalf = (lane / 8) % 2;
+    const uint32_t sx0 = uint32_t(__cvta_generic_to_shared(&sx[0][0]));
+
+    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += k_ring) {
+#pragma unroll
+        for (int u = 0; u < k_ring; u++) {
+            const int kb = kb0 + u;
+            if (kb >= kb_end) break;
+            const int s = (kb - kb_begin) % k_stages;
+            cp_async_wait<k_stages - 2>();
+            __syncthreads();  // stage s is complete, and every warp is done with the stage loaded next
+            if (kb + k_stages - 1 < kb_end) load_x(kb + k_stages - 1, (s + k_stages - 1) % k_stages);
+            cp_async_commit();
+            if (active) {
+                const int pos0 = kb * 64;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) next_group();
+                    uint32_t b[NT][2];
+#pragma unroll
+                    for (int pr = 0; pr < NT / 2; pr++) {
+                        const int r = 16 * pr + lr, ch = 2 * j + lhalf;
+                        const uint32_t addr = sx0 + uint32_t(((s * BT + r) * 8 + (ch ^ (r % 8))) * 16);
+                        ldmatrix_x4(addr, b[2 * pr][0], b[2 * pr][1], b[2 * pr + 1][0], b[2 * pr + 1][1]);
+                    }
+                    constexpr uint32_t mask = 0x000F000Fu;
+#pragma unroll
+                    for (int p = 0; p < PLANES; p++) {
+                        const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
+                        const uint32_t word = reinterpret_cast<const uint32_t *>(&ring[u][p])[j];
+                        const uint32_t fr[4] = {mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), par.zz_lo[p]),
+                                                mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), par.zz_hi[p]),
+                                                mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), par.zz_lo[p]),
+                                                mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), par.zz_hi[p])};
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
+                    }
+                }
+                if (kb + k_ring < kb_end) {
+#pragma unroll
+                    for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(src + size_t(kb + k_ring) * TILE + p * 32);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    if (!active) return;
+    flush();
+
+    // Lane (g, t) holds rows g, g + 8 and tokens 2t, 2t + 1 of each 8-token column block.
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = rb * 16 + g + (i >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (i & 1);
+            if (row >= n || tok >= m) continue;
+            if (partial) partial[(size_t(blockIdx.z) * m + tok) * n + row] = tot[nt][i];
+            else y[size_t(tok) * n + row] = __float2bfloat16(tot[nt][i]);
+        }
+    }
+}
+
+// A launch's shape: BT tokens per block (16, 32 or 64) and the K splits. A block's codes stream at the rate its loads
+// in flight allow, so a wave takes about as long whether or not it is full: the split is the one whose waves (each
+// costed as a full wave of its blocks' codes) plus the partial sums written and read back move the fewest bytes.
+struct Shape {
+    int nt, splits;
+};
+
+Shape shape_for(const QuantMatrix & w, int m) {
+    Shape sh;
+    sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : 8;
+    const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w);
+    const int64_t slots = int64_t(sm_count()) * blocks_per_sm(sh.nt, w.bits / 4);
+    const double code_bytes = double(w.rows_padded) * w.k_padded * w.bits / 8;
+    const int most = std::max(1, (w.k_padded / 64) / k_min_split_kb);
+    double best = 0;
+    sh.splits = 1;
+    for (int s = 1; s <= most; s++) {
+        const int64_t waves = (blocks * s + slots - 1) / slots;
+        const double bytes = double(waves) * slots * code_bytes / double(blocks * s) + (s > 1 ? 2.0 * s * m * w.rows * sizeof(float) : 0.0);
+        if (s == 1 || bytes < best) best = bytes, sh.splits = s;
+    }
+    return sh;
+}
+
+size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
+    return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
+}
+size_t gather_bytes(const QuantMatrix & w, int m) { return size_t(m) * w.k_padded * sizeof(bf16); }
+bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
+
+template <int PLANES, int NT>
+void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
+    const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
+    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), 0, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
+    CUDA_CHECK(cudaGetLastError());
+    if (splits > 1) {
+        const size_t mn = size_t(m) * w.rows;
+        launch_kernel(mma4::reduce_splits_kernel<bf16>, dim3(unsigned(std::min<size_t>((mn + 255) / 256, 4096))), dim3(256), 0, stream,
+                      static_cast<const float *>(partial), splits, mn, y);
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+}  // namespace
+
+bool qgemm_mma_applies(const QuantMatrix & w) { return w.tiled && !w.lut && (w.bits == 4 || w.bits == 8) && w.group > 0; }
+
+size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
+    if (!qgemm_mma_applies(w)) return 0;
+    size_t partials = 0;
+    for (int mm : {m, std::min(m, 16), std::min(m, 32), std::min(m, 64)}) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
+    return (w.perm || w.k % 8 != 0 ? gather_bytes(w, m) : 0) + partials;
+}
+
+bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
+    if (!qgemm_mma_applies(w) || m <= 0) return false;
+    int ldx = w.k;
+    const bool gather = !x_direct(w, x);
+    const size_t gathered = gather ? gather_bytes(w, m) : 0;
+    if (gather) {
+        if (!scratch || scratch_bytes < gathered) return false;
+        GemvArgs a;
+        a.x = x;
+        a.k = w.k;
+        a.m = m;
+        launch_kernel(mma4::stage_inputs_kernel<GemvIn::Bf16>, dim3(m), dim3(mma4::k_threads), 0, stream, w, a, static_cast<bf16 *>(scratch));
+        CUDA_CHECK(cudaGetLastError());
+        x = static_cast<const bf16 *>(scratch);
+        ldx = w.k_padded;
+    }
+    Shape sh = shape_for(w, m);
+    float * partial = nullptr;
+    if (sh.splits > 1) {
+        if (scratch && scratch_bytes >= gathered + partial_bytes(w, m, sh)) partial = reinterpret_cast<float *>(static_cast<unsigned char *>(scratch) + gathered);
+        else sh.splits = 1;
+    }
+    if (w.bits == 4) {
+        if (sh.nt == 2) launch<1, 2>(w, x, ldx, m, y, sh.splits, partial, stream);
+        else if (sh.nt == 4) launch<1, 4>(w, x, ldx, m, y, sh.splits, partial, stream);
+        else launch<1, 8>(w, x, ldx, m, y, sh.splits, partial, stream);
+    } else {
+        if (sh.nt == 2) launch<2, 2>(w, x, ldx, m, y, sh.splits, partial, stream);
+        else if (sh.nt == 4) launch<2, 4>(w, x, ldx, m, y, sh.splits, partial, stream);
+        else launch<2, 8>(w, x, ldx, m, y, sh.splits, partial, stream);
+    }
+    return true;
+}
+
+}  // namespace qinfer::cuda

@@ -1,0 +1,73 @@
+// Which kernel a quantized projection of m rows goes to. Measured on an H200 (bench/results/2026-11-29-h200-qgemm-mma,
+// `qinfer bench --kernels`): see quant_path below for the rule and the numbers behind it.
+#include <algorithm>
+
+#include "backends/cuda/ops.h"
+
+namespace qinfer::cuda {
+
+namespace {
+// Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over the wgmma GEMM and dequantize + cuBLASLt.
+constexpr int k_mma_max_m = 64;
+}  // namespace
+
+QuantPath quant_path(const QuantMatrix & w, int m) {
+    if (m <= (w.tiled ? k_qgemv_max_m : k_qgemv_rowwise_max_m)) return QuantPath::Gemv;
+    if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
+    if (qgemm_pays(w, m)) return QuantPath::Wgmma;
+    return QuantPath::Dequantize;
+}
+
+const char * quant_path_name(QuantPath path) {
+    switch (path) {
+        case QuantPath::Gemv: return "gemv";
+        case QuantPath::Mma: return "mma";
+        case QuantPath::Wgmma: return "wgmma";
+        case QuantPath::Dequantize: return "dequantize+cublaslt";
+    }
+    return "?";
+}
+
+size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m) {
+    // Every m' <= m: beyond qgemm's largest m every path is the same, so the loop stops there.
+    size_t most = 0;
+    const int last = std::min(m, 1024);
+    for (int mm = 1; mm <= m; mm = mm < last ? mm + 1 : std::max(mm + 1, m)) {
+        switch (quant_path(w, mm)) {
+            case QuantPath::Gemv: break;
+            case QuantPath::Mma: most = std::max(most, qgemm_mma_scratch_bytes(w, mm)); break;
+            case QuantPath::Wgmma: most = std::max(most, qgemm_scratch_bytes(w, mm)); break;
+            case QuantPath::Dequantize: most = std::max(most, size_t(w.rows) * w.k * sizeof(bf16)); break;
+        }
+    }
+    return most;
+}
+
+bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * gemv_scratch, void * scratch,
+                  size_t scratch_bytes, cudaStream_t stream) {
+    switch (path) {
+        case QuantPath::Gemv: {
+            if (m > (w.tiled ? k_qgemv_max_m : k_qgemv_rowwise_max_m)) return false;
+            GemvArgs a;
+            a.n = w.rows;
+            a.k = w.k;
+            a.x = x;
+            a.m = m;
+            a.y = y;
+            qgemv(w, a, GemvIn::Bf16, GemvOut::Bf16, gemv_scratch, stream);
+            return true;
+        }
+        case QuantPath::Mma: return qgemm_mma(w, x, m, y, scratch, scratch_bytes, stream);
+        case QuantPath::Wgmma: return qgemm(w, x, m, y, scratch, scratch_bytes, stream);
+        case QuantPath::Dequantize: {
+            if (!scratch || scratch_bytes < size_t(w.rows) * w.k * sizeof(bf16)) return false;
+            bf16 * dq = static_cast<bf16 *>(scratch);
+            dequantize(w, dq, stream);
+            gemm(x, dq, m, w.rows, w.k, y, false, stream);
+            return true;
+        }
+    }
+    return false;
+}
+
+}  // namespace qinfer::cuda

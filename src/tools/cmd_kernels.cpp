@@ -1,0 +1,238 @@
+// qinfer bench --kernels: the quantized projections' kernels against bf16 on the same shapes (the GEMV for up to
+// k_gemv_max_m rows, cuBLASLt beyond: what the engine runs for bf16 weights), for each projection of a model's layer
+// and each number of rows m. Every path a quantized shape can take is timed (the GEMV, the register-dequantizing
+// GEMM, the wgmma GEMM, dequantize + cuBLASLt) and the one cuda::quant_path picks is marked, so one run both
+// measures the engine and shows where its rule should change. Weights are random codes in the kernels' layout (speed
+// does not depend on the values, the checkpoint format only through bits and zero points), cycled through copies of
+// at least 256 MB so that no call finds its weights in L2.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/rng.h"
+#include "runtime/engine.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "tools/sysinfo.h"
+
+#ifdef QINFER_CUDA
+#include <cuda_runtime.h>
+
+#include "backends/cuda/ops.h"
+#include "model/quant_repack.h"
+#include "model/qwen_cuda.h"
+#endif
+
+namespace qinfer {
+
+#ifdef QINFER_CUDA
+namespace {
+
+using json = nlohmann::json;
+using cuda::bf16;
+using cuda::DeviceBuffer;
+
+struct ProjShape {
+    const char * model;
+    const char * name;
+    int n, k;
+};
+
+// The layer projections of Qwen2.5-7B and -0.5B (q/k/v and gate/up stacked as the engine stacks them).
+const ProjShape k_shapes[] = {{"7b", "qkv", 4608, 3584},   {"7b", "o_proj", 3584, 3584},  {"7b", "gate_up", 37888, 3584},
+                              {"7b", "down", 3584, 18944}, {"0.5b", "qkv", 1152, 896},    {"0.5b", "o_proj", 896, 896},
+                              {"0.5b", "gate_up", 9728, 896}, {"0.5b", "down", 896, 4864}};
+
+struct Format {
+    const char * name;
+    int bits;
+    bool zeros;  // a zero point per group (GPTQ asym, AWQ); else the constant 2^(bits-1) (GPTQ sym)
+};
+const Format k_formats[] = {{"int4-g128", 4, true}, {"int8-g128", 8, false}};
+
+// Random codes and group parameters in the tile layout (model/quant_repack.h) of an [n, k] weight, group 128.
+RepackedQuant random_tiled(int n, int k, const Format & f, uint64_t seed) {
+    RepackedQuant r;
+    r.rows = n;
+    r.k = k;
+    r.bits = f.bits;
+    r.group = 128;
+    r.groups = (k + 127) / 128;
+    r.tiled = true;
+    r.rows_padded = (n + 15) / 16 * 16;
+    r.k_padded = (k + 63) / 64 * 64;
+    r.codes.resize(size_t(r.rows_padded) * r.k_padded * f.bits / 32);
+    for (size_t i = 0; i < r.codes.size(); i++) r.codes[i] = uint32_t(splitmix64(seed + i));
+    r.scales.resize(size_t(r.rows_padded) * r.groups);
+    for (size_t i = 0; i < r.scales.size(); i++) r.scales[i] = uint16_t(0x2000 + splitmix64(seed ^ (i * 31 + 7)) % 0x400);  // fp16 ~0.008-0.016
+    r.const_zero = 1 << (f.bits - 1);
+    if (f.zeros) {
+        r.zeros.resize(r.scales.size());
+        for (size_t i = 0; i < r.zeros.size(); i++) r.zeros[i] = uint8_t(splitmix64(seed ^ (i * 17 + 3)) % (1u << f.bits));
+    }
+    return r;
+}
+
+// Mean microseconds of fn() over `reps` calls after `warmup`.
+template <class F> double time_us(int reps, int warmup, F && fn) {
+    for (int i = 0; i < warmup; i++) fn();
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; i++) fn();
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaEventDestroy(e0));
+    CUDA_CHECK(cudaEventDestroy(e1));
+    return 1e3 * double(ms) / reps;
+}
+
+// Copies of `bytes` at `src` (device) back to back, at least `total` bytes in all; returns how many.
+int replicate(DeviceBuffer & dst, const void * src, size_t bytes, size_t total, const char * what) {
+    const int copies = int(std::max<size_t>(1, (total + bytes - 1) / bytes));
+    dst = DeviceBuffer(bytes * copies, what);
+    for (int c = 0; c < copies; c++) CUDA_CHECK(cudaMemcpy(dst.as<char>() + size_t(c) * bytes, src, bytes, cudaMemcpyDeviceToDevice));
+    return copies;
+}
+
+int run_kernels(const Args & a) {
+    const std::vector<int> ms = a.has("m") ? a.int_list("m") : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+    const std::string models = a.str("models", "7b,0.5b"), formats = a.str("formats", "int4-g128,int8-g128");
+    const int reps = int(a.integer("reps", 50));
+    const std::string json_path = a.str("json");
+    a.check_unused();
+    for (int m : ms) {
+        if (m < 1 || m > 16384) QINFER_FAIL() << "--m entries must be in 1..16384, got " << m;
+    }
+    if (reps < 1) QINFER_FAIL() << "--reps must be >= 1";
+    auto listed = [](const std::string & list, const std::string & item) { return ("," + list + ",").find("," + item + ",") != std::string::npos; };
+    cuda::set_pdl_default(true);  // as the engine launches
+    const SystemInfo sys = system_info(true);
+    const size_t k_cycle = size_t(256) << 20;
+    const int max_m = *std::max_element(ms.begin(), ms.end());
+    json rows = json::array();
+    std::printf("card: %s, commit %s; weights cycled over >= 256 MB; times are means of %d calls\n\n", sys.card.c_str(), git_commit().c_str(), reps);
+    std::printf("| model | proj | n x k | format | m | bf16 us | gemv | mma | wgmma | dequant+cublaslt | rule | us | weight TB/s | TFLOP/s | x bf16 |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const ProjShape & sh : k_shapes) {
+        if (!listed(models, sh.model)) continue;
+        // bf16 weights of this shape, cycled.
+        const size_t w_bytes = size_t(sh.n) * sh.k * sizeof(bf16);
+        DeviceBuffer w_one(w_bytes, "bench"), w_all;
+        CUDA_CHECK(cudaMemset(w_one.get(), 0, w_bytes));
+        {
+            std::vector<uint16_t> host(size_t(sh.n) * sh.k);
+            for (size_t i = 0; i < host.size(); i++) host[i] = uint16_t(0x3C00 + splitmix64(i) % 0x200) ^ uint16_t((i & 1) << 15);  // +-~0.008-0.016
+            CUDA_CHECK(cudaMemcpy(w_one.get(), host.data(), w_bytes, cudaMemcpyHostToDevice));
+        }
+        const int w_copies = replicate(w_all, w_one.get(), w_bytes, k_cycle, "bench");
+        w_one = DeviceBuffer();
+        DeviceBuffer x(size_t(max_m) * sh.k * sizeof(bf16), "bench"), y(size_t(max_m) * sh.n * sizeof(float), "bench");
+        {
+            std::vector<uint16_t> host(size_t(max_m) * sh.k);
+            for (size_t i = 0; i < host.size(); i++) host[i] = uint16_t(0x3F00 + splitmix64(i * 3 + 1) % 0x100) ^ uint16_t((i % 3 == 0) << 15);
+            CUDA_CHECK(cudaMemcpy(x.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+        }
+        for (const Format & f : k_formats) {
+            if (!listed(formats, f.name)) continue;
+            cuda_engine::DevLinear q = cuda_engine::upload_repacked(random_tiled(sh.n, sh.k, f, 1234));
+            const size_t code_bytes = q.codes.bytes();
+            DeviceBuffer codes_all;
+            const int q_copies = replicate(codes_all, q.codes.get(), code_bytes, k_cycle, "bench");
+            const double q_bytes = double(code_bytes + q.scales.bytes() + q.zeros.bytes());
+            DeviceBuffer gemv_scratch(cuda::qgemv_scratch_bytes(q.q.k_padded, cuda::k_qgemv_max_m), "bench");
+            size_t scratch_bytes = size_t(sh.n) * sh.k * sizeof(bf16);  // room for every path
+            scratch_bytes = std::max({scratch_bytes, cuda::qgemm_scratch_bytes(q.q, max_m), cuda::qgemm_mma_scratch_bytes(q.q, max_m)});
+            DeviceBuffer scratch(scratch_bytes, "bench");
+            for (int m : ms) {
+                int call = 0;
+                const double bf16_us = time_us(reps, 3, [&] {
+                    const bf16 * wp = reinterpret_cast<const bf16 *>(w_all.as<char>() + size_t(call++ % w_copies) * w_bytes);
+                    if (m <= cuda_engine::k_gemv_max_m) {
+                        cuda::GemvArgs g;
+                        g.w = wp;
+                        g.n = sh.n;
+                        g.k = sh.k;
+                        g.x = x.get();
+                        g.m = m;
+                        g.y = y.get();
+                        cuda::gemv(g, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16, nullptr);
+                    } else {
+                        cuda::gemm(x.as<bf16>(), wp, m, sh.n, sh.k, y.get(), false, nullptr);
+                    }
+                });
+                const cuda::QuantPath rule = cuda::quant_path(q.q, m);
+                json row = {{"model", sh.model}, {"proj", sh.name}, {"n", sh.n}, {"k", sh.k}, {"format", f.name}, {"m", m},
+                            {"bf16_us", bf16_us}, {"rule", cuda::quant_path_name(rule)}};
+                std::string cells;
+                double rule_us = 0;
+                for (cuda::QuantPath p : {cuda::QuantPath::Gemv, cuda::QuantPath::Mma, cuda::QuantPath::Wgmma, cuda::QuantPath::Dequantize}) {
+                    cuda::QuantMatrix qm = q.q;
+                    bool ok = true;
+                    const double us = time_us(reps, 3, [&] {
+                        qm.codes = reinterpret_cast<const uint32_t *>(codes_all.as<char>() + size_t(call++ % q_copies) * code_bytes);
+                        ok = ok && cuda::quant_linear(p, qm, x.as<bf16>(), m, y.as<bf16>(), gemv_scratch.get(), scratch.get(), scratch.bytes(), nullptr);
+                    });
+                    // A path that does not apply launched nothing: no time.
+                    char cell[32] = "-";
+                    if (ok) std::snprintf(cell, sizeof cell, "%.1f", us);
+                    cells += std::string(cell) + " | ";
+                    if (ok) row[std::string(cuda::quant_path_name(p)) + "_us"] = us;
+                    if (p == rule) rule_us = us;
+                }
+                const double tbs = q_bytes / rule_us / 1e6, tflops = 2.0 * m * sh.n * sh.k / rule_us / 1e6;
+                row["rule_us"] = rule_us;
+                row["weight_tb_s"] = tbs;
+                row["tflop_s"] = tflops;
+                row["speedup_vs_bf16"] = bf16_us / rule_us;
+                rows.push_back(row);
+                std::printf("| %s | %s | %d x %d | %s | %d | %.1f | %s%s | %.1f | %.2f | %.1f | %.2fx |\n", sh.model, sh.name, sh.n, sh.k, f.name, m,
+                            bf16_us, cells.c_str(), cuda::quant_path_name(rule), rule_us, tbs, tflops, bf16_us / rule_us);
+                std::fflush(stdout);
+            }
+        }
+    }
+    std::printf("\nbf16: the GEMV up to %d rows, cuBLASLt beyond (the engine's bf16 path). weight TB/s: codes, scales and zeros\n"
+                "of the rule's path per call; x bf16: the bf16 time over the rule's.\n",
+                cuda_engine::k_gemv_max_m);
+    if (!json_path.empty()) {
+        std::ofstream out(json_path);
+        if (!out) QINFER_FAIL() << "--json: cannot write " << json_path;
+        out << json{{"card", sys.card}, {"driver", sys.driver}, {"cuda", sys.cuda}, {"commit", git_commit()}, {"reps", reps}, {"rows", rows}}.dump(1) << "\n";
+    }
+    return 0;
+}
+
+}  // namespace
+#endif
+
+int cmd_bench_kernels(int argc, char ** argv) {
+    for (int i = 2; i < argc; i++) {
+        if (!std::strcmp(argv[i], "--help")) {
+            std::printf("usage: qinfer bench --kernels [--models 7b,0.5b] [--formats int4-g128,int8-g128] [--m 1,2,4,...,512] [--reps 50]\n"
+                        "                            [--json FILE]\n"
+                        "Times each quantized projection kernel (GEMV, mma GEMM, wgmma GEMM, dequantize + cuBLASLt) of Qwen2.5's\n"
+                        "layer shapes against bf16 weights of the same shape, for each m; marks the one the engine picks. GPU only.\n");
+            return 0;
+        }
+    }
+    Args a(argc, argv, 2, {"kernels"});
+    a.flag("kernels");
+#ifdef QINFER_CUDA
+    if (!cuda_available()) QINFER_FAIL() << "bench --kernels times CUDA kernels: no GPU was found";
+    return run_kernels(a);
+#else
+    QINFER_FAIL() << "bench --kernels times CUDA kernels: this qinfer was built without the CUDA backend";
+    return 2;
+#endif
+}
+
+}  // namespace qinfer
