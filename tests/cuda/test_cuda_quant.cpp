@@ -226,7 +226,8 @@ TEST(CudaQuant, MmaGemmMatchesCpu) {
                     DeviceBuffer w = poisoned(size_t(n) * k * 2), dy2 = poisoned(size_t(m) * n * 2);
                     cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
                     cuda::gemm(xp, w.as<bf16>(), m, n, k, dy2.get(), false, nullptr);
-                    EXPECT_LT(rel_err(got, download_bf16(dy2, size_t(m) * n)), 6e-3) << s.describe() << " m " << m << " vs dequantize + GEMM";
+                    // Not the same bf16 weights: this kernel scales per-group fp32 sums (the GEMV's arithmetic).
+                    EXPECT_LT(rel_err(got, download_bf16(dy2, size_t(m) * n)), 1e-2) << s.describe() << " m " << m << " vs dequantize + GEMM";
                 }
             }
         }

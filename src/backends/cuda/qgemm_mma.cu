@@ -9,12 +9,14 @@
 //
 //   block (token tile, row tile, K split): 8 warps, warp w owns 16-row block w of the 128-row tile and all BT tokens,
 //     over the split's K blocks; the per-group sums and totals are 8 NT floats per lane.
-//   codes: each lane keeps k_ring K blocks of its row block's codes in flight (16 bytes per plane each), refilling a
-//     slot as soon as it is multiplied, as the GEMV does; group parameters are read from global memory one group ahead.
-//   x: the block's BT tokens x 64 K of each K block go into shared memory by cp.async, k_stages blocks ahead, in
-//     16-byte chunks XOR-swizzled by token (chunk c of token r at c ^ (r % 8)), so that each ldmatrix.x4 (B fragments
-//     of two 8-token column blocks for one k16 step) reads 8 distinct banks per phase. Tokens past m and positions
-//     past k arrive as zeros.
+//   stages: KPS K blocks at a time, the block's codes (8 row blocks x KPS x 512 bytes per plane: 16 KB, 8 KB for 64
+//     tokens) and its x tile (BT tokens x 64 KPS) go into shared memory by cp.async, k_stages stages deep, so the
+//     bytes in flight do not depend on registers (a first form kept a ring of 4 K blocks of codes in each lane's
+//     registers: 7B Int4 gate_up took 50.6 us at m 16, 1.41 TB/s, and 146.7 us at m 64 on an H200, against bf16
+//     cuBLASLt's 73.3 / 74.3; bench/results/2026-11-29-h200-qgemm-mma). One block barrier per stage. x's 16-byte
+//     chunks are XOR-swizzled by token within each 128-byte K block (chunk c of token r at c ^ (r % 8)), so that
+//     each ldmatrix.x4 (B fragments of two 8-token column blocks for one k16 step) reads 8 distinct banks per phase;
+//     tokens past m and positions past k arrive as zeros. Group parameters are read from global memory a group ahead.
 //   epilogue: bf16 y, or with K split the split's fp32 sums into the scratch, added in split order by
 //     mma4::reduce_splits_kernel (deterministic: the same bits on every call).
 // Grid: token tiles fastest, so the token tiles of one row tile run together and read its codes from L2.
@@ -34,15 +36,24 @@ namespace {
 constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
 constexpr int k_rows = 16 * k_warps;  // weight rows per block
-constexpr int k_stages = 4;           // K blocks of x in shared memory
-constexpr int k_ring = 4;             // K blocks of codes in flight per lane
+constexpr int k_stages = 3;           // stages in shared memory
 constexpr int k_min_split_kb = 4;     // K blocks per split at least
 
 int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_rows; }
-// Blocks per SM the launch bound sets (the registers of the NT column blocks' sums and of the codes in flight): three
-// for 16 tokens of 4-bit codes, so that the row blocks of 7B's gate_up (2368 warps' worth) run in one wave (8-bit
-// codes spilled there).
-__host__ __device__ constexpr int blocks_per_sm(int nt, int planes) { return nt <= 2 && planes == 1 ? 3 : nt <= 4 ? 2 : 1; }
+
+// A kernel's shape for PLANES planes of codes and NT 8-token column blocks.
+template <int PLANES, int NT> struct MmaShape {
+    static constexpr int BT = 8 * NT;                           // tokens per block
+    static constexpr int KPS = (NT >= 8 ? 2 : 4) / PLANES;      // K blocks per stage
+    static constexpr int TILE = 32 * PLANES;                    // uint4 of codes per row block and K block
+    static constexpr int code_chunks = k_warps * KPS * TILE;    // uint4 of codes per stage
+    static constexpr int x_chunks = BT * KPS * 8;               // uint4 of x per stage
+    static constexpr int stage_chunks = code_chunks + x_chunks;
+    static constexpr size_t smem = size_t(k_stages) * stage_chunks * 16;
+};
+// Blocks per SM (the launch bound, and what the shared memory allows): three for 16 tokens (72 KB each for 4-bit
+// codes), so that the row blocks of 7B's gate_up (2368 warps' worth) run in one wave; two otherwise.
+__host__ __device__ constexpr int blocks_per_sm(int nt) { return nt <= 2 ? 3 : 2; }
 
 // ldmatrix.x4: lane l gives the address of row l % 8 of matrix l / 8; register i receives matrix i's fragment.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t & r0, uint32_t & r1, uint32_t & r2, uint32_t & r3) {
@@ -89,29 +100,46 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
 }
 
 template <int PLANES, int NT>
-__global__ void __launch_bounds__(k_threads, blocks_per_sm(NT, PLANES))
+__global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial) {
-    constexpr int BT = 8 * NT;            // tokens per block
-    constexpr int TILE = 32 * PLANES;     // uint4 per row block and K block
+    using Sh = MmaShape<PLANES, NT>;
+    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE;
     static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
-    __shared__ __align__(128) uint4 sx[k_stages][BT * 8];  // [stage][token][8 chunks of 16 bytes], swizzled
+    extern __shared__ __align__(128) uint4 smem[];  // [stage][codes: row block, K block, plane, lane | x: token, K block, chunk]
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int nkb = w.k_padded / 64, n = w.rows, G = w.groups;
+    const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
     const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
-    const int tok0 = blockIdx.x * BT;
-    const int rb = blockIdx.y * k_warps + warp;
-    const bool active = rb < w.rows_padded / 16;
-    const uint4 * src = reinterpret_cast<const uint4 *>(w.codes) + size_t(active ? rb : 0) * nkb * TILE + lane;
+    const int n_stages = (kb_end - kb_begin + KPS - 1) / KPS;
+    const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * k_warps;
+    const int rb = rb0 + warp;
+    const bool active = rb < n_rb;
+    const uint4 * codes = reinterpret_cast<const uint4 *>(w.codes);
 
-    // The first ring of codes and the first group's parameters: they do not depend on the kernel ahead.
-    uint4 ring[k_ring][PLANES];
-#pragma unroll
-    for (int u = 0; u < k_ring; u++) {
-#pragma unroll
-        for (int p = 0; p < PLANES; p++) {
-            ring[u][p] = active && kb_begin + u < kb_end ? mma4::load_stream(src + size_t(kb_begin + u) * TILE + p * 32) : make_uint4(0, 0, 0, 0);
+    // Stage st's codes: the 8 row blocks' KPS K blocks from kb_begin + st KPS (contiguous per row block).
+    auto load_codes = [&](int st) {
+        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks;
+        const int kb0 = kb_begin + st * KPS;
+        for (int c = threadIdx.x; c < Sh::code_chunks; c += k_threads) {
+            const int r = c / (KPS * TILE), off = c % (KPS * TILE);
+            const bool valid = rb0 + r < n_rb && kb0 + off / TILE < kb_end;
+            cp_async16(dst + c, valid ? codes + (size_t(rb0 + r) * nkb + kb0) * TILE + off : codes, valid);
         }
+    };
+    // Stage st's x: BT tokens x KPS K blocks, chunk low 3 bits XOR-ed with the token.
+    auto load_x = [&](int st) {
+        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + Sh::code_chunks;
+        const int pos0 = (kb_begin + st * KPS) * 64;
+        for (int c = threadIdx.x; c < Sh::x_chunks; c += k_threads) {
+            const int r = c / (KPS * 8), ch = c % (KPS * 8), tok = tok0 + r, pos = pos0 + ch * 8;
+            const bool valid = tok < m && pos < ldx;
+            cp_async16(dst + r * (KPS * 8) + (ch & ~7) + ((ch ^ r) & 7), valid ? x + size_t(tok) * ldx + pos : x, valid);
+        }
+    };
+    // The first stages' codes and the first group's parameters do not depend on the kernel ahead.
+#pragma unroll
+    for (int st = 0; st < k_stages - 1; st++) {
+        if (st < n_stages) load_codes(st);
     }
     const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
@@ -121,17 +149,9 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT, PLANES))
     RawParams next = load_params(w, row0, min(gi + 1, G - 1));
 
     pdl_wait();  // x comes from the kernel ahead
-    // x's K block kb into stage s: BT x 8 chunks of 16 bytes.
-    auto load_x = [&](int kb, int s) {
-        for (int c = threadIdx.x; c < BT * 8; c += k_threads) {
-            const int r = c / 8, ch = c % 8, tok = tok0 + r, pos = kb * 64 + ch * 8;
-            const bool valid = tok < m && pos < ldx;
-            cp_async16(&sx[s][r * 8 + (ch ^ (r % 8))], valid ? x + size_t(tok) * ldx + pos : x, valid);
-        }
-    };
 #pragma unroll
-    for (int s = 0; s < k_stages - 1; s++) {
-        if (kb_begin + s < kb_end) load_x(kb_begin + s, s);
+    for (int st = 0; st < k_stages - 1; st++) {
+        if (st < n_stages) load_x(st);
         cp_async_commit();
     }
 
@@ -155,46 +175,49 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT, PLANES))
     };
     // ldmatrix addresses: lane l reads token 16 pair + 8 (l / 16) + l % 8, chunk 2 j + (l / 8) % 2 of k16 step j.
     const int lr = (lane / 16) * 8 + lane % 8, lhalf = (lane / 8) % 2;
-    const uint32_t sx0 = uint32_t(__cvta_generic_to_shared(&sx[0][0]));
+    const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
 
-    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += k_ring) {
+    for (int st = 0; st < n_stages; st++) {
+        cp_async_wait<k_stages - 2>();
+        __syncthreads();  // stage st is complete, and every warp is done with the stage loaded next
+        if (st + k_stages - 1 < n_stages) {
+            load_codes(st + k_stages - 1);
+            load_x(st + k_stages - 1);
+        }
+        cp_async_commit();
+        if (!active) continue;
+        const int buf = st % k_stages;
+        const uint4 * scodes = smem + size_t(buf) * Sh::stage_chunks + size_t(warp) * KPS * TILE + lane;
+        const uint32_t sx = smem0 + uint32_t((size_t(buf) * Sh::stage_chunks + Sh::code_chunks) * 16);
 #pragma unroll
-        for (int u = 0; u < k_ring; u++) {
-            const int kb = kb0 + u;
+        for (int kbl = 0; kbl < KPS; kbl++) {
+            const int kb = kb_begin + st * KPS + kbl;
             if (kb >= kb_end) break;
-            const int s = (kb - kb_begin) % k_stages;
-            cp_async_wait<k_stages - 2>();
-            __syncthreads();  // stage s is complete, and every warp is done with the stage loaded next
-            if (kb + k_stages - 1 < kb_end) load_x(kb + k_stages - 1, (s + k_stages - 1) % k_stages);
-            cp_async_commit();
-            if (active) {
-                const int pos0 = kb * 64;
+            uint4 cw[PLANES];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) next_group();
-                    uint32_t b[NT][2];
+            for (int p = 0; p < PLANES; p++) cw[p] = scodes[kbl * TILE + p * 32];
+            const int pos0 = kb * 64;
 #pragma unroll
-                    for (int pr = 0; pr < NT / 2; pr++) {
-                        const int r = 16 * pr + lr, ch = 2 * j + lhalf;
-                        const uint32_t addr = sx0 + uint32_t(((s * BT + r) * 8 + (ch ^ (r % 8))) * 16);
-                        ldmatrix_x4(addr, b[2 * pr][0], b[2 * pr][1], b[2 * pr + 1][0], b[2 * pr + 1][1]);
-                    }
-                    constexpr uint32_t mask = 0x000F000Fu;
+            for (int j = 0; j < 4; j++) {
+                if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) next_group();
+                uint32_t b[NT][2];
 #pragma unroll
-                    for (int p = 0; p < PLANES; p++) {
-                        const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
-                        const uint32_t word = reinterpret_cast<const uint32_t *>(&ring[u][p])[j];
-                        const uint32_t fr[4] = {mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), par.zz_lo[p]),
-                                                mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), par.zz_hi[p]),
-                                                mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), par.zz_lo[p]),
-                                                mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), par.zz_hi[p])};
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++) mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
-                    }
+                for (int pr = 0; pr < NT / 2; pr++) {
+                    const int r = 16 * pr + lr, ch = 2 * j + lhalf;
+                    const uint32_t addr = sx + uint32_t((r * (KPS * 8) + kbl * 8 + ((ch ^ r) & 7)) * 16);
+                    ldmatrix_x4(addr, b[2 * pr][0], b[2 * pr][1], b[2 * pr + 1][0], b[2 * pr + 1][1]);
                 }
-                if (kb + k_ring < kb_end) {
+                constexpr uint32_t mask = 0x000F000Fu;
 #pragma unroll
-                    for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(src + size_t(kb + k_ring) * TILE + p * 32);
+                for (int p = 0; p < PLANES; p++) {
+                    const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
+                    const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[p])[j];
+                    const uint32_t fr[4] = {mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), par.zz_lo[p]),
+                                            mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), par.zz_hi[p]),
+                                            mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), par.zz_lo[p]),
+                                            mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), par.zz_hi[p])};
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
                 }
             }
         }
@@ -227,7 +250,7 @@ Shape shape_for(const QuantMatrix & w, int m) {
     Shape sh;
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : 8;
     const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w);
-    const int64_t slots = int64_t(sm_count()) * blocks_per_sm(sh.nt, w.bits / 4);
+    const int64_t slots = int64_t(sm_count()) * blocks_per_sm(sh.nt);
     const double code_bytes = double(w.rows_padded) * w.k_padded * w.bits / 8;
     const int most = std::max(1, (w.k_padded / 64) / k_min_split_kb);
     double best = 0;
@@ -249,7 +272,11 @@ bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8
 template <int PLANES, int NT>
 void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
     const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
-    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), 0, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
+    constexpr size_t smem = MmaShape<PLANES, NT>::smem;
+    static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
+    static size_t configured = 0;  // once per instantiation
+    allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT>, smem, configured);
+    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
     CUDA_CHECK(cudaGetLastError());
     if (splits > 1) {
         const size_t mn = size_t(m) * w.rows;

@@ -8,7 +8,7 @@ namespace qinfer::cuda {
 
 namespace {
 // Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over the wgmma GEMM and dequantize + cuBLASLt.
-constexpr int k_mma_max_m = 64;
+constexpr int k_mma_max_m = 128;
 }  // namespace
 
 QuantPath quant_path(const QuantMatrix & w, int m) {
