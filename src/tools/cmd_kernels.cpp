@@ -106,6 +106,7 @@ int replicate(DeviceBuffer & dst, const void * src, size_t bytes, size_t total, 
 int run_kernels(const Args & a) {
     const std::vector<int> ms = a.has("m") ? a.int_list("m") : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
     const std::string models = a.str("models", "7b,0.5b"), formats = a.str("formats", "int4-g128,int8-g128");
+    const std::string projs = a.str("projs", "qkv,o_proj,gate_up,down");
     const int reps = int(a.integer("reps", 50));
     const std::string json_path = a.str("json");
     a.check_unused();
@@ -123,7 +124,7 @@ int run_kernels(const Args & a) {
     std::printf("| model | proj | n x k | format | m | bf16 us | gemv | mma | wgmma | dequant+cublaslt | rule | us | weight TB/s | TFLOP/s | x bf16 |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const ProjShape & sh : k_shapes) {
-        if (!listed(models, sh.model)) continue;
+        if (!listed(models, sh.model) || !listed(projs, sh.name)) continue;
         // bf16 weights of this shape, cycled.
         const size_t w_bytes = size_t(sh.n) * sh.k * sizeof(bf16);
         DeviceBuffer w_one(w_bytes, "bench"), w_all;
@@ -217,8 +218,8 @@ int run_kernels(const Args & a) {
 int cmd_bench_kernels(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
-            std::printf("usage: qinfer bench --kernels [--models 7b,0.5b] [--formats int4-g128,int8-g128] [--m 1,2,4,...,512] [--reps 50]\n"
-                        "                            [--json FILE]\n"
+            std::printf("usage: qinfer bench --kernels [--models 7b,0.5b] [--formats int4-g128,int8-g128] [--projs qkv,o_proj,gate_up,down]\n"
+                        "                            [--m 1,2,4,...,512] [--reps 50] [--json FILE]\n"
                         "Times each quantized projection kernel (GEMV, mma GEMM, wgmma GEMM, dequantize + cuBLASLt) of Qwen2.5's\n"
                         "layer shapes against bf16 weights of the same shape, for each m; marks the one the engine picks. GPU only.\n");
             return 0;
