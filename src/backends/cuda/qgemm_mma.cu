@@ -37,7 +37,6 @@ constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
 constexpr int k_rows = 16 * k_warps;  // weight rows per block
 constexpr int k_stages = 3;           // stages in shared memory
-constexpr int k_min_split_kb = 4;     // K blocks per split at least
 
 int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_rows; }
 
@@ -116,24 +115,35 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     const bool active = rb < n_rb;
     const uint4 * codes = reinterpret_cast<const uint4 *>(w.codes);
 
+    // Each thread copies the same chunks of every stage (k_threads divides both parts, and a step of k_threads chunks
+    // is whole rows), so its addresses are worked out once.
+    static_assert(Sh::code_chunks % k_threads == 0 && Sh::x_chunks % k_threads == 0 && k_threads % (KPS * TILE) == 0);
+    constexpr int c_rows = k_threads / (KPS * TILE), x_rows = k_threads / (KPS * 8);
+    static_assert(x_rows % 8 == 0, "a thread's x chunks keep their swizzle");
+    const int c_r0 = threadIdx.x / (KPS * TILE), c_off = threadIdx.x % (KPS * TILE);
+    const uint4 * c_src = codes + (size_t(min(rb0 + c_r0, n_rb - 1)) * nkb + kb_begin) * TILE + c_off;
+    const int x_r0 = threadIdx.x / (KPS * 8), x_ch = threadIdx.x % (KPS * 8);
+    const int x_dst = Sh::code_chunks + x_r0 * (KPS * 8) + (x_ch & ~7) + ((x_ch ^ x_r0) & 7);
     // Stage st's codes: the 8 row blocks' KPS K blocks from kb_begin + st KPS (contiguous per row block).
     auto load_codes = [&](int st) {
-        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks;
-        const int kb0 = kb_begin + st * KPS;
-        for (int c = threadIdx.x; c < Sh::code_chunks; c += k_threads) {
-            const int r = c / (KPS * TILE), off = c % (KPS * TILE);
-            const bool valid = rb0 + r < n_rb && kb0 + off / TILE < kb_end;
-            cp_async16(dst + c, valid ? codes + (size_t(rb0 + r) * nkb + kb0) * TILE + off : codes, valid);
+        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + threadIdx.x;
+        const bool kb_ok = kb_begin + st * KPS + c_off / TILE < kb_end;
+        const uint4 * src = c_src + size_t(st) * KPS * TILE;
+#pragma unroll
+        for (int i = 0; i < Sh::code_chunks / k_threads; i++) {
+            const bool valid = kb_ok && rb0 + c_r0 + i * c_rows < n_rb;
+            cp_async16(dst + i * k_threads, valid ? src + size_t(i) * c_rows * nkb * TILE : codes, valid);
         }
     };
     // Stage st's x: BT tokens x KPS K blocks, chunk low 3 bits XOR-ed with the token.
     auto load_x = [&](int st) {
-        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + Sh::code_chunks;
-        const int pos0 = (kb_begin + st * KPS) * 64;
-        for (int c = threadIdx.x; c < Sh::x_chunks; c += k_threads) {
-            const int r = c / (KPS * 8), ch = c % (KPS * 8), tok = tok0 + r, pos = pos0 + ch * 8;
+        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + x_dst;
+        const int pos = (kb_begin + st * KPS) * 64 + x_ch * 8;
+#pragma unroll
+        for (int i = 0; i < Sh::x_chunks / k_threads; i++) {
+            const int tok = tok0 + x_r0 + i * x_rows;
             const bool valid = tok < m && pos < ldx;
-            cp_async16(dst + r * (KPS * 8) + (ch & ~7) + ((ch ^ r) & 7), valid ? x + size_t(tok) * ldx + pos : x, valid);
+            cp_async16(dst + i * k_threads, valid ? x + size_t(tok) * ldx + pos : x, valid);
         }
     };
     // The first stages' codes and the first group's parameters do not depend on the kernel ahead.
@@ -239,9 +249,11 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     }
 }
 
-// A launch's shape: BT tokens per block (16, 32 or 64) and the K splits. A block's codes stream at the rate its loads
-// in flight allow, so a wave takes about as long whether or not it is full: the split is the one whose waves (each
-// costed as a full wave of its blocks' codes) plus the partial sums written and read back move the fewest bytes.
+// A launch's shape: BT tokens per block (16, 32 or 64) and the K splits. A grid at least half a wave runs unsplit
+// (a split shortens each block, whose pipeline fill and parameter loads then weigh more, and adds partial sums: 7B's
+// Int4 gate_up at m 16, 296 blocks of 396 slots, took 46.4 us split 4 ways by a wave-cost rule, against 27.2 us for
+// the m-1 GEMV; ncu, bench/results/2026-11-29-h200-qgemm-mma); a shorter one is split into at most one wave, each
+// split at least two stages long.
 struct Shape {
     int nt, splits;
 };
@@ -249,17 +261,11 @@ struct Shape {
 Shape shape_for(const QuantMatrix & w, int m) {
     Shape sh;
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : 8;
+    const int kps = (sh.nt >= 8 ? 2 : 4) / (w.bits / 4);  // MmaShape::KPS
     const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w);
     const int64_t slots = int64_t(sm_count()) * blocks_per_sm(sh.nt);
-    const double code_bytes = double(w.rows_padded) * w.k_padded * w.bits / 8;
-    const int most = std::max(1, (w.k_padded / 64) / k_min_split_kb);
-    double best = 0;
-    sh.splits = 1;
-    for (int s = 1; s <= most; s++) {
-        const int64_t waves = (blocks * s + slots - 1) / slots;
-        const double bytes = double(waves) * slots * code_bytes / double(blocks * s) + (s > 1 ? 2.0 * s * m * w.rows * sizeof(float) : 0.0);
-        if (s == 1 || bytes < best) best = bytes, sh.splits = s;
-    }
+    const int most = std::max(1, (w.k_padded / 64) / (2 * kps));
+    sh.splits = 2 * blocks >= slots ? 1 : int(std::clamp<int64_t>(slots / blocks, 1, most));
     return sh;
 }
 

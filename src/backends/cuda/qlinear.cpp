@@ -1,5 +1,8 @@
-// Which kernel a quantized projection of m rows goes to. Measured on an H200 (bench/results/2026-11-29-h200-qgemm-mma,
-// `qinfer bench --kernels`): see quant_path below for the rule and the numbers behind it.
+// Which kernel a quantized projection of m rows goes to. Measured on an H200 with `qinfer bench --kernels`
+// (bench/results/2026-11-29-h200-qgemm-mma, 7B and 0.5B shapes, 4- and 8-bit codes): the tiled GEMV up to its 8 rows;
+// the register-dequantizing GEMM beyond, up to 64 rows (7B Int4 at m 64: gate_up 115 us against 127 for the wgmma
+// GEMM and 183 for dequantize + cuBLASLt, down 47 / 83 / 102, qkv 20 / 28 / 25); from 128 rows it lost to both
+// (gate_up 180 / 129 / 185), so there the wgmma GEMM where it pays (qgemm_pays) and dequantize + cuBLASLt otherwise.
 #include <algorithm>
 
 #include "backends/cuda/ops.h"
@@ -8,7 +11,7 @@ namespace qinfer::cuda {
 
 namespace {
 // Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over the wgmma GEMM and dequantize + cuBLASLt.
-constexpr int k_mma_max_m = 128;
+constexpr int k_mma_max_m = 64;
 }  // namespace
 
 QuantPath quant_path(const QuantMatrix & w, int m) {
