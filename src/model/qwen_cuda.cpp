@@ -472,7 +472,7 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
         cuda::quant_linear(cuda::QuantPath::Dequantize, l.q, x, m, y, qscratch_.get(), dequant_.get(), dequant_.bytes(), stream_);
         return;
     }
-    if (m <= k_gemv_max_m) {
+    if (m <= k_dense_gemv_max_m) {
         cuda::GemvArgs a;
         a.w = l.ptr();
         a.n = l.n;

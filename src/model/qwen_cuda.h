@@ -36,6 +36,9 @@ using cuda::DeviceBuffer;
 using cuda::HostMappedBuffer;
 
 constexpr int k_gemv_max_m = 4;  // up to this many tokens go through the GEMV kernels (quantized: cuda::quant_path)
+// bf16 weights only one row: on an H200 the bf16 GEMV took 7B's gate_up 87.7 us at m 2 and 152.8 at 4 against 67.6
+// for cuBLASLt at m 8 (qkv 27.2 at 4 against 11.4; bench/results/2026-11-29-h200-qgemm-mma, `bench --kernels`).
+constexpr int k_dense_gemv_max_m = 1;
 
 // Per-op GPU time of each prefill of more than one token and of the first decode step after it (QINFER_PROFILE=1):
 // events between ops, summed by op name. The work is queued behind a 50 ms sleep so the events time the GPU, not the

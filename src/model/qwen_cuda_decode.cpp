@@ -55,7 +55,8 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     int * len = step + 1;
     float * x = x_.as<float>();
     bf16 * xn = xn_.as<bf16>();
-    const bool fused = B <= k_gemv_max_m;
+    // Fused GEMVs up to k_gemv_max_m rows where the projections are quantized (or MoE layers route), one row for bf16.
+    const bool fused = B <= (layers_[0].qkv.quantized || cfg.num_experts > 0 ? k_gemv_max_m : k_dense_gemv_max_m);
     cuda::embedding(embed_table_, tokens, B, H, x, stream_);
     prof_.mark("embedding");
     cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_};
@@ -134,7 +135,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         }
     }
     if (pending) cuda::add_residual(x, tmp_.as<bf16>(), int64_t(B) * H, stream_);
-    if (fused) {
+    if (fused && B <= k_dense_gemv_max_m) {
         cuda::GemvArgs a;
         a.w = lm_head_;
         a.n = cfg.vocab_size;

@@ -267,7 +267,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
         }
         for (int r0 = 0; r0 < rows; r0 += logit_rows) {
             const int m = std::min(logit_rows, rows - r0);
-            if (m <= k_gemv_max_m) {
+            if (m <= k_dense_gemv_max_m) {
                 cuda::GemvArgs a;
                 a.w = lm_head_;
                 a.n = V;

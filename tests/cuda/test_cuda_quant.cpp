@@ -196,7 +196,7 @@ TEST(CudaQuant, MmaGemmMatchesCpu) {
     REQUIRE_GPU();
     int checked = 0;
     for (const QuantScheme & s : cuda_schemes()) {
-        for (auto [n, k, m_list] : {std::tuple{264, 192, std::vector<int>{9, 16, 17}}, std::tuple{1160, 4160, std::vector<int>{33, 64, 129}},
+        for (auto [n, k, m_list] : {std::tuple{264, 192, std::vector<int>{5, 9, 16, 17}}, std::tuple{1160, 4160, std::vector<int>{33, 64, 129}},
                                     std::tuple{4864, 320, std::vector<int>{24, 512}}, std::tuple{200, 896, std::vector<int>{65, 100}}}) {
             auto ql = make_quant_linear(s, n, k, rng()());
             DevQuant dq = upload_quant(ql->l);
