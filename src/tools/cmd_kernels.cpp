@@ -1,5 +1,5 @@
-// qinfer bench --kernels: the quantized projections' kernels against bf16 on the same shapes (the GEMV for up to
-// k_gemv_max_m rows, cuBLASLt beyond: what the engine runs for bf16 weights), for each projection of a model's layer
+// qinfer bench --kernels: the quantized projections' kernels against bf16 on the same shapes (the GEMV for
+// k_dense_gemv_max_m rows, cuBLASLt beyond: what the engine runs for bf16 weights), for each projection of a model's layer
 // and each number of rows m. Every path a quantized shape can take is timed (the GEMV, the register-dequantizing
 // GEMM, the wgmma GEMM, dequantize + cuBLASLt) and the one cuda::quant_path picks is marked, so one run both
 // measures the engine and shows where its rule should change. Weights are random codes in the kernels' layout (speed
@@ -157,7 +157,7 @@ int run_kernels(const Args & a) {
                 int call = 0;
                 const double bf16_us = time_us(reps, 3, [&] {
                     const bf16 * wp = reinterpret_cast<const bf16 *>(w_all.as<char>() + size_t(call++ % w_copies) * w_bytes);
-                    if (m <= cuda_engine::k_gemv_max_m) {
+                    if (m <= cuda_engine::k_dense_gemv_max_m) {
                         cuda::GemvArgs g;
                         g.w = wp;
                         g.n = sh.n;
@@ -203,7 +203,7 @@ int run_kernels(const Args & a) {
     }
     std::printf("\nbf16: the GEMV up to %d rows, cuBLASLt beyond (the engine's bf16 path). weight TB/s: codes, scales and zeros\n"
                 "of the rule's path per call; x bf16: the bf16 time over the rule's.\n",
-                cuda_engine::k_gemv_max_m);
+                cuda_engine::k_dense_gemv_max_m);
     if (!json_path.empty()) {
         std::ofstream out(json_path);
         if (!out) QINFER_FAIL() << "--json: cannot write " << json_path;

@@ -300,42 +300,6 @@ TEST(CudaQuant, PrefillGemmTimings) {
     }
 }
 
-// Timings for the record (not assertions): the fused prefill GEMM against dequantize + cuBLASLt across m (the
-// dequantization costs the same at every m, the GEMMs grow with it), 7B shapes, GPTQ-Int4 and -Int8 with group 128.
-// Where the fused kernel wins is the engine's rule (qgemm_pays).
-TEST(CudaQuant, FusedGemmByMTimings) {
-    REQUIRE_GPU();
-    const std::pair<const char *, QuantScheme> formats[] = {{"GPTQ-Int4", gptq_scheme(4, 128, true, QuantPacking::GptqV1)},
-                                                            {"GPTQ-Int8", gptq_scheme(8, 128, true, QuantPacking::GptqV1)}};
-    for (auto [name, n, k] : {std::tuple{"qkv", 4608, 3584}, std::tuple{"o_proj", 3584, 3584}, std::tuple{"gate_up", 37888, 3584},
-                              std::tuple{"down", 3584, 18944}}) {
-        for (const auto & [format, scheme] : formats) {
-            auto ql = make_quant_linear(scheme, n, k, 7);
-            DevQuant dq = upload_quant(ql->l);
-            if (!cuda::qgemm_applies(dq.q)) GTEST_SKIP() << "no fused prefill GEMM on this build or device (sm_90a only)";
-            DeviceBuffer w(size_t(n) * k * 2, "test");
-            for (int m : {16, 64, 128, 256, 512, 1024, 2048, 4096}) {
-                DeviceBuffer x = upload_bf16(randn(size_t(m) * k)), y(size_t(m) * n * 2, "test");
-                const double split_ms = time_ms(10, [&] {
-                    cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
-                    cuda::gemm(x.as<bf16>(), w.as<bf16>(), m, n, k, y.get(), false, nullptr);
-                }, 1);
-                std::printf("[ kernel ] fused GEMM by m %-7s %-9s m %4d: dequantize+GEMM %.4f ms, fused", name, format, m, split_ms);
-                for (int tile = 1; tile <= 3; tile++) {
-                    cuda::set_qgemm_tile(tile);
-                    DeviceBuffer scratch(std::max<size_t>(16, cuda::qgemm_scratch_bytes(dq.q, m)), "test");  // split-K sums
-                    const double fused_ms = time_ms(10, [&] {
-                        cuda::qgemm(dq.q, x.as<bf16>(), m, y.as<bf16>(), scratch.get(), scratch.bytes(), nullptr);
-                    }, 1);
-                    std::printf(" tile %d %.4f ms (%.2fx)", tile, fused_ms, split_ms / fused_ms);
-                }
-                cuda::set_qgemm_tile(0);
-                std::printf("\n");
-            }
-        }
-    }
-}
-
 // Timings for the record (not assertions): one decode step's quantized GEMVs of Qwen2.5-7B (GPTQ-Int4 and -Int8 with
 // group 128, NF4), each with the input and output forms the engine uses (qkv and gate_up with the RMSNorm fused in),
 // as GB/s of the weight's bytes on the device (codes, scales, zeros, absmax). The codes are cycled through copies of at least 128 MB in all, so no call finds its weights in the

@@ -272,8 +272,6 @@ Shape shape_for(const QuantMatrix & w, int m) {
 size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
     return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
 }
-size_t gather_bytes(const QuantMatrix & w, int m) { return size_t(m) * w.k_padded * sizeof(bf16); }
-bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
 
 template <int PLANES, int NT>
 void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
@@ -300,31 +298,18 @@ size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_mma_applies(w)) return 0;
     size_t partials = 0;
     for (int mm : {m, std::min(m, 16), std::min(m, 32), std::min(m, 64)}) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
-    return (w.perm || w.k % 8 != 0 ? gather_bytes(w, m) : 0) + partials;
+    return mma4::gather_scratch_bytes(w, m) + partials;
 }
 
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_mma_applies(w) || m <= 0) return false;
-    int ldx = w.k;
-    const bool gather = !x_direct(w, x);
-    const size_t gathered = gather ? gather_bytes(w, m) : 0;
-    if (gather) {
-        if (!scratch || scratch_bytes < gathered) return false;
-        GemvArgs a;
-        a.x = x;
-        a.k = w.k;
-        a.m = m;
-        launch_kernel(mma4::stage_inputs_kernel<GemvIn::Bf16>, dim3(m), dim3(mma4::k_threads), 0, stream, w, a, static_cast<bf16 *>(scratch));
-        CUDA_CHECK(cudaGetLastError());
-        x = static_cast<const bf16 *>(scratch);
-        ldx = w.k_padded;
-    }
+    const mma4::GemmInput in = mma4::gemm_input(w, x, m, scratch, scratch_bytes, stream);
+    if (!in.x) return false;
+    x = in.x;
+    const int ldx = in.ldx;
     Shape sh = shape_for(w, m);
-    float * partial = nullptr;
-    if (sh.splits > 1) {
-        if (scratch && scratch_bytes >= gathered + partial_bytes(w, m, sh)) partial = reinterpret_cast<float *>(static_cast<unsigned char *>(scratch) + gathered);
-        else sh.splits = 1;
-    }
+    float * partial = sh.splits > 1 ? mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, partial_bytes(w, m, sh)) : nullptr;
+    if (!partial) sh.splits = 1;
     if (w.bits == 4) {
         if (sh.nt == 2) launch<1, 2>(w, x, ldx, m, y, sh.splits, partial, stream);
         else if (sh.nt == 4) launch<1, 4>(w, x, ldx, m, y, sh.splits, partial, stream);

@@ -325,10 +325,6 @@ Shape shape_for(const QuantMatrix & w, int m) {
 size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
     return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
 }
-size_t gather_bytes(const QuantMatrix & w, int m) { return size_t(m) * w.k_padded * sizeof(bf16); }
-
-// x goes to the tensor copies as it is when its rows are the tile layout's K order, 16-byte aligned.
-bool x_direct(const QuantMatrix & w, const bf16 * x) { return !w.perm && w.k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0; }
 
 }  // namespace
 
@@ -344,7 +340,7 @@ size_t qgemm_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_applies(w)) return 0;
     size_t partials = 0;
     for (int mm : {m, std::min(m, 128), std::min(m, 256)}) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
-    return (w.perm || w.k % 8 != 0 ? gather_bytes(w, m) : 0) + partials;
+    return mma4::gather_scratch_bytes(w, m) + partials;
 }
 
 // On an H100 (bench/results/2026-11-27-h100-qgemm-splitk, 7B shapes, against dequantize + cuBLASLt with the
@@ -363,29 +359,16 @@ bool qgemm_pays(const QuantMatrix & w, int m) {
 
 bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_applies(w) || m <= 0) return false;
-    int kx = w.k;
-    const bool gather = !x_direct(w, x);
-    const size_t gathered = gather ? gather_bytes(w, m) : 0;
-    if (gather) {
-        if (!scratch || scratch_bytes < gathered) return false;
-        GemvArgs a;
-        a.x = x;
-        a.k = w.k;
-        a.m = m;
-        mma4::stage_inputs_kernel<GemvIn::Bf16><<<m, mma4::k_threads, 0, stream>>>(w, a, static_cast<bf16 *>(scratch));
-        CUDA_CHECK(cudaGetLastError());
-        x = static_cast<const bf16 *>(scratch);
-        kx = w.k_padded;
-    }
+    const mma4::GemmInput in = mma4::gemm_input(w, x, m, scratch, scratch_bytes, stream);
+    if (!in.x) return false;
+    x = in.x;
+    const int kx = in.ldx;
     // Tiles: 256 tokens, one block per SM, where m fills them; else 128 tokens, and for 4-bit codes two blocks per SM
     // of three stages each (one block's MMA waits and epilogue overlap the other's work). K split where the grid is
     // short of the SMs and the scratch holds the partial sums (else one split).
     Shape sh = shape_for(w, m);
-    float * partial = nullptr;
-    if (sh.splits > 1) {
-        if (scratch && scratch_bytes >= gathered + partial_bytes(w, m, sh)) partial = reinterpret_cast<float *>(static_cast<unsigned char *>(scratch) + gathered);
-        else sh.splits = 1;
-    }
+    float * partial = sh.splits > 1 ? mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, partial_bytes(w, m, sh)) : nullptr;
+    if (!partial) sh.splits = 1;
     if (w.bits == 4) {
         if (sh.tile == 1) launch<256, 1, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
         else if (sh.tile == 2) launch<128, 1, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);

@@ -60,6 +60,23 @@ template <GemvIn IN> __global__ void __launch_bounds__(k_threads) stage_inputs_k
     });
 }
 
+// The fused GEMMs' inputs (qgemm_wgmma.cu, qgemm_mma.cu) in the tile layout's K order: x itself where its rows are
+// that order and 16-byte aligned (no act-order, k a multiple of 8), else x gathered / padded into the scratch's head,
+// bf16 [m, k_padded], by stage_inputs_kernel. x null when the scratch is too small for that.
+struct GemmInput {
+    const bf16 * x = nullptr;
+    int ldx = 0;                // its row length
+    size_t scratch_used = 0;    // bytes of the scratch it took
+};
+inline size_t gather_bytes(const QuantMatrix & w, int m) { return size_t(m) * w.k_padded * sizeof(bf16); }
+// The gather's scratch whatever x's address (an unaligned x needs it on top).
+inline size_t gather_scratch_bytes(const QuantMatrix & w, int m) { return w.perm || w.k % 8 != 0 ? gather_bytes(w, m) : 0; }
+inline GemmInput gemm_input(const QuantMatrix & w, const bf16 * x, int m, void * scratch, size_t scratch_bytes, cudaStream_t stream);
+// Where K splits' fp32 partial sums of `bytes` go: the scratch after its first `used` bytes; null where it is too small.
+inline float * partial_scratch(void * scratch, size_t scratch_bytes, size_t used, size_t bytes) {
+    return scratch && scratch_bytes >= used + bytes ? reinterpret_cast<float *>(static_cast<unsigned char *>(scratch) + used) : nullptr;
+}
+
 // y = the sum of K splits' fp32 partial sums, in split order (the same bits on every call): partial [splits, m * n],
 // y [m * n] (bf16). The split GEMMs' second kernel (qgemm_wgmma.cu, qgemm_mma.cu).
 template <class Out> __global__ void reduce_splits_kernel(const float * partial, int splits, size_t mn, Out * y) {
@@ -207,6 +224,19 @@ template <int PLANES, bool LUT> __global__ void dequantize_tiled_kernel(QuantMat
         const int64_t gidx = row * w.groups + pos / w.group;
         out[row * w.k + (w.perm ? w.perm[pos] : pos)] = __float2bfloat16(tile_weight<LUT>(w, gidx, tile_code<PLANES, LUT>(word, p)));
     }
+}
+
+inline GemmInput gemm_input(const QuantMatrix & w, const bf16 * x, int m, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
+    if (!w.perm && w.k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) return {x, w.k, 0};
+    const size_t bytes = gather_bytes(w, m);
+    if (!scratch || scratch_bytes < bytes) return {};
+    GemvArgs a;
+    a.x = x;
+    a.k = w.k;
+    a.m = m;
+    launch_kernel(stage_inputs_kernel<GemvIn::Bf16>, dim3(m), dim3(k_threads), 0, stream, w, a, static_cast<bf16 *>(scratch));
+    CUDA_CHECK(cudaGetLastError());
+    return {static_cast<const bf16 *>(scratch), w.k_padded, bytes};
 }
 
 }  // namespace qinfer::cuda::mma4
