@@ -1,6 +1,6 @@
 // Quantized kernels against the CPU reference (cpu::linear dequantizes by each format's formula): the decode GEMV
 // for m = 1, 3 and 8 with every input/output form, dequantization + cuBLASLt for m = 16 and 257, the fused prefill
-// GEMM (sm_90a) for m = 16 to 513, the register-dequantizing GEMM (sm_80 and up) for m = 9 to 512 and the rule that
+// GEMM (sm_90a) for m = 16 to 513, the register-dequantizing GEMM (sm_80 and up) for m = 5 to 512 and the rule that
 // picks among them, on odd shapes
 // (K and N not multiples of 128 where the format allows) for every format the CUDA backend runs.
 #include <cuda_runtime.h>

@@ -1,5 +1,5 @@
-// GEMM for tiled 4- and 8-bit affine weights at decode-step sizes (9 to a few hundred tokens: the rows of a
-// continuous-batching step), on mma.sync (sm_80 and up): y[m, n] = x[m, k] W^T with the weights dequantized in
+// GEMM for tiled 4- and 8-bit affine weights at decode-step sizes (the rule, qlinear.cpp, gives it 5-64 rows: those
+// of a continuous-batching step; any m works), on mma.sync (sm_80 and up): y[m, n] = x[m, k] W^T, weights dequantized in
 // registers, straight from the codes, never written anywhere. The arithmetic is the tensor-core GEMV's
 // (qgemv_ring.cuh): each lane's 16 bytes of codes per plane and 64-wide K block are its A fragments of four k16
 // steps, made bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's 16 (hi - zh) beside
