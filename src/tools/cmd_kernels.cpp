@@ -6,6 +6,7 @@
 // does not depend on the values, the checkpoint format only through bits and zero points), cycled through copies of
 // at least 256 MB so that no call finds its weights in L2.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -25,6 +26,7 @@
 
 #include "backends/cuda/ops.h"
 #include "model/quant_repack.h"
+#include "model/random_weights.h"
 #include "model/qwen_cuda.h"
 #endif
 
@@ -78,6 +80,15 @@ RepackedQuant random_tiled(int n, int k, const Format & f, uint64_t seed) {
     return r;
 }
 
+// count bf16 values on the device, normal with standard deviation `std` (fill_random's values of `stream`).
+DeviceBuffer random_bf16(size_t count, float std, uint64_t stream) {
+    std::vector<uint8_t> host(count * sizeof(bf16));
+    fill_random(stream, {0.0f, std}, DType::BF16, host.data(), host.size());
+    DeviceBuffer d(host.size(), "bench");
+    CUDA_CHECK(cudaMemcpy(d.get(), host.data(), host.size(), cudaMemcpyHostToDevice));
+    return d;
+}
+
 // Mean microseconds of fn() over `reps` calls after `warmup`.
 template <class F> double time_us(int reps, int warmup, F && fn) {
     for (int i = 0; i < warmup; i++) fn();
@@ -125,23 +136,11 @@ int run_kernels(const Args & a) {
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const ProjShape & sh : k_shapes) {
         if (!listed(models, sh.model) || !listed(projs, sh.name)) continue;
-        // bf16 weights of this shape, cycled.
+        // bf16 weights of this shape, cycled, and the inputs.
         const size_t w_bytes = size_t(sh.n) * sh.k * sizeof(bf16);
-        DeviceBuffer w_one(w_bytes, "bench"), w_all;
-        CUDA_CHECK(cudaMemset(w_one.get(), 0, w_bytes));
-        {
-            std::vector<uint16_t> host(size_t(sh.n) * sh.k);
-            for (size_t i = 0; i < host.size(); i++) host[i] = uint16_t(0x3C00 + splitmix64(i) % 0x200) ^ uint16_t((i & 1) << 15);  // +-~0.008-0.016
-            CUDA_CHECK(cudaMemcpy(w_one.get(), host.data(), w_bytes, cudaMemcpyHostToDevice));
-        }
-        const int w_copies = replicate(w_all, w_one.get(), w_bytes, k_cycle, "bench");
-        w_one = DeviceBuffer();
-        DeviceBuffer x(size_t(max_m) * sh.k * sizeof(bf16), "bench"), y(size_t(max_m) * sh.n * sizeof(float), "bench");
-        {
-            std::vector<uint16_t> host(size_t(max_m) * sh.k);
-            for (size_t i = 0; i < host.size(); i++) host[i] = uint16_t(0x3F00 + splitmix64(i * 3 + 1) % 0x100) ^ uint16_t((i % 3 == 0) << 15);
-            CUDA_CHECK(cudaMemcpy(x.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
-        }
+        DeviceBuffer w_all;
+        const int w_copies = replicate(w_all, random_bf16(size_t(sh.n) * sh.k, 1.0f / std::sqrt(float(sh.k)), 1).get(), w_bytes, k_cycle, "bench");
+        DeviceBuffer x = random_bf16(size_t(max_m) * sh.k, 1.0f, 2), y(size_t(max_m) * sh.n * sizeof(float), "bench");
         for (const Format & f : k_formats) {
             if (!listed(formats, f.name)) continue;
             cuda_engine::DevLinear q = cuda_engine::upload_repacked(random_tiled(sh.n, sh.k, f, 1234));
