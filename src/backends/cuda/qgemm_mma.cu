@@ -40,10 +40,13 @@ constexpr int k_stages = 3;           // stages in shared memory
 
 int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_rows; }
 
+// K blocks a stage holds: 16 KB of codes a stage (8 KB for 64 tokens, whose x tile is the larger).
+__host__ __device__ constexpr int stage_kbs(int nt, int planes) { return (nt >= 8 ? 2 : 4) / planes; }
+
 // A kernel's shape for PLANES planes of codes and NT 8-token column blocks.
 template <int PLANES, int NT> struct MmaShape {
     static constexpr int BT = 8 * NT;                           // tokens per block
-    static constexpr int KPS = (NT >= 8 ? 2 : 4) / PLANES;      // K blocks per stage
+    static constexpr int KPS = stage_kbs(NT, PLANES);           // K blocks per stage
     static constexpr int TILE = 32 * PLANES;                    // uint4 of codes per row block and K block
     static constexpr int code_chunks = k_warps * KPS * TILE;    // uint4 of codes per stage
     static constexpr int x_chunks = BT * KPS * 8;               // uint4 of x per stage
@@ -261,7 +264,7 @@ struct Shape {
 Shape shape_for(const QuantMatrix & w, int m) {
     Shape sh;
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : 8;
-    const int kps = (sh.nt >= 8 ? 2 : 4) / (w.bits / 4);  // MmaShape::KPS
+    const int kps = stage_kbs(sh.nt, w.bits / 4);
     const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w);
     const int64_t slots = int64_t(sm_count()) * blocks_per_sm(sh.nt);
     const int most = std::max(1, (w.k_padded / 64) / (2 * kps));
@@ -296,8 +299,8 @@ bool qgemm_mma_applies(const QuantMatrix & w) { return w.tiled && !w.lut && (w.b
 
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_mma_applies(w)) return 0;
-    size_t partials = 0;
-    for (int mm : {m, std::min(m, 16), std::min(m, 32), std::min(m, 64)}) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
+    size_t partials = 0;  // the most any m' <= m splits into
+    for (int mm = 1; mm <= m; mm++) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
     return mma4::gather_scratch_bytes(w, m) + partials;
 }
 

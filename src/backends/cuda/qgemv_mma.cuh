@@ -71,7 +71,19 @@ struct GemmInput {
 inline size_t gather_bytes(const QuantMatrix & w, int m) { return size_t(m) * w.k_padded * sizeof(bf16); }
 // The gather's scratch whatever x's address (an unaligned x needs it on top).
 inline size_t gather_scratch_bytes(const QuantMatrix & w, int m) { return w.perm || w.k % 8 != 0 ? gather_bytes(w, m) : 0; }
-inline GemmInput gemm_input(const QuantMatrix & w, const bf16 * x, int m, void * scratch, size_t scratch_bytes, cudaStream_t stream);
+inline GemmInput gemm_input(const QuantMatrix & w, const bf16 * x, int m, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
+    if (!w.perm && w.k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) return {x, w.k, 0};
+    const size_t bytes = gather_bytes(w, m);
+    if (!scratch || scratch_bytes < bytes) return {};
+    GemvArgs a;
+    a.x = x;
+    a.k = w.k;
+    a.m = m;
+    launch_kernel(stage_inputs_kernel<GemvIn::Bf16>, dim3(m), dim3(k_threads), 0, stream, w, a, static_cast<bf16 *>(scratch));
+    CUDA_CHECK(cudaGetLastError());
+    return {static_cast<const bf16 *>(scratch), w.k_padded, bytes};
+}
+
 // Where K splits' fp32 partial sums of `bytes` go: the scratch after its first `used` bytes; null where it is too small.
 inline float * partial_scratch(void * scratch, size_t scratch_bytes, size_t used, size_t bytes) {
     return scratch && scratch_bytes >= used + bytes ? reinterpret_cast<float *>(static_cast<unsigned char *>(scratch) + used) : nullptr;
@@ -224,19 +236,6 @@ template <int PLANES, bool LUT> __global__ void dequantize_tiled_kernel(QuantMat
         const int64_t gidx = row * w.groups + pos / w.group;
         out[row * w.k + (w.perm ? w.perm[pos] : pos)] = __float2bfloat16(tile_weight<LUT>(w, gidx, tile_code<PLANES, LUT>(word, p)));
     }
-}
-
-inline GemmInput gemm_input(const QuantMatrix & w, const bf16 * x, int m, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
-    if (!w.perm && w.k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) return {x, w.k, 0};
-    const size_t bytes = gather_bytes(w, m);
-    if (!scratch || scratch_bytes < bytes) return {};
-    GemvArgs a;
-    a.x = x;
-    a.k = w.k;
-    a.m = m;
-    launch_kernel(stage_inputs_kernel<GemvIn::Bf16>, dim3(m), dim3(k_threads), 0, stream, w, a, static_cast<bf16 *>(scratch));
-    CUDA_CHECK(cudaGetLastError());
-    return {static_cast<const bf16 *>(scratch), w.k_padded, bytes};
 }
 
 }  // namespace qinfer::cuda::mma4

@@ -38,17 +38,19 @@ const char * quant_path_name(QuantPath path) {
 }
 
 size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m) {
-    // Every m' <= m: beyond qgemm's largest m every path is the same, so the loop stops there.
-    size_t most = 0;
-    const int last = std::min(m, 1024);
-    for (int mm = 1; mm <= m; mm = mm < last ? mm + 1 : std::max(mm + 1, m)) {
+    // The scratch of each path at exactly mm rows (qgemm_mma's and qgemm's own answers cover every m' <= mm).
+    auto at = [&](int mm) -> size_t {
         switch (quant_path(w, mm)) {
-            case QuantPath::Gemv: break;
-            case QuantPath::Mma: most = std::max(most, qgemm_mma_scratch_bytes(w, mm)); break;
-            case QuantPath::Wgmma: most = std::max(most, qgemm_scratch_bytes(w, mm)); break;
-            case QuantPath::Dequantize: most = std::max(most, size_t(w.rows) * w.k * sizeof(bf16)); break;
+            case QuantPath::Gemv: return 0;
+            case QuantPath::Mma: return qgemm_mma_scratch_bytes(w, mm);
+            case QuantPath::Wgmma: return qgemm_scratch_bytes(w, mm);
+            case QuantPath::Dequantize: return size_t(w.rows) * w.k * sizeof(bf16);
         }
-    }
+        return 0;
+    };
+    // Every m' <= m; past qgemm's largest m every path dequantizes, so the rows beyond 1024 add nothing but m itself.
+    size_t most = at(m);
+    for (int mm = 1; mm <= std::min(m, 1024); mm++) most = std::max(most, at(mm));
     return most;
 }
 
