@@ -2,8 +2,8 @@
 # A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # The seed table for BF16 (issue 4): qinfer at the seeds' input lengths with 2048 generated, and transformers on the
 # same weights and card (input 1, 256 generated: its eager mode runs at ~15 tokens/s) for the ratios. HF_MODES: the
-# transformers modes to run (default "compiled eager").
-for p in qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b; do
+# transformers modes to run (default "compiled eager"); FULL_PRESETS: the models (default 0.5B, 1.5B, 7B).
+for p in ${FULL_PRESETS:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b}; do
     d=/tmp/synth-$p
     "$Q" synth --preset "$p" --out "$d" >/dev/null
     for m in ${HF_MODES:-compiled eager}; do  # one process per mode: a crash in one leaves the other
