@@ -75,6 +75,24 @@ struct RawParams {
     int z[2];
 };
 
+// This lane's rows' scales and zero points (rows r and r + 8; zeros null: every zero is const_zero).
+struct ParamRows {
+    const uint16_t * s_lo;
+    const uint16_t * s_hi;
+    const uint8_t * z_lo;
+    const uint8_t * z_hi;
+    int const_zero;
+};
+
+__device__ __forceinline__ RawParams load_params(const ParamRows & pr, int gi) {
+    RawParams p;
+    p.s[0] = pr.s_lo[gi];
+    p.s[1] = pr.s_hi[gi];
+    p.z[0] = pr.z_lo ? int(pr.z_lo[gi]) : pr.const_zero;
+    p.z[1] = pr.z_hi ? int(pr.z_hi[gi]) : pr.const_zero;
+    return p;
+}
+
 __device__ __forceinline__ RawParams load_params(const QuantMatrix & w, int64_t row, int gi) {
     RawParams p;
 #pragma unroll
@@ -102,7 +120,7 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-template <int PLANES, int NT, bool LEAN>
+template <int PLANES, int NT, bool GPTR>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial) {
     using Sh = MmaShape<PLANES, NT>;
@@ -129,7 +147,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     const int x_r0 = threadIdx.x / (KPS * 8), x_ch = threadIdx.x % (KPS * 8);
     const int x_dst = Sh::code_chunks + x_r0 * (KPS * 8) + (x_ch & ~7) + ((x_ch ^ x_r0) & 7);
     // Stage st's codes: the 8 row blocks' KPS K blocks from kb_begin + st KPS (contiguous per row block).
-    // LEAN: which of this thread's rows and tokens exist is worked out once (bit i: its chunk i).
+    // Which of this thread's rows and tokens exist, worked out once (bit i: its chunk i).
     constexpr int n_cc = Sh::code_chunks / k_threads, n_xc = Sh::x_chunks / k_threads;
     const size_t c_stride = size_t(c_rows) * nkb * TILE;
     unsigned c_rows_ok = 0, x_toks_ok = 0;
@@ -144,13 +162,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
         const uint4 * src = c_src + size_t(st) * KPS * TILE;
 #pragma unroll
         for (int i = 0; i < n_cc; i++) {
-            if constexpr (LEAN) {
-                const bool valid = kb_ok && (c_rows_ok >> i & 1u);
-                cp_async16(dst + i * k_threads, valid ? src + i * c_stride : codes, valid);
-            } else {
-                const bool valid = kb_ok && rb0 + c_r0 + i * c_rows < n_rb;
-                cp_async16(dst + i * k_threads, valid ? src + size_t(i) * c_rows * nkb * TILE : codes, valid);
-            }
+            const bool valid = kb_ok && (c_rows_ok >> i & 1u);
+            cp_async16(dst + i * k_threads, valid ? src + i * c_stride : codes, valid);
         }
     };
     // Stage st's x: BT tokens x KPS K blocks, chunk low 3 bits XOR-ed with the token.
@@ -159,14 +172,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
         const int pos = (kb_begin + st * KPS) * 64 + x_ch * 8;
 #pragma unroll
         for (int i = 0; i < n_xc; i++) {
-            if constexpr (LEAN) {
-                const bool valid = pos < ldx && (x_toks_ok >> i & 1u);
-                cp_async16(dst + i * k_threads, valid ? x_src + (size_t(i) * x_rows * ldx + (kb_begin + st * KPS) * 64) : x, valid);
-            } else {
-                const int tok = tok0 + x_r0 + i * x_rows;
-                const bool valid = tok < m && pos < ldx;
-                cp_async16(dst + i * k_threads, valid ? x + size_t(tok) * ldx + pos : x, valid);
-            }
+            const bool valid = pos < ldx && (x_toks_ok >> i & 1u);
+            cp_async16(dst + i * k_threads, valid ? x_src + (size_t(i) * x_rows * ldx + (kb_begin + st * KPS) * 64) : x, valid);
         }
     };
     // The first stages' codes and the first group's parameters do not depend on the kernel ahead.
@@ -178,8 +185,10 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
     int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
-    GroupParams<PLANES> par = unpack_params<PLANES>(load_params(w, row0, gi));
-    RawParams next = load_params(w, row0, min(gi + 1, G - 1));
+    const ParamRows prow{w.scales + row0 * G, w.scales + (row0 + 8) * G, w.zeros ? w.zeros + row0 * G : nullptr,
+                         w.zeros ? w.zeros + (row0 + 8) * G : nullptr, w.const_zero};
+    GroupParams<PLANES> par = unpack_params<PLANES>(GPTR ? load_params(prow, gi) : load_params(w, row0, gi));
+    RawParams next = GPTR ? load_params(prow, min(gi + 1, G - 1)) : load_params(w, row0, min(gi + 1, G - 1));
 
     pdl_wait();  // x comes from the kernel ahead
 #pragma unroll
@@ -204,114 +213,67 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
         gi++;
         group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
         par = unpack_params<PLANES>(next);
-        next = load_params(w, row0, min(gi + 1, G - 1));
+        next = GPTR ? load_params(prow, min(gi + 1, G - 1)) : load_params(w, row0, min(gi + 1, G - 1));
     };
-    // ldmatrix addresses: lane l reads token 16 pair + 8 (l / 16) + l % 8, chunk 2 j + (l / 8) % 2 of k16 step j.
+    // ldmatrix addresses: lane l reads token 16 pair + 8 (l / 16) + l % 8, chunk 2 j + (l / 8) % 2 of k16 step j. Less
+    // the stage and K block they are worked out once: a token's low 3 bits are l % 8 in every 16-token pair, so only
+    // j's chunk XOR differs. Stages rotate through their buffers. (Against addresses, buffer indices and loader
+    // predicates worked out per use: 7B shapes 1-8% faster, SASS main loop 812 -> 782 instructions at 16 tokens;
+    // bench/results/2026-11-29-h200-batch1.)
     const int lr = (lane / 16) * 8 + lane % 8, lhalf = (lane / 8) % 2;
     const uint32_t smem0 = uint32_t(__cvta_generic_to_shared(smem));
-
-    if constexpr (LEAN) {
-        // The ldmatrix addresses less the stage and K block: (lr, chunk 2 j + lhalf) swizzled, whose low 3 bits are
-        // lane % 8 for every 16-token pair, so only j's chunk XOR differs; stages rotate through their buffers.
-        uint32_t xoff[4];
+    uint32_t xoff[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) xoff[j] = uint32_t(lr * (KPS * 8) + ((2 * j + lhalf) ^ (lane % 8))) * 16;
-        constexpr uint32_t pair_bytes = 16 * (KPS * 8) * 16;  // 16 tokens of x in a stage
-        int buf = 0;
-        const uint4 * scodes_lane = smem + size_t(warp) * KPS * TILE + lane;
-        uint32_t sx = smem0 + uint32_t(Sh::code_chunks * 16);
-        int kb = kb_begin;
-        for (int st = 0; st < n_stages; st++) {
-            cp_async_wait<k_stages - 2>();
-            __syncthreads();  // stage st is complete, and every warp is done with the stage loaded next
-            if (st + k_stages - 1 < n_stages) {
-                load_codes(st + k_stages - 1);
-                load_x(st + k_stages - 1);
-            }
-            cp_async_commit();
-            if (active) {
-                const uint4 * scodes = scodes_lane + buf * Sh::stage_chunks;
-#pragma unroll
-                for (int kbl = 0; kbl < KPS; kbl++, kb++) {
-                    if (kb >= kb_end) break;
-                    uint4 cw[PLANES];
-#pragma unroll
-                    for (int p = 0; p < PLANES; p++) cw[p] = scodes[kbl * TILE + p * 32];
-                    const int pos0 = kb * 64;
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) next_group();
-                        uint32_t b[NT][2];
-#pragma unroll
-                        for (int pr = 0; pr < NT / 2; pr++) {
-                            ldmatrix_x4(sx + xoff[j] + uint32_t(kbl * 128) + pr * pair_bytes, b[2 * pr][0], b[2 * pr][1], b[2 * pr + 1][0],
-                                        b[2 * pr + 1][1]);
-                        }
-                        constexpr uint32_t mask = 0x000F000Fu;
-#pragma unroll
-                        for (int p = 0; p < PLANES; p++) {
-                            const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;
-                            const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[p])[j];
-                            const uint32_t fr[4] = {mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), par.zz_lo[p]),
-                                                    mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), par.zz_hi[p]),
-                                                    mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), par.zz_lo[p]),
-                                                    mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), par.zz_hi[p])};
-#pragma unroll
-                            for (int nt = 0; nt < NT; nt++) mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
-                        }
-                    }
-                }
-            }
-            kb = kb_begin + (st + 1) * KPS;
-            buf = buf == k_stages - 1 ? 0 : buf + 1;
-            sx = smem0 + uint32_t((size_t(buf) * Sh::stage_chunks + Sh::code_chunks) * 16);
+    for (int j = 0; j < 4; j++) xoff[j] = uint32_t(lr * (KPS * 8) + ((2 * j + lhalf) ^ (lane % 8))) * 16;
+    constexpr uint32_t pair_bytes = 16 * (KPS * 8) * 16;  // 16 tokens of x in a stage
+    int buf = 0;
+    const uint4 * scodes_lane = smem + size_t(warp) * KPS * TILE + lane;
+    uint32_t sx = smem0 + uint32_t(Sh::code_chunks * 16);
+    int kb = kb_begin;
+    for (int st = 0; st < n_stages; st++) {
+        cp_async_wait<k_stages - 2>();
+        __syncthreads();  // stage st is complete, and every warp is done with the stage loaded next
+        if (st + k_stages - 1 < n_stages) {
+            load_codes(st + k_stages - 1);
+            load_x(st + k_stages - 1);
         }
-    } else {
-        for (int st = 0; st < n_stages; st++) {
-            cp_async_wait<k_stages - 2>();
-            __syncthreads();  // stage st is complete, and every warp is done with the stage loaded next
-            if (st + k_stages - 1 < n_stages) {
-                load_codes(st + k_stages - 1);
-                load_x(st + k_stages - 1);
-            }
-            cp_async_commit();
-            if (!active) continue;
-            const int buf = st % k_stages;
-            const uint4 * scodes = smem + size_t(buf) * Sh::stage_chunks + size_t(warp) * KPS * TILE + lane;
-            const uint32_t sx = smem0 + uint32_t((size_t(buf) * Sh::stage_chunks + Sh::code_chunks) * 16);
-    #pragma unroll
-            for (int kbl = 0; kbl < KPS; kbl++) {
-                const int kb = kb_begin + st * KPS + kbl;
+        cp_async_commit();
+        if (active) {
+            const uint4 * scodes = scodes_lane + buf * Sh::stage_chunks;
+#pragma unroll
+            for (int kbl = 0; kbl < KPS; kbl++, kb++) {
                 if (kb >= kb_end) break;
                 uint4 cw[PLANES];
-    #pragma unroll
+#pragma unroll
                 for (int p = 0; p < PLANES; p++) cw[p] = scodes[kbl * TILE + p * 32];
                 const int pos0 = kb * 64;
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < 4; j++) {
                     if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) next_group();
                     uint32_t b[NT][2];
-    #pragma unroll
+#pragma unroll
                     for (int pr = 0; pr < NT / 2; pr++) {
-                        const int r = 16 * pr + lr, ch = 2 * j + lhalf;
-                        const uint32_t addr = sx + uint32_t((r * (KPS * 8) + kbl * 8 + ((ch ^ r) & 7)) * 16);
-                        ldmatrix_x4(addr, b[2 * pr][0], b[2 * pr][1], b[2 * pr + 1][0], b[2 * pr + 1][1]);
+                        ldmatrix_x4(sx + xoff[j] + uint32_t(kbl * 128) + pr * pair_bytes, b[2 * pr][0], b[2 * pr][1], b[2 * pr + 1][0],
+                                    b[2 * pr + 1][1]);
                     }
                     constexpr uint32_t mask = 0x000F000Fu;
-    #pragma unroll
+#pragma unroll
                     for (int p = 0; p < PLANES; p++) {
-                        const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
+                        const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;
                         const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[p])[j];
                         const uint32_t fr[4] = {mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), par.zz_lo[p]),
                                                 mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), par.zz_hi[p]),
                                                 mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), par.zz_lo[p]),
                                                 mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), par.zz_hi[p])};
-    #pragma unroll
+#pragma unroll
                         for (int nt = 0; nt < NT; nt++) mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
                     }
                 }
             }
         }
+        kb = kb_begin + (st + 1) * KPS;
+        buf = buf == k_stages - 1 ? 0 : buf + 1;
+        sx = smem0 + uint32_t((size_t(buf) * Sh::stage_chunks + Sh::code_chunks) * 16);
     }
     cp_async_wait<0>();
     if (!active) return;
@@ -354,10 +316,10 @@ size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
     return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
 }
 
-// QINFER_QGEMM_LEAN=1: the main loop with addresses worked out once (A/B switch, to be removed with the losing form).
-bool lean_loop() {
+// QINFER_QGEMM_GPTR=1: group parameters read through per-lane row pointers (an A/B switch until timed).
+bool group_pointers() {
     static const bool on = [] {
-        const char * v = std::getenv("QINFER_QGEMM_LEAN");
+        const char * v = std::getenv("QINFER_QGEMM_GPTR");
         return v && v[0] == '1';
     }();
     return on;
@@ -368,9 +330,9 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int
     const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
     constexpr size_t smem = MmaShape<PLANES, NT>::smem;
     static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
-    static size_t configured = 0, configured_lean = 0;  // once per instantiation
-    if (lean_loop()) {
-        allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT, true>, smem, configured_lean);
+    static size_t configured = 0, configured_gptr = 0;  // once per instantiation
+    if (group_pointers()) {
+        allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT, true>, smem, configured_gptr);
         launch_kernel(qgemm_mma_kernel<PLANES, NT, true>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
     } else {
         allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT, false>, smem, configured);
