@@ -156,6 +156,32 @@ const Case k_cases[] = {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Batch, ::testing::ValuesIn(k_cases), test::backend_case_name);
 
+// A quantized model's static batch beyond the fused GEMVs' rows (12 > k_gemv_max_m): the projections go through
+// cuda::quant_linear's GEMM with the scratch prepare_batch sizes (K splits, gathered act-order inputs), and each
+// sequence still gets the logits it gets alone (there through the GEMVs).
+TEST(BatchQuantCuda, ManyRowsEqualSequencesAlone) {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+    for (const bool desc_act : {false, true}) {
+        SynthOptions o;
+        o.preset = "tiny-qwen2-k128";
+        o.out_dir = test::temp_dir(desc_act ? "batch-gptq4-act" : "batch-gptq4");
+        o.seed = 13;
+        o.quiet = true;
+        o.quant.kind = "gptq-int4";
+        o.quant.group_size = 32;
+        o.quant.desc_act = desc_act;
+        synthesize(o);
+        EngineOptions eo;
+        eo.backend = "cuda";
+        eo.max_context = 32;
+        eo.max_sequences = 12;
+        auto engine = make_engine(o.out_dir, eo);
+        std::vector<std::vector<int>> ps = prompts(engine->config().vocab_size);
+        for (size_t i = 0; i < 6; i++) ps.push_back(std::vector<int>(ps[i].begin(), ps[i].end() - (ps[i].size() > 1 ? 1 : 0)));
+        EXPECT_LE(batch_vs_alone(*engine, ps), 2e-2) << "batch of " << ps.size() << (desc_act ? ", act-order" : "");
+    }
+}
+
 // A sequence that reaches its end of sequence leaves the static batch; the others go on, each as it would alone.
 TEST(BatchGenerate, EosLeavesTheBatch) {
     EngineOptions eo;

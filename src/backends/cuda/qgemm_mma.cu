@@ -24,7 +24,6 @@
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -69,29 +68,13 @@ template <int PLANES> struct GroupParams {
     uint32_t zz_lo[PLANES], zz_hi[PLANES];  // bf16x2 pairs subtracted from each plane (128 + zl; 2048 + 16 zh)
 };
 
-// The raw fp16 scales and zero points of rows r and r + 8 for group gi (loaded a group ahead of their use).
+// The raw fp16 scales and zero points of rows r and r + 8 for group gi (loaded a group ahead of their use). Through
+// per-lane row pointers instead of this index arithmetic, 16 tokens were 3.5% slower on an H200 (the main loop grew
+// 782 -> 805 instructions; bench/results/2026-11-29-h200-batch1).
 struct RawParams {
     uint16_t s[2];
     int z[2];
 };
-
-// This lane's rows' scales and zero points (rows r and r + 8; zeros null: every zero is const_zero).
-struct ParamRows {
-    const uint16_t * s_lo;
-    const uint16_t * s_hi;
-    const uint8_t * z_lo;
-    const uint8_t * z_hi;
-    int const_zero;
-};
-
-__device__ __forceinline__ RawParams load_params(const ParamRows & pr, int gi) {
-    RawParams p;
-    p.s[0] = pr.s_lo[gi];
-    p.s[1] = pr.s_hi[gi];
-    p.z[0] = pr.z_lo ? int(pr.z_lo[gi]) : pr.const_zero;
-    p.z[1] = pr.z_hi ? int(pr.z_hi[gi]) : pr.const_zero;
-    return p;
-}
 
 __device__ __forceinline__ RawParams load_params(const QuantMatrix & w, int64_t row, int gi) {
     RawParams p;
@@ -120,7 +103,7 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-template <int PLANES, int NT, bool GPTR>
+template <int PLANES, int NT>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial) {
     using Sh = MmaShape<PLANES, NT>;
@@ -185,10 +168,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
     int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
-    const ParamRows prow{w.scales + row0 * G, w.scales + (row0 + 8) * G, w.zeros ? w.zeros + row0 * G : nullptr,
-                         w.zeros ? w.zeros + (row0 + 8) * G : nullptr, w.const_zero};
-    GroupParams<PLANES> par = unpack_params<PLANES>(GPTR ? load_params(prow, gi) : load_params(w, row0, gi));
-    RawParams next = GPTR ? load_params(prow, min(gi + 1, G - 1)) : load_params(w, row0, min(gi + 1, G - 1));
+    GroupParams<PLANES> par = unpack_params<PLANES>(load_params(w, row0, gi));
+    RawParams next = load_params(w, row0, min(gi + 1, G - 1));
 
     pdl_wait();  // x comes from the kernel ahead
 #pragma unroll
@@ -213,7 +194,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
         gi++;
         group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
         par = unpack_params<PLANES>(next);
-        next = GPTR ? load_params(prow, min(gi + 1, G - 1)) : load_params(w, row0, min(gi + 1, G - 1));
+        next = load_params(w, row0, min(gi + 1, G - 1));
     };
     // ldmatrix addresses: lane l reads token 16 pair + 8 (l / 16) + l % 8, chunk 2 j + (l / 8) % 2 of k16 step j. Less
     // the stage and K block they are worked out once: a token's low 3 bits are l % 8 in every 16-token pair, so only
@@ -316,28 +297,14 @@ size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
     return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
 }
 
-// QINFER_QGEMM_GPTR=1: group parameters read through per-lane row pointers (an A/B switch until timed).
-bool group_pointers() {
-    static const bool on = [] {
-        const char * v = std::getenv("QINFER_QGEMM_GPTR");
-        return v && v[0] == '1';
-    }();
-    return on;
-}
-
 template <int PLANES, int NT>
 void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
     const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
     constexpr size_t smem = MmaShape<PLANES, NT>::smem;
     static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
-    static size_t configured = 0, configured_gptr = 0;  // once per instantiation
-    if (group_pointers()) {
-        allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT, true>, smem, configured_gptr);
-        launch_kernel(qgemm_mma_kernel<PLANES, NT, true>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
-    } else {
-        allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT, false>, smem, configured);
-        launch_kernel(qgemm_mma_kernel<PLANES, NT, false>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
-    }
+    static size_t configured = 0;  // once per instantiation
+    allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT>, smem, configured);
+    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
     CUDA_CHECK(cudaGetLastError());
     if (splits > 1) {
         const size_t mn = size_t(m) * w.rows;
