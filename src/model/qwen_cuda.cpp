@@ -313,12 +313,15 @@ void CudaQwenEngine::plan_batch(int n_sequences, int max_tokens) {
 // Bytes of the scratch of quantized projections of up to `rows` rows (cuda::quant_linear_scratch_bytes: a
 // dequantized weight, gathered inputs or K splits' partial sums), for the largest quantized projection.
 size_t CudaQwenEngine::dequant_bytes(int rows) const {
+    const auto known = dequant_bytes_at_.find(rows);
+    if (known != dequant_bytes_at_.end()) return known->second;
     size_t largest = 0;
     for (const DevLayer & L : layers_) {
         for (const DevLinear * l : {&L.qkv, &L.o, &L.mlp.gate_up, &L.mlp.down}) {
             if (l->quantized) largest = std::max(largest, cuda::quant_linear_scratch_bytes(l->q, rows));
         }
     }
+    dequant_bytes_at_.emplace(rows, largest);
     return largest;
 }
 

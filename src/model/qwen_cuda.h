@@ -165,6 +165,7 @@ private:
     bool k_sz_needed() const { return kv_kind_ == cuda::KVKind::INT8 || kv_kind_ == cuda::KVKind::INT4; }  // (scale, zero) per row
     int max_quantized_k() const;           // largest padded k of a quantized projection (0: none)
     size_t dequant_bytes(int rows) const;  // the scratch quantized projections of up to `rows` rows need
+    mutable std::map<int, size_t> dequant_bytes_at_;  // dequant_bytes' answers by rows (a pure function of them)
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
     bool ensure_prefill_kv(int tokens);
     // n prompt tokens of one sequence, appended at pos0.. (qwen_cuda_prefill.cpp).
@@ -248,7 +249,7 @@ private:
     // Passes packing several prompts: each token's position and batch-table row, the rows whose logits are wanted.
     DeviceBuffer pack_;
     cuda::HostMappedBuffer pack_host_;
-    DeviceBuffer dequant_;  // bf16 [n, k] of the largest quantized linear, for prefill through cuBLASLt
+    DeviceBuffer dequant_;  // the quantized projections' scratch: a dequantized weight, gathered inputs, K splits' sums
     // Prefill over a quantized cache: the sequence's cache so far as bf16 [blocks, n_kv, block_size, head_dim] (K and V,
     // one layer at a time) read through an identity block table [blocks per sequence] by the bf16 attention kernels.
     DeviceBuffer prefill_k_, prefill_v_, prefill_table_;

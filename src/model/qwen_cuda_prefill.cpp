@@ -111,6 +111,11 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
     if (total == 0) return;
     const int chunk = int(std::min<size_t>(total, size_t(prefill_chunk())));
     ensure_workspace(chunk);
+    // The quantized projections' scratch at a pass's rows (K splits' sums, gathered inputs), as prepare_batch sizes it
+    // for static batches: without it qgemm_mma ran short prompts' qkv, o_proj and down unsplit. (reserve_batch and
+    // make_pool size it ahead, for every pass they allow.)
+    const size_t q_scratch = dequant_bytes(chunk);
+    if (q_scratch > 0) dequant_.ensure(q_scratch, "dequantized weights");
     // Over a quantized cache, each piece's attention runs the bf16 kernels on its sequence's cache dequantized so far
     // (ensure_prefill_kv); the buffers hold the longest sequence's blocks.
     const bool via_bf16 = ensure_prefill_kv(longest);
