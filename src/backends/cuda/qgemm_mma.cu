@@ -129,7 +129,6 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     const uint4 * c_src = codes + (size_t(min(rb0 + c_r0, n_rb - 1)) * nkb + kb_begin) * TILE + c_off;
     const int x_r0 = threadIdx.x / (KPS * 8), x_ch = threadIdx.x % (KPS * 8);
     const int x_dst = Sh::code_chunks + x_r0 * (KPS * 8) + (x_ch & ~7) + ((x_ch ^ x_r0) & 7);
-    // Stage st's codes: the 8 row blocks' KPS K blocks from kb_begin + st KPS (contiguous per row block).
     // Which of this thread's rows and tokens exist, worked out once (bit i: its chunk i).
     constexpr int n_cc = Sh::code_chunks / k_threads, n_xc = Sh::x_chunks / k_threads;
     const size_t c_stride = size_t(c_rows) * nkb * TILE;
@@ -139,6 +138,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
 #pragma unroll
     for (int i = 0; i < n_xc; i++) x_toks_ok |= unsigned(tok0 + x_r0 + i * x_rows < m) << i;
     const bf16 * x_src = x + size_t(min(tok0 + x_r0, m - 1)) * ldx + x_ch * 8;
+    // Stage st's codes: the 8 row blocks' KPS K blocks from kb_begin + st KPS (contiguous per row block).
     auto load_codes = [&](int st) {
         uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + threadIdx.x;
         const bool kb_ok = kb_begin + st * KPS + c_off / TILE < kb_end;
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
                     constexpr uint32_t mask = 0x000F000Fu;
 #pragma unroll
                     for (int p = 0; p < PLANES; p++) {
-                        const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;
+                        const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
                         const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[p])[j];
                         const uint32_t fr[4] = {mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), par.zz_lo[p]),
                                                 mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), par.zz_hi[p]),
