@@ -325,6 +325,14 @@ size_t CudaQwenEngine::dequant_bytes(int rows) const {
     return largest;
 }
 
+bool CudaQwenEngine::ensure_quant_scratch(int rows) {
+    const size_t bytes = dequant_bytes(rows);
+    if (bytes == 0) return false;
+    const void * before = dequant_.get();
+    dequant_.ensure(bytes, "dequantized weights");
+    return dequant_.get() != before;
+}
+
 uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prompt_tokens) {
     plan_batch(n_sequences, max_tokens);
     // Prefill runs one prompt at a time in chunks; decode runs all rows (workspaces, logits, the dequantized weight
@@ -332,8 +340,7 @@ uint64_t CudaQwenEngine::reserve_batch(int n_sequences, int max_tokens, int prom
     const int rows = std::max(std::min(prompt_tokens, prefill_chunk()), n_sequences);
     ensure_workspace(rows);
     logits_.ensure(size_t(std::max(n_sequences, 1)) * model_->config.vocab_size * sizeof(float), "logits");
-    const size_t largest = dequant_bytes(rows);
-    if (largest > 0 && rows > k_gemv_max_m) dequant_.ensure(largest, "dequantized weights");
+    if (rows > k_gemv_max_m) ensure_quant_scratch(rows);
     ensure_prefill_kv(prompt_tokens);
     return cuda::DeviceAllocator::instance().in_use();
 }

@@ -166,6 +166,8 @@ private:
     int max_quantized_k() const;           // largest padded k of a quantized projection (0: none)
     size_t dequant_bytes(int rows) const;  // the scratch quantized projections of up to `rows` rows need
     mutable std::map<int, size_t> dequant_bytes_at_;  // dequant_bytes' answers by rows (a pure function of them)
+    // Grows dequant_ to dequant_bytes(rows), outside any captured step; true where it moved (graphs that hold it are stale).
+    bool ensure_quant_scratch(int rows);
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
     bool ensure_prefill_kv(int tokens);
     // n prompt tokens of one sequence, appended at pos0.. (qwen_cuda_prefill.cpp).

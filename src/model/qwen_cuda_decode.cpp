@@ -41,8 +41,7 @@ bool CudaQwenEngine::prepare_batch(const std::vector<int> & seqs, const std::vec
     // The quantized projections' scratch at B rows (K splits' partial sums, gathered inputs), here, outside the
     // captured step, as the continuous-batching pool sizes it (qwen_cuda_paged.cpp). Without it qgemm_mma ran 7B's
     // qkv, o_proj and down unsplit on 28-36 blocks: GPTQ-Int4 static batch 16 at 0.88x of BF16 on an H200.
-    const size_t scratch = dequant_bytes(B);
-    if (scratch > 0) dequant_.ensure(scratch, "dequantized weights");
+    ensure_quant_scratch(B);
     return true;
 }
 

@@ -98,8 +98,7 @@ PoolInfo CudaQwenEngine::make_pool(const PoolOptions & opt) {
     }
     split_out_ = DeviceBuffer(split_rows * c.num_attention_heads * c.head_dim * sizeof(float), "attention splits");
     split_ml_ = DeviceBuffer(split_rows * c.num_attention_heads * 2 * sizeof(float), "attention splits");
-    const size_t largest = dequant_bytes(step_tokens);
-    if (largest > 0) dequant_.ensure(largest, "dequantized weights");
+    ensure_quant_scratch(step_tokens);
     std::vector<int> identity(static_cast<size_t>(stride));
     std::iota(identity.begin(), identity.end(), 0);
     prefill_table_ = upload_vector(identity, "block table");

@@ -114,12 +114,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
     // The quantized projections' scratch at a pass's rows (K splits' sums, gathered inputs), as prepare_batch sizes it
     // for static batches: without it qgemm_mma ran short prompts' qkv, o_proj and down unsplit. (reserve_batch and
     // make_pool size it ahead, for every pass they allow.)
-    const size_t q_scratch = dequant_bytes(chunk);
-    if (q_scratch > 0) {
-        const void * before = dequant_.get();
-        dequant_.ensure(q_scratch, "dequantized weights");
-        if (dequant_.get() != before && pooled_) drop_pool_graphs();  // captured with the old scratch
-    }
+    if (ensure_quant_scratch(chunk) && pooled_) drop_pool_graphs();  // captured with the old scratch
     // Over a quantized cache, each piece's attention runs the bf16 kernels on its sequence's cache dequantized so far
     // (ensure_prefill_kv); the buffers hold the longest sequence's blocks.
     const bool via_bf16 = ensure_prefill_kv(longest);
