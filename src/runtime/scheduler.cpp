@@ -37,7 +37,17 @@ Scheduler::Scheduler(Engine & engine, const SchedulerOptions & opt) : engine_(en
     pool_ = std::make_unique<BlockPool>(pool_info_.n_blocks, pool_info_.block_size);
     vocab_ = engine_.config().vocab_size;
     stats_.blocks_total = pool_info_.n_blocks;
+    t_begin_ = Clock::now();
+    if (!opt_.step_log.empty()) {
+        log_ = std::fopen(opt_.step_log.c_str(), "w");
+        if (!log_) QINFER_FAIL() << "cannot write the step log " << opt_.step_log;
+        std::fputs("# step,t_start_ms,ms,device_wait_ms,decode_rows,chunks,chunk_tokens,admitted,finished,running,waiting\n"
+                   "# req,id,t_submit_ms,t_admit_ms,t_first_token_ms,t_finish_ms,prompt_tokens,cached_tokens,output_tokens,stop_reason\n",
+                   log_);
+    }
 }
+
+double Scheduler::log_ms(Clock::time_point t) const { return std::chrono::duration<double, std::milli>(t - t_begin_).count(); }
 
 Scheduler::~Scheduler() {
     std::vector<std::unique_ptr<Seq>> left;
@@ -51,6 +61,7 @@ Scheduler::~Scheduler() {
     waiting_.clear();
     running_.clear();
     for (auto & s : left) finish(*s, "cancelled");
+    if (log_) std::fclose(log_);
 }
 
 int Scheduler::max_request_tokens() const { return std::min(pool_info_.max_seq_tokens, pool_info_.n_blocks * pool_info_.block_size); }
@@ -142,6 +153,11 @@ void Scheduler::finish(Seq & s, const char * reason, const std::string & error) 
     {
         std::lock_guard<std::mutex> lock(mu_);
         stats_.finished++;
+    }
+    if (log_) {
+        std::fprintf(log_, "req,%llu,%.3f,%.3f,%.3f,%.3f,%zu,%d,%zu,%s\n", static_cast<unsigned long long>(s.id), log_ms(s.t_submit),
+                     s.admitted ? log_ms(s.t_admit) : -1.0, o.tokens.empty() ? -1.0 : log_ms(s.t_first), log_ms(now), s.req.prompt.size(),
+                     s.cached_prompt_tokens, o.tokens.size(), reason);
     }
     if (s.cb.on_finish) s.cb.on_finish(o);
 }
@@ -258,6 +274,7 @@ bool Scheduler::step() {
     std::vector<Seq *> owners;
     std::vector<StepSegment> segs;
     std::vector<int> tokens;
+    int admitted = 0;
     auto add = [&](Seq & s, int n) {
         StepSegment g;
         g.blocks = &s.blocks;
@@ -294,6 +311,7 @@ bool Scheduler::step() {
         add(s, 1);
         i++;
     }
+    const int decode_rows = int(segs.size());
     // Prompts being prefilled, then waiting requests: chunks within the budget and the free blocks.
     auto chunk_for = [&](Seq & s) {
         const int bs = pool_info_.block_size;
@@ -330,6 +348,7 @@ bool Scheduler::step() {
         running_.push_back(std::move(waiting_.front()));
         waiting_.pop_front();
         add(s, n);
+        admitted++;
     }
     if (segs.empty() && !running_.empty()) {
         // Every running sequence is a prompt that found no free block: the newest gives its blocks back.
@@ -368,6 +387,11 @@ bool Scheduler::step() {
         for (Seq * s : done) running_.erase(std::find_if(running_.begin(), running_.end(), [&](const auto & p) { return p.get() == s; }));
         wait = out.wait_seconds;
         launch = out.launch_seconds;
+        if (log_) {
+            const int chunk_tokens = int(tokens.size()) - decode_rows;
+            std::fprintf(log_, "step,%.3f,%.3f,%.3f,%d,%d,%d,%d,%zu,%zu,%zu\n", log_ms(t0), seconds(t0, Clock::now()) * 1e3, wait * 1e3, decode_rows,
+                         int(segs.size()) - decode_rows, chunk_tokens, admitted, done.size(), running_.size(), waiting_.size());
+        }
     }
     update_stats(seconds(t0, Clock::now()), wait, launch);
     return true;
@@ -394,6 +418,7 @@ void Scheduler::serve_loop() {
     for (;;) {
         {
             std::unique_lock<std::mutex> lock(mu_);
+            if (log_ && !stop_ && inbox_.empty() && cancels_.empty() && running_.empty() && waiting_.empty()) std::fflush(log_);  // idle
             wake_.wait(lock, [&] { return stop_ || !inbox_.empty() || !cancels_.empty() || !running_.empty() || !waiting_.empty(); });
             if (stop_) return;
         }

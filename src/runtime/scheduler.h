@@ -9,7 +9,9 @@
 // requests' callbacks.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -28,6 +30,10 @@ struct SchedulerOptions {
     PoolOptions pool;          // rows and tokens per step, memory, the sequence length the tables hold
     bool prefix_cache = true;  // share full prompt blocks between requests
     int max_waiting = 0;       // submit() refuses beyond this many waiting requests (0: no limit)
+    // A CSV line for every step and every finished request, times in ms since the scheduler began (empty: none):
+    //   step,t_start,ms,device_wait_ms,decode_rows,chunks,chunk_tokens,admitted,finished,running,waiting
+    //   req,id,t_submit,t_admit,t_first_token,t_finish,prompt_tokens,cached_tokens,output_tokens,stop_reason
+    std::string step_log;
 };
 
 struct RequestOptions {
@@ -126,6 +132,10 @@ private:
     bool stop_ = false;
     uint64_t next_id_ = 1;
     SchedulerStats stats_;
+
+    std::FILE * log_ = nullptr;       // opt_.step_log, open
+    std::chrono::steady_clock::time_point t_begin_;
+    double log_ms(std::chrono::steady_clock::time_point t) const;
 
     std::deque<std::unique_ptr<Seq>> waiting_;  // FCFS; preempted sequences go to the front
     std::vector<std::unique_ptr<Seq>> running_; // in admission order: the newest last

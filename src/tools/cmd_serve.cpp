@@ -12,6 +12,9 @@
 #include <mutex>
 #include <thread>
 
+#include <pthread.h>
+#include <signal.h>
+
 #include "core/env.h"
 #include "core/check.h"
 #include "io/chat.h"
@@ -528,7 +531,7 @@ int cmd_serve(int argc, char ** argv) {
                        "                    [--api-key KEY] [--max-num-seqs 256] [--max-batch-tokens 2048] [--gpu-memory-utilization 0.9]\n"
                        "                    [--max-queue 1024] [--request-timeout 600] [--no-prefix-cache] [--http-threads N]\n"
                        "                    [--backend auto|cpu|cuda] [--threads N] [--kv-dtype D] [--embedding-on-gpu] [--tp N]\n"
-                       "                    [--load-format auto|dummy (random weights from config.json alone)]\n"
+                       "                    [--load-format auto|dummy (random weights from config.json alone)] [--step-log FILE.csv]\n"
                        "                    [sampling defaults as for run: --greedy, --temperature T, --top-p P, ...]\n"
                        "OpenAI-style API: POST /v1/completions, POST /v1/chat/completions (\"stream\": true for server-sent events;\n"
                        "n, logprobs), GET /v1/models, GET /health, GET /metrics (Prometheus). Requests run together under continuous\n"
@@ -536,7 +539,8 @@ int cmd_serve(int argc, char ** argv) {
                        "--max-queue waiting requests the server answers 503 at once (Retry-After); a request not done after\n"
                        "--request-timeout seconds is cancelled; a streaming client that leaves cancels its request. --context bounds\n"
                        "prompt + output (default min(model's, 32768)); --max-tokens is the output when a request gives none (default\n"
-                       "512); --api-key KEY (or QINFER_API_KEY): /v1/ requests must send 'Authorization: Bearer KEY'.\n",
+                       "512); --api-key KEY (or QINFER_API_KEY): /v1/ requests must send 'Authorization: Bearer KEY'. --step-log: a CSV\n"
+                       "line for every scheduler step and every finished request (runtime/scheduler.h says the columns).\n",
                        stdout);
             return 0;
         }
@@ -564,6 +568,7 @@ int cmd_serve(int argc, char ** argv) {
     o.scheduler.pool.memory_fraction = a.number("gpu-memory-utilization", 0.9);
     o.scheduler.max_waiting = int(a.integer("max-queue", 1024));
     o.scheduler.prefix_cache = !a.flag("no-prefix-cache");
+    o.scheduler.step_log = a.str("step-log", "");
     o.request_timeout_s = a.number("request-timeout", 600);
     o.http_threads = int(a.integer("http-threads", 0));
     if (o.scheduler.pool.max_rows < 1 || o.scheduler.pool.max_step_tokens < 1) QINFER_FAIL() << "--max-num-seqs and --max-batch-tokens must be >= 1";
@@ -573,10 +578,31 @@ int cmd_serve(int argc, char ** argv) {
     // --max-queue 512 kept every thread busy and /health took up to 806 ms (H200, d932f67).
     if (o.http_threads <= 0) o.http_threads = std::min(4096, o.scheduler.pool.max_rows + (o.scheduler.max_waiting ? o.scheduler.max_waiting : 1024) + 256);
     a.check_unused();
+    // SIGINT / SIGTERM stop the server gracefully: no new connections, running requests finish, the step log is
+    // closed. The signals are blocked before any thread starts, so that only the waiting thread below takes them; a
+    // second one ends the process at once.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     HttpServer server(o);
     const int port = server.bind();
     std::fprintf(stderr, "serve: %s on http://%s:%d (POST /v1/completions, /v1/chat/completions)\n", o.model_dir.c_str(), o.host.c_str(), port);
+    std::atomic<bool> returning{false};
+    std::thread signals([&] {
+        int sig = 0;
+        sigwait(&stop_signals, &sig);
+        if (returning) return;
+        std::fprintf(stderr, "serve: %s: stopping (running requests finish; send it again to end at once)\n", strsignal(sig));
+        server.stop();
+        sigwait(&stop_signals, &sig);
+        if (!returning) std::_Exit(128 + sig);
+    });
     server.run();
+    returning = true;
+    pthread_kill(signals.native_handle(), SIGTERM);
+    signals.join();
     return 0;
 }
 

@@ -89,7 +89,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
                 "                    [--output-len 250] [--dataset FILE.jsonl] [--max-num-seqs 1024] [--max-batch-tokens 8192]\n"
                 "                    [--max-model-len N] [--gpu-memory-utilization 0.9] [--kv-dtype D] [--no-prefix-cache]\n"
                 "                    [--backend auto|cpu|cuda] [--threads N] [--tp N] [--seed S] [--json FILE] [--csv FILE]\n"
-                "                    [--trace FILE.csv] [--load-format auto|dummy]\n"
+                "                    [--trace FILE.csv] [--step-log FILE.csv] [--load-format auto|dummy]\n"
                 "vLLM's benchmark_throughput.py: every prompt submitted at once to the continuous-batching scheduler, greedy,\n"
                 "end of sequence ignored, each request stopping at its output length. --dataset: one JSON object a line with\n"
                 "\"prompt\" (text) or \"prompt_token_ids\", and \"output_len\". A warm-up of min(--max-num-seqs, --num-prompts)\n"
@@ -118,6 +118,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
     so.pool.max_seq_tokens = int(a.integer("max-model-len", 0));
     so.pool.memory_fraction = a.number("gpu-memory-utilization", 0.9);
     so.prefix_cache = !a.flag("no-prefix-cache");
+    so.step_log = a.str("step-log", "");
     EngineOptions eo;
     eo.backend = backend;
     eo.threads = int(a.integer("threads", 0));

@@ -3,8 +3,12 @@
 // comes back empty. CPU: identical tokens. CUDA: each greedy token is one the teacher-forced forward of the same
 // sequence also ranks first, within bf16 near-ties.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
@@ -286,6 +290,59 @@ TEST(SchedulerRequests, CancelAndCallbackStop) {
     EXPECT_EQ(b.stop_reason, "callback");
     EXPECT_EQ(b.tokens.size(), 3u);
     EXPECT_EQ(s.stats().blocks_used, 0);
+}
+
+// The step log: a line per step with its rows and tokens, a line per finished request with its times in order.
+TEST(SchedulerRequests, StepLog) {
+    auto engine = cpu_engine();
+    SchedulerOptions so = small_pool();
+    so.step_log = (std::filesystem::temp_directory_path() / ("qinfer-step-log-" + std::to_string(::getpid()) + ".csv")).string();
+    uint64_t steps = 0;
+    {
+        Scheduler s(*engine, so);
+        RequestOptions r;
+        r.prompt = prompt(40, 5, 256);  // over the 32-token budget: two chunks
+        r.max_new_tokens = 3;
+        r.ignore_eos = true;
+        s.submit(r, {});
+        r.prompt = prompt(6, 6, 256);
+        s.submit(r, {});
+        s.run_until_idle();
+        steps = s.stats().steps;
+    }
+    std::ifstream f(so.step_log);
+    std::string line;
+    uint64_t step_lines = 0, prompt_tokens = 0, decode_rows = 0;
+    int reqs = 0;
+    while (std::getline(f, line)) {
+        if (line.rfind("step,", 0) == 0) {
+            step_lines++;
+            double t, ms, wait;
+            int rows, chunks, chunk_tokens, admitted, finished, running, waiting;
+            ASSERT_EQ(std::sscanf(line.c_str(), "step,%lf,%lf,%lf,%d,%d,%d,%d,%d,%d,%d", &t, &ms, &wait, &rows, &chunks, &chunk_tokens, &admitted,
+                                  &finished, &running, &waiting), 10)
+                << line;
+            prompt_tokens += uint64_t(chunk_tokens);
+            decode_rows += uint64_t(rows);
+        } else if (line.rfind("req,", 0) == 0) {
+            reqs++;
+            unsigned long long id;
+            double submit, admit, first, fin;
+            int prompt_len, cached, out;
+            ASSERT_EQ(std::sscanf(line.c_str(), "req,%llu,%lf,%lf,%lf,%lf,%d,%d,%d", &id, &submit, &admit, &first, &fin, &prompt_len, &cached, &out), 8)
+                << line;
+            EXPECT_LE(submit, admit);
+            EXPECT_LE(admit, first);
+            EXPECT_LE(first, fin);
+            EXPECT_EQ(out, 3);
+            EXPECT_NE(line.find(",length"), std::string::npos) << line;
+        }
+    }
+    std::filesystem::remove(so.step_log);
+    EXPECT_EQ(step_lines, steps);
+    EXPECT_EQ(reqs, 2);
+    EXPECT_EQ(prompt_tokens, 46u);  // every prompt token once
+    EXPECT_EQ(decode_rows, 4u);     // two tokens after each prompt's first
 }
 
 // Log-probabilities: the greedy token's is the largest, and the top list starts with it.
