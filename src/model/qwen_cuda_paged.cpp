@@ -208,15 +208,16 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
         ids_host_ = cuda::HostMappedBuffer(n_ids * sizeof(int), "prompt ids");
     }
 
-    // Which rows the host picks (their logits come back): log-probabilities, full-vocabulary sampling, and a prompt
-    // end's penalties (its history is not staged).
+    // Which rows the host picks (their logits come back): log-probabilities and full-vocabulary sampling. Penalties
+    // are applied on the device over the staged history (prompt and output), for prompt ends as for decode rows: on
+    // the host each penalised prompt end had cost 0.62 ms after its step (7B, H200, `serve --step-log`).
     out.tokens.assign(segs.size(), -1);
     out.logits_row.assign(segs.size(), -1);
     int n_logit_rows = 0;
     std::vector<bool> chunk_on_device(chunks.size());
     for (size_t j = 0; j < chunks.size(); j++) {
         const StepSegment & s = segs[chunks[j]];
-        chunk_on_device[j] = s.pick && device_pick(s) && !penalised(*s.sampling);
+        chunk_on_device[j] = s.pick && device_pick(s);
         if (s.pick && !chunk_on_device[j]) out.logits_row[chunks[j]] = n_logit_rows++;
     }
     std::vector<int> host_pick;  // decode rows whose logits the host needs

@@ -152,6 +152,19 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
             }
         }
         const bool packed = pieces.size() > 1;
+        // The prompt chunks' attention pieces (over a bf16 cache: over a quantized one each runs on its own dequantization).
+        std::vector<cuda::PrefillPiece> attn_pieces;
+        for (const PassPiece & pc : pieces) {
+            const PrefillSegment & s = segs[pc.seg];
+            if (s.decode) continue;
+            cuda::PrefillPiece a;
+            a.q = q_.as<bf16>() + size_t(pc.first) * QD;
+            a.out = attn_.as<bf16>() + size_t(pc.first) * QD;
+            a.block_table = s.table;
+            a.n = pc.n;
+            a.pos0 = s.pos0 + pc.from;
+            attn_pieces.push_back(a);
+        }
         // Rows whose logits are wanted: each piece that ends its segment, if the segment asks for them or its token.
         std::vector<size_t> want;
         size_t pass_decode = 0;  // the pass's decode rows: its first pieces
@@ -227,18 +240,20 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
                                        decode->len_dev + d0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
                                        attn_.as<bf16>(), stream_, rows, cuda::DecodeKernel::Auto, decode->short_ctx);
             }
+            if (!via_bf16) {
+                // The chunks' attention together (one launch where the kernel takes pieces).
+                cuda::attention_prefill_pieces(attn_pieces.data(), int(attn_pieces.size()), kv_layer(l, nullptr), cfg.num_attention_heads,
+                                               cfg.num_key_value_heads, cfg.head_dim, stream_);
+            }
             for (const PassPiece & pc : pieces) {
                 const PrefillSegment & s = segs[pc.seg];
-                if (s.decode) continue;
+                if (s.decode || !via_bf16) continue;
                 const int pos0 = s.pos0 + pc.from;
-                cuda::KVLayer attn_cache = kv_layer(l, s.table);
-                if (via_bf16) {
-                    const int n_blocks = (pos0 + pc.n + block_size_ - 1) / block_size_;
-                    cuda::kv_dequantize_blocks(attn_cache, n_blocks, cfg.num_key_value_heads, cfg.head_dim, prefill_k_.as<bf16>(), prefill_v_.as<bf16>(),
-                                               stream_);
-                    attn_cache = cuda::KVLayer{prefill_k_.as<bf16>(), prefill_v_.as<bf16>(), prefill_table_.as<int>(), block_size_, 0, {},
+                const int n_blocks = (pos0 + pc.n + block_size_ - 1) / block_size_;
+                cuda::kv_dequantize_blocks(kv_layer(l, s.table), n_blocks, cfg.num_key_value_heads, cfg.head_dim, prefill_k_.as<bf16>(),
+                                           prefill_v_.as<bf16>(), stream_);
+                const cuda::KVLayer attn_cache{prefill_k_.as<bf16>(), prefill_v_.as<bf16>(), prefill_table_.as<int>(), block_size_, 0, {},
                                                int64_t(n_blocks) * cfg.num_key_value_heads * block_size_};
-                }
                 cuda::attention_prefill(q_.as<bf16>() + size_t(pc.first) * QD, attn_cache, pc.n, pos0, cfg.num_attention_heads,
                                         cfg.num_key_value_heads, cfg.head_dim, attn_.as<bf16>() + size_t(pc.first) * QD, stream_);
             }

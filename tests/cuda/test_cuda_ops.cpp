@@ -338,6 +338,99 @@ INSTANTIATE_TEST_SUITE_P(LongContext, Attention, ::testing::Combine(::testing::V
 INSTANTIATE_TEST_SUITE_P(TinyHeads, Attention,
                          ::testing::Combine(::testing::Values(1, 70), ::testing::Values(16, 24), ::testing::Values(3)));
 
+// Chunks of several sequences in one cache layer, each over its own block table: attention_prefill_pieces equals
+// each chunk's attention_prefill exactly and the CPU's attention within bf16; beyond k_prefill_pieces the pieces
+// take several launches. Odd shapes: single queries, a chunk of 24 after 2000 keys, chunks over one and two query
+// tiles, a chunk at position 0.
+TEST(CudaOps, AttentionPrefillPiecesMatchAlone) {
+    REQUIRE_GPU();
+    const int block_size = 16, n_kv = 2;
+    struct Piece {
+        int n, pos0;
+    };
+    const std::vector<std::vector<Piece>> cases = {
+        {{24, 2000}, {24, 1987}, {1, 0}, {37, 130}, {129, 0}, {200, 57}, {5, 4}},
+        std::vector<Piece>(35, Piece{3, 0}),  // over k_prefill_pieces: two launches
+    };
+    for (int d : {64, 128}) {
+        for (int n_rep : {1, 7}) {
+            const int n_head = n_kv * n_rep;
+            for (size_t ci = 0; ci < cases.size(); ci++) {
+                std::vector<Piece> ps = cases[ci];
+                if (ci == 1) {
+                    for (size_t i = 0; i < ps.size(); i++) ps[i].pos0 = int(i * 13 % 97);
+                }
+                SCOPED_TRACE("d " + std::to_string(d) + " rep " + std::to_string(n_rep) + " case " + std::to_string(ci));
+                // Each piece's sequence: its own K/V [len, n_kv, d] in blocks of one shared array, through its own table.
+                int n_blocks = 0;
+                std::vector<int> first_block;
+                for (const Piece & p : ps) {
+                    first_block.push_back(n_blocks);
+                    n_blocks += (p.pos0 + p.n + block_size - 1) / block_size;
+                }
+                std::vector<int> order(static_cast<size_t>(n_blocks));
+                std::iota(order.begin(), order.end(), 0);
+                std::shuffle(order.begin(), order.end(), rng());
+                std::vector<uint16_t> kc(size_t(n_blocks) * n_kv * block_size * d, 0xffff), vc = kc;  // poison unused slots
+                std::vector<std::vector<float>> ks, vs;
+                std::vector<int> tables;  // each piece's table, one after another
+                size_t q_total = 0;
+                for (size_t i = 0; i < ps.size(); i++) {
+                    const int len = ps[i].pos0 + ps[i].n;
+                    ks.push_back(randn(size_t(len) * n_kv * d));
+                    vs.push_back(randn(size_t(len) * n_kv * d));
+                    for (int b = 0; b < (len + block_size - 1) / block_size; b++) tables.push_back(order[size_t(first_block[i] + b)]);
+                    for (int t = 0; t < len; t++) {
+                        const int block = order[size_t(first_block[i] + t / block_size)];
+                        for (int h = 0; h < n_kv; h++) {
+                            for (int e = 0; e < d; e++) {
+                                const size_t dst = ((size_t(block) * n_kv + h) * block_size + t % block_size) * d + e;
+                                kc[dst] = f32_to_bf16(ks[i][(size_t(t) * n_kv + h) * d + e]);
+                                vc[dst] = f32_to_bf16(vs[i][(size_t(t) * n_kv + h) * d + e]);
+                            }
+                        }
+                    }
+                    q_total += size_t(ps[i].n) * n_head * d;
+                }
+                DeviceBuffer dk = upload(kc), dv = upload(vc), dt = upload(tables);
+                const cuda::KVLayer layer{dk.as<bf16>(), dv.as<bf16>(), nullptr, block_size, 0, {}, int64_t(n_blocks) * n_kv * block_size};
+                std::vector<float> q = randn(q_total, 2.0f);
+                DeviceBuffer dq = upload_bf16(q), dout = poisoned(q_total * 2), dalone = poisoned(q_total * 2);
+                std::vector<cuda::PrefillPiece> pieces;
+                size_t q_at = 0;
+                for (size_t i = 0; i < ps.size(); i++) {
+                    cuda::PrefillPiece p;
+                    p.q = dq.as<bf16>() + q_at;
+                    p.out = dout.as<bf16>() + q_at;
+                    p.block_table = dt.as<int>() + first_block[i];
+                    p.n = ps[i].n;
+                    p.pos0 = ps[i].pos0;
+                    pieces.push_back(p);
+                    cuda::KVLayer alone = layer;
+                    alone.block_table = p.block_table;
+                    cuda::attention_prefill(p.q, alone, p.n, p.pos0, n_head, n_kv, d, dalone.as<bf16>() + q_at, nullptr);
+                    q_at += size_t(p.n) * n_head * d;
+                }
+                cuda::attention_prefill_pieces(pieces.data(), int(pieces.size()), layer, n_head, n_kv, d, nullptr);
+                const std::vector<float> got = download_bf16(dout, q_total), alone = download_bf16(dalone, q_total);
+                EXPECT_EQ(rel_err(got, alone), 0.0);
+                std::vector<float> want(q_total);
+                q_at = 0;
+                for (size_t i = 0; i < ps.size(); i++) {
+                    auto k_row = [&](int j) { return ks[i].data() + size_t(j) * n_kv * d; };
+                    auto v_row = [&](int j) { return vs[i].data() + size_t(j) * n_kv * d; };
+                    for (int t = 0; t < ps[i].n; t++) {
+                        const size_t at = q_at + size_t(t) * n_head * d;
+                        cpu::attention(q.data() + at, 1, ps[i].pos0 + t, n_head, n_kv, d, k_row, v_row, want.data() + at);
+                    }
+                    q_at += size_t(ps[i].n) * n_head * d;
+                }
+                EXPECT_LT(rel_err(got, want), 2e-2);
+            }
+        }
+    }
+}
+
 TEST(CudaOps, QkvRopeCache) {
     REQUIRE_GPU();
     for (bool qk_norm : {false, true}) {

@@ -73,8 +73,10 @@ std::vector<Result> run_all(Scheduler & s, const std::vector<std::vector<int>> &
     return res;
 }
 
-// Each request's tokens against the same request alone (generate() on a fresh engine of the same case).
-void expect_equal_alone(const Case & c, const std::vector<std::vector<int>> & prompts, const std::vector<Result> & res, int max_new) {
+// Each request's tokens against the same request alone (generate() on a fresh engine of the same case). Greedy, with
+// sp's repetition penalty (CUDA: applied to the teacher-forced logits over the prompt and the tokens before).
+void expect_equal_alone(const Case & c, const std::vector<std::vector<int>> & prompts, const std::vector<Result> & res, int max_new,
+                        const SamplingParams & sp = {}) {
     auto alone = engine_for(c);
     const int V = alone->config().vocab_size;
     for (size_t i = 0; i < prompts.size(); i++) {
@@ -86,6 +88,7 @@ void expect_equal_alone(const Case & c, const std::vector<std::vector<int>> & pr
             GenerateOptions g;
             g.max_new_tokens = max_new;
             g.ignore_eos = true;
+            g.sampling = sp;
             EXPECT_EQ(res[i].tokens, generate(*alone, prompts[i], g).tokens) << "request " << i << " (prompt of " << prompts[i].size() << ")";
             continue;
         }
@@ -96,7 +99,15 @@ void expect_equal_alone(const Case & c, const std::vector<std::vector<int>> & pr
         alone->forward(seq, fed, true, logits);
         alone->free_sequence(seq);
         for (size_t t = 0; t < res[i].tokens.size(); t++) {
-            const float * row = logits.data() + (prompts[i].size() - 1 + t) * size_t(V);
+            std::vector<float> penalised(logits.begin() + long((prompts[i].size() - 1 + t) * size_t(V)),
+                                         logits.begin() + long((prompts[i].size() + t) * size_t(V)));
+            std::vector<bool> seen(static_cast<size_t>(V));
+            for (size_t j = 0; j < prompts[i].size() + t; j++) seen[size_t(fed[j])] = true;
+            for (int v = 0; v < V; v++) {
+                float & l = penalised[size_t(v)];
+                if (seen[size_t(v)] && sp.repetition_penalty != 1.0f) l = l > 0 ? l / sp.repetition_penalty : l * sp.repetition_penalty;
+            }
+            const float * row = penalised.data();
             float mx = -INFINITY, amax = 0;
             for (int v = 0; v < V; v++) {
                 mx = std::max(mx, row[v]);
@@ -134,6 +145,29 @@ TEST_P(Scheduling, ChunkedPrefillAndWaitingEqualAlone) {
     const SchedulerStats st = s.stats();
     EXPECT_EQ(st.blocks_used, 0) << "blocks still referenced after every request finished";
     EXPECT_EQ(st.running + st.waiting, 0);
+}
+
+// Greedy with a repetition penalty (Qwen's generation_config sets 1.05): prompt ends and decode rows apply it over
+// the prompt and the output so far (CUDA: on the device, over the staged history), chunked and packed as above.
+TEST_P(Scheduling, PenalisedEqualAlone) {
+    const Case & c = GetParam();
+    auto engine = engine_for(c);
+    const int V = engine->config().vocab_size;
+    SchedulerOptions so;
+    so.pool.max_rows = 4;
+    so.pool.max_step_tokens = 24;
+    so.pool.max_seq_tokens = 128;
+    so.pool.n_blocks = 64;
+    Scheduler s(*engine, so);
+    std::vector<std::vector<int>> ps;
+    int salt = 40;
+    for (int len : {1, 17, 40, 5, 9, 30}) ps.push_back(prompt(len, salt++, V));
+    SamplingParams sp;
+    sp.temperature = 0;
+    sp.repetition_penalty = 1.3f;
+    const auto res = run_all(s, ps, 6, sp);
+    expect_equal_alone(c, ps, res, 6, sp);
+    EXPECT_EQ(s.stats().blocks_used, 0);
 }
 
 // A pool of 10 blocks (160 tokens) for six requests that end at 46 tokens each (3 blocks): the newest running

@@ -465,6 +465,24 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " > 128 is not supported";
 }
 
+void attention_prefill_pieces(const PrefillPiece * pieces, int count, const KVLayer & cache, int n_head, int n_kv, int head_dim, cudaStream_t stream) {
+    if (count <= 0) return;
+    const PrefillArgs a{nullptr, cache, nullptr, 0, 0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
+    int done = 0;
+    while (done < count) {
+        PrefillPieceList list;
+        list.count = std::min(count - done, k_prefill_pieces);
+        std::copy(pieces + done, pieces + done + list.count, list.piece);
+        if (!launch_attention_prefill_tma_pieces(a, list, true, stream)) break;  // not where the kernel applies: one each below
+        done += list.count;
+    }
+    for (; done < count; done++) {
+        KVLayer c = cache;
+        c.block_table = pieces[done].block_table;
+        attention_prefill(pieces[done].q, c, pieces[done].n, pieces[done].pos0, n_head, n_kv, head_dim, pieces[done].out, stream);
+    }
+}
+
 // K/V tiles the tensor-core decode kernel keeps resident: 3 (two loading while one is used) at head_dim 128, where
 // its 104 KB of shared memory leave room for two blocks per SM, else 2.
 // 7B's shapes (28/4 heads, caches of several layers in turn, H100), against 2 stages at 3 blocks per SM, same call:

@@ -96,6 +96,13 @@ bool launch_attention_prefill_wgmma(const PrefillArgs & a, cudaStream_t stream);
 // The warp-specialised form (attention_prefill_tma.cu), its consumers taking turns to issue MMAs where `pingpong`:
 // false where it does not apply (see PrefillKernel::Tma).
 bool launch_attention_prefill_tma(const PrefillArgs & a, bool pingpong, cudaStream_t stream);
+// The same kernel over several pieces (attention_prefill_pieces): a's q, out, n, pos0 and block table come from each
+// piece; a.cache gives the layer's arrays. 1 <= count <= k_prefill_pieces.
+struct PrefillPieceList {
+    int count = 0;
+    PrefillPiece piece[k_prefill_pieces];
+};
+bool launch_attention_prefill_tma_pieces(const PrefillArgs & a, const PrefillPieceList & pieces, bool pingpong, cudaStream_t stream);
 
 // Dims [col, col + 8) of a quantized cache row as 8 bf16 (one 16-byte shared-memory store).
 template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant & q, bool value, int64_t row, int d, int col) {

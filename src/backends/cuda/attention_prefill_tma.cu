@@ -13,6 +13,7 @@
 // Keys past the block's last one: pages past it are replaced by its last page (finite data, masked), and the last
 // tile's V rows past the end are zeroed in shared memory before any P V reads them (a cache slot never written may
 // hold NaN bit patterns; 0 x NaN would reach O). K rows there need nothing: their scores are set to -inf.
+#include <algorithm>
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
@@ -38,13 +39,26 @@ template <int D> struct TmaSmem {
     static constexpr size_t bytes = bar_offset + 2 * k_stages * sizeof(uint64_t) + 1024;  // + the base's alignment
 };
 
-// grid (n_head, query tiles): heads fastest (a KV group's heads share its pages in L2), the heaviest query tiles first.
+// grid (n_head, query tiles, pieces): heads fastest (a KV group's heads share its pages in L2), the heaviest query
+// tiles first; with pieces (count > 0) block z takes piece z's queries, output and block table, and the blocks past
+// its query tiles end at once.
 // PINGPONG (FlashAttention-3's inter-warpgroup schedule): the two consumer warpgroups take turns to issue their MMAs,
 // each handing the turn over right after its issue, so one warpgroup's softmax runs while the other's MMAs do.
 template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(k_threads, 1)
-    attention_prefill_tma_kernel(PrefillArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
+    attention_prefill_tma_kernel(PrefillArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                                 const __grid_constant__ PrefillPieceList pieces) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (pieces.count > 0) {
+        const PrefillPiece & p = pieces.piece[blockIdx.z];
+        a.q = p.q;
+        a.out = p.out;
+        a.cache.block_table = p.block_table;
+        a.n = p.n;
+        a.pos0 = p.pos0;
+    }
+    const int q_tiles = (a.n + k_rows - 1) / k_rows;
+    if (int(blockIdx.y) >= q_tiles) return;  // the whole block: no barrier is set up yet
     // Registers per thread after setmaxnreg: an SM quarter holds 16K registers and 3 of the block's 12 warps (one of
     // the producer's, two consumers'): 24 x 32 + 2 x 240 x 32 = 16128. At launch ptxas grants 168 (65536 / 384).
     constexpr int k_producer_registers = 24, k_consumer_registers = 240;
@@ -58,7 +72,7 @@ __global__ void __launch_bounds__(k_threads, 1)
     uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * empty = full + k_stages;
 
     const int head = blockIdx.x, kvh = head / (a.n_head / a.n_kv);
-    const int q_tile = (gridDim.y - 1 - blockIdx.y) * k_rows;
+    const int q_tile = (q_tiles - 1 - int(blockIdx.y)) * k_rows;
     const int last_row = min(q_tile + k_rows, a.n) - 1;
     const int n_keys = a.pos0 + last_row + 1;  // causal: keys this block needs
     const int n_tiles = (n_keys + k_keys - 1) / k_keys;
@@ -187,7 +201,8 @@ __global__ void __launch_bounds__(k_threads, 1)
 #endif
 }
 
-template <int D, bool PINGPONG> bool launch(const PrefillArgs & a, cudaStream_t stream) {
+// pieces.count 0: a alone; else `a.n` is the longest piece's.
+template <int D, bool PINGPONG> bool launch(const PrefillArgs & a, const PrefillPieceList & pieces, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!cache_tensor_map(&k_map, a.cache.k, a.cache.rows, D, a.cache.block_size) ||
         !cache_tensor_map(&v_map, a.cache.v, a.cache.rows, D, a.cache.block_size)) {
@@ -196,22 +211,34 @@ template <int D, bool PINGPONG> bool launch(const PrefillArgs & a, cudaStream_t 
     constexpr size_t smem = TmaSmem<D>::bytes;
     static size_t configured = 0;  // once per instantiation
     allow_dynamic_smem(attention_prefill_tma_kernel<D, PINGPONG>, smem, configured);
-    const dim3 grid(a.n_head, (a.n + k_rows - 1) / k_rows);
-    attention_prefill_tma_kernel<D, PINGPONG><<<grid, k_threads, smem, stream>>>(a, k_map, v_map);
+    const dim3 grid(a.n_head, (a.n + k_rows - 1) / k_rows, std::max(1, pieces.count));
+    attention_prefill_tma_kernel<D, PINGPONG><<<grid, k_threads, smem, stream>>>(a, k_map, v_map, pieces);
     CUDA_CHECK(cudaGetLastError());
     return true;
 }
 
+bool applies(const PrefillArgs & a) {
+    const int bs = a.cache.block_size;
+    return prefill_wgmma_available(a.d) && a.cache.quant.kind == KVKind::BF16 && a.cache.rows > 0 && bs >= 8 && bs <= k_keys &&
+           k_keys % bs == 0 && (bs & (bs - 1)) == 0 && a.cache.table_stride == 0 && a.cache.rows <= INT32_MAX;
+}
+
+bool launch_any(const PrefillArgs & a, const PrefillPieceList & pieces, bool pingpong, cudaStream_t stream) {
+    if (!applies(a)) return false;
+    if (pingpong) return a.d == 64 ? launch<64, true>(a, pieces, stream) : launch<128, true>(a, pieces, stream);
+    return a.d == 64 ? launch<64, false>(a, pieces, stream) : launch<128, false>(a, pieces, stream);
+}
+
 }  // namespace
 
-bool launch_attention_prefill_tma(const PrefillArgs & a, bool pingpong, cudaStream_t stream) {
-    const int bs = a.cache.block_size;
-    const bool applies = prefill_wgmma_available(a.d) && a.cache.quant.kind == KVKind::BF16 && a.cache.rows > 0 && bs >= 8 &&
-                         bs <= k_keys && k_keys % bs == 0 && (bs & (bs - 1)) == 0 && a.cache.table_stride == 0 &&
-                         a.cache.rows <= INT32_MAX;
-    if (!applies) return false;
-    if (pingpong) return a.d == 64 ? launch<64, true>(a, stream) : launch<128, true>(a, stream);
-    return a.d == 64 ? launch<64, false>(a, stream) : launch<128, false>(a, stream);
+bool launch_attention_prefill_tma(const PrefillArgs & a, bool pingpong, cudaStream_t stream) { return launch_any(a, PrefillPieceList{}, pingpong, stream); }
+
+bool launch_attention_prefill_tma_pieces(const PrefillArgs & a, const PrefillPieceList & pieces, bool pingpong, cudaStream_t stream) {
+    QINFER_CHECK(pieces.count >= 1 && pieces.count <= k_prefill_pieces) << "attention_prefill_pieces: " << pieces.count << " pieces in one launch";
+    PrefillArgs longest = a;
+    longest.n = 0;
+    for (int i = 0; i < pieces.count; i++) longest.n = std::max(longest.n, pieces.piece[i].n);
+    return longest.n == 0 || launch_any(longest, pieces, pingpong, stream);
 }
 
 }  // namespace qinfer::cuda

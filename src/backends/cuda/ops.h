@@ -218,6 +218,21 @@ void kv_dequantize_blocks(const KVLayer & cache, int n_blocks, int n_kv, int hea
 bool prefill_wgmma_available(int head_dim);
 void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, int n_head, int n_kv, int head_dim, bf16 * out,
                        cudaStream_t stream, PrefillKernel kernel = PrefillKernel::Auto);
+// One sequence's chunk for attention_prefill_pieces: n queries at positions pos0.. over the keys its own block table
+// names. q, out as for attention_prefill.
+struct PrefillPiece {
+    const bf16 * q = nullptr;
+    bf16 * out = nullptr;
+    const int * block_table = nullptr;
+    int n = 0, pos0 = 0;
+};
+constexpr int k_prefill_pieces = 32;  // pieces one launch takes
+// attention_prefill for the chunks of several sequences in one cache layer (cache.block_table is not read: each
+// piece names its own). Where the warp-specialised kernel applies (sm_90a, bf16 cache, head_dim 64 / 128) up to
+// k_prefill_pieces pieces share one launch, grid (heads, query tiles of the longest, pieces): a chunk of a few dozen
+// tokens is one block a head, so alone it had 28 of an H200's 132 SMs at work for 50 us a layer over 2024 cached keys
+// (7B), and a step's chunks ran one after another. Elsewhere one attention_prefill a piece.
+void attention_prefill_pieces(const PrefillPiece * pieces, int count, const KVLayer & cache, int n_head, int n_kv, int head_dim, cudaStream_t stream);
 
 // Decode attention for one token of each of `batch` sequences (flash-decoding): the keys of each KV head are spread
 // over max_splits blocks (at most k_decode_max_split_keys keys each, model/decode_splits.h), then combined. The grid
