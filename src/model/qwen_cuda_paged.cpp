@@ -323,6 +323,10 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
         if (pack) {
             passes.push_back(p);
         } else {
+            // Each prefill call stages its pass in pack_host_ from the start: the call before must have copied its
+            // staging out first (without this sync a GPU running behind, as under another process's load, read the
+            // next chunk's pick slots: wrong tokens in Scheduling.PreemptionEqualsAlone over fp8, H200).
+            if (j > 0) CUDA_CHECK(cudaStreamSynchronize(stream_));
             prefill({p}, ids_at, false);
         }
         ids_at += size_t(s.n);
