@@ -125,10 +125,9 @@ protected:
     }
 };
 
-// Ten prompts of 1..70 tokens, four rows a step, 24 tokens a step: prompts are prefilled in chunks beside decoding
-// sequences, and requests wait for rows.
-TEST_P(Scheduling, ChunkedPrefillAndWaitingEqualAlone) {
-    const Case & c = GetParam();
+// Prompts of the given lengths, four rows a step, 24 tokens a step: prompts are prefilled in chunks beside decoding
+// sequences, and requests wait for rows. Each request's tokens equal it alone; the pool comes back empty.
+void chunked_equal_alone(const Case & c, std::initializer_list<int> lens, int salt, int max_new, const SamplingParams & sp = {}) {
     auto engine = engine_for(c);
     const int V = engine->config().vocab_size;
     SchedulerOptions so;
@@ -138,36 +137,23 @@ TEST_P(Scheduling, ChunkedPrefillAndWaitingEqualAlone) {
     so.pool.n_blocks = 64;
     Scheduler s(*engine, so);
     std::vector<std::vector<int>> ps;
-    int salt = 0;
-    for (int len : {1, 17, 70, 5, 33, 16, 2, 48, 9, 31}) ps.push_back(prompt(len, salt++, V));
-    const auto res = run_all(s, ps, 7);
-    expect_equal_alone(c, ps, res, 7);
+    for (int len : lens) ps.push_back(prompt(len, salt++, V));
+    const auto res = run_all(s, ps, max_new, sp);
+    expect_equal_alone(c, ps, res, max_new, sp);
     const SchedulerStats st = s.stats();
     EXPECT_EQ(st.blocks_used, 0) << "blocks still referenced after every request finished";
     EXPECT_EQ(st.running + st.waiting, 0);
 }
 
+TEST_P(Scheduling, ChunkedPrefillAndWaitingEqualAlone) { chunked_equal_alone(GetParam(), {1, 17, 70, 5, 33, 16, 2, 48, 9, 31}, 0, 7); }
+
 // Greedy with a repetition penalty (Qwen's generation_config sets 1.05): prompt ends and decode rows apply it over
-// the prompt and the output so far (CUDA: on the device, over the staged history), chunked and packed as above.
+// the prompt and the output so far (CUDA: on the device, over the staged history).
 TEST_P(Scheduling, PenalisedEqualAlone) {
-    const Case & c = GetParam();
-    auto engine = engine_for(c);
-    const int V = engine->config().vocab_size;
-    SchedulerOptions so;
-    so.pool.max_rows = 4;
-    so.pool.max_step_tokens = 24;
-    so.pool.max_seq_tokens = 128;
-    so.pool.n_blocks = 64;
-    Scheduler s(*engine, so);
-    std::vector<std::vector<int>> ps;
-    int salt = 40;
-    for (int len : {1, 17, 40, 5, 9, 30}) ps.push_back(prompt(len, salt++, V));
     SamplingParams sp;
     sp.temperature = 0;
     sp.repetition_penalty = 1.3f;
-    const auto res = run_all(s, ps, 6, sp);
-    expect_equal_alone(c, ps, res, 6, sp);
-    EXPECT_EQ(s.stats().blocks_used, 0);
+    chunked_equal_alone(GetParam(), {1, 17, 40, 5, 9, 30}, 40, 6, sp);
 }
 
 // A pool of 10 blocks (160 tokens) for six requests that end at 46 tokens each (3 blocks): the newest running
