@@ -156,7 +156,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
         std::vector<cuda::PrefillPiece> attn_pieces;
         for (const PassPiece & pc : pieces) {
             const PrefillSegment & s = segs[pc.seg];
-            if (s.decode) continue;
+            if (s.decode || via_bf16) continue;
             cuda::PrefillPiece a;
             a.q = q_.as<bf16>() + size_t(pc.first) * QD;
             a.out = attn_.as<bf16>() + size_t(pc.first) * QD;
@@ -240,11 +240,10 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
                                        decode->len_dev + d0, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
                                        attn_.as<bf16>(), stream_, rows, cuda::DecodeKernel::Auto, decode->short_ctx);
             }
-            if (!via_bf16) {
-                // The chunks' attention together (one launch where the kernel takes pieces).
-                cuda::attention_prefill_pieces(attn_pieces.data(), int(attn_pieces.size()), kv_layer(l, nullptr), cfg.num_attention_heads,
-                                               cfg.num_key_value_heads, cfg.head_dim, stream_);
-            }
+            // The chunks' attention together (one launch where the kernel takes pieces); over a quantized cache each
+            // chunk on its sequence's cache dequantized so far.
+            cuda::attention_prefill_pieces(attn_pieces.data(), int(attn_pieces.size()), kv_layer(l, nullptr), cfg.num_attention_heads,
+                                           cfg.num_key_value_heads, cfg.head_dim, stream_);
             for (const PassPiece & pc : pieces) {
                 const PrefillSegment & s = segs[pc.seg];
                 if (s.decode || !via_bf16) continue;
