@@ -4,7 +4,8 @@
 # .ab-base/, carried by the device call) is built into build-base with the same flags, then each AB_SPECS row
 # (preset:quant:input lengths; default the batch-1 rows of issue 40) runs AB_REPS times (default 2) with the two
 # binaries alternated (base, this, base, this, ...), AB_GEN generated (default 2048). Rows to $OUT/ab.log, one JSON per
-# run ($OUT/ab-ARM-preset-quant-REP.json), and a table of tok/s per arm last.
+# run ($OUT/ab-ARM-preset-quant-REP.json), and a table of tok/s per arm last. AB_ARGS: more options for both arms
+# (e.g. --load-format dummy).
 if [ ! -f .ab-base/CMakeLists.txt ]; then
     note "ab: no baseline in .ab-base (scripts/ab-base.sh COMMIT, then carry .ab-base)"
 else
@@ -22,7 +23,7 @@ else
                 bin=$Q commit=${QINFER_COMMIT:-}
                 [ "$arm" = base ] && bin=$PWD/build-base/qinfer commit=$base_commit
                 [ -x "$bin" ] || continue
-                QINFER_COMMIT=$commit QINFER_ASSETS=$PWD/assets "$bin" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen "${AB_GEN:-2048}" --json "$OUT/ab-$arm-$p-$q-$rep.json" 2>&1 |
+                QINFER_COMMIT=$commit QINFER_ASSETS=$PWD/assets "$bin" bench --preset "$p" --quant "$q" --input-lens "$lens" --gen "${AB_GEN:-2048}" ${AB_ARGS:-} --json "$OUT/ab-$arm-$p-$q-$rep.json" 2>&1 |
                     grep -E "^\| qwen" | sed "s/^/$arm /" | tee -a "$OUT/ab.log"
             done
         done

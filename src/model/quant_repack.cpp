@@ -127,6 +127,21 @@ void RepackedQuant::row(int64_t row, float * out) const {
     }
 }
 
+bool quant_stackable(const std::vector<const Linear *> & parts) {
+    if (parts.empty()) return false;
+    const Linear & first = *parts[0];
+    const int k = first.in_features;
+    const std::vector<int32_t> perm = act_order_perm(first);
+    for (const Linear * p : parts) {
+        if (!p->quantized() || p->in_features != k || p->scheme.method != first.scheme.method || p->scheme.bits != first.scheme.bits ||
+            p->scheme.group(k) != first.scheme.group(k)) {
+            return false;
+        }
+        if (p != &first && act_order_perm(*p) != perm) return false;
+    }
+    return true;
+}
+
 RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile) {
     QINFER_CHECK(!parts.empty()) << "repack_quant: no parts";
     const Linear & first = *parts[0];

@@ -55,6 +55,9 @@ std::string cuda_quant_unsupported(const Linear & l);
 // lookup), and 8-bit affine codes whose groups start where a 16x16 tile pair does (one group, or multiples of 32).
 bool quant_tiles(const QuantScheme & s, int in_features);
 
+// Whether repack_quant can stack these parts: the same method, bits, group and K, the same act-order.
+bool quant_stackable(const std::vector<const Linear *> & parts);
+
 // Repacks the parts (same scheme, same K, same act-order) stacked along rows. Throws naming the tensor when the
 // layout cannot be built.
 // tile: use the tensor-core layout when the format allows (4-bit, 8-bit affine); gate/up stacks need every part's rows to

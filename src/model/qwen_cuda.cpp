@@ -174,7 +174,11 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & part
     }
     // gate/up: the tensor-core layout needs the up rows to start on a 16-row block.
     const bool stacked_gate_up = parts.size() == 2;
-    const bool tile = !stacked_gate_up || parts[0]->out_features % 16 == 0;
+    return upload_stacked(parts, !stacked_gate_up || parts[0]->out_features % 16 == 0, done, bar);
+}
+
+// Quantized parts repacked as one matrix, stacked along rows (tile: the tensor-core layout where the format has one).
+DevLinear CudaQwenEngine::upload_stacked(const std::vector<const Linear *> & parts, bool tile, uint64_t * done, Progress & bar) {
     DevLinear l = upload_repacked(repack_quant(parts, tile));
     for (const Linear * p : parts) {
         for (const Weight * w : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->g_idx, &p->absmax}) {
@@ -183,6 +187,51 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & part
     }
     bar.update(int64_t(*done));
     return l;
+}
+
+// Rows [row0, row0 + rows) of a repacked matrix as a matrix of their own (no copy): rows are whole 16-row blocks of
+// the tile layout (or any rows of the row layout), so codes, scales, zeros and absmax start at the row's offset.
+static DevLinear quant_rows(const DevLinear & stacked, int64_t row0, int rows) {
+    const cuda::QuantMatrix & s = stacked.q;
+    QINFER_CHECK(!s.tiled || (row0 % 16 == 0 && rows % 16 == 0)) << "quant_rows: rows " << row0 << "+" << rows << " split a 16-row block";
+    DevLinear v;
+    v.quantized = true;
+    v.n = rows;
+    v.k = stacked.k;
+    v.q = s;
+    const int64_t words_per_row = s.tiled ? int64_t(s.k_padded / 64) * (s.bits / 4) * 128 / 16 : int64_t(s.k) * s.bits / 32;
+    v.q.codes = s.codes + row0 * words_per_row;
+    if (s.scales) v.q.scales = s.scales + row0 * s.groups;
+    if (s.zeros) v.q.zeros = s.zeros + row0 * s.groups;
+    if (s.absmax) v.q.absmax = s.absmax + row0 * s.groups;
+    v.q.rows = rows;
+    v.q.rows_padded = rows;
+    return v;
+}
+
+// Quantized routed experts: stacked where their schemes and act-order agree (DevLayer), else one by one.
+void CudaQwenEngine::upload_quant_experts(const MoeWeights & m, DevLayer & D, uint64_t * done, Progress & bar) {
+    std::vector<const Linear *> gate_up, down;
+    for (const MlpWeights & e : m.experts) {
+        if (e.gate_proj.bias.present() || e.down_proj.bias.present()) QINFER_FAIL() << "CUDA backend: MLP biases are not supported";
+        gate_up.insert(gate_up.end(), {&e.gate_proj, &e.up_proj});
+        down.push_back(&e.down_proj);
+    }
+    if (!quant_stackable(gate_up) || !quant_stackable(down)) {
+        for (const MlpWeights & e : m.experts) D.experts.push_back(upload_mlp(e, done, bar));
+        return;
+    }
+    const int E = int(m.experts.size()), I = m.experts[0].gate_proj.out_features, H = m.experts[0].down_proj.out_features;
+    const bool tile = I % 16 == 0 && H % 16 == 0;  // every expert's rows whole 16-row blocks
+    D.expert_q.gate_up = upload_stacked(gate_up, tile, done, bar);
+    D.expert_q.down = upload_stacked(down, tile, done, bar);
+    for (int e = 0; e < E; e++) {
+        DevMlp v;
+        v.gate_up = quant_rows(D.expert_q.gate_up, int64_t(e) * 2 * I, 2 * I);
+        v.down = quant_rows(D.expert_q.down, int64_t(e) * H, H);
+        D.experts.push_back(std::move(v));
+    }
+    D.expert_q_kernel = cuda::moe_qexperts_apply(cuda::MoeQuantExperts{D.expert_q.gate_up.q, D.expert_q.down.q, E, H, I});
 }
 
 DevMlp CudaQwenEngine::upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar) {
@@ -231,7 +280,7 @@ void CudaQwenEngine::upload_weights() {
         D.router = D.has_shared ? upload_dense({&L.moe.gate, &L.moe.shared_expert_gate}, &done, bar) : upload_dense({&L.moe.gate}, &done, bar);
         if (D.has_shared) D.shared = upload_mlp(L.moe.shared_expert, &done, bar);
         if (L.moe.experts[0].gate_proj.quantized()) {
-            for (const MlpWeights & e : L.moe.experts) D.experts.push_back(upload_mlp(e, &done, bar));
+            upload_quant_experts(L.moe, D, &done, bar);
             continue;
         }
         std::vector<const Weight *> gate_up, down;
@@ -391,7 +440,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
     if (cfg.num_experts > 0) {
         const size_t E1 = size_t(cfg.num_experts) + 1, ck = size_t(c) * cfg.num_experts_per_tok;
         const size_t Ie = size_t(cfg.moe_intermediate_size), Is = size_t(std::max(cfg.shared_expert_intermediate_size, 0));
-        const bool on_host = experts_on_host();
+        const bool on_host = experts_on_host(c);
         router_logits_ = DeviceBuffer(size_t(c) * E1 * sizeof(float), "workspace");
         moe_idx_ = DeviceBuffer(cuda::moe_routing_ints(c, cfg.num_experts_per_tok, cfg.num_experts) * sizeof(int), "workspace");
         moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
@@ -511,23 +560,25 @@ cuda::MoeRouting CudaQwenEngine::moe_routing() const {
     return cuda::moe_routing_in(moe_idx_.as<int>(), moe_w_.as<float>(), ws_tokens_, cfg.num_experts_per_tok, cfg.num_experts);
 }
 
-bool CudaQwenEngine::experts_on_host() const {
-    return std::any_of(layers_.begin(), layers_.end(), [](const DevLayer & L) { return L.experts_on_host(); });
+bool CudaQwenEngine::experts_on_host(int c) const {
+    const int k = model_->config.num_experts_per_tok;
+    return std::any_of(layers_.begin(), layers_.end(), [&](const DevLayer & L) { return L.experts_on_host(c, k); });
 }
 
 // Sparse MoE block (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock) on c tokens of xn, added into the residual x:
 // the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
-// the device, the routed experts (cuda::moe_experts), the weighted combine. Quantized experts run one by one
-// through linear() on their rows, counted on the host.
+// the device, the routed experts (cuda::moe_experts, cuda::moe_qexperts), the weighted combine. Quantized experts of
+// prefill steps run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
 void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
     const int router_rows = L.router.n;  // E (+ 1)
-    // The shared expert does not depend on the routing. In decode steps of bf16 experts (GEMVs only: no cuBLASLt
-    // workspace or staging scratch is shared) it runs on a second stream beside the router and the routed experts,
-    // a branch of the decode graph joined before the combine: those kernels are short and latency-bound, so the two
-    // chains overlap.
-    const bool beside = L.has_shared && !L.experts_on_host() && c <= k_gemv_max_m;
+    const bool on_host = L.experts_on_host(c, k);
+    // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
+    // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
+    // the router and the routed experts, a branch of the decode graph joined before the combine: those kernels are
+    // short and latency-bound, so the two chains overlap.
+    const bool beside = L.has_shared && !on_host && c <= k_gemv_max_m;
     if (L.has_shared) {
         struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
             cudaStream_t & cur;
@@ -573,13 +624,17 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) 
     } else {
         cuda::gemm(xn, L.router.ptr(), c, router_rows, H, router_logits_.get(), true, stream_);
     }
-    const int tile = cuda::moe_tile_rows(c, k, E);
+    const bool quantized = !L.experts.empty();
+    const int tile = quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     const cuda::MoeRouting r = moe_routing();
     cuda::moe_route(router_logits_.as<float>(), router_rows, c, E, k, cfg.norm_topk_prob, tile, r, stream_);
     prof_.mark("router");
-    if (!L.experts_on_host()) {
+    if (!quantized) {
         const cuda::MoeExperts w{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
         cuda::moe_experts(xn, c, k, w, r, tile, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
+    } else if (!on_host) {
+        const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
+        cuda::moe_qexperts(xn, c, k, w, r, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
     } else {
         int * offsets = static_cast<int *>(moe_offsets_host_.host());
         CUDA_CHECK(cudaMemcpyAsync(offsets, r.offsets, size_t(E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));

@@ -121,13 +121,23 @@ struct DevLayer {
     bool moe = false;
     DevMlp mlp;
     DevLinear router;  // bf16 [n_experts (+ 1: the shared expert's gate row, when it has one), hidden]
-    // Routed experts: bf16 stacked for the grouped GEMMs (cuda::MoeExperts), or quantized one by one (then their rows
-    // are counted on the host: a wait per layer, and no decode graph).
+    // Routed experts: bf16 stacked for the grouped GEMMs (cuda::MoeExperts), or quantized. Quantized experts whose
+    // schemes and act-order agree are stacked in one repacked matrix per projection (expert_q) and `experts` views each
+    // one's rows; steps of few rows per expert run them all in one launch per projection (cuda::moe_qexperts), others
+    // (prefill) one by one through linear(), their rows counted on the host (a wait per layer, no graph). Experts that
+    // cannot be stacked are uploaded one by one and always take that path.
     DeviceBuffer expert_gate_up, expert_down;  // bf16 [n_experts, 2 inter, hidden], [n_experts, hidden, inter]
-    std::vector<DevMlp> experts;               // quantized experts
+    DevMlp expert_q;                           // quantized, stacked: gate_up [n_experts (gate inter | up inter), hidden], down [n_experts hidden, inter]
+    bool expert_q_kernel = false;              // cuda::moe_qexperts_apply(expert_q)
+    std::vector<DevMlp> experts;               // quantized experts (views of expert_q where stacked)
     bool has_shared = false;
     DevMlp shared;
-    bool experts_on_host() const { return moe && !experts.empty(); }
+    // Whether c tokens' quantized experts run one by one (counted on the host): where they cannot take the device
+    // kernel, or where they would average more than its tile of rows per expert (its codes are read once per tile).
+    bool experts_on_host(int c, int top_k) const {
+        if (!moe || experts.empty()) return false;
+        return !expert_q_kernel || int64_t(c) * top_k > int64_t(cuda::k_moe_qtile_rows) * int64_t(experts.size());
+    }
 };
 
 // The decode rows' bucket: the rows a captured decode step is padded to (qwen_cuda_paged.cpp).
@@ -159,7 +169,9 @@ private:
     DeviceBuffer upload(const std::vector<const Weight *> & parts, const char * what, uint64_t * done, Progress & bar);
     DevLinear upload_dense(const std::vector<const Weight *> & parts, uint64_t * done, Progress & bar);
     DevLinear upload_linear(const std::vector<const Linear *> & parts, uint64_t * done, Progress & bar);
+    DevLinear upload_stacked(const std::vector<const Linear *> & parts, bool tile, uint64_t * done, Progress & bar);
     DevMlp upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar);
+    void upload_quant_experts(const MoeWeights & m, DevLayer & D, uint64_t * done, Progress & bar);
     void reset_cache(int n_sequences, int tokens_per_sequence);
     void ensure_workspace(int c);
     bool k_sz_needed() const { return kv_kind_ == cuda::KVKind::INT8 || kv_kind_ == cuda::KVKind::INT4; }  // (scale, zero) per row
@@ -263,7 +275,7 @@ private:
     DeviceBuffer router_logits_, moe_idx_, moe_w_, moe_act_, moe_out_, moe_shared_, moe_gu_, moe_in_;
     cuda::HostMappedBuffer moe_offsets_host_;
     cuda::MoeRouting moe_routing() const;
-    bool experts_on_host() const;  // some MoE layer's experts are quantized (DevLayer::experts_on_host)
+    bool experts_on_host(int c) const;  // some MoE layer's quantized experts run one by one for c tokens (DevLayer::experts_on_host)
     // Decode state of a batch of B on the device: int tokens [B], positions [B], step, context lengths [B] (for B = 1
     // the layout argmax_advance expects); tokens_out_ int [steps, B] produced by the graph.
     DeviceBuffer state_, tokens_out_, split_out_, split_ml_, argmax_scratch_;

@@ -231,10 +231,10 @@ bool CudaQwenEngine::decode_sampled(const std::vector<int> & seqs, const std::ve
 bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
                                       StepEnd end, std::vector<int> & out) {
     const ModelConfig & cfg = model_->config;
-    if (experts_on_host()) return false;  // quantized experts are counted on the host: the per-token path
+    const int B = int(seqs.size());
+    if (experts_on_host(B)) return false;  // quantized experts counted on the host: the per-token path
     if (cfg.rope_scaling.type == RopeType::Dynamic) return false;
     if (!prepare_batch(seqs, tokens, n_steps)) return false;
-    const int B = int(seqs.size());
     const cuda::SampleParams & a = graph_sample_, & b = sample_params_;
     const bool same_sampling = end != StepEnd::Sample ||
                                (a.temperature == b.temperature && a.top_p == b.top_p && a.min_p == b.min_p && a.repetition_penalty == b.repetition_penalty &&

@@ -343,8 +343,8 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
         // The decode rows alone, padded to their bucket, in one captured step.
         max_splits_ = pool_decode_splits(max_len, bucket);
         decode_short_ = short_ctx;
-        if (experts_on_host()) {
-            decode_step(bucket, StepEnd::Pick);  // quantized experts are counted on the host: no graph
+        if (experts_on_host(bucket)) {
+            decode_step(bucket, StepEnd::Pick);  // quantized experts counted on the host: no graph
         } else {
             const auto key = std::make_tuple(bucket, max_splits_, decode_short_);
             auto it = pool_graphs_.find(key);

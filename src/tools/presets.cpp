@@ -205,6 +205,8 @@ std::vector<Preset> make_presets() {
     json tm = tiny(qwen2_moe_config(96, 160, 6, 2, 3, 5, 2, 48, 64, 256));
     tm["mlp_only_layers"] = {1};
     p.push_back({"tiny-qwen2-moe", tm, tiny_gen(), "", 0});
+    // Expert sizes in whole 64-wide K blocks and quantization groups (the CUDA quantized experts' kernel), 8 experts.
+    p.push_back({"tiny-qwen2-moe-k64", tiny(qwen2_moe_config(128, 192, 4, 2, 3, 8, 2, 64, 128, 256)), tiny_gen(), "", 0});
     json t3m = t3;
     t3m["architectures"] = {"Qwen3MoeForCausalLM"};
     t3m["model_type"] = "qwen3_moe";

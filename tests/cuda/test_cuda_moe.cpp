@@ -2,14 +2,20 @@
 // cpu::moe_route; each projection's output rounded to bf16 as the unfused CUDA path does): routing and grouping exactly, the grouped GEMMs and the combine within bf16
 // tolerance, for 4..128 experts, top-k 1..8, 1..300 tokens (some experts get no rows, some many), both row tiles,
 // hidden and intermediate sizes that are not multiples of the 64-wide K steps; a batch's rows equal each row alone.
+// The quantized experts' kernel (moe_quant.cu) against the CPU backend's quantized linears (cpu::linear dequantizes
+// by each format's formula), for 4- and 8-bit GPTQ v1/v2 and AWQ codes, groups 32 / 64 / 128 / whole rows.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "backends/cpu/ops.h"
 #include "backends/cuda/ops.h"
 #include "cuda/helpers.h"
+#include "model/quant_repack.h"
+#include "model/qwen_cuda.h"
+#include "unit/quant_helpers.h"
 
 using namespace qinfer;
 using namespace qinfer::test;
@@ -180,5 +186,88 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoe,
                                            MoeCase{60, 4, 16, 256, 200, false, true}, MoeCase{64, 8, 5, 136, 88, false, true},
                                            MoeCase{128, 8, 1, 128, 64, true, false}, MoeCase{128, 8, 300, 128, 64, true, false},
                                            MoeCase{60, 4, 300, 264, 104, false, true}, MoeCase{16, 8, 129, 64, 24, true, false}));
+
+struct QuantMoeCase {
+    const char * name;
+    QuantScheme scheme;
+    int experts, top_k, tokens, hidden, inter;
+};
+void PrintTo(const QuantMoeCase & c, std::ostream * os) { *os << c.name; }
+
+class CudaMoeQuant : public ::testing::TestWithParam<QuantMoeCase> {};
+
+TEST_P(CudaMoeQuant, MatchesCpu) {
+    REQUIRE_GPU();
+    const QuantMoeCase p = GetParam();
+    const int E = p.experts, k = p.top_k, c = p.tokens, H = p.hidden, I = p.inter;
+    std::vector<std::unique_ptr<OwnedLinear>> owned;
+    std::vector<const Linear *> gate_up, down;
+    for (int e = 0; e < E; e++) {
+        for (int part = 0; part < 2; part++) {
+            owned.push_back(make_quant_linear(p.scheme, I, H, rng()()));
+            gate_up.push_back(&owned.back()->l);
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        owned.push_back(make_quant_linear(p.scheme, H, I, rng()()));
+        down.push_back(&owned.back()->l);
+    }
+    ASSERT_TRUE(quant_stackable(gate_up) && quant_stackable(down));
+    const cuda_engine::DevLinear gu_d = cuda_engine::upload_repacked(repack_quant(gate_up, true));
+    const cuda_engine::DevLinear down_d = cuda_engine::upload_repacked(repack_quant(down, true));
+    const cuda::MoeQuantExperts w{gu_d.q, down_d.q, E, H, I};
+    ASSERT_TRUE(cuda::moe_qexperts_apply(w)) << p.name;
+
+    const std::vector<float> logits = randn(size_t(c) * E, 2.0f), xn = randn(size_t(c) * H);
+    const Routed want = route_cpu(logits, c, E, k, false);
+    // Reference: each assignment's expert through the CPU's quantized linears, rounded as the kernels round.
+    std::vector<float> expert_out(size_t(c) * k * H);  // by assignment t * k + j
+    std::vector<float> g(static_cast<size_t>(I)), u(static_cast<size_t>(I)), act(static_cast<size_t>(I)), o(static_cast<size_t>(H));
+    for (int t = 0; t < c; t++) {
+        for (int j = 0; j < k; j++) {
+            const int e = want.ids[size_t(t) * k + j];
+            cpu::linear(xn.data() + size_t(t) * H, 1, *gate_up[size_t(2 * e)], g.data());
+            cpu::linear(xn.data() + size_t(t) * H, 1, *gate_up[size_t(2 * e + 1)], u.data());
+            for (int f = 0; f < I; f++) act[size_t(f)] = round_bf16(silu_f(round_bf16(g[size_t(f)])) * round_bf16(u[size_t(f)]));
+            cpu::linear(act.data(), 1, *down[size_t(e)], o.data());
+            for (int h = 0; h < H; h++) expert_out[(size_t(t) * k + j) * H + h] = round_bf16(o[size_t(h)]);
+        }
+    }
+    const DeviceBuffer logits_d = upload(logits), xn_d = upload_bf16(xn);
+    auto run = [&](const DeviceBuffer & lg, const DeviceBuffer & x, int n_tok, std::vector<int> * slot_of) {
+        RoutingBuffers rb(n_tok, E, k);
+        cuda::moe_route(lg.as<float>(), E, n_tok, E, k, false, cuda::k_moe_qtile_rows, rb.r, nullptr);
+        const size_t ck = size_t(n_tok) * k;
+        DeviceBuffer act_d = poisoned(ck * I * 2), out_d = poisoned(ck * H * 2);
+        cuda::moe_qexperts(x.as<cuda::bf16>(), n_tok, k, w, rb.r, act_d.as<cuda::bf16>(), out_d.as<cuda::bf16>(), nullptr);
+        *slot_of = rb.ints(rb.r.slot_of, ck);
+        const std::vector<float> sorted = download_bf16(out_d, ck * H);
+        std::vector<float> by_assignment(ck * H);
+        for (size_t a = 0; a < ck; a++) std::copy_n(sorted.begin() + long((*slot_of)[a]) * H, H, by_assignment.begin() + long(a) * H);
+        return by_assignment;
+    };
+    std::vector<int> slot_of;
+    const std::vector<float> got = run(logits_d, xn_d, c, &slot_of);
+    EXPECT_LT(rel_err(got, expert_out), 2e-2) << p.name;
+    // A batch's rows equal each row alone, bit for bit (an expert's tile holds its rows as independent MMA columns).
+    for (int t = 0; t < c && c > 1; t += std::max(1, c / 3)) {
+        const std::vector<float> lg(logits.begin() + long(t) * E, logits.begin() + long(t + 1) * E);
+        const std::vector<float> xr(xn.begin() + long(t) * H, xn.begin() + long(t + 1) * H);
+        std::vector<int> slot1;
+        const std::vector<float> alone = run(upload(lg), upload_bf16(xr), 1, &slot1);
+        for (size_t i = 0; i < size_t(k) * H; i++) ASSERT_EQ(alone[i], got[size_t(t) * k * H + i]) << p.name << " token " << t << " value " << i;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, CudaMoeQuant,
+    ::testing::Values(QuantMoeCase{"gptq4_g128", gptq_scheme(4, 128, true, QuantPacking::GptqV1), 60, 4, 1, 256, 128},
+                      QuantMoeCase{"gptq4_g128_b17", gptq_scheme(4, 128, true, QuantPacking::GptqV1), 8, 2, 17, 256, 128},
+                      QuantMoeCase{"gptq4_asym_g32_pad", gptq_scheme(4, 32, false, QuantPacking::GptqV2), 16, 4, 5, 224, 96},
+                      QuantMoeCase{"gptq4_rows_b64", gptq_scheme(4, -1, true, QuantPacking::GptqV1), 8, 2, 64, 208, 80},
+                      QuantMoeCase{"gptq8_rows", gptq_scheme(8, -1, true, QuantPacking::GptqV1), 64, 8, 3, 256, 160},
+                      QuantMoeCase{"gptq8_asym_g32_pad", gptq_scheme(8, 32, false, QuantPacking::GptqV2), 5, 2, 9, 160, 96},
+                      QuantMoeCase{"awq_g64_e128", gptq_scheme(4, 64, false, QuantPacking::AwqGemm), 128, 8, 2, 192, 128}),
+    [](const ::testing::TestParamInfo<QuantMoeCase> & info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -81,32 +81,42 @@ TEST_P(DummyWeights, LayoutOfTheCheckpoint) {
     EXPECT_NE(std::memcmp(w0.data, w1.data, w0.nbytes()), 0);
 }
 
+// A prompt of 40 tokens, then one more token: on the GPU a prefill pass and a decode step (quantized MoE experts: the
+// prompt's run one by one, the decode step's in the device kernel).
 TEST_P(DummyWeights, RunsOnEveryBackend) {
     const std::string dir = synth_dir(GetParam(), true);
-    const std::vector<int> tokens = {3, 14, 15, 92, 65, 35};
+    std::vector<int> prompt;
+    for (int i = 0; i < 40; i++) prompt.push_back((i * 37 + 3) % 250 + 3);
+    const std::vector<int> next = {35};
     std::vector<std::string> backends = {"cpu"};
     if (cuda_available() && GetParam().cuda) backends.push_back("cuda");
-    std::vector<std::vector<float>> logits;
+    std::vector<std::vector<float>> logits[2];  // [prompt / next][backend]
     for (const std::string & b : backends) {
         EngineOptions eo;
         eo.backend = b;
         eo.max_context = 64;
         eo.dummy_weights = true;
         auto engine = make_engine(dir, eo);
-        std::vector<float> out;
-        engine->forward(engine->new_sequence(64), tokens, false, out);
-        for (float v : out) ASSERT_TRUE(std::isfinite(v)) << b;
-        logits.push_back(out);
+        const int seq = engine->new_sequence(64);
+        for (int step = 0; step < 2; step++) {
+            std::vector<float> out;
+            engine->forward(seq, step == 0 ? prompt : next, false, out);
+            for (float v : out) ASSERT_TRUE(std::isfinite(v)) << b;
+            logits[step].push_back(out);
+        }
     }
-    if (logits.size() < 2) return;
+    if (backends.size() < 2) return;
     // bf16 weights, bf16 activations on the GPU: the same direction as the CPU's fp32 logits.
-    double dot = 0, na = 0, nb = 0;
-    for (size_t i = 0; i < logits[0].size(); i++) {
-        dot += double(logits[0][i]) * logits[1][i];
-        na += double(logits[0][i]) * logits[0][i];
-        nb += double(logits[1][i]) * logits[1][i];
+    for (int step = 0; step < 2; step++) {
+        const std::vector<float> & a = logits[step][0], & b = logits[step][1];
+        double dot = 0, na = 0, nb = 0;
+        for (size_t i = 0; i < a.size(); i++) {
+            dot += double(a[i]) * b[i];
+            na += double(a[i]) * a[i];
+            nb += double(b[i]) * b[i];
+        }
+        EXPECT_GT(dot / std::sqrt(na * nb), 0.99) << (step == 0 ? "prompt" : "next token");
     }
-    EXPECT_GT(dot / std::sqrt(na * nb), 0.99);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -118,6 +128,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // CUDA's GPTQ kernels need in_features in multiples of 32 (the experts' are 48), its bitsandbytes
                       // kernels multiples of 64 (tiny-llama3's are 96).
                       DummyCase{"gptq4_moe", "tiny-qwen2-moe", {"--quant", "gptq-int4", "--group-size", "32"}, false},
+                      DummyCase{"gptq4_moe_k64", "tiny-qwen2-moe-k64", {"--quant", "gptq-int4", "--group-size", "32"}},
+                      DummyCase{"gptq8_moe_k64", "tiny-qwen2-moe-k64", {"--quant", "gptq-int8", "--group-size", "32", "--gptq-format", "v2"}},
                       DummyCase{"awq", "tiny-qwen2", {"--quant", "awq", "--group-size", "32"}},
                       DummyCase{"nf4_dq", "tiny-llama3", {"--quant", "nf4", "--double-quant"}, false}),
     [](const ::testing::TestParamInfo<DummyCase> & info) { return info.param.name; });

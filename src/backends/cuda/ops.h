@@ -357,6 +357,20 @@ void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const 
 // where shared, bf16 [c, hidden], is given).
 void moe_combine(float * x, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,
                  int gate_stride, cudaStream_t stream);
+// Quantized routed experts (moe_quant.cu): every expert's 4- or 8-bit affine codes stacked in the tile layout of
+// model/quant_repack.h, gate_up rows [n_experts, gate inter | up inter] over hidden, down rows [n_experts, hidden]
+// over inter; no act-order. One launch per projection reads each chosen expert's codes once per k_moe_qtile_rows of
+// its sorted rows (the routing built with tile_rows = k_moe_qtile_rows): for steps where experts get few rows
+// (decode and small batches); prefill runs the experts one by one (CudaQwenEngine::moe).
+constexpr int k_moe_qtile_rows = 8;
+struct MoeQuantExperts {
+    QuantMatrix gate_up, down;
+    int n_experts = 0, hidden = 0, inter = 0;  // hidden and inter multiples of 16
+};
+bool moe_qexperts_apply(const MoeQuantExperts & w);
+// act bf16 [c top_k, inter] and out bf16 [c top_k, hidden] in the sorted order, as moe_experts.
+void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
+                  cudaStream_t stream);
 
 // ---- prefill GEMM (cuBLASLt) ----
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.

@@ -1,0 +1,272 @@
+// Quantized routed experts on the device (ops.h, "mixture of experts"): every expert's 4- or 8-bit affine codes
+// stacked in one tiled matrix per projection (model/quant_repack.h), and one launch per projection over all of a
+// step's token-expert assignments, grouped by expert in tiles of k_moe_qtile_rows sorted rows (the routing's tiles).
+// A block takes one tile and RBB 16-row blocks of its expert's outputs; its warps split K into KS parts, each lane
+// keeps a ring of 16-byte code loads in flight, and the codes become tensor-core A fragments as in the dense
+// quantized GEMV (qgemv_mma.cuh): (w & 0x000F000F) | 0x43004300 is the bf16 pair 128 + q, one HSUB2 subtracts
+// 128 + zero exactly, products accumulate in fp32 per quantization group, each group's sums are scaled in fp32. The
+// tile's rows are the MMA's 8 columns (a token's normalised input for gate/up, its activation row for down), so an
+// expert's codes are read once per 8 rows. Gate and up rows of a block share its warps and meet in the epilogue:
+// silu(bf16(gate)) * bf16(up), as transformers rounds. Nothing goes through the host: graphs can capture it.
+#include <algorithm>
+#include <climits>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+#include "backends/cuda/qgemv_mma.cuh"
+#include "backends/cuda/qgemv_ring.cuh"
+
+namespace qinfer::cuda {
+namespace {
+
+constexpr int k_warps = 8;
+constexpr int k_ring_loads = 4;  // 16-byte code loads in flight per lane and matrix (4-bit: 4 K blocks, 8-bit: 2)
+
+struct QExpertArgs {
+    QuantMatrix w;                   // stacked: expert e's rows are [e MATS n, (e + 1) MATS n) (SwiGLU: n gate rows, n up rows)
+    const bf16 * x = nullptr;        // SwiGLU: xn [c, ldx] read through token_of; else [assignments, ldx] by sorted row
+    int ldx = 0;
+    const int * token_of = nullptr;  // null: sorted row p reads row p of x
+    const int * offsets = nullptr, * tiles = nullptr;
+    int E = 0;
+    int n = 0;                       // outputs per expert (a multiple of 16)
+    bf16 * y = nullptr;              // [assignments, n] by sorted row
+};
+
+template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_warps * 32) moe_qgemv_kernel(QExpertArgs a) {
+    constexpr int MATS = SWIGLU ? 2 : 1;
+    constexpr int RBB = k_warps / KS;
+    constexpr int TILE = 32 * PLANES;              // uint4 per row block and 64-wide K block
+    constexpr int RING = k_ring_loads / PLANES;    // K blocks in flight
+    constexpr ring4::Codes C = PLANES == 2 ? ring4::Codes::Affine8 : ring4::Codes::Affine4;
+    extern __shared__ uint32_t sq[];               // packed group parameters [RBB MATS 16 rows, gs] (ring4::pack_group)
+    __shared__ float red[k_warps][32][4 * MATS];
+    pdl_wait();  // the routing comes from the kernel ahead
+    const int tile = blockIdx.y;
+    if (tile >= a.tiles[a.E]) return;
+    int lo = 0, hi = a.E - 1;
+    while (lo < hi) {  // the last expert whose first tile is at or before this one
+        const int mid = (lo + hi + 1) / 2;
+        if (a.tiles[mid] <= tile) lo = mid;
+        else hi = mid - 1;
+    }
+    const int e = lo;
+    const int row0 = a.offsets[e] + (tile - a.tiles[e]) * k_moe_qtile_rows;
+    const int rows = min(k_moe_qtile_rows, a.offsets[e + 1] - row0);
+    const QuantMatrix & w = a.w;
+    const int nkb = w.k_padded / 64, G = w.groups, gs = ring4::group_stride(G), n_rb = a.n / 16;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int part = warp % KS, rbl = warp / KS, rb = blockIdx.x * RBB + rbl;
+    const bool active = rb < n_rb;
+    const int64_t erb = int64_t(e) * MATS * n_rb;  // the expert's first row block
+    const int kb_begin = part * nkb / KS, kb_end = (part + 1) * nkb / KS;
+
+    // The first RING blocks of codes of each matrix, requested before the group parameters are staged.
+    const uint4 * src[MATS];
+    uint4 ring[RING][MATS][PLANES];
+#pragma unroll
+    for (int m = 0; m < MATS; m++) {
+        src[m] = reinterpret_cast<const uint4 *>(w.codes) + size_t(erb + int64_t(m) * n_rb + (active ? rb : 0)) * nkb * TILE + lane;
+#pragma unroll
+        for (int u = 0; u < RING; u++) {
+#pragma unroll
+            for (int p = 0; p < PLANES; p++) {
+                ring[u][m][p] = active && kb_begin + u < kb_end ? mma4::load_stream(src[m] + size_t(kb_begin + u) * TILE + p * 32)
+                                                                : make_uint4(0, 0, 0, 0);
+            }
+        }
+    }
+    const int n_params = RBB * MATS * 16 * G;
+    for (int i = threadIdx.x; i < n_params; i += k_warps * 32) {
+        const int lr = i / G, gi = i - lr * G;  // local row (rbl_i MATS + mat_i) 16 + r
+        const int rb_i = blockIdx.x * RBB + lr / (MATS * 16), mat_i = (lr / 16) % MATS;
+        if (rb_i >= n_rb) continue;
+        const int64_t row = (erb + int64_t(mat_i) * n_rb + rb_i) * 16 + lr % 16;
+        sq[lr * gs + gi] = ring4::pack_group<C>(w, size_t(row) * G + gi);
+    }
+    __syncthreads();
+
+    // B fragments: the tile's row min(g, rows - 1) (columns beyond `rows` repeat the last one and are not written).
+    const int p_row = row0 + min(g, rows - 1);
+    const uint32_t * xrow = reinterpret_cast<const uint32_t *>(a.x + size_t(a.token_of ? a.token_of[p_row] : p_row) * a.ldx);
+    float tot[MATS][4] = {}, c[MATS][4] = {};
+    float s_lo[MATS], s_hi[MATS];
+    uint32_t zz_lo[MATS][PLANES], zz_hi[MATS][PLANES];
+    int gi = min(kb_begin * 64 / w.group, G - 1);
+    int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;
+    auto take = [&]() {
+#pragma unroll
+        for (int m = 0; m < MATS; m++) {
+            const uint32_t * q = sq + (rbl * MATS + m) * 16 * gs + g * gs;
+            const uint32_t plo = q[gi], phi = q[8 * gs + gi];
+            s_lo[m] = __half2float(__ushort_as_half(uint16_t(plo & 0xFFFFu)));
+            s_hi[m] = __half2float(__ushort_as_half(uint16_t(phi & 0xFFFFu)));
+            if constexpr (PLANES == 2) {
+                const uint32_t zlo = plo >> 16, zhi = phi >> 16;
+                zz_lo[m][0] = (0x4300u | (zlo & 15u)) * 0x10001u;  // 128 + zl
+                zz_hi[m][0] = (0x4300u | (zhi & 15u)) * 0x10001u;
+                zz_lo[m][PLANES - 1] = (0x4500u | (zlo >> 4)) * 0x10001u;  // 2048 + 16 zh
+                zz_hi[m][PLANES - 1] = (0x4500u | (zhi >> 4)) * 0x10001u;
+            } else {
+                zz_lo[m][0] = __byte_perm(plo, 0, 0x3232);
+                zz_hi[m][0] = __byte_perm(phi, 0, 0x3232);
+            }
+        }
+    };
+    auto flush = [&]() {
+#pragma unroll
+        for (int m = 0; m < MATS; m++) {
+            tot[m][0] = fmaf(s_lo[m], c[m][0], tot[m][0]);
+            tot[m][1] = fmaf(s_lo[m], c[m][1], tot[m][1]);
+            tot[m][2] = fmaf(s_hi[m], c[m][2], tot[m][2]);
+            tot[m][3] = fmaf(s_hi[m], c[m][3], tot[m][3]);
+            c[m][0] = c[m][1] = c[m][2] = c[m][3] = 0.0f;
+        }
+    };
+    if (active) {
+        take();
+        for (int kb0 = kb_begin; kb0 < kb_end; kb0 += RING) {
+#pragma unroll
+            for (int u = 0; u < RING; u++) {
+                const int kb = kb0 + u;
+                if (kb >= kb_end) break;
+                const int pos0 = kb * 64;
+                const bool full = pos0 + 64 <= w.k;  // positions past k read zero inputs (the codes there are padding)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    // Groups are multiples of 32 positions: one can start only at j = 0 or 2.
+                    if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) {
+                        flush();
+                        gi++;
+                        group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
+                        take();
+                    }
+                    const int at = pos0 + 16 * j + 2 * t;
+                    const uint32_t b0 = full || at < w.k ? xrow[at / 2] : 0u;
+                    const uint32_t b1 = full || at + 8 < w.k ? xrow[at / 2 + 4] : 0u;
+                    constexpr uint32_t mask = 0x000F000Fu;
+#pragma unroll
+                    for (int m = 0; m < MATS; m++) {
+#pragma unroll
+                        for (int p = 0; p < PLANES; p++) {
+                            const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
+                            const uint32_t word = reinterpret_cast<const uint32_t *>(&ring[u][m][p])[j];
+                            uint32_t fr[4];
+                            fr[0] = mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), zz_lo[m][p]);
+                            fr[1] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), zz_hi[m][p]);
+                            fr[2] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), zz_lo[m][p]);
+                            fr[3] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), zz_hi[m][p]);
+                            mma4::mma_bf16(c[m], fr, b0, b1);
+                        }
+                    }
+                }
+                if (kb + RING < kb_end) {
+#pragma unroll
+                    for (int m = 0; m < MATS; m++) {
+#pragma unroll
+                        for (int p = 0; p < PLANES; p++) ring[u][m][p] = mma4::load_stream(src[m] + size_t(kb + RING) * TILE + p * 32);
+                    }
+                }
+            }
+        }
+        flush();
+    }
+
+    // The KS parts of each row block meet in shared memory, in part order; the row block's first warp writes.
+#pragma unroll
+    for (int m = 0; m < MATS; m++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp][lane][4 * m + i] = tot[m][i];
+    }
+    __syncthreads();
+    if (part != 0 || !active) return;
+    float sum[MATS][4] = {};
+#pragma unroll
+    for (int q = 0; q < KS; q++) {
+#pragma unroll
+        for (int m = 0; m < MATS; m++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) sum[m][i] += red[rbl * KS + q][lane][4 * m + i];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int col = 2 * t + (i & 1);
+        if (col >= rows) continue;
+        const int o = rb * 16 + g + (i >= 2 ? 8 : 0);
+        float v = sum[0][i];
+        if constexpr (SWIGLU) v = silu(__bfloat162float(__float2bfloat16(v))) * __bfloat162float(__float2bfloat16(sum[1][i]));
+        a.y[size_t(row0 + col) * a.n + o] = __float2bfloat16(v);
+    }
+}
+
+// K parts per row block: each part at least four 64-wide K blocks, at most the block's 8 warps.
+int k_parts(int nkb) { return nkb >= 32 ? 8 : nkb >= 16 ? 4 : nkb >= 8 ? 2 : 1; }
+
+// The block's group parameters in shared memory.
+size_t params_bytes(const QuantMatrix & w, int mats) {
+    return size_t(k_warps / k_parts(w.k_padded / 64)) * mats * 16 * ring4::group_stride(w.groups) * sizeof(uint32_t);
+}
+constexpr size_t k_max_params_bytes = 160 * 1024;
+
+template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a, int max_tiles, cudaStream_t stream) {
+    constexpr int RBB = k_warps / KS;
+    auto kernel = moe_qgemv_kernel<PLANES, SWIGLU, KS>;
+    const size_t smem = params_bytes(a.w, SWIGLU ? 2 : 1);
+    static size_t configured = 48 * 1024;
+    allow_dynamic_smem(kernel, smem, configured);
+    const int n_rb = a.n / 16;
+    launch_kernel(kernel, dim3((n_rb + RBB - 1) / RBB, max_tiles), dim3(k_warps * 32), smem, stream, a);
+}
+
+template <int PLANES, bool SWIGLU> void launch(const QExpertArgs & a, int max_tiles, cudaStream_t stream) {
+    switch (k_parts(a.w.k_padded / 64)) {
+    case 8: return launch_ks<PLANES, SWIGLU, 8>(a, max_tiles, stream);
+    case 4: return launch_ks<PLANES, SWIGLU, 4>(a, max_tiles, stream);
+    case 2: return launch_ks<PLANES, SWIGLU, 2>(a, max_tiles, stream);
+    default: return launch_ks<PLANES, SWIGLU, 1>(a, max_tiles, stream);
+    }
+}
+
+template <bool SWIGLU> void launch_planes(const QExpertArgs & a, int max_tiles, cudaStream_t stream) {
+    if (a.w.bits == 8) return launch<2, SWIGLU>(a, max_tiles, stream);
+    launch<1, SWIGLU>(a, max_tiles, stream);
+}
+
+}  // namespace
+
+bool moe_qexperts_apply(const MoeQuantExperts & w) {
+    const int E = w.n_experts;
+    auto fits = [&](const QuantMatrix & q, int rows, int k) {
+        return q.codes && q.tiled && !q.lut && !q.perm && (q.bits == 4 || q.bits == 8) && q.rows == int64_t(E) * rows && q.k == k &&
+               q.rows_padded == q.rows && params_bytes(q, 2) <= k_max_params_bytes;
+    };
+    return E >= 1 && w.hidden % 16 == 0 && w.inter % 16 == 0 && fits(w.gate_up, 2 * w.inter, w.hidden) && fits(w.down, w.hidden, w.inter);
+}
+
+void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
+                  cudaStream_t stream) {
+    QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
+    const int assignments = c * top_k;
+    const int max_tiles = std::min(assignments, (assignments + k_moe_qtile_rows - 1) / k_moe_qtile_rows + std::min(w.n_experts, assignments));
+    QExpertArgs a;
+    a.offsets = r.offsets;
+    a.tiles = r.tiles;
+    a.E = w.n_experts;
+    a.w = w.gate_up;
+    a.x = xn;
+    a.ldx = w.hidden;
+    a.token_of = r.token_of;
+    a.n = w.inter;
+    a.y = act;
+    launch_planes<true>(a, max_tiles, stream);
+    a.w = w.down;
+    a.x = act;
+    a.ldx = w.inter;
+    a.token_of = nullptr;
+    a.n = w.hidden;
+    a.y = out;
+    launch_planes<false>(a, max_tiles, stream);
+}
+
+}  // namespace qinfer::cuda
