@@ -264,7 +264,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(QuantMoeCase{"gptq4_g128", gptq_scheme(4, 128, true, QuantPacking::GptqV1), 60, 4, 1, 256, 128},
                       QuantMoeCase{"gptq4_g128_b17", gptq_scheme(4, 128, true, QuantPacking::GptqV1), 8, 2, 17, 256, 128},
                       QuantMoeCase{"gptq4_asym_g32_pad", gptq_scheme(4, 32, false, QuantPacking::GptqV2), 16, 4, 5, 224, 96},
-                      QuantMoeCase{"gptq4_rows_b64", gptq_scheme(4, -1, true, QuantPacking::GptqV1), 8, 2, 64, 208, 80},
+                      QuantMoeCase{"gptq4_rows_b64", gptq_scheme(4, -1, true, QuantPacking::GptqV1), 8, 2, 64, 288, 96},
                       QuantMoeCase{"gptq8_rows", gptq_scheme(8, -1, true, QuantPacking::GptqV1), 64, 8, 3, 256, 160},
                       QuantMoeCase{"gptq8_asym_g32_pad", gptq_scheme(8, 32, false, QuantPacking::GptqV2), 5, 2, 9, 160, 96},
                       QuantMoeCase{"awq_g64_e128", gptq_scheme(4, 64, false, QuantPacking::AwqGemm), 128, 8, 2, 192, 128}),
