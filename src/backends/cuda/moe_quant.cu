@@ -5,8 +5,9 @@
 // keeps a ring of 16-byte code loads in flight, and the codes become tensor-core A fragments as in the dense
 // quantized GEMV (qgemv_mma.cuh): (w & 0x000F000F) | 0x43004300 is the bf16 pair 128 + q, one HSUB2 subtracts
 // 128 + zero exactly, products accumulate in fp32 per quantization group, each group's sums are scaled in fp32. The
-// tile's rows are the MMA's 8 columns (a token's normalised input for gate/up, its activation row for down), so an
-// expert's codes are read once per 8 rows. Gate and up rows of a block share its warps and meet in the epilogue:
+// tile's rows are the MMA's 8 columns (a token's normalised input for gate/up, its activation row for down), staged in
+// shared memory once per block, so an expert's codes are read once per 8 rows and no K block waits for its inputs.
+// The routing's tile and row offsets are read into shared memory in one round trip and searched there. Gate and up rows of a block share its warps and meet in the epilogue:
 // silu(bf16(gate)) * bf16(up), as transformers rounds. Nothing goes through the host: graphs can capture it.
 #include <algorithm>
 #include <climits>
@@ -33,35 +34,47 @@ struct QExpertArgs {
     bf16 * y = nullptr;              // [assignments, n] by sorted row
 };
 
+// Shared memory: the packed group parameters (uint32 [RBB MATS 16 rows, gs], ring4::pack_group), then the tile's input
+// rows (bf16 [xrows, k_padded + 8], zero past k; the row stride's extra 16 bytes put the 8 rows a B load reads in
+// different banks).
+__host__ __device__ inline int params_words(int rbb, int mats, int groups) { return (rbb * mats * 16 * ring4::group_stride(groups) + 3) / 4 * 4; }
+
 template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_warps * 32) moe_qgemv_kernel(QExpertArgs a) {
     constexpr int MATS = SWIGLU ? 2 : 1;
     constexpr int RBB = k_warps / KS;
     constexpr int TILE = 32 * PLANES;              // uint4 per row block and 64-wide K block
     constexpr int RING = k_ring_loads / PLANES;    // K blocks in flight
     constexpr ring4::Codes C = PLANES == 2 ? ring4::Codes::Affine8 : ring4::Codes::Affine4;
-    extern __shared__ uint32_t sq[];               // packed group parameters [RBB MATS 16 rows, gs] (ring4::pack_group)
+    extern __shared__ __align__(16) uint32_t smem[];
     __shared__ float red[k_warps][32][4 * MATS];
+    __shared__ int s_tiles[k_moe_max_experts + 1], s_offsets[k_moe_max_experts + 1];
     pdl_wait();  // the routing comes from the kernel ahead
+    // The routing's tile and row offsets in one round trip; the tile's expert found in shared memory.
+    for (int i = threadIdx.x; i <= a.E; i += k_warps * 32) {
+        s_tiles[i] = a.tiles[i];
+        s_offsets[i] = a.offsets[i];
+    }
+    __syncthreads();
     const int tile = blockIdx.y;
-    if (tile >= a.tiles[a.E]) return;
+    if (tile >= s_tiles[a.E]) return;
     int lo = 0, hi = a.E - 1;
     while (lo < hi) {  // the last expert whose first tile is at or before this one
         const int mid = (lo + hi + 1) / 2;
-        if (a.tiles[mid] <= tile) lo = mid;
+        if (s_tiles[mid] <= tile) lo = mid;
         else hi = mid - 1;
     }
     const int e = lo;
-    const int row0 = a.offsets[e] + (tile - a.tiles[e]) * k_moe_qtile_rows;
-    const int rows = min(k_moe_qtile_rows, a.offsets[e + 1] - row0);
+    const int row0 = s_offsets[e] + (tile - s_tiles[e]) * k_moe_qtile_rows;
+    const int rows = min(k_moe_qtile_rows, s_offsets[e + 1] - row0);  // <= xrows: a token chooses an expert once
     const QuantMatrix & w = a.w;
-    const int nkb = w.k_padded / 64, G = w.groups, gs = ring4::group_stride(G), n_rb = a.n / 16;
+    const int kp = w.k_padded, nkb = kp / 64, G = w.groups, gs = ring4::group_stride(G), n_rb = a.n / 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int part = warp % KS, rbl = warp / KS, rb = blockIdx.x * RBB + rbl;
     const bool active = rb < n_rb;
     const int64_t erb = int64_t(e) * MATS * n_rb;  // the expert's first row block
     const int kb_begin = part * nkb / KS, kb_end = (part + 1) * nkb / KS;
 
-    // The first RING blocks of codes of each matrix, requested before the group parameters are staged.
+    // The first RING blocks of codes of each matrix, requested before the group parameters and inputs are staged.
     const uint4 * src[MATS];
     uint4 ring[RING][MATS][PLANES];
 #pragma unroll
@@ -76,6 +89,7 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
             }
         }
     }
+    uint32_t * sq = smem;
     const int n_params = RBB * MATS * 16 * G;
     for (int i = threadIdx.x; i < n_params; i += k_warps * 32) {
         const int lr = i / G, gi = i - lr * G;  // local row (rbl_i MATS + mat_i) 16 + r
@@ -84,11 +98,20 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
         const int64_t row = (erb + int64_t(mat_i) * n_rb + rb_i) * 16 + lr % 16;
         sq[lr * gs + gi] = ring4::pack_group<C>(w, size_t(row) * G + gi);
     }
+    const int xld = kp + 8;
+    bf16 * sx = reinterpret_cast<bf16 *>(smem + params_words(RBB, MATS, G));
+    const int chunks = kp / 8;  // 16-byte chunks of a staged row
+    for (int i = threadIdx.x; i < rows * chunks; i += k_warps * 32) {
+        const int r = i / chunks, ch = i - r * chunks;
+        const int p = row0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (ch * 8 < w.k) v = *reinterpret_cast<const uint4 *>(a.x + size_t(a.token_of ? a.token_of[p] : p) * a.ldx + ch * 8);
+        *reinterpret_cast<uint4 *>(sx + r * xld + ch * 8) = v;
+    }
     __syncthreads();
 
     // B fragments: the tile's row min(g, rows - 1) (columns beyond `rows` repeat the last one and are not written).
-    const int p_row = row0 + min(g, rows - 1);
-    const uint32_t * xrow = reinterpret_cast<const uint32_t *>(a.x + size_t(a.token_of ? a.token_of[p_row] : p_row) * a.ldx);
+    const uint32_t * xrow = reinterpret_cast<const uint32_t *>(sx + min(g, rows - 1) * xld);
     float tot[MATS][4] = {}, c[MATS][4] = {};
     float s_lo[MATS], s_hi[MATS];
     uint32_t zz_lo[MATS][PLANES], zz_hi[MATS][PLANES];
@@ -131,7 +154,6 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
                 const int kb = kb0 + u;
                 if (kb >= kb_end) break;
                 const int pos0 = kb * 64;
-                const bool full = pos0 + 64 <= w.k;  // positions past k read zero inputs (the codes there are padding)
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     // Groups are multiples of 32 positions: one can start only at j = 0 or 2.
@@ -141,9 +163,8 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
                         group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
                         take();
                     }
-                    const int at = pos0 + 16 * j + 2 * t;
-                    const uint32_t b0 = full || at < w.k ? xrow[at / 2] : 0u;
-                    const uint32_t b1 = full || at + 8 < w.k ? xrow[at / 2 + 4] : 0u;
+                    const int at = (pos0 + 16 * j + 2 * t) / 2;  // inputs 2t, 2t + 1 and 2t + 8, 2t + 9 of the 16
+                    const uint32_t b0 = xrow[at], b1 = xrow[at + 4];
                     constexpr uint32_t mask = 0x000F000Fu;
 #pragma unroll
                     for (int m = 0; m < MATS; m++) {
@@ -203,34 +224,36 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
 // K parts per row block: each part at least four 64-wide K blocks, at most the block's 8 warps.
 int k_parts(int nkb) { return nkb >= 32 ? 8 : nkb >= 16 ? 4 : nkb >= 8 ? 2 : 1; }
 
-// The block's group parameters in shared memory.
-size_t params_bytes(const QuantMatrix & w, int mats) {
-    return size_t(k_warps / k_parts(w.k_padded / 64)) * mats * 16 * ring4::group_stride(w.groups) * sizeof(uint32_t);
+// The block's shared memory: group parameters, then xrows staged input rows.
+size_t smem_bytes(const QuantMatrix & w, int mats, int xrows) {
+    return size_t(params_words(k_warps / k_parts(w.k_padded / 64), mats, w.groups)) * sizeof(uint32_t) +
+           size_t(xrows) * (w.k_padded + 8) * sizeof(bf16);
 }
-constexpr size_t k_max_params_bytes = 160 * 1024;
+constexpr size_t k_max_smem_bytes = 200 * 1024;
 
-template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a, int max_tiles, cudaStream_t stream) {
+// xrows: the most rows a tile holds (k_moe_qtile_rows, or fewer tokens: a token chooses an expert once).
+template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
     constexpr int RBB = k_warps / KS;
     auto kernel = moe_qgemv_kernel<PLANES, SWIGLU, KS>;
-    const size_t smem = params_bytes(a.w, SWIGLU ? 2 : 1);
+    const size_t smem = smem_bytes(a.w, SWIGLU ? 2 : 1, xrows);
     static size_t configured = 48 * 1024;
     allow_dynamic_smem(kernel, smem, configured);
     const int n_rb = a.n / 16;
     launch_kernel(kernel, dim3((n_rb + RBB - 1) / RBB, max_tiles), dim3(k_warps * 32), smem, stream, a);
 }
 
-template <int PLANES, bool SWIGLU> void launch(const QExpertArgs & a, int max_tiles, cudaStream_t stream) {
+template <int PLANES, bool SWIGLU> void launch(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
     switch (k_parts(a.w.k_padded / 64)) {
-    case 8: return launch_ks<PLANES, SWIGLU, 8>(a, max_tiles, stream);
-    case 4: return launch_ks<PLANES, SWIGLU, 4>(a, max_tiles, stream);
-    case 2: return launch_ks<PLANES, SWIGLU, 2>(a, max_tiles, stream);
-    default: return launch_ks<PLANES, SWIGLU, 1>(a, max_tiles, stream);
+    case 8: return launch_ks<PLANES, SWIGLU, 8>(a, max_tiles, xrows, stream);
+    case 4: return launch_ks<PLANES, SWIGLU, 4>(a, max_tiles, xrows, stream);
+    case 2: return launch_ks<PLANES, SWIGLU, 2>(a, max_tiles, xrows, stream);
+    default: return launch_ks<PLANES, SWIGLU, 1>(a, max_tiles, xrows, stream);
     }
 }
 
-template <bool SWIGLU> void launch_planes(const QExpertArgs & a, int max_tiles, cudaStream_t stream) {
-    if (a.w.bits == 8) return launch<2, SWIGLU>(a, max_tiles, stream);
-    launch<1, SWIGLU>(a, max_tiles, stream);
+template <bool SWIGLU> void launch_planes(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
+    if (a.w.bits == 8) return launch<2, SWIGLU>(a, max_tiles, xrows, stream);
+    launch<1, SWIGLU>(a, max_tiles, xrows, stream);
 }
 
 }  // namespace
@@ -239,7 +262,7 @@ bool moe_qexperts_apply(const MoeQuantExperts & w) {
     const int E = w.n_experts;
     auto fits = [&](const QuantMatrix & q, int rows, int k) {
         return q.codes && q.tiled && !q.lut && !q.perm && (q.bits == 4 || q.bits == 8) && q.rows == int64_t(E) * rows && q.k == k &&
-               q.rows_padded == q.rows && params_bytes(q, 2) <= k_max_params_bytes;
+               q.rows_padded == q.rows && smem_bytes(q, 2, k_moe_qtile_rows) <= k_max_smem_bytes;
     };
     return E >= 1 && w.hidden % 16 == 0 && w.inter % 16 == 0 && fits(w.gate_up, 2 * w.inter, w.hidden) && fits(w.down, w.hidden, w.inter);
 }
@@ -247,6 +270,7 @@ bool moe_qexperts_apply(const MoeQuantExperts & w) {
 void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
                   cudaStream_t stream) {
     QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
+    QINFER_CHECK(reinterpret_cast<uintptr_t>(xn) % 16 == 0 && reinterpret_cast<uintptr_t>(act) % 16 == 0) << "MoE: inputs not 16-byte aligned";
     const int assignments = c * top_k;
     const int max_tiles = std::min(assignments, (assignments + k_moe_qtile_rows - 1) / k_moe_qtile_rows + std::min(w.n_experts, assignments));
     QExpertArgs a;
@@ -259,14 +283,15 @@ void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, 
     a.token_of = r.token_of;
     a.n = w.inter;
     a.y = act;
-    launch_planes<true>(a, max_tiles, stream);
+    const int xrows = std::min(c, k_moe_qtile_rows);
+    launch_planes<true>(a, max_tiles, xrows, stream);
     a.w = w.down;
     a.x = act;
     a.ldx = w.inter;
     a.token_of = nullptr;
     a.n = w.hidden;
     a.y = out;
-    launch_planes<false>(a, max_tiles, stream);
+    launch_planes<false>(a, max_tiles, xrows, stream);
 }
 
 }  // namespace qinfer::cuda
