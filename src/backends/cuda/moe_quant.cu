@@ -22,6 +22,10 @@ namespace {
 
 constexpr int k_warps = 8;
 constexpr int k_ring_loads = 4;  // 16-byte code loads in flight per lane and matrix (4-bit: 4 K blocks, 8-bit: 2)
+// The SwiGLU kernel at three blocks per SM (at most 85 registers; the other one fits four at 64): Qwen1.5-MoE-A2.7B's
+// decode gate_up grid of 88 x 4 blocks in one wave. Unbounded it took 101 registers, two blocks per SM, two waves
+// (an H200: 16.6 us a layer).
+constexpr int k_blocks_per_sm = 3;
 
 struct QExpertArgs {
     QuantMatrix w;                   // stacked: expert e's rows are [e MATS n, (e + 1) MATS n) (SwiGLU: n gate rows, n up rows)
@@ -39,7 +43,7 @@ struct QExpertArgs {
 // different banks).
 __host__ __device__ inline int params_words(int rbb, int mats, int groups) { return (rbb * mats * 16 * ring4::group_stride(groups) + 3) / 4 * 4; }
 
-template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_warps * 32) moe_qgemv_kernel(QExpertArgs a) {
+template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_warps * 32, SWIGLU ? k_blocks_per_sm : 4) moe_qgemv_kernel(QExpertArgs a) {
     constexpr int MATS = SWIGLU ? 2 : 1;
     constexpr int RBB = k_warps / KS;
     constexpr int TILE = 32 * PLANES;              // uint4 per row block and 64-wide K block
