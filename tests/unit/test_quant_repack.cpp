@@ -69,4 +69,23 @@ TEST(QuantRepack, RefusesWhatTheKernelsCannotRun) {
     EXPECT_THROW(repack_quant({&a->l, &b->l}), Error);  // different act-orders cannot share one input permutation
 }
 
+// MoE experts are stacked in one matrix only where repack_quant can stack them (else the CUDA engine uploads them one
+// by one): the same act-order, bits, group and K.
+TEST(QuantRepack, StackableExperts) {
+    const QuantScheme g4 = test::gptq_scheme(4, 32, true, QuantPacking::GptqV1), act = test::gptq_scheme(4, 32, true, QuantPacking::GptqV1, true);
+    auto a = test::make_quant_linear(g4, 32, 96, 1), b = test::make_quant_linear(g4, 48, 96, 2);
+    EXPECT_TRUE(quant_stackable({&a->l, &b->l}));
+    const RepackedQuant r = repack_quant({&a->l, &b->l});
+    EXPECT_EQ(r.rows, 80);
+    auto same1 = test::make_quant_linear(act, 32, 96, 1, 5), same2 = test::make_quant_linear(act, 32, 96, 2, 5);
+    EXPECT_TRUE(quant_stackable({&same1->l, &same2->l}));
+    auto other = test::make_quant_linear(act, 32, 96, 3, 6);
+    EXPECT_FALSE(quant_stackable({&same1->l, &other->l}));
+    auto g8 = test::make_quant_linear(test::gptq_scheme(8, 32, true, QuantPacking::GptqV1), 32, 96, 4);
+    EXPECT_FALSE(quant_stackable({&a->l, &g8->l}));
+    auto g64 = test::make_quant_linear(test::gptq_scheme(4, 64, true, QuantPacking::GptqV1), 32, 128, 5);
+    EXPECT_FALSE(quant_stackable({&a->l, &g64->l}));
+    EXPECT_FALSE(quant_stackable({}));
+}
+
 }  // namespace qinfer
