@@ -158,27 +158,31 @@ INSTANTIATE_TEST_SUITE_P(Backends, Batch, ::testing::ValuesIn(k_cases), test::ba
 
 // A quantized model's static batch beyond the fused GEMVs' rows (12 > k_gemv_max_m): the projections go through
 // cuda::quant_linear's GEMM with the scratch prepare_batch sizes (K splits, gathered act-order inputs), and each
-// sequence still gets the logits it gets alone (there through the GEMVs).
+// sequence still gets the logits it gets alone (there through the GEMVs). The MoE preset's quantized experts: the
+// batch's decode steps through cuda::moe_qexperts (24 assignments over 8 experts), its prompts one expert at a time;
+// with act-order, every expert its own g_idx, one by one throughout.
 TEST(BatchQuantCuda, ManyRowsEqualSequencesAlone) {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-    for (const bool desc_act : {false, true}) {
-        SynthOptions o;
-        o.preset = "tiny-qwen2-k128";
-        o.out_dir = test::temp_dir(desc_act ? "batch-gptq4-act" : "batch-gptq4");
-        o.seed = 13;
-        o.quiet = true;
-        o.quant.kind = "gptq-int4";
-        o.quant.group_size = 32;
-        o.quant.desc_act = desc_act;
-        synthesize(o);
-        EngineOptions eo;
-        eo.backend = "cuda";
-        eo.max_context = 32;
-        eo.max_sequences = 12;
-        auto engine = make_engine(o.out_dir, eo);
-        std::vector<std::vector<int>> ps = prompts(engine->config().vocab_size);
-        for (size_t i = 0; i < 6; i++) ps.push_back(std::vector<int>(ps[i].begin(), ps[i].end() - (ps[i].size() > 1 ? 1 : 0)));
-        EXPECT_LE(batch_vs_alone(*engine, ps), 2e-2) << "batch of " << ps.size() << (desc_act ? ", act-order" : "");
+    for (const char * preset : {"tiny-qwen2-k128", "tiny-qwen2-moe-k64"}) {
+        for (const bool desc_act : {false, true}) {
+            SynthOptions o;
+            o.preset = preset;
+            o.out_dir = test::temp_dir(std::string("batch-gptq4-") + preset + (desc_act ? "-act" : ""));
+            o.seed = 13;
+            o.quiet = true;
+            o.quant.kind = "gptq-int4";
+            o.quant.group_size = 32;
+            o.quant.desc_act = desc_act;
+            synthesize(o);
+            EngineOptions eo;
+            eo.backend = "cuda";
+            eo.max_context = 32;
+            eo.max_sequences = 12;
+            auto engine = make_engine(o.out_dir, eo);
+            std::vector<std::vector<int>> ps = prompts(engine->config().vocab_size);
+            for (size_t i = 0; i < 6; i++) ps.push_back(std::vector<int>(ps[i].begin(), ps[i].end() - (ps[i].size() > 1 ? 1 : 0)));
+            EXPECT_LE(batch_vs_alone(*engine, ps), 2e-2) << preset << ", batch of " << ps.size() << (desc_act ? ", act-order" : "");
+        }
     }
 }
 
