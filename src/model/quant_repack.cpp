@@ -127,19 +127,22 @@ void RepackedQuant::row(int64_t row, float * out) const {
     }
 }
 
+// Why `p` cannot be stacked under `first` (whose act-order permutation is `perm`) in one repacked matrix; empty: it can.
+static std::string stack_mismatch(const Linear & first, const std::vector<int32_t> & perm, const Linear & p) {
+    const int k = first.in_features;
+    if (p.in_features != k || p.scheme.bits != first.scheme.bits || p.scheme.method != first.scheme.method ||
+        p.scheme.group(k) != first.scheme.group(k)) {
+        return "fused projections need the same quantization (" + p.scheme.describe() + " vs " + first.scheme.describe() + ")";
+    }
+    if (&p != &first && act_order_perm(p) != perm) return "fused projections need the same act-order (g_idx)";
+    return "";
+}
+
 bool quant_stackable(const std::vector<const Linear *> & parts) {
     if (parts.empty()) return false;
-    const Linear & first = *parts[0];
-    const int k = first.in_features;
-    const std::vector<int32_t> perm = act_order_perm(first);
-    for (const Linear * p : parts) {
-        if (!p->quantized() || p->in_features != k || p->scheme.method != first.scheme.method || p->scheme.bits != first.scheme.bits ||
-            p->scheme.group(k) != first.scheme.group(k)) {
-            return false;
-        }
-        if (p != &first && act_order_perm(*p) != perm) return false;
-    }
-    return true;
+    const std::vector<int32_t> perm = act_order_perm(*parts[0]);
+    return std::all_of(parts.begin(), parts.end(),
+                       [&](const Linear * p) { return p->quantized() && stack_mismatch(*parts[0], perm, *p).empty(); });
 }
 
 RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile) {
@@ -157,12 +160,8 @@ RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile)
         const std::string why = cuda_quant_unsupported(*p);
         const std::string & name = p->scheme.method == QuantMethod::Bnb4 ? p->weight.name : p->qweight.name;
         if (!why.empty()) QINFER_FAIL() << name << ": " << why;
-        if (p->in_features != r.k || p->scheme.bits != first.scheme.bits || p->scheme.method != first.scheme.method ||
-            p->scheme.group(r.k) != first.scheme.group(r.k)) {
-            QINFER_FAIL() << name << ": fused projections need the same quantization (" << p->scheme.describe() << " vs "
-                          << first.scheme.describe() << ")";
-        }
-        if (act_order_perm(*p) != r.perm) QINFER_FAIL() << name << ": fused projections need the same act-order (g_idx)";
+        const std::string mismatch = stack_mismatch(first, r.perm, *p);
+        if (!mismatch.empty()) QINFER_FAIL() << name << ": " << mismatch;
         r.rows += p->out_features;
     }
     r.rows_padded = r.tiled ? (r.rows + 15) / 16 * 16 : r.rows;
