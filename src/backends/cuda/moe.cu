@@ -374,7 +374,7 @@ template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU> void launch_g
 // rows (3-deep), same call (bench/results/2026-11-28-h200-moe-device). Large tiles (64 x 128) where experts get many
 // rows (prefill): each weight tile is read once per 64 rows.
 template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int assignments, cudaStream_t stream) {
-    const int max_tiles = std::min(assignments, (assignments + tile_rows - 1) / tile_rows + std::min(a.E, assignments));
+    const int max_tiles = moe_max_tiles(assignments, tile_rows, a.E);
     if (tile_rows == 16) return launch_gemm<16, 64, 1, 8, 4, SWIGLU>(a, max_tiles, stream);
     launch_gemm<64, 128, 2, 2, 3, SWIGLU>(a, max_tiles, stream);
 }
@@ -510,6 +510,10 @@ MoeRouting moe_routing_in(int * ints, float * weights, int max_tokens, int top_k
 }
 
 int moe_tile_rows(int tokens, int top_k, int n_experts) { return tokens * top_k >= 16 * n_experts ? 64 : 16; }
+
+int moe_max_tiles(int assignments, int tile_rows, int n_experts) {
+    return std::min(assignments, (assignments + tile_rows - 1) / tile_rows + std::min(n_experts, assignments));
+}
 
 void moe_route(const float * logits, int stride, int c, int n_experts, int top_k, bool renormalise, int tile_rows, const MoeRouting & r,
                cudaStream_t stream) {

@@ -7,8 +7,9 @@
 // 128 + zero exactly, products accumulate in fp32 per quantization group, each group's sums are scaled in fp32. The
 // tile's rows are the MMA's 8 columns (a token's normalised input for gate/up, its activation row for down), staged in
 // shared memory once per block, so an expert's codes are read once per 8 rows and no K block waits for its inputs.
-// The routing's tile and row offsets are read into shared memory in one round trip and searched there. Gate and up rows of a block share its warps and meet in the epilogue:
-// silu(bf16(gate)) * bf16(up), as transformers rounds. Nothing goes through the host: graphs can capture it.
+// The routing's tile and row offsets are read into shared memory in one round trip and searched there. Gate and up
+// rows of a block share its warps and meet in the epilogue: silu(bf16(gate)) * bf16(up), as transformers rounds.
+// Nothing goes through the host: graphs can capture it.
 #include <algorithm>
 #include <climits>
 
@@ -276,7 +277,7 @@ void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, 
     QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
     QINFER_CHECK(reinterpret_cast<uintptr_t>(xn) % 16 == 0 && reinterpret_cast<uintptr_t>(act) % 16 == 0) << "MoE: inputs not 16-byte aligned";
     const int assignments = c * top_k;
-    const int max_tiles = std::min(assignments, (assignments + k_moe_qtile_rows - 1) / k_moe_qtile_rows + std::min(w.n_experts, assignments));
+    const int max_tiles = moe_max_tiles(assignments, k_moe_qtile_rows, w.n_experts);
     QExpertArgs a;
     a.offsets = r.offsets;
     a.tiles = r.tiles;

@@ -338,6 +338,9 @@ size_t moe_routing_ints(int max_tokens, int top_k, int n_experts);
 MoeRouting moe_routing_in(int * ints, float * weights, int max_tokens, int top_k, int n_experts);
 // The grouped GEMMs' row tile for c tokens: 64 where experts get 16 rows or more on average, else 16.
 int moe_tile_rows(int tokens, int top_k, int n_experts);
+// The most row tiles `assignments` sorted rows can take in tiles of tile_rows (every expert may end in a part tile):
+// the grids of the launches over tiles, sized for the worst case so that graphs can capture them.
+int moe_max_tiles(int assignments, int tile_rows, int n_experts);
 // logits fp32 [c, stride] (the first n_experts of each row; n_experts <= k_moe_max_experts, top_k <= k_moe_max_topk) -> r.
 void moe_route(const float * logits, int stride, int c, int n_experts, int top_k, bool renormalise, int tile_rows, const MoeRouting & r,
                cudaStream_t stream);
