@@ -6,8 +6,14 @@
 
 namespace qinfer {
 
+namespace {
+thread_local bool thread_quiet = false;
+}
+
+void Progress::quiet_on_this_thread(bool quiet) { thread_quiet = quiet; }
+
 Progress::Progress(std::string label, int64_t total)
-    : label_(std::move(label)), total_(total > 0 ? total : 1), enabled_(isatty(2) != 0),
+    : label_(std::move(label)), total_(total > 0 ? total : 1), enabled_(isatty(2) != 0 && !thread_quiet),
       start_(std::chrono::steady_clock::now()), last_(start_ - std::chrono::seconds(1)) {}
 
 Progress::~Progress() { finish(); }

@@ -14,6 +14,8 @@ public:
     ~Progress();
     void update(int64_t done, const std::string & note = "");
     void finish();
+    // Bars made on this thread stay silent (tensor parallel: ranks after the first load beside rank 0's bar).
+    static void quiet_on_this_thread(bool quiet);
 
 private:
     std::string label_;

@@ -39,7 +39,9 @@ std::vector<uint16_t> to_bf16_host(const Weight & w) {
 
 }  // namespace
 
-CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt) : model_(std::move(model)), opt_(opt) {
+CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt, RankPlace place)
+    : model_(std::move(model)), opt_(opt), place_(place) {
+    CUDA_CHECK(cudaSetDevice(place_.device));
     const ModelConfig & c = model_->config;
     if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0 || c.head_dim % 8 != 0) {
         QINFER_FAIL() << "CUDA backend: hidden, intermediate and head sizes must be multiples of 8";
@@ -69,7 +71,6 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
         fp8_scale_ = upload_vector(scales, "KV cache");
         fp8_amax_ = DeviceBuffer(2 * sizeof(float), "KV cache");
     }
-    CUDA_CHECK(cudaSetDevice(0));
     // Programmatic dependent launch overlaps each kernel's start (the GEMVs request their first weights before waiting
     // for their inputs) with the end of the one ahead. Measured on an H100, decode tok/s: 0.5B BF16 +7%, 0.5B
     // GPTQ-Int4 +19%, 7B GPTQ-Int4 +11% at input 1 (bench/results/2026-11-26-h100-qgemv-ring). 7B BF16 lost with
@@ -554,6 +555,18 @@ void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf1
     prof_.mark("down gemm");
 }
 
+void CudaQwenEngine::reduce(float * x, size_t n) {
+    if (!place_.link) return;
+    place_.link->all_reduce(x, n, true, stream_);
+    prof_.mark("all-reduce");
+}
+
+void CudaQwenEngine::reduce(bf16 * y, size_t n) {
+    if (!place_.link) return;
+    place_.link->all_reduce(y, n, false, stream_);
+    prof_.mark("all-reduce");
+}
+
 // The routing's buffers, laid out for ws_tokens_ tokens (ensure_workspace).
 cuda::MoeRouting CudaQwenEngine::moe_routing() const {
     const ModelConfig & cfg = model_->config;
@@ -648,9 +661,11 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) 
     }
     prof_.mark("experts");
     if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
+    if (partial_only()) CUDA_CHECK(cudaMemsetAsync(x, 0, size_t(c) * H * sizeof(float), stream_));
     cuda::moe_combine(x, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
                       L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
     prof_.mark("combine");
+    reduce(x, size_t(c) * H);
 }
 
 }  // namespace cuda_engine

@@ -143,9 +143,23 @@ struct DevLayer {
 // The decode rows' bucket: the rows a captured decode step is padded to (qwen_cuda_paged.cpp).
 int rows_bucket(int rows);
 
+// Tensor parallel (model/qwen_cuda_tp.cpp): the sum of every rank's partial result, in place, queued on the rank's
+// stream (NCCL; captured into the decode graphs like any launch).
+class DeviceCollective {
+public:
+    virtual ~DeviceCollective() = default;
+    virtual void all_reduce(void * buf, size_t count, bool f32, cudaStream_t stream) = 0;
+};
+// Where an engine runs: its GPU and, under tensor parallel, its rank and the link to the other ranks.
+struct RankPlace {
+    int device = 0;
+    int rank = 0;
+    DeviceCollective * link = nullptr;  // null: the whole model on one GPU
+};
+
 class CudaQwenEngine : public Engine {
 public:
-    CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt);
+    CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt, RankPlace place = {});
     ~CudaQwenEngine() override;
     const ModelConfig & config() const override { return model_->config; }
     std::string backend_name() const override { return "cuda"; }
@@ -160,7 +174,7 @@ public:
                              std::vector<int> & out) override;
     bool decode_sampled(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid, const SamplingParams & p,
                         const std::vector<History> & history, std::vector<int> & out) override;
-    uint64_t peak_memory_bytes() const override { return cuda::DeviceAllocator::instance().peak(); }
+    uint64_t peak_memory_bytes() const override { return cuda::DeviceAllocator::of_device(place_.device).peak(); }
     PoolInfo make_pool(const PoolOptions & opt) override;
     void step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out) override;
 
@@ -209,6 +223,12 @@ private:
     void mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out);
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     void moe(const DevLayer & L, int c, const bf16 * xn, float * x);
+    // Tensor parallel: o_proj, down and the experts of a rank hold partial sums over its heads and intermediate
+    // columns; reduce() sums them over the ranks (a no-op on one GPU). The residual is added once: ranks after the
+    // first leave it out of the sums they reduce (partial_only()).
+    bool partial_only() const { return place_.rank > 0; }
+    void reduce(float * x, size_t n);
+    void reduce(bf16 * y, size_t n);
     // How a decode step ends: logits left in logits_, or the next token picked on the device (state advanced).
     // Pick: each row by its own settings (row_picks_; continuous batching).
     enum class StepEnd { Logits, Argmax, Sample, Pick };
@@ -218,6 +238,7 @@ private:
 
     std::unique_ptr<Model> model_;
     EngineOptions opt_;
+    RankPlace place_;
     cudaStream_t stream_ = nullptr;
     // MoE with a shared expert: its kernels run on side_stream_ beside the routed experts (moe()), forked and joined
     // by these events.

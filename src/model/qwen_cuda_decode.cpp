@@ -105,10 +105,12 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.x = attn_.get();
             a.m = B;
             a.y = x;
-            project(L.o, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
+            project(L.o, a, cuda::GemvIn::Bf16, partial_only() ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
+            reduce(x, size_t(B) * H);
             if (L.moe) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         } else {
             linear(attn_.as<bf16>(), B, L.o, tmp_.as<bf16>());
+            reduce(tmp_.as<bf16>(), size_t(B) * H);
             cuda::add_rms_norm(x, tmp_.as<bf16>(), L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         }
         prof_.mark("o_proj gemv");
@@ -131,10 +133,12 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.x = act_.get();
             a.m = B;
             a.y = x;
-            project(L.mlp.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::AddF32);
+            project(L.mlp.down, a, cuda::GemvIn::Bf16, partial_only() ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
             prof_.mark("down gemv");
+            reduce(x, size_t(B) * H);
         } else {
             mlp(L.mlp, xn, B, gu_.as<bf16>(), act_.as<bf16>(), tmp_.as<bf16>());
+            reduce(tmp_.as<bf16>(), size_t(B) * H);
             pending = true;
         }
     }

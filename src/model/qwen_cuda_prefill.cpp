@@ -259,6 +259,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
             prof_.mark("attention");
             linear(attn_.as<bf16>(), c, L.o, tmp_.as<bf16>());
             prof_.mark("o_proj gemm");
+            reduce(tmp_.as<bf16>(), size_t(c) * H);
             cuda::add_rms_norm(x, tmp_.as<bf16>(), L.post_norm.as<bf16>(), eps, c, H, xn, stream_);
             prof_.mark("add/rms_norm");
             if (L.moe) {
@@ -266,6 +267,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
                 pending = false;
             } else {
                 mlp(L.mlp, xn, c, gu_.as<bf16>(), act_.as<bf16>(), tmp_.as<bf16>());
+                reduce(tmp_.as<bf16>(), size_t(c) * H);
                 pending = true;
             }
         }

@@ -5,18 +5,17 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 #include "core/check.h"
 #include "core/parallel.h"
 #include "model/qwen.h"
+#include "model/rank_workers.h"
 
 namespace qinfer {
 
 namespace {
-
-// [begin, end) of part r of `size` split into `parts` as evenly as possible.
-std::pair<int, int> part(int size, int parts, int r) { return {int(int64_t(size) * r / parts), int(int64_t(size) * (r + 1) / parts)}; }
 
 // Rows [r0, r0 + n) of a tensor whose first dimension is its rows: a view.
 Weight rows(const Weight & w, int64_t r0, int64_t n) {
@@ -175,68 +174,6 @@ private:
     int cols_[2] = {0, 0};
 };
 
-// Ranks 1.. run on threads started once and woken for each call (a new thread a call also built each rank a new
-// OpenMP team), and every rank's OpenMP team takes an equal share of the cores (tp teams of all the cores each
-// oversubscribed them: on 2 cores, 0.5B (4 layers) at --tp 2 ran 62.6 tok/s against 105.9 at --tp 1).
-class RankWorkers {
-public:
-    RankWorkers(int ranks, int threads_each) : threads_each_(threads_each) {
-        for (int r = 1; r < ranks; r++) threads_.emplace_back([this, r] { loop(size_t(r)); });
-    }
-    ~RankWorkers() {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            stop_ = true;
-        }
-        start_.notify_all();
-        for (auto & t : threads_) t.join();
-    }
-    // fn(r) for every rank, rank 0 on this thread; fn must not throw.
-    void run(const std::function<void(size_t)> & fn) {
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            job_ = &fn;
-            busy_ = int(threads_.size());
-            generation_++;
-        }
-        start_.notify_all();
-        const int saved = max_threads();
-        set_threads(threads_each_);
-        fn(0);
-        set_threads(saved);
-        std::unique_lock<std::mutex> lock(mu_);
-        done_.wait(lock, [&] { return busy_ == 0; });
-    }
-
-private:
-    void loop(size_t rank) {
-        set_threads(threads_each_);
-        uint64_t seen = 0;
-        for (;;) {
-            const std::function<void(size_t)> * job = nullptr;
-            {
-                std::unique_lock<std::mutex> lock(mu_);
-                start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-                if (stop_) return;
-                seen = generation_;
-                job = job_;
-            }
-            (*job)(rank);
-            std::lock_guard<std::mutex> lock(mu_);
-            if (--busy_ == 0) done_.notify_one();
-        }
-    }
-
-    const int threads_each_;
-    std::mutex mu_;
-    std::condition_variable start_, done_;
-    const std::function<void(size_t)> * job_ = nullptr;
-    uint64_t generation_ = 0;
-    int busy_ = 0;
-    bool stop_ = false;
-    std::vector<std::thread> threads_;
-};
-
 class CpuTpEngine : public Engine {
 public:
     CpuTpEngine(std::unique_ptr<Model> full, const EngineOptions & opt)
@@ -249,7 +186,7 @@ public:
             for (auto & p : links_) l->peers_.push_back(p.get());
         }
         for (const TpShard & s : plan) {
-            ranks_.push_back(std::make_unique<CpuQwenEngine>(shard_model(*full_, s, opt.tp, owned_), opt));
+            ranks_.push_back(std::make_unique<CpuQwenEngine>(shard_model(*full_, s, opt.tp, owned_, tp_inter_align(*full_, 1)), opt));
             ranks_.back()->join_tensor_parallel(links_[size_t(s.rank)].get(), s.vocab0, s.n_vocab);
         }
     }
@@ -294,21 +231,9 @@ private:
         run_ranks([&](size_t r) { fn(*ranks_[r], outs[r]); });
         logits = std::move(outs[0]);
     }
-    // fn(r) for every rank, rank 0 on this thread; the first failure is rethrown once every rank has stopped.
+    // fn(r) for every rank, rank 0 on this thread; a failing rank breaks the barrier the others may wait at.
     void run_ranks(const std::function<void(size_t)> & fn) {
-        std::vector<std::exception_ptr> errors(ranks_.size());
-        auto guarded = [&](size_t r) {
-            try {
-                fn(r);
-            } catch (...) {
-                errors[r] = std::current_exception();
-                group_.breakdown();
-            }
-        };
-        workers_.run(guarded);
-        for (auto & e : errors) {
-            if (e) std::rethrow_exception(e);  // the rank that failed first in rank order; the others say "another rank failed"
-        }
+        workers_.run_all(fn, [&] { group_.breakdown(); });
     }
 
     std::unique_ptr<Model> full_;
@@ -321,7 +246,20 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp, std::vector<std::vector<uint8_t>> & owned) {
+int tp_inter_align(const Model & full, int least) {
+    int align = std::max(1, least);
+    for (const LayerWeights & L : full.weights.layers) {
+        for (const MlpWeights * m : {&L.mlp, L.moe.experts.empty() ? nullptr : &L.moe.experts[0], L.is_moe && L.moe.has_shared_expert ? &L.moe.shared_expert : nullptr}) {
+            if (!m || !m->down_proj.quantized()) continue;
+            const QuantScheme & q = m->down_proj.scheme;
+            const int g = q.group_size > 0 ? q.group_size : 32 / std::max(1, q.bits);
+            align = std::lcm(align, std::lcm(g, 8));  // whole groups of down's input, whole words of gate/up's qzeros
+        }
+    }
+    return align;
+}
+
+std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp, std::vector<std::vector<uint8_t>> & owned, int inter_align) {
     const ModelConfig & c = full.config;
     auto m = std::make_unique<Model>();
     m->dir = full.dir;
@@ -329,9 +267,9 @@ std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp
     ModelConfig & rc = m->config;
     rc.num_attention_heads = s.n_q_heads;
     rc.num_key_value_heads = s.n_kv_heads;
-    const auto [d0, d1] = part(c.intermediate_size, tp, s.rank);
-    const auto [e0, e1] = part(c.moe_intermediate_size, tp, s.rank);
-    const auto [h0, h1] = part(c.shared_expert_intermediate_size, tp, s.rank);
+    const auto [d0, d1] = tp_part(c.intermediate_size, inter_align, tp, s.rank);
+    const auto [e0, e1] = tp_part(c.moe_intermediate_size, inter_align, tp, s.rank);
+    const auto [h0, h1] = tp_part(c.shared_expert_intermediate_size, inter_align, tp, s.rank);
     rc.intermediate_size = d1 - d0;
     rc.moe_intermediate_size = e1 - e0;
     rc.shared_expert_intermediate_size = h1 - h0;

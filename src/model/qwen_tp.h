@@ -16,8 +16,14 @@ namespace qinfer {
 // A rank's model: its config (heads and intermediate sizes of the shard; the vocabulary stays whole) and its slices
 // of `full`'s weights: row slices are views into the full model's mapped checkpoint, column slices (o_proj's and
 // down_proj's inputs) copies kept in `owned`. The full model must outlive it. Quantized projections are split in
-// their stored packing (GPTQ 4/8-bit with or without act-order, AWQ GEMM); other formats get a one-line error.
-std::unique_ptr<Model> shard_model(const Model & full, const TpShard & shard, int tp, std::vector<std::vector<uint8_t>> & owned);
+// their stored packing (GPTQ 4/8-bit with or without act-order, AWQ GEMM); other formats get a one-line error. The
+// intermediate dimensions (dense, expert, shared expert) are cut on multiples of `inter_align` (tp_inter_align).
+std::unique_ptr<Model> shard_model(const Model & full, const TpShard & shard, int tp, std::vector<std::vector<uint8_t>> & owned,
+                                   int inter_align = 1);
+
+// The multiple the intermediate dimensions of `full` are cut on: its quantization groups along down_proj's input
+// (whole words of codes where there are no groups), and at least `least` (a backend's own need; 1 for the CPU).
+int tp_inter_align(const Model & full, int least);
 
 std::unique_ptr<Engine> make_cpu_tp_engine(const std::string & model_dir, const EngineOptions & opt);
 

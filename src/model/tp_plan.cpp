@@ -18,6 +18,8 @@ std::pair<int, int> aligned_part(int size, int align, int parts, int r) {
 
 }  // namespace
 
+std::pair<int, int> tp_part(int size, int align, int parts, int r) { return aligned_part(size, align, parts, r); }
+
 std::vector<TpShard> plan_tensor_parallel(const ModelConfig & c, int tp, int inter_align, int vocab_align) {
     const int n_q = c.num_attention_heads, n_kv = c.num_key_value_heads;
     if (tp < 1) QINFER_FAIL() << "--tp " << tp << ": the number of ranks must be at least 1";

@@ -26,6 +26,9 @@ struct TpShard {
 // size along down_proj's input, 128 for most), the vocabulary on multiples of `vocab_align`; the last rank takes any
 // remainder. Fails with a one-line error where the heads cannot be split (more ranks than query heads, or more ranks
 // than KV heads without being a multiple of them).
+// [begin, end) of rank r's part of a dimension of `size` cut on multiples of `align` (the last rank takes any remainder).
+std::pair<int, int> tp_part(int size, int align, int parts, int r);
+
 std::vector<TpShard> plan_tensor_parallel(const ModelConfig & c, int tp, int inter_align = 128, int vocab_align = 64);
 
 }  // namespace qinfer

@@ -33,6 +33,9 @@ void Engine::forward_batch(const std::vector<int> & seqs, const std::vector<int>
     }
 }
 
+#if defined(QINFER_CUDA) && defined(QINFER_HAVE_NCCL)
+std::unique_ptr<Engine> make_cuda_tp_engine(const std::string & model_dir, const EngineOptions & opt);  // model/qwen_cuda_tp.cpp
+#endif
 #ifdef QINFER_CUDA
 std::unique_ptr<Engine> make_cuda_engine(const std::string & model_dir, const EngineOptions & opt);
 bool cuda_device_present();
@@ -51,10 +54,13 @@ LoadOptions load_options(const EngineOptions & opt) {
 std::unique_ptr<Engine> make_engine(const std::string & model_dir, const EngineOptions & opt) {
     if (opt.tp < 1) QINFER_FAIL() << "--tp " << opt.tp << ": the number of ranks must be at least 1";
     if (opt.tp > 1) {
-        if (opt.backend != "cpu") {
-            QINFER_FAIL() << "--tp " << opt.tp << ": tensor parallel runs on the CPU backend only so far (--backend cpu); the GPUs' is not built yet";
-        }
-        return make_cpu_tp_engine(model_dir, opt);
+        if (opt.backend == "cpu" || (opt.backend == "auto" && !cuda_available())) return make_cpu_tp_engine(model_dir, opt);
+#if defined(QINFER_CUDA) && defined(QINFER_HAVE_NCCL)
+        if (!cuda_available()) QINFER_FAIL() << "--backend cuda: no CUDA device found";
+        return make_cuda_tp_engine(model_dir, opt);
+#else
+        QINFER_FAIL() << "--tp " << opt.tp << " on the GPUs: this qinfer was built without CUDA and NCCL (--backend cpu runs tensor parallel on the CPU)";
+#endif
     }
     if (opt.backend == "cpu") return make_cpu_engine(model_dir, opt);
     if (opt.backend == "cuda" || (opt.backend == "auto" && cuda_available())) {

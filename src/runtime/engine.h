@@ -115,8 +115,8 @@ struct EngineOptions {
     // host memory mapped into the GPU's address space (false, as llama.cpp keeps token_embd on the CPU), or the GPU.
     // A tied table is lm_head too and always stays on the GPU.
     bool embedding_on_gpu = false;
-    // Tensor-parallel ranks (model/qwen_tp.h): the CPU backend splits the model over this many ranks in one process;
-    // the CUDA backend's tensor parallel is not built yet.
+    // Tensor-parallel ranks: the model split over this many ranks of one process, threads on the CPU
+    // (model/qwen_tp.h) or GPUs 0..tp-1 joined by NCCL (model/qwen_cuda_tp.cpp).
     int tp = 1;
     // Let max_context exceed the model's max_position_embeddings (plain RoPE only; load_model's past_context).
     bool past_context = false;

@@ -141,6 +141,13 @@ int cmd_bench(int argc, char ** argv) {
         if (!std::strcmp(argv[i], "--throughput")) return cmd_bench_throughput(argc, argv);
         if (!std::strcmp(argv[i], "--serve")) return cmd_bench_serve(argc, argv);
         if (!std::strcmp(argv[i], "--kernels")) return cmd_bench_kernels(argc, argv);
+        if (!std::strcmp(argv[i], "--allreduce")) {
+#if defined(QINFER_CUDA) && defined(QINFER_HAVE_NCCL)
+            return cmd_bench_allreduce(argc, argv);
+#else
+            QINFER_FAIL() << "bench --allreduce: this qinfer was built without CUDA and NCCL";
+#endif
+        }
     }
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
@@ -164,6 +171,7 @@ int cmd_bench(int argc, char ** argv) {
                 "--throughput: many requests under continuous batching, vLLM's benchmark_throughput (bench --throughput --help)\n"
                 "--serve URL: a load generator against a running `qinfer serve` (bench --serve URL --help)\n"
                 "--kernels: the quantized projection kernels against bf16 on Qwen2.5's shapes (bench --kernels --help)\n"
+                "--allreduce: one NCCL all-reduce over --tp GPUs, eager and in a CUDA graph (bench --allreduce --help)\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
                 "                    %s  (synthetic weights of that format)\n"
                 "default: --preset qwen2.5-0.5b (synthetic weights, cached under ~/.cache/qinfer); on a GPU the seeds'\n"
@@ -198,6 +206,7 @@ int cmd_bench(int argc, char ** argv) {
     eo.embedding_on_gpu = a.flag("embedding-on-gpu");
     eo.past_context = a.flag("past-context");
     eo.tp = int(a.integer("tp", 1));
+    const int gpu_num = gpu ? eo.tp : 0;  // the seed tables' "GPU Num"
     eo.dummy_weights = load_format_dummy(a);
     const SynthQuant quant = synth_quant_from_args(a);
     const bool max_batch = a.flag("max-batch");
@@ -348,7 +357,8 @@ int cmd_bench(int argc, char ** argv) {
             double kv_token = double(c.kv_bytes_per_token(1)) * kv_dtype_bytes_per_element(kv);
             if (kv == KVDType::INT8 || kv == KVDType::INT4) kv_token += 2.0 * c.num_hidden_layers * c.num_key_value_heads * 8;  // scale, zero
             double step_bytes = weight_bytes + kv_token * ctx * batch;
-            r.bw_frac = r.decode_tok_s / batch * step_bytes / sys.bandwidth;
+            // Tensor parallel: the GPUs read their shares side by side, so the limit is their bandwidth together.
+            r.bw_frac = r.decode_tok_s / batch * step_bytes / (sys.bandwidth * gpu_num);
             rows.push_back(r);
         }
     }
@@ -374,7 +384,7 @@ int cmd_bench(int argc, char ** argv) {
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const Row & r : rows) {
         if (!r.note.empty()) {
-            std::printf("| %s | %d | %s | %d | - | - | - | - | %s | %d | %s |\n", r.model.c_str(), r.input_len, r.quant.c_str(), gpu ? 1 : 0,
+            std::printf("| %s | %d | %s | %d | - | - | - | - | %s | %d | %s |\n", r.model.c_str(), r.input_len, r.quant.c_str(), gpu_num,
                         r.note.c_str(), r.batch, r.kv_dtype.c_str());
             continue;
         }
@@ -385,7 +395,7 @@ int cmd_bench(int argc, char ** argv) {
             std::snprintf(speed, sizeof speed, "%.2f", r.tok_s);
         }
         std::printf("| %s | %d | %s | %d | %s | %s | %.3f | %.2f | %.0f%% | %d | %s |\n", r.model.c_str(), r.input_len, r.quant.c_str(),
-                    gpu ? 1 : 0, speed, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
+                    gpu_num, speed, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
                     100 * r.bw_frac, r.batch, r.kv_dtype.c_str());
     }
     std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.1f GB/s (%s) | weights %s\n", sys.card.c_str(), sys.software.c_str(),
@@ -408,7 +418,7 @@ int cmd_bench(int argc, char ** argv) {
         json j = {{"model", r.model}, {"quant", r.quant}, {"kv_dtype", r.kv_dtype}, {"batch", r.batch},
                   {"input_len", r.input_len}, {"gen_len", r.gen_len}, {"card", sys.card}, {"driver", sys.driver},
                   {"cuda", sys.cuda}, {"commit", commit}, {"backend", engine->backend_name()},
-                  {"bandwidth_gbs", sys.bandwidth / 1e9}, {"load_format", load_format}, {"env", json::parse(env_knobs_json())}};
+                  {"bandwidth_gbs", sys.bandwidth / 1e9}, {"gpus", gpu_num}, {"load_format", load_format}, {"env", json::parse(env_knobs_json())}};
         if (r.note.empty()) {
             j.update(json{{"tok_s", r.tok_s}, {"tok_s_std", r.tok_s_std}, {"repeat", repeat}, {"decode_tok_s", r.decode_tok_s}, {"ttft_s", r.ttft_s}, {"peak_gb", r.peak_gb},
                           {"bw_frac", r.bw_frac}});

@@ -6,10 +6,19 @@
 
 namespace qinfer::cuda {
 
-DeviceAllocator & DeviceAllocator::instance() {
-    static DeviceAllocator a;
-    return a;
+int current_device() {
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    return d;
 }
+
+DeviceAllocator & DeviceAllocator::of_device(int device) {
+    static DeviceAllocator a[k_max_devices];
+    QINFER_CHECK(device >= 0 && device < k_max_devices) << "CUDA device " << device << " beyond the " << k_max_devices << " qinfer handles";
+    return a[device];
+}
+
+DeviceAllocator & DeviceAllocator::instance() { return of_device(current_device()); }
 
 void * DeviceAllocator::alloc(size_t bytes, const char * what) {
     if (bytes == 0) return nullptr;
@@ -35,20 +44,27 @@ void DeviceAllocator::free(void * p, size_t bytes) {
     in_use_ -= bytes;
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes, const char * what) : ptr_(DeviceAllocator::instance().alloc(bytes, what)), bytes_(bytes) {}
+DeviceBuffer::DeviceBuffer(size_t bytes, const char * what)
+    : device_(current_device()) {
+    ptr_ = DeviceAllocator::of_device(device_).alloc(bytes, what);
+    bytes_ = bytes;
+}
 
-DeviceBuffer::~DeviceBuffer() { DeviceAllocator::instance().free(ptr_, bytes_); }
+DeviceBuffer::~DeviceBuffer() {
+    if (ptr_) DeviceAllocator::of_device(device_).free(ptr_, bytes_);
+}
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer && o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+DeviceBuffer::DeviceBuffer(DeviceBuffer && o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), device_(o.device_) {
     o.ptr_ = nullptr;
     o.bytes_ = 0;
 }
 
 DeviceBuffer & DeviceBuffer::operator=(DeviceBuffer && o) noexcept {
     if (this != &o) {
-        DeviceAllocator::instance().free(ptr_, bytes_);
+        if (ptr_) DeviceAllocator::of_device(device_).free(ptr_, bytes_);
         ptr_ = o.ptr_;
         bytes_ = o.bytes_;
+        device_ = o.device_;
         o.ptr_ = nullptr;
         o.bytes_ = 0;
     }

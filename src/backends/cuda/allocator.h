@@ -1,5 +1,6 @@
-// Device memory from one allocator that records its peak (weights, KV cache and workspaces alike), so the
-// benchmark reports what a request really used.
+// Device memory from one allocator per GPU that records its peak (weights, KV cache and workspaces alike), so the
+// benchmark reports what a request really used. Tensor parallel runs a rank per GPU on its own thread: each thread
+// allocates on its current device, and a buffer is returned to the allocator of the device it came from.
 #pragma once
 
 #include <cstddef>
@@ -8,9 +9,14 @@
 
 namespace qinfer::cuda {
 
+// The GPUs a process drives (tensor parallel: a rank each) and the calling thread's current one.
+constexpr int k_max_devices = 16;
+int current_device();
+
 class DeviceAllocator {
 public:
-    static DeviceAllocator & instance();
+    static DeviceAllocator & instance();           // the current device's
+    static DeviceAllocator & of_device(int device);
     void * alloc(size_t bytes, const char * what);
     void free(void * p, size_t bytes);
     uint64_t in_use() const { return in_use_; }
@@ -41,6 +47,7 @@ public:
 private:
     void * ptr_ = nullptr;
     size_t bytes_ = 0;
+    int device_ = 0;
 };
 
 // Pinned host memory mapped into the device's address space: kernels read it over PCIe. For tables read a row at a

@@ -275,7 +275,7 @@ template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStre
         return false;
     }
     constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
-    static size_t configured = 0;
+    static PerDevice<size_t> configured;
     allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES>, smem, configured);
     a.min_split = k_tile;
     launch_kernel(attention_decode_q8_kernel<K, STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);

@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(k_decode_threads)
 template <int D, KVKind K, int STAGES> void launch(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     constexpr size_t smem = KVTilePipe<D, K, k_decode_threads, k_tile, false, STAGES>::smem_bytes;
     static_assert(smem >= k_merge_bytes(D), "the warp merge fits the tiles' memory");
-    static size_t configured = 0;  // once per instantiation, before any graph capture (the engine warms up first)
+    static PerDevice<size_t> configured;  // once per instantiation, before any graph capture (the engine warms up first)
     allow_dynamic_smem(attention_decode_tc_kernel<D, K, STAGES>, smem, configured);
     a.min_split = k_tile;
     launch_kernel(attention_decode_tc_kernel<D, K, STAGES>, grid, k_decode_threads, smem, stream, a);
@@ -247,7 +247,7 @@ template <int D, int STAGES> bool launch_tma(DecodeArgs a, dim3 grid, cudaStream
         return false;
     }
     constexpr size_t smem = TmaDecodeSmem<D, STAGES>::bytes;
-    static size_t configured = 0;
+    static PerDevice<size_t> configured;
     allow_dynamic_smem(attention_decode_tma_kernel<D, STAGES>, smem, configured);
     a.min_split = k_tile;
     launch_kernel(attention_decode_tma_kernel<D, STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);

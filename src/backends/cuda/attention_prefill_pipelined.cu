@@ -157,7 +157,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads) attentio
 
 template <int D, KVKind K> void launch(const PrefillArgs & a, cudaStream_t stream) {
     constexpr size_t smem = KVTilePipe<D, K, k_threads, k_keys>::smem_bytes;
-    static size_t configured = 0;  // once per instantiation
+    static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(attention_prefill_pipelined_kernel<D, K>, smem, configured);
     const dim3 grid(a.n_head, (a.n + k_rows - 1) / k_rows);
     attention_prefill_pipelined_kernel<D, K><<<grid, k_threads, smem, stream>>>(a);

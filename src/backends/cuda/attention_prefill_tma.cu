@@ -209,7 +209,7 @@ template <int D, bool PINGPONG> bool launch(const PrefillArgs & a, const Prefill
         return false;
     }
     constexpr size_t smem = TmaSmem<D>::bytes;
-    static size_t configured = 0;  // once per instantiation
+    static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(attention_prefill_tma_kernel<D, PINGPONG>, smem, configured);
     const dim3 grid(a.n_head, (a.n + k_rows - 1) / k_rows, std::max(1, pieces.count));
     attention_prefill_tma_kernel<D, PINGPONG><<<grid, k_threads, smem, stream>>>(a, k_map, v_map, pieces);

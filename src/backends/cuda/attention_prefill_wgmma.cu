@@ -143,7 +143,7 @@ template <int D, KVKind K> __global__ void __launch_bounds__(k_threads, 1) atten
 
 template <int D, KVKind K> void launch(const PrefillArgs & a, cudaStream_t stream) {
     constexpr size_t smem = WgmmaSmem<D, K>::bytes;
-    static size_t configured = 0;  // once per instantiation
+    static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(attention_prefill_wgmma_kernel<D, K>, smem, configured);
     const dim3 grid(a.n_head, (a.n + k_rows - 1) / k_rows);
     attention_prefill_wgmma_kernel<D, K><<<grid, k_threads, smem, stream>>>(a);

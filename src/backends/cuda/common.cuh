@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "backends/cuda/allocator.h"
 #include "backends/cuda/cuda_check.h"
 #include "core/check.h"
 
@@ -53,13 +54,24 @@ struct ScopedNoPdl {
     ScopedNoPdl & operator=(const ScopedNoPdl &) = delete;
 };
 
+// A value per GPU of the process (tensor parallel runs one rank a GPU, each on its own thread): settings such as a
+// kernel's shared-memory limit hold for the device that was current when they were made.
+template <class T> struct PerDevice {
+    T v[k_max_devices];
+    explicit PerDevice(T init = T{}) {
+        for (T & x : v) x = init;
+    }
+    T & here() { return v[current_device()]; }
+};
+
 // Lets `kernel` take `bytes` of dynamic shared memory. Beyond 48 KB per block, static shared memory included, a kernel
-// must opt in, so the limit is raised at the first launch and whenever a launch needs more; `configured` is the
-// caller's record for this kernel (start at 0).
-template <class... KernelArgs> void allow_dynamic_smem(void (*kernel)(KernelArgs...), size_t bytes, size_t & configured) {
-    if (bytes <= configured) return;
+// must opt in, so the limit is raised on each device at its first launch there and whenever a launch needs more;
+// `configured` is the caller's record for this kernel (start at 0).
+template <class... KernelArgs> void allow_dynamic_smem(void (*kernel)(KernelArgs...), size_t bytes, PerDevice<size_t> & configured) {
+    size_t & done = configured.here();
+    if (bytes <= done) return;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    configured = bytes;
+    done = bytes;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when pdl_enabled().

@@ -57,13 +57,15 @@ struct Context {
     }
 };
 
+// One context per device (its workspace lives there), made on the device's first GEMM; each device is driven by one
+// thread (a tensor-parallel rank), so a context is never shared between threads.
 Context & context() {
-    static Context ctx = [] {
-        Context c;
-        CUBLAS_CHECK(cublasLtCreate(&c.handle));
-        return c;
-    }();
-    return ctx;
+    static Context contexts[k_max_devices];
+    const int device = current_device();
+    QINFER_CHECK(device < k_max_devices) << "cuBLASLt: CUDA device " << device << " beyond the " << k_max_devices << " qinfer handles";
+    Context & c = contexts[device];
+    if (!c.handle) CUBLAS_CHECK(cublasLtCreate(&c.handle));
+    return c;
 }
 
 }  // namespace

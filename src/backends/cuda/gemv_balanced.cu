@@ -153,7 +153,8 @@ bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rop
     auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
-    static size_t configured = 0, cached_smem = size_t(-1);
+    static PerDevice<size_t> configured;
+    static size_t cached_smem = size_t(-1);
     static int cached_blocks = 0;
     allow_dynamic_smem(kernel, table_max_bytes + xs_bytes, configured);
     // One wave at the largest table: a smaller table can only let more blocks in.

@@ -175,7 +175,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(co
         if (three) kernel = pair ? gemv_kernel<M, WPR, IN, OUT, true, LANES, 3> : gemv_kernel<M, WPR, IN, OUT, false, LANES, 3>;
     }
     const int variant = int(pair) + 2 * int(three);
-    static size_t configured[4] = {0, 0, 0, 0};  // per kernel
+    static PerDevice<size_t> configured[4];  // per kernel
     if (IN == GemvIn::NormF32) allow_dynamic_smem(kernel, smem, configured[variant]);
     constexpr int rows_per_block = k_warps / WPR * (32 / LANES);
     // One wave of resident blocks strides over the row groups: under programmatic dependent launch the next kernel's

@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
 
 template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
     constexpr size_t smem = gemm_smem<BM, BN, WM, WN, STAGES>();
-    static size_t configured = 0;
+    static PerDevice<size_t> configured;
     auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, SWIGLU>;
     allow_dynamic_smem(kernel, smem, configured);
     const int out_per_block = SWIGLU ? BN / 2 : BN;

@@ -241,7 +241,7 @@ template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a,
     constexpr int RBB = k_warps / KS;
     auto kernel = moe_qgemv_kernel<PLANES, SWIGLU, KS>;
     const size_t smem = smem_bytes(a.w, SWIGLU ? 2 : 1, xrows);
-    static size_t configured = 48 * 1024;
+    static PerDevice<size_t> configured(48 * 1024);
     allow_dynamic_smem(kernel, smem, configured);
     const int n_rb = a.n / 16;
     launch_kernel(kernel, dim3((n_rb + RBB - 1) / RBB, max_tiles), dim3(k_warps * 32), smem, stream, a);

@@ -302,7 +302,7 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int
     const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
     constexpr size_t smem = MmaShape<PLANES, NT>::smem;
     static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
-    static size_t configured = 0;  // once per instantiation
+    static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT>, smem, configured);
     launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
     CUDA_CHECK(cudaGetLastError());

@@ -291,7 +291,7 @@ void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, int 
     if (!cache_tensor_map(&x_map, x, m, kx, BN)) QINFER_FAIL() << "qgemm: the tensor map of x [" << m << ", " << kx << "] was refused";
     constexpr size_t smem = QgemmSmem<BN, PLANES, STAGES>::bytes;
     static_assert(smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
-    static size_t configured = 0;  // once per instantiation
+    static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS>, smem, configured);
     const dim3 grid((m + BN - 1) / BN, row_tiles(w), splits);
     qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, splits > 1 ? partial : nullptr, x_map);

@@ -197,7 +197,7 @@ template <int BITS, bool LUT, GemvIn IN, GemvOut OUT, int KS> void launch(const 
     const int chunks = a.k / CV;
     const size_t smem = (size_t(a.k) + ((chunks + 1) & ~1)) * sizeof(float) + (LUT ? 256 * sizeof(float2) : 0);
     auto kernel = qgemv_kernel<BITS, LUT, IN, OUT, KS>;
-    static size_t configured = 0;
+    static PerDevice<size_t> configured;
     allow_dynamic_smem(kernel, smem, configured);
     constexpr int OPW = k_rows_per_warp / (OUT == GemvOut::SiluMulBf16 ? 2 : 1);
     const int n_groups = (a.n + OPW - 1) / OPW;

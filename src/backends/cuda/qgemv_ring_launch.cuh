@@ -63,7 +63,7 @@ template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
     auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS>;
-    static size_t configured = 0;
+    static PerDevice<size_t> configured;
     allow_dynamic_smem(kernel, smem, configured);
     const int n_rb = (a.n + 15) / 16;
     // In blocks of 4-bit codes' bytes: 8-bit blocks are twice the size.
@@ -80,7 +80,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
         if (plain_input && qgemv_ring_deep(C == ring4::Codes::Affine4) && grid <= 2 * sm_count()) {
             auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
-            static size_t configured_deep = 0;
+            static PerDevice<size_t> configured_deep;
             allow_dynamic_smem(deep, smem, configured_deep);
             args.ring_fast = ring_fast_for(w, KS, ring4::k_ring_deep, C);
             launch_kernel(deep, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);

@@ -1,0 +1,218 @@
+// Tensor parallel on the GPUs of one host: the model split over `tp` GPUs as model/tp_plan.h plans it (whole GQA
+// groups of heads; intermediate columns of the dense MLP, of every expert and of the shared expert, cut on the
+// checkpoint's quantization groups), each rank a CudaQwenEngine on its GPU, driven by its own thread, over its slices
+// (model/qwen_tp.h shard_model, the CPU's tensor parallel's split). The ranks' partial sums after o_proj, down_proj
+// and the experts meet in one NCCL all-reduce each (CudaQwenEngine::reduce), queued on the rank's stream and captured
+// into its decode graphs. The embedding and lm_head stay whole on every rank: each rank computes the same logits from
+// the same reduced hidden state and picks the same token, which the engine checks after every call.
+//
+// NCCL is bootstrapped in-process (ncclCommInitAll); NVLink SHARP (NVLS) is switched off, as these machines require.
+#include <nccl.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "model/qwen_cuda.h"
+#include "model/qwen_tp.h"
+#include "model/rank_workers.h"
+
+namespace qinfer {
+
+namespace cuda_engine {
+
+namespace {
+
+#define NCCL_CHECK(expr)                                                                                               \
+    do {                                                                                                               \
+        const ncclResult_t r_ = (expr);                                                                                \
+        if (r_ != ncclSuccess) QINFER_FAIL() << "NCCL: " << ncclGetErrorString(r_) << " (" << ncclGetLastError(nullptr) << ") at " #expr; \
+    } while (0)
+
+class NcclLink : public DeviceCollective {
+public:
+    explicit NcclLink(ncclComm_t comm) : comm_(comm) {}
+    void all_reduce(void * buf, size_t count, bool f32, cudaStream_t stream) override {
+        NCCL_CHECK(ncclAllReduce(buf, buf, count, f32 ? ncclFloat32 : ncclBfloat16, ncclSum, comm_, stream));
+    }
+
+private:
+    ncclComm_t comm_;
+};
+
+// Checks before any weight is read: enough GPUs, heads that split.
+void check_placement(const std::string & dir, const EngineOptions & opt) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+        cudaGetLastError();
+        devices = 0;
+    }
+    if (opt.tp > devices) QINFER_FAIL() << "--tp " << opt.tp << ": only " << devices << " CUDA device(s) present";
+    if (opt.tp > cuda::k_max_devices) QINFER_FAIL() << "--tp " << opt.tp << ": at most " << cuda::k_max_devices << " GPUs in one process";
+    plan_tensor_parallel(load_model_config(dir), opt.tp);
+}
+
+class CudaTpEngine : public Engine {
+public:
+    CudaTpEngine(const std::string & dir, const EngineOptions & opt)
+        : tp_(opt.tp), workers_(opt.tp, std::max(1, (opt.threads > 0 ? opt.threads : max_threads()) / opt.tp)) {
+        check_placement(dir, opt);
+        full_ = load_model(dir, load_options(opt));
+        const ModelConfig & c = full_->config;
+        // Bf16 kernels want whole 64-wide blocks of the intermediate dimension; quantized ones whole groups.
+        const int align = tp_inter_align(*full_, 64);
+        std::vector<TpShard> plan = plan_tensor_parallel(c, tp_, align);
+        for (TpShard & s : plan) {
+            s.vocab0 = 0;  // embedding and lm_head whole on every rank
+            s.n_vocab = c.vocab_size;
+        }
+        // NVLS (NVLink multicast) can take a host's shared GPUs out of service: never on here.
+        setenv("NCCL_NVLS_ENABLE", "0", 1);
+        comms_.resize(static_cast<size_t>(tp_));
+        std::vector<int> devices(static_cast<size_t>(tp_));
+        for (int r = 0; r < tp_; r++) devices[size_t(r)] = r;
+        NCCL_CHECK(ncclCommInitAll(comms_.data(), tp_, devices.data()));
+        for (ncclComm_t comm : comms_) links_.push_back(std::make_unique<NcclLink>(comm));
+        owned_.resize(static_cast<size_t>(tp_));
+        ranks_.resize(static_cast<size_t>(tp_));
+        run_ranks([&](size_t r) {
+            std::unique_ptr<Model> shard = shard_model(*full_, plan[r], tp_, owned_[r], align);
+            ranks_[r] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(r), int(r), links_[r].get()});
+        }, /*quiet_followers=*/true);
+    }
+    ~CudaTpEngine() override {
+        // Each rank's graphs, streams and buffers go on its own device.
+        try {
+            workers_.run_all([&](size_t r) {
+                CUDA_CHECK(cudaSetDevice(int(r)));
+                ranks_[r].reset();
+            }, [] {});
+        } catch (const std::exception &) {
+        }
+        for (ncclComm_t comm : comms_) {
+            if (comm) ncclCommDestroy(comm);
+        }
+        cudaSetDevice(0);
+    }
+
+    const ModelConfig & config() const override { return full_->config; }
+    std::string backend_name() const override { return "cuda-tp" + std::to_string(tp_); }
+
+    void plan_batch(int n_sequences, int max_tokens) override {
+        run_ranks([&](size_t r) { ranks_[r]->plan_batch(n_sequences, max_tokens); });
+    }
+    uint64_t reserve_batch(int n_sequences, int max_tokens, int prompt_tokens) override {
+        std::vector<uint64_t> bytes(static_cast<size_t>(tp_));
+        run_ranks([&](size_t r) { bytes[r] = ranks_[r]->reserve_batch(n_sequences, max_tokens, prompt_tokens); });
+        return std::accumulate(bytes.begin(), bytes.end(), uint64_t(0));
+    }
+    int new_sequence(int max_tokens) override {
+        std::vector<int> ids(static_cast<size_t>(tp_));
+        run_ranks([&](size_t r) { ids[r] = ranks_[r]->new_sequence(max_tokens); });
+        agree(ids, "sequence ids");
+        return ids[0];
+    }
+    void free_sequence(int seq) override {
+        run_ranks([&](size_t r) { ranks_[r]->free_sequence(seq); });
+    }
+    void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override {
+        std::vector<std::vector<float>> outs(static_cast<size_t>(tp_));
+        run_ranks([&](size_t r) { ranks_[r]->forward(seq, tokens, all_logits, r == 0 ? logits : outs[r]); });
+    }
+    void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override {
+        std::vector<std::vector<float>> outs(static_cast<size_t>(tp_));
+        run_ranks([&](size_t r) { ranks_[r]->forward_batch(seqs, tokens, r == 0 ? logits : outs[r]); });
+    }
+    bool decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) override {
+        return decode_all(out, [&](CudaQwenEngine & e, std::vector<int> & o) { return e.decode_greedy(seq, token, n_steps, n_valid, o); });
+    }
+    bool decode_greedy_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid,
+                             std::vector<int> & out) override {
+        return decode_all(out, [&](CudaQwenEngine & e, std::vector<int> & o) { return e.decode_greedy_batch(seqs, tokens, n_steps, n_valid, o); });
+    }
+    bool decode_sampled(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps, int n_valid, const SamplingParams & p,
+                        const std::vector<History> & history, std::vector<int> & out) override {
+        return decode_all(out, [&](CudaQwenEngine & e, std::vector<int> & o) { return e.decode_sampled(seqs, tokens, n_steps, n_valid, p, history, o); });
+    }
+    // Every GPU's peak together.
+    uint64_t peak_memory_bytes() const override {
+        uint64_t total = 0;
+        for (int r = 0; r < tp_; r++) total += cuda::DeviceAllocator::of_device(r).peak();
+        return total;
+    }
+    PoolInfo make_pool(const PoolOptions & opt) override {
+        // Rank 0 sizes the pool; the others take as many blocks, so that one block table serves every rank.
+        PoolInfo info;
+        run_ranks([&](size_t r) {
+            if (r == 0) info = ranks_[0]->make_pool(opt);
+        });
+        PoolOptions same = opt;
+        same.n_blocks = info.n_blocks;
+        run_ranks([&](size_t r) {
+            if (r > 0) ranks_[r]->make_pool(same);
+        });
+        return info;
+    }
+    void step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out) override {
+        std::vector<StepOutput> outs(static_cast<size_t>(tp_));
+        run_ranks([&](size_t r) { ranks_[r]->step(segs, tokens, r == 0 ? out : outs[r]); });
+        for (int r = 1; r < tp_; r++) {
+            if (outs[size_t(r)].tokens != out.tokens) QINFER_FAIL() << "tensor parallel: rank " << r << " picked other tokens than rank 0";
+        }
+    }
+
+private:
+    // fn(r) on every rank, each on its own thread with its GPU current. A failing rank aborts the communicators, so
+    // that ranks waiting in a collective for it return instead of hanging; the engine is then unusable.
+    void run_ranks(const std::function<void(size_t)> & fn, bool quiet_followers = false) {
+        if (broken_) QINFER_FAIL() << "tensor parallel: the engine stopped after a rank failed";
+        workers_.run_all(
+            [&](size_t r) {
+                CUDA_CHECK(cudaSetDevice(int(r)));
+                Progress::quiet_on_this_thread(quiet_followers && r > 0);
+                fn(r);
+                Progress::quiet_on_this_thread(false);
+            },
+            [&] {
+                if (broken_) return;
+                broken_ = true;
+                for (ncclComm_t comm : comms_) {
+                    if (comm) ncclCommAbort(comm);
+                }
+                for (ncclComm_t & comm : comms_) comm = nullptr;
+            });
+    }
+    template <class T> void agree(const std::vector<T> & v, const char * what) {
+        for (size_t r = 1; r < v.size(); r++) {
+            if (v[r] != v[0]) QINFER_FAIL() << "tensor parallel: the ranks' " << what << " diverged (rank " << r << ")";
+        }
+    }
+    template <class F> bool decode_all(std::vector<int> & out, F && fn) {
+        std::vector<std::vector<int>> outs(static_cast<size_t>(tp_));
+        std::vector<int> ok(static_cast<size_t>(tp_));
+        run_ranks([&](size_t r) { ok[r] = fn(*ranks_[r], outs[r]) ? 1 : 0; });
+        agree(ok, "decode paths");
+        agree(outs, "tokens");
+        out = std::move(outs[0]);
+        return ok[0] != 0;
+    }
+
+    const int tp_;
+    std::unique_ptr<Model> full_;
+    std::vector<std::vector<std::vector<uint8_t>>> owned_;  // per rank: column slices of its weights
+    std::vector<ncclComm_t> comms_;
+    std::vector<std::unique_ptr<NcclLink>> links_;
+    std::vector<std::unique_ptr<CudaQwenEngine>> ranks_;
+    RankWorkers workers_;
+    bool broken_ = false;
+};
+
+}  // namespace
+
+}  // namespace cuda_engine
+
+std::unique_ptr<Engine> make_cuda_tp_engine(const std::string & model_dir, const EngineOptions & opt) {
+    QINFER_CHECK(opt.tp > 1) << "make_cuda_tp_engine: --tp " << opt.tp;
+    return std::make_unique<cuda_engine::CudaTpEngine>(model_dir, opt);
+}
+
+}  // namespace qinfer

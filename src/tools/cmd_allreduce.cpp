@@ -1,0 +1,156 @@
+// qinfer bench --allreduce --tp N: the time of one NCCL all-reduce over N GPUs of this host for the messages tensor
+// parallel sends (one decode row of a model's hidden state, fp32 as the decode step reduces it and bf16 as prefill
+// does, up to many rows), each three ways: issued eagerly, replayed inside a CUDA graph of `reps` calls (as the decode
+// step does), and NCCL's all_reduce_perf-style figure (the eager time as algorithm and bus bandwidth: bytes / time and
+// 2 (n - 1) / n of that). One thread drives each GPU, as in the engine; the GPUs' clocks are not pinned.
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/allocator.h"
+#include "backends/cuda/cuda_check.h"
+#include "core/check.h"
+#include "model/rank_workers.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "tools/sysinfo.h"
+
+namespace qinfer {
+
+namespace {
+
+using json = nlohmann::json;
+
+#define NCCL_OK(expr)                                                                          \
+    do {                                                                                       \
+        const ncclResult_t r_ = (expr);                                                        \
+        if (r_ != ncclSuccess) QINFER_FAIL() << "NCCL: " << ncclGetErrorString(r_) << " at " #expr; \
+    } while (0)
+
+struct Message {
+    std::string what;
+    size_t count;
+    bool f32;
+};
+
+}  // namespace
+
+int cmd_bench_allreduce(int argc, char ** argv) {
+    for (int i = 2; i < argc; i++) {
+        if (!std::strcmp(argv[i], "--help")) {
+            std::printf("usage: qinfer bench --allreduce [--tp 2] [--hidden 3584,8192] [--rows 1,8,256] [--reps 200] [--json FILE]\n"
+                        "the time of one NCCL all-reduce over --tp GPUs for each model width x rows, fp32 (decode) and bf16\n"
+                        "(prefill): eager, inside a CUDA graph, and the eager time as all_reduce_perf's algbw / busbw\n");
+            return 0;
+        }
+    }
+    Args a(argc, argv, 2, {"allreduce"});
+    const int tp = int(a.integer("tp", 2));
+    const std::vector<int> hiddens = a.has("hidden") ? a.int_list("hidden") : std::vector<int>{3584, 8192};
+    const std::vector<int> rows = a.has("rows") ? a.int_list("rows") : std::vector<int>{1, 8, 256};
+    const int reps = int(a.integer("reps", 200));
+    const std::string json_path = a.str("json");
+    a.check_unused();
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    if (tp < 2 || tp > devices) QINFER_FAIL() << "--tp " << tp << ": needs 2.." << devices << " GPUs (" << devices << " present)";
+    if (reps < 1) QINFER_FAIL() << "--reps must be at least 1";
+    setenv("NCCL_NVLS_ENABLE", "0", 1);
+    std::vector<ncclComm_t> comms(static_cast<size_t>(tp));
+    std::vector<int> devs(static_cast<size_t>(tp));
+    for (int r = 0; r < tp; r++) devs[size_t(r)] = r;
+    NCCL_OK(ncclCommInitAll(comms.data(), tp, devs.data()));
+    std::vector<Message> msgs;
+    for (int h : hiddens) {
+        for (int m : rows) {
+            if (h < 1 || m < 1) QINFER_FAIL() << "--hidden and --rows take positive sizes";
+            for (bool f32 : {true, false}) msgs.push_back({std::to_string(m) + " x " + std::to_string(h), size_t(h) * size_t(m), f32});
+        }
+    }
+    size_t max_bytes = 0;
+    for (const Message & m : msgs) max_bytes = std::max(max_bytes, m.count * (m.f32 ? 4 : 2));
+    RankWorkers workers(tp, 1);
+    std::vector<cudaStream_t> streams(static_cast<size_t>(tp));
+    std::vector<void *> bufs(static_cast<size_t>(tp));
+    auto on_ranks = [&](const std::function<void(size_t)> & fn) {
+        workers.run_all([&](size_t r) {
+            CUDA_CHECK(cudaSetDevice(int(r)));
+            fn(r);
+        }, [] {});
+    };
+    on_ranks([&](size_t r) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+        CUDA_CHECK(cudaMalloc(&bufs[r], max_bytes));
+        CUDA_CHECK(cudaMemset(bufs[r], 0, max_bytes));
+    });
+    const SystemInfo sys = system_info(true);
+    std::printf("all-reduce over %d x %s (NCCL %d.%d.%d, NVLS off), %d calls a figure\n\n", tp, sys.card.c_str(), NCCL_MAJOR, NCCL_MINOR,
+                NCCL_PATCH, reps);
+    std::printf("| message | dtype | bytes | eager us | in graph us | algbw GB/s | busbw GB/s |\n|---|---|---:|---:|---:|---:|---:|\n");
+    json out = json::array();
+    for (const Message & m : msgs) {
+        const ncclDataType_t type = m.f32 ? ncclFloat32 : ncclBfloat16;
+        std::vector<double> eager(static_cast<size_t>(tp)), graphed(static_cast<size_t>(tp));
+        on_ranks([&](size_t r) {
+            cudaStream_t s = streams[r];
+            auto call = [&] { NCCL_OK(ncclAllReduce(bufs[r], bufs[r], m.count, type, ncclSum, comms[r], s)); };
+            for (int i = 0; i < 20; i++) call();  // warm-up
+            CUDA_CHECK(cudaStreamSynchronize(s));
+            cudaEvent_t e0, e1;
+            CUDA_CHECK(cudaEventCreate(&e0));
+            CUDA_CHECK(cudaEventCreate(&e1));
+            CUDA_CHECK(cudaEventRecord(e0, s));
+            for (int i = 0; i < reps; i++) call();
+            CUDA_CHECK(cudaEventRecord(e1, s));
+            CUDA_CHECK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            eager[r] = ms * 1e3 / reps;
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < reps; i++) call();
+            CUDA_CHECK(cudaStreamEndCapture(s, &g));
+            CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+            CUDA_CHECK(cudaGraphLaunch(ge, s));  // warm-up
+            CUDA_CHECK(cudaStreamSynchronize(s));
+            CUDA_CHECK(cudaEventRecord(e0, s));
+            CUDA_CHECK(cudaGraphLaunch(ge, s));
+            CUDA_CHECK(cudaEventRecord(e1, s));
+            CUDA_CHECK(cudaEventSynchronize(e1));
+            CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            graphed[r] = ms * 1e3 / reps;
+            CUDA_CHECK(cudaGraphExecDestroy(ge));
+            CUDA_CHECK(cudaGraphDestroy(g));
+            cudaEventDestroy(e0);
+            cudaEventDestroy(e1);
+        });
+        const size_t bytes = m.count * (m.f32 ? 4 : 2);
+        const double us = *std::max_element(eager.begin(), eager.end()), gus = *std::max_element(graphed.begin(), graphed.end());
+        const double algbw = bytes / (us * 1e-6) / 1e9, busbw = algbw * 2.0 * (tp - 1) / tp;
+        std::printf("| %s | %s | %zu | %.1f | %.1f | %.2f | %.2f |\n", m.what.c_str(), m.f32 ? "fp32" : "bf16", bytes, us, gus, algbw, busbw);
+        out.push_back({{"message", m.what}, {"dtype", m.f32 ? "fp32" : "bf16"}, {"bytes", bytes}, {"eager_us", us}, {"graph_us", gus},
+                       {"algbw_gbs", algbw}, {"busbw_gbs", busbw}});
+    }
+    on_ranks([&](size_t r) {
+        cudaFree(bufs[r]);
+        cudaStreamDestroy(streams[r]);
+    });
+    for (ncclComm_t c : comms) ncclCommDestroy(c);
+    if (!json_path.empty()) {
+        std::ofstream f(json_path);
+        if (!f) QINFER_FAIL() << "--json: cannot write " << json_path;
+        f << json{{"card", sys.card}, {"gpus", tp}, {"commit", git_commit()}, {"reps", reps}, {"rows", out}}.dump(1) << "\n";
+    }
+    return 0;
+}
+
+}  // namespace qinfer
