@@ -48,7 +48,7 @@ void check_placement(const std::string & dir, const EngineOptions & opt) {
     }
     if (opt.tp > devices) QINFER_FAIL() << "--tp " << opt.tp << ": only " << devices << " CUDA device(s) present";
     if (opt.tp > cuda::k_max_devices) QINFER_FAIL() << "--tp " << opt.tp << ": at most " << cuda::k_max_devices << " GPUs in one process";
-    plan_tensor_parallel(load_model_config(dir), opt.tp);
+    plan_tensor_parallel(load_model_config(dir), opt.tp, 1);  // the heads; the intermediate sizes once the weights say their groups
 }
 
 class CudaTpEngine : public Engine {

@@ -53,6 +53,7 @@ int cmd_bench_allreduce(int argc, char ** argv) {
         }
     }
     Args a(argc, argv, 2, {"allreduce"});
+    a.flag("allreduce");
     const int tp = int(a.integer("tp", 2));
     const std::vector<int> hiddens = a.has("hidden") ? a.int_list("hidden") : std::vector<int>{3584, 8192};
     const std::vector<int> rows = a.has("rows") ? a.int_list("rows") : std::vector<int>{1, 8, 256};

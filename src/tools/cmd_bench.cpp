@@ -258,8 +258,9 @@ int cmd_bench(int argc, char ** argv) {
     } else {
         weight_bytes = double(decode_weight_bytes(*load_model(model_dir)));
     }
-    SystemInfo sys = system_info(engine->backend_name() == "cuda");
-    const bool kv_bf16 = engine->backend_name() == "cuda";
+    const bool on_gpu = engine->backend_name().rfind("cuda", 0) == 0;  // "cuda", or "cuda-tpN" over several GPUs
+    SystemInfo sys = system_info(on_gpu);
+    const bool kv_bf16 = on_gpu;
     std::fprintf(stderr, "bench: %s on %s, memory bandwidth %.1f GB/s (%s)\n", model_name.c_str(), sys.card.c_str(),
                  sys.bandwidth / 1e9, sys.bandwidth_source.c_str());
     const std::string quant_label =
@@ -278,7 +279,7 @@ int cmd_bench(int argc, char ** argv) {
         GenerateOptions g;
         g.max_new_tokens = gen;
         g.ignore_eos = true;
-        g.prefill_chunk = engine->backend_name() == "cuda" ? 0 : 512;
+        g.prefill_chunk = on_gpu ? 0 : 512;
         g.on_prefill_progress = [&](int d, int t) { bar.update(done, "prefill " + std::to_string(d) + "/" + std::to_string(t)); };
         g.on_token = [&](int) { return true; };
         double prefill_s = 0, decode_s = 0;
@@ -305,7 +306,7 @@ int cmd_bench(int argc, char ** argv) {
             // On a GPU the longest input length (at most 2048 tokens): a prompt of one token would leave the prefill
             // GEMMs cold. On the CPU the first use is the weights' first touch (page faults of the mapped file), which
             // any request pays in full: at most 16 tokens.
-            const int cap = engine->backend_name() == "cuda" ? 2048 : 16;
+            const int cap = on_gpu ? 2048 : 16;
             const int longest = *std::max_element(lens.begin(), lens.end());
             generate(*engine, bench_prompt(std::clamp(longest, 1, std::max(1, std::min(cap, c.max_context() - 4))), c.vocab_size, 1), g);
         } catch (const OutOfMemory &) {

@@ -144,7 +144,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
     if (!trace_path.empty()) start_kernel_trace();  // before any graph is captured
     auto engine = make_engine(model_dir, eo);
     const ModelConfig & c = engine->config();
-    const bool gpu = engine->backend_name() == "cuda";
+    const bool gpu = engine->backend_name().rfind("cuda", 0) == 0;  // "cuda" or "cuda-tpN"
     if (!trace_path.empty() && !gpu) QINFER_FAIL() << "--trace records GPU kernels: it needs the CUDA backend";
     std::vector<Prompt> prompts = dataset.empty() ? random_prompts(num_prompts, input_len, output_len, c.vocab_size, seed)
                                                   : dataset_prompts(dataset, model_dir, output_len, a.has("num-prompts") ? num_prompts : 0);
