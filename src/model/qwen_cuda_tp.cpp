@@ -58,8 +58,8 @@ public:
         check_placement(dir, opt);
         full_ = load_model(dir, load_options(opt));
         const ModelConfig & c = full_->config;
-        // Bf16 kernels want whole 64-wide blocks of the intermediate dimension; quantized ones whole groups.
-        const int align = tp_inter_align(*full_, 64);
+        // Bf16 kernels want 16-wide blocks of the intermediate dimension; quantized ones whole groups.
+        const int align = tp_inter_align(*full_, 16);
         std::vector<TpShard> plan = plan_tensor_parallel(c, tp_, align);
         for (TpShard & s : plan) {
             s.vocab0 = 0;  // embedding and lm_head whole on every rank
