@@ -39,6 +39,23 @@ private:
     ncclComm_t comm_;
 };
 
+// Act-order GPTQ split by input: a rank's channels fall in every group, unevenly, which the GPUs' layout (whole groups
+// of consecutive sorted channels) cannot hold. The CPU backend runs it.
+void check_row_parallel(const Model & shard) {
+    auto check = [](const Linear & l) {
+        if (l.g_idx.present()) {
+            QINFER_FAIL() << "tensor parallel on the GPUs: " << l.g_idx.name << " is act-order (desc_act), whose groups a split by input scatters "
+                          << "over the ranks; not supported yet (--backend cpu runs it)";
+        }
+    };
+    for (const LayerWeights & L : shard.weights.layers) {
+        check(L.self_attn.o_proj);
+        check(L.mlp.down_proj);
+        for (const MlpWeights & e : L.moe.experts) check(e.down_proj);
+        check(L.moe.shared_expert.down_proj);
+    }
+}
+
 // Checks before any weight is read: enough GPUs, heads that split.
 void check_placement(const std::string & dir, const EngineOptions & opt) {
     int devices = 0;
@@ -76,6 +93,7 @@ public:
         ranks_.resize(static_cast<size_t>(tp_));
         run_ranks([&](size_t r) {
             std::unique_ptr<Model> shard = shard_model(*full_, plan[r], tp_, owned_[r], align);
+            check_row_parallel(*shard);
             ranks_[r] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(r), int(r), links_[r].get()});
         }, /*quiet_followers=*/true);
     }

@@ -46,9 +46,9 @@ bool gptq(const Linear & l) { return l.scheme.packing == QuantPacking::GptqV1 ||
 void splittable(const Linear & l, int at, int n, int multiple, const char * what) {
     const std::string & name = l.qweight.present() ? l.qweight.name : l.weight.name;
     if (!gptq(l) && l.scheme.packing != QuantPacking::AwqGemm) {
-        QINFER_FAIL() << "tensor parallel on the CPU: " << name << " (" << l.scheme.describe() << ") is not split yet (GPTQ 4/8-bit and AWQ are)";
+        QINFER_FAIL() << "tensor parallel: " << name << " (" << l.scheme.describe() << ") is not split yet (GPTQ 4/8-bit and AWQ are)";
     }
-    if (gptq(l) && l.scheme.bits != 4 && l.scheme.bits != 8) QINFER_FAIL() << "tensor parallel on the CPU: " << name << ": " << l.scheme.bits << "-bit GPTQ is not split yet";
+    if (gptq(l) && l.scheme.bits != 4 && l.scheme.bits != 8) QINFER_FAIL() << "tensor parallel: " << name << ": " << l.scheme.bits << "-bit GPTQ is not split yet";
     if (at % multiple != 0 || n % multiple != 0) {
         QINFER_FAIL() << "tensor parallel: " << name << "'s " << what << " [" << at << ", " << at + n << ") is not on multiples of " << multiple;
     }

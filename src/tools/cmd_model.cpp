@@ -112,7 +112,7 @@ int cmd_synth(int argc, char ** argv) {
 int cmd_logits(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
         std::printf("usage: qinfer logits --model DIR --tokens 1,2,3 --out FILE.npy [--backend cpu|cuda] [--threads N]\n"
-                    "                     [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu] [--tp N (CPU: ranks of one process)]\n"
+                    "                     [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu] [--tp N (GPUs 0..N-1, or CPU ranks)]\n"
                     "                     [--load-format auto|dummy]\n"
                     "writes fp32 logits [n_tokens, vocab] of one forward pass over the tokens\n");
         return 0;
@@ -144,7 +144,7 @@ int cmd_run(int argc, char ** argv) {
         std::printf("usage: qinfer run --model DIR (--prompt TEXT | --tokens IDS) [-n N | --max-tokens N] [--greedy] [--temperature T]\n"
                     "                  [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]\n"
                     "                  [--frequency-penalty F] [--seed S] [--ignore-eos] [--backend cpu|cuda] [--threads N]\n"
-                    "                  [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu] [--tp N (CPU: ranks of one process)]\n"
+                    "                  [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu] [--tp N (GPUs 0..N-1, or CPU ranks)]\n"
                     "                  [--load-format auto|dummy (random weights from config.json alone)]\n"
                     "sampling defaults come from the checkpoint's generation_config.json; --greedy overrides them\n");
         return 0;

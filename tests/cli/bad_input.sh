@@ -158,8 +158,8 @@ expect loadgen-bad-url "takes http://HOST:PORT\|without cpp-httplib" "$q" bench 
 expect loadgen-no-server "no answer from\|without cpp-httplib" "$q" bench --serve http://127.0.0.1:1 --num-prompts 1
 expect tp-uneven-kv "rank count must be a multiple of 4" "$q" plan --tp 6 --preset qwen2.5-7b
 expect tp-zero "must be at least 1" "$q" plan --tp 0 --model "$good"
-# --tp on the engines: the CPU backend runs it; the rest is refused before loading.
-expect tp-cuda "runs on the CPU backend only" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --backend cuda --tp 2
+# --tp on the engines: the CPU backend runs it, the GPUs where there are enough of them; the rest is refused before loading.
+expect tp-cuda "no CUDA device found\|CUDA device(s) present\|built without CUDA and NCCL" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --backend cuda --tp 64
 expect tp-too-many "more ranks than the model's" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --backend cpu --tp 64
 expect tp-bad-token "outside the vocabulary" "$q" logits --model "$good" --tokens 1,100000 --out "$tmp/x.npy" --backend cpu --tp 2
 "$q" synth --preset tiny-qwen2 --quant nf4 --out "$tmp/nf4" >/dev/null 2>&1

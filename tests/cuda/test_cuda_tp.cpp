@@ -180,3 +180,27 @@ TEST(CudaTensorParallelInput, MoreRanksThanGpus) {
 }
 
 }  // namespace
+
+namespace {
+
+// Act-order GPTQ split by input on the GPUs: a one-line error that names the tensor (the CPU backend runs it).
+TEST(CudaTensorParallelInput, ActOrderRefused) {
+    if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+    SynthOptions o;
+    o.preset = "tiny-qwen2-k128";
+    o.out_dir = test::temp_dir("cuda-tp-act");
+    o.seed = 7;
+    o.quiet = true;
+    o.quant.kind = "gptq-int4";
+    o.quant.group_size = 32;
+    o.quant.desc_act = true;
+    synthesize(o);
+    try {
+        gpu_engine(o.out_dir, 2);
+        ADD_FAILURE() << "act-order GPTQ loaded at --tp 2";
+    } catch (const std::exception & e) {
+        EXPECT_NE(std::string(e.what()).find("is act-order (desc_act)"), std::string::npos) << e.what();
+    }
+}
+
+}  // namespace
