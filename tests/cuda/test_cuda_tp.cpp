@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "model/backend_cases.h"
+#include "model/tp_cases.h"
 #include "runtime/engine.h"
 #include "runtime/scheduler.h"
 #include "tools/synth.h"
@@ -89,6 +90,20 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp) {
     EXPECT_EQ(split.greedy, one.greedy);
 }
 
+// A quantized synthetic checkpoint of `preset` in its own folder.
+std::string synth_quant(const std::string & name, const std::string & preset, const std::string & kind, int group, bool desc_act) {
+    SynthOptions o;
+    o.preset = preset;
+    o.out_dir = test::temp_dir("cuda-tp-" + name);
+    o.seed = 7;
+    o.quiet = true;
+    o.quant.kind = kind;
+    o.quant.group_size = group;
+    o.quant.desc_act = desc_act;
+    synthesize(o);
+    return o.out_dir;
+}
+
 struct Case {
     std::string name, preset, quant;
     int group;
@@ -100,21 +115,7 @@ class CudaTensorParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaTensorParallel, LogitsEqualOneGpu) {
     const Case & c = GetParam();
     if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
-    std::string dir;
-    if (c.quant.empty()) {
-        dir = test::synth_once("cuda-tp", c.preset, 7);
-    } else {
-        SynthOptions o;
-        o.preset = c.preset;
-        o.out_dir = test::temp_dir("cuda-tp-" + c.name);
-        o.seed = 7;
-        o.quiet = true;
-        o.quant.kind = c.quant;
-        o.quant.group_size = c.group;
-        synthesize(o);
-        dir = o.out_dir;
-    }
-    expect_tp_equals_one_gpu(dir, 2);
+    expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : synth_quant(c.name, c.preset, c.quant, c.group, false), 2);
 }
 
 const Case k_cases[] = {
@@ -138,27 +139,7 @@ TEST(CudaTensorParallelScheduling, TokensEqualOneGpu) {
     std::vector<std::vector<int>> runs;
     for (int tp : {1, 2}) {
         auto e = gpu_engine(dir, tp);
-        SchedulerOptions so;
-        so.pool.max_rows = 3;
-        so.pool.max_step_tokens = 16;
-        so.pool.max_seq_tokens = 96;
-        so.pool.n_blocks = 24;
-        Scheduler s(*e, so);
-        std::vector<int> tokens;
-        for (int i = 0; i < 5; i++) {
-            RequestOptions r;
-            for (int t = 0; t < 7 + 9 * i; t++) r.prompt.push_back((t * 13 + i * 5 + 1) % 256);
-            r.max_new_tokens = 6;
-            r.ignore_eos = true;
-            s.submit(r, {[&tokens](const TokenEvent & ev) {
-                             tokens.push_back(ev.token);
-                             return true;
-                         },
-                         nullptr});
-        }
-        s.run_until_idle();
-        EXPECT_EQ(s.stats().blocks_used, 0);
-        runs.push_back(tokens);
+        runs.push_back(test::scheduled_tokens(*e));
     }
     EXPECT_EQ(runs[0].size(), 30u);
     EXPECT_EQ(runs[0], runs[1]);
@@ -179,24 +160,11 @@ TEST(CudaTensorParallelInput, MoreRanksThanGpus) {
     }
 }
 
-}  // namespace
-
-namespace {
-
 // Act-order GPTQ split by input on the GPUs: a one-line error that names the tensor (the CPU backend runs it).
 TEST(CudaTensorParallelInput, ActOrderRefused) {
     if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
-    SynthOptions o;
-    o.preset = "tiny-qwen2-k128";
-    o.out_dir = test::temp_dir("cuda-tp-act");
-    o.seed = 7;
-    o.quiet = true;
-    o.quant.kind = "gptq-int4";
-    o.quant.group_size = 32;
-    o.quant.desc_act = true;
-    synthesize(o);
     try {
-        gpu_engine(o.out_dir, 2);
+        gpu_engine(synth_quant("act", "tiny-qwen2-k128", "gptq-int4", 32, true), 2);
         ADD_FAILURE() << "act-order GPTQ loaded at --tp 2";
     } catch (const std::exception & e) {
         EXPECT_NE(std::string(e.what()).find("is act-order (desc_act)"), std::string::npos) << e.what();

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "backend_cases.h"
+#include "model/tp_cases.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/scheduler.h"
@@ -117,27 +118,7 @@ TEST(TensorParallelCpuScheduling, TokensEqualOneRank) {
     std::vector<std::vector<int>> runs;
     for (int tp : {1, 2}) {
         auto e = cpu(dir, tp);
-        SchedulerOptions so;
-        so.pool.max_rows = 3;
-        so.pool.max_step_tokens = 16;
-        so.pool.max_seq_tokens = 96;
-        so.pool.n_blocks = 24;
-        Scheduler s(*e, so);
-        std::vector<int> tokens;
-        for (int i = 0; i < 5; i++) {
-            RequestOptions r;
-            for (int t = 0; t < 7 + 9 * i; t++) r.prompt.push_back((t * 13 + i * 5 + 1) % 256);
-            r.max_new_tokens = 6;
-            r.ignore_eos = true;
-            s.submit(r, {[&tokens](const TokenEvent & ev) {
-                             tokens.push_back(ev.token);
-                             return true;
-                         },
-                         nullptr});
-        }
-        s.run_until_idle();
-        EXPECT_EQ(s.stats().blocks_used, 0);
-        runs.push_back(tokens);
+        runs.push_back(test::scheduled_tokens(*e));
     }
     EXPECT_EQ(runs[0].size(), 30u);
     EXPECT_EQ(runs[0], runs[1]);
