@@ -247,7 +247,9 @@ int cmd_bench(int argc, char ** argv) {
     const int max_len = *std::max_element(lens.begin(), lens.end());
     eo.max_context = max_len + gen;
     eo.max_sequences = *std::max_element(batches.begin(), batches.end());
+    const auto load_start = std::chrono::steady_clock::now();
     auto engine = make_engine(model_dir, eo);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     const ModelConfig & c = engine->config();
     double weight_bytes = 0;  // what a decode step reads: the tensors' shapes and dtypes, mapped again (not read)
     if (eo.dummy_weights) {
@@ -359,7 +361,7 @@ int cmd_bench(int argc, char ** argv) {
             if (kv == KVDType::INT8 || kv == KVDType::INT4) kv_token += 2.0 * c.num_hidden_layers * c.num_key_value_heads * 8;  // scale, zero
             double step_bytes = weight_bytes + kv_token * ctx * batch;
             // Tensor parallel: the GPUs read their shares side by side, so the limit is their bandwidth together.
-            r.bw_frac = r.decode_tok_s / batch * step_bytes / (sys.bandwidth * gpu_num);
+            r.bw_frac = r.decode_tok_s / batch * step_bytes / (sys.bandwidth * std::max(1, gpu_num));
             rows.push_back(r);
         }
     }
@@ -399,9 +401,9 @@ int cmd_bench(int argc, char ** argv) {
                     gpu_num, speed, gpu ? std::to_string(r.peak_gb).substr(0, 5).c_str() : "-", r.ttft_s, r.decode_tok_s,
                     100 * r.bw_frac, r.batch, r.kv_dtype.c_str());
     }
-    std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.1f GB/s (%s) | weights %s\n", sys.card.c_str(), sys.software.c_str(),
-                engine->backend_name().c_str(), commit.c_str(), sys.bandwidth / 1e9, sys.bandwidth_source.c_str(),
-                eo.dummy_weights ? "--load-format dummy (random, built in memory)" : "read from safetensors");
+    std::printf("card: %s | %s | backend %s | commit %s | bandwidth %.1f GB/s (%s) | weights %s, loaded in %.1f s\n", sys.card.c_str(),
+                sys.software.c_str(), engine->backend_name().c_str(), commit.c_str(), sys.bandwidth / 1e9, sys.bandwidth_source.c_str(),
+                eo.dummy_weights ? "--load-format dummy (random, built in memory)" : "read from safetensors", load_s);
     if (!bases.empty()) {
         std::printf("\n| Model | Input Length | engine | its tokens generated | its Speed(tokens/s) | its GPU Memory(GB) | qinfer / it |\n");
         std::printf("|---|---|---|---|---|---|---|\n");
@@ -419,7 +421,7 @@ int cmd_bench(int argc, char ** argv) {
         json j = {{"model", r.model}, {"quant", r.quant}, {"kv_dtype", r.kv_dtype}, {"batch", r.batch},
                   {"input_len", r.input_len}, {"gen_len", r.gen_len}, {"card", sys.card}, {"driver", sys.driver},
                   {"cuda", sys.cuda}, {"commit", commit}, {"backend", engine->backend_name()},
-                  {"bandwidth_gbs", sys.bandwidth / 1e9}, {"gpus", gpu_num}, {"load_format", load_format}, {"env", json::parse(env_knobs_json())}};
+                  {"bandwidth_gbs", sys.bandwidth / 1e9}, {"gpus", gpu_num}, {"load_format", load_format}, {"load_s", load_s}, {"env", json::parse(env_knobs_json())}};
         if (r.note.empty()) {
             j.update(json{{"tok_s", r.tok_s}, {"tok_s_std", r.tok_s_std}, {"repeat", repeat}, {"decode_tok_s", r.decode_tok_s}, {"ttft_s", r.ttft_s}, {"peak_gb", r.peak_gb},
                           {"bw_frac", r.bw_frac}});
