@@ -76,7 +76,7 @@ public:
         full_ = load_model(dir, load_options(opt));
         const ModelConfig & c = full_->config;
         // Bf16 kernels want 16-wide blocks of the intermediate dimension; quantized ones whole groups.
-        const int align = tp_inter_align(*full_, 16);
+        const int align = tp_inter_align(*full_, k_tp_gpu_inter_align);
         std::vector<TpShard> plan = plan_tensor_parallel(c, tp_, align);
         for (TpShard & s : plan) {
             s.vocab0 = 0;  // embedding and lm_head whole on every rank

@@ -254,14 +254,17 @@ private:
 
 }  // namespace
 
+int tp_quant_align(const QuantScheme & q) {
+    if (!q.quantized()) return 1;
+    const int g = q.group_size > 0 ? q.group_size : 32 / std::max(1, q.bits);
+    return std::lcm(g, 8);  // whole groups of down's input, whole words of gate/up's qzeros
+}
+
 int tp_inter_align(const Model & full, int least) {
     int align = std::max(1, least);
     for (const LayerWeights & L : full.weights.layers) {
         for (const MlpWeights * m : {&L.mlp, L.moe.experts.empty() ? nullptr : &L.moe.experts[0], L.is_moe && L.moe.has_shared_expert ? &L.moe.shared_expert : nullptr}) {
-            if (!m || !m->down_proj.quantized()) continue;
-            const QuantScheme & q = m->down_proj.scheme;
-            const int g = q.group_size > 0 ? q.group_size : 32 / std::max(1, q.bits);
-            align = std::lcm(align, std::lcm(g, 8));  // whole groups of down's input, whole words of gate/up's qzeros
+            if (m) align = std::lcm(align, tp_quant_align(m->down_proj.scheme));
         }
     }
     return align;

@@ -22,8 +22,11 @@ std::unique_ptr<Model> shard_model(const Model & full, const TpShard & shard, in
                                    int inter_align = 1);
 
 // The multiple the intermediate dimensions of `full` are cut on: its quantization groups along down_proj's input
-// (whole words of codes where there are no groups), and at least `least` (a backend's own need; 1 for the CPU).
+// (whole words of codes where there are no groups), and at least `least` (a backend's own need: 1 for the CPU,
+// k_tp_gpu_inter_align for the GPUs). tp_quant_align: that multiple for one down_proj scheme (1 when dense).
+constexpr int k_tp_gpu_inter_align = 16;  // the GPUs' bf16 kernels: 16-wide blocks of the intermediate dimension
 int tp_inter_align(const Model & full, int least);
+int tp_quant_align(const QuantScheme & down);
 
 std::unique_ptr<Engine> make_cpu_tp_engine(const std::string & model_dir, const EngineOptions & opt);
 

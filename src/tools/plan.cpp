@@ -5,11 +5,13 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "core/check.h"
 #include "model/decode_splits.h"
 #include "model/prefill_chunk.h"
 #include "model/quant_repack.h"
+#include "model/qwen_tp.h"
 #include "model/tp_plan.h"
 #include "model/weights.h"
 #include "tools/args.h"
@@ -90,11 +92,11 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     return m;
 }
 
-// --tp N: how a tensor-parallel run splits the model over N ranks (model/tp_plan.h), a row a rank. The intermediate
-// dimension is cut on the checkpoint's quantization groups where they are larger than 128.
+// --tp N: how a tensor-parallel run on the GPUs splits the model over N ranks (model/tp_plan.h), a row a rank: the
+// intermediate dimension cut as the GPUs' engine cuts it (model/qwen_tp.h tp_inter_align).
 static int print_tp_plan(const ModelConfig & c, int tp) {
-    const int group = c.quant.quantized() ? c.quant.scheme_for("model.layers.0.mlp.down_proj").group_size : -1;
-    const int align = std::max(128, group);
+    const QuantScheme down = c.quant.quantized() ? c.quant.scheme_for("model.layers.0.mlp.down_proj") : QuantScheme{};
+    const int align = std::lcm(k_tp_gpu_inter_align, tp_quant_align(down));
     const std::vector<TpShard> plan = plan_tensor_parallel(c, tp, align);
     const bool moe = c.num_experts > 0;
     std::printf("| rank | query heads | KV heads | %s columns | vocabulary rows |\n|---|---|---|---|---|\n", moe ? "expert intermediate" : "intermediate");
@@ -104,7 +106,7 @@ static int print_tp_plan(const ModelConfig & c, int tp) {
                     s.vocab0 + s.n_vocab - 1, s.n_vocab);
     }
     std::printf("heads go as whole GQA groups (%d query heads a KV head)%s; q/k/v and gate/up split by output, o_proj and down by\n"
-                "input (one all-reduce after each), embedding and lm_head by vocabulary rows\n",
+                "input (one all-reduce after each); embedding and lm_head by vocabulary rows on the CPU backend, whole on every GPU\n",
                 c.num_attention_heads / c.num_key_value_heads,
                 tp > c.num_key_value_heads ? ", each KV head held by the ranks that split its group" : "");
     return 0;
