@@ -1,4 +1,4 @@
-// Tensor parallel on the GPUs of one host: the model split over `tp` GPUs as model/tp_plan.h plans it (whole GQA
+// Tensor parallel on the GPUs: the model split over `tp` GPUs as model/tp_plan.h plans it (whole GQA
 // groups of heads; intermediate columns of the dense MLP, of every expert and of the shared expert, cut on the
 // checkpoint's quantization groups), each rank a CudaQwenEngine on its GPU, driven by its own thread, over its slices
 // (model/qwen_tp.h shard_model, the CPU's tensor parallel's split). The ranks' partial sums after o_proj, down_proj
@@ -6,15 +6,19 @@
 // into its decode graphs. The embedding and lm_head stay whole on every rank: each rank computes the same logits from
 // the same reduced hidden state and picks the same token, which the engine checks after every call.
 //
-// NCCL is bootstrapped in-process (ncclCommInitAll); NVLink SHARP (NVLS) is switched off, as these machines require.
+// One process drives the GPUs of its host; with --nnodes, one process a host (each running the same command, node 0
+// at --master-addr) joins the same communicators through a TCP rendezvous (runtime/rendezvous.h). NVLink SHARP (NVLS)
+// is switched off, as these machines require.
 #include <nccl.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "model/qwen_cuda.h"
 #include "model/qwen_tp.h"
 #include "model/rank_workers.h"
+#include "runtime/rendezvous.h"
 
 namespace qinfer {
 
@@ -27,6 +31,8 @@ namespace {
         const ncclResult_t r_ = (expr);                                                                                \
         if (r_ != ncclSuccess) QINFER_FAIL() << "NCCL: " << ncclGetErrorString(r_) << " (" << ncclGetLastError(nullptr) << ") at " #expr; \
     } while (0)
+
+constexpr double k_rendezvous_timeout_s = 300;  // the nodes of a run may start minutes apart
 
 class NcclLink : public DeviceCollective {
 public:
@@ -63,15 +69,20 @@ void check_placement(const std::string & dir, const EngineOptions & opt) {
         cudaGetLastError();
         devices = 0;
     }
-    if (opt.tp > devices) QINFER_FAIL() << "--tp " << opt.tp << ": only " << devices << " CUDA device(s) present";
-    if (opt.tp > cuda::k_max_devices) QINFER_FAIL() << "--tp " << opt.tp << ": at most " << cuda::k_max_devices << " GPUs in one process";
+    const int local = opt.tp / std::max(1, opt.nnodes);
+    if (local > devices) {
+        QINFER_FAIL() << "--tp " << opt.tp << (opt.nnodes > 1 ? " over --nnodes " + std::to_string(opt.nnodes) : std::string()) << ": "
+                      << local << " GPUs a node, only " << devices << " CUDA device(s) present";
+    }
+    if (local > cuda::k_max_devices) QINFER_FAIL() << "--tp " << opt.tp << ": at most " << cuda::k_max_devices << " GPUs in one process";
     plan_tensor_parallel(load_model_config(dir), opt.tp, 1);  // the heads; the intermediate sizes once the weights say their groups
 }
 
 class CudaTpEngine : public Engine {
 public:
     CudaTpEngine(const std::string & dir, const EngineOptions & opt)
-        : tp_(opt.tp), workers_(opt.tp, std::max(1, (opt.threads > 0 ? opt.threads : max_threads()) / opt.tp)) {
+        : tp_(opt.tp), local_(opt.tp / std::max(1, opt.nnodes)), rank0_(opt.node_rank * local_),
+          workers_(local_, std::max(1, (opt.threads > 0 ? opt.threads : max_threads()) / local_)) {
         check_placement(dir, opt);
         full_ = load_model(dir, load_options(opt));
         const ModelConfig & c = full_->config;
@@ -84,17 +95,15 @@ public:
         }
         // NVLS (NVLink multicast) can take a host's shared GPUs out of service: never on here.
         setenv("NCCL_NVLS_ENABLE", "0", 1);
-        comms_.resize(static_cast<size_t>(tp_));
-        std::vector<int> devices(static_cast<size_t>(tp_));
-        for (int r = 0; r < tp_; r++) devices[size_t(r)] = r;
-        NCCL_CHECK(ncclCommInitAll(comms_.data(), tp_, devices.data()));
+        init_comms(opt);
         for (ncclComm_t comm : comms_) links_.push_back(std::make_unique<NcclLink>(comm));
-        owned_.resize(static_cast<size_t>(tp_));
-        ranks_.resize(static_cast<size_t>(tp_));
-        run_ranks([&](size_t r) {
-            std::unique_ptr<Model> shard = shard_model(*full_, plan[r], tp_, owned_[r], align);
+        owned_.resize(static_cast<size_t>(local_));
+        ranks_.resize(static_cast<size_t>(local_));
+        run_ranks([&](size_t l) {
+            const int rank = rank0_ + int(l);
+            std::unique_ptr<Model> shard = shard_model(*full_, plan[size_t(rank)], tp_, owned_[l], align);
             check_row_parallel(*shard);
-            ranks_[r] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(r), int(r), links_[r].get()});
+            ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(l), rank, links_[l].get()});
         }, /*quiet_followers=*/true);
     }
     ~CudaTpEngine() override {
@@ -119,12 +128,12 @@ public:
         run_ranks([&](size_t r) { ranks_[r]->plan_batch(n_sequences, max_tokens); });
     }
     uint64_t reserve_batch(int n_sequences, int max_tokens, int prompt_tokens) override {
-        std::vector<uint64_t> bytes(static_cast<size_t>(tp_));
+        std::vector<uint64_t> bytes(static_cast<size_t>(local_));
         run_ranks([&](size_t r) { bytes[r] = ranks_[r]->reserve_batch(n_sequences, max_tokens, prompt_tokens); });
         return std::accumulate(bytes.begin(), bytes.end(), uint64_t(0));
     }
     int new_sequence(int max_tokens) override {
-        std::vector<int> ids(static_cast<size_t>(tp_));
+        std::vector<int> ids(static_cast<size_t>(local_));
         run_ranks([&](size_t r) { ids[r] = ranks_[r]->new_sequence(max_tokens); });
         agree(ids, "sequence ids");
         return ids[0];
@@ -133,11 +142,11 @@ public:
         run_ranks([&](size_t r) { ranks_[r]->free_sequence(seq); });
     }
     void forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) override {
-        std::vector<std::vector<float>> outs(static_cast<size_t>(tp_));
+        std::vector<std::vector<float>> outs(static_cast<size_t>(local_));
         run_ranks([&](size_t r) { ranks_[r]->forward(seq, tokens, all_logits, r == 0 ? logits : outs[r]); });
     }
     void forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) override {
-        std::vector<std::vector<float>> outs(static_cast<size_t>(tp_));
+        std::vector<std::vector<float>> outs(static_cast<size_t>(local_));
         run_ranks([&](size_t r) { ranks_[r]->forward_batch(seqs, tokens, r == 0 ? logits : outs[r]); });
     }
     bool decode_greedy(int seq, int token, int n_steps, int n_valid, std::vector<int> & out) override {
@@ -154,7 +163,7 @@ public:
     // Every GPU's peak together.
     uint64_t peak_memory_bytes() const override {
         uint64_t total = 0;
-        for (int r = 0; r < tp_; r++) total += cuda::DeviceAllocator::of_device(r).peak();
+        for (int r = 0; r < local_; r++) total += cuda::DeviceAllocator::of_device(r).peak();
         return total;
     }
     PoolInfo make_pool(const PoolOptions & opt) override {
@@ -171,14 +180,38 @@ public:
         return info;
     }
     void step(const std::vector<StepSegment> & segs, const std::vector<int> & tokens, StepOutput & out) override {
-        std::vector<StepOutput> outs(static_cast<size_t>(tp_));
+        std::vector<StepOutput> outs(static_cast<size_t>(local_));
         run_ranks([&](size_t r) { ranks_[r]->step(segs, tokens, r == 0 ? out : outs[r]); });
-        for (int r = 1; r < tp_; r++) {
+        for (int r = 1; r < local_; r++) {
             if (outs[size_t(r)].tokens != out.tokens) QINFER_FAIL() << "tensor parallel: rank " << r << " picked other tokens than rank 0";
         }
     }
 
 private:
+    // One host: every rank's communicator at once. Several (--nnodes): node 0 makes NCCL's unique id and the TCP
+    // rendezvous at --master-addr hands it to the other nodes; each node then joins its ranks rank0_.. in one group.
+    void init_comms(const EngineOptions & opt) {
+        comms_.resize(static_cast<size_t>(local_));
+        if (opt.nnodes <= 1) {
+            std::vector<int> devices(static_cast<size_t>(local_));
+            for (int l = 0; l < local_; l++) devices[size_t(l)] = l;
+            NCCL_CHECK(ncclCommInitAll(comms_.data(), local_, devices.data()));
+            return;
+        }
+        ncclUniqueId id{};
+        if (opt.node_rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+        const std::string got = rendezvous_broadcast(parse_master_address(opt.master_addr), opt.nnodes, opt.node_rank,
+                                                     std::string(id.internal, sizeof id.internal), k_rendezvous_timeout_s);
+        if (got.size() != sizeof id.internal) QINFER_FAIL() << "rendezvous: node 0 sent " << got.size() << " bytes, not an NCCL unique id";
+        std::memcpy(id.internal, got.data(), sizeof id.internal);
+        NCCL_CHECK(ncclGroupStart());
+        for (int l = 0; l < local_; l++) {
+            CUDA_CHECK(cudaSetDevice(l));
+            NCCL_CHECK(ncclCommInitRank(&comms_[size_t(l)], tp_, id, rank0_ + l));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+    }
+
     // fn(r) on every rank, each on its own thread with its GPU current. A failing rank aborts the communicators, so
     // that ranks waiting in a collective for it return instead of hanging; the engine is then unusable.
     void run_ranks(const std::function<void(size_t)> & fn, bool quiet_followers = false) {
@@ -205,8 +238,8 @@ private:
         }
     }
     template <class F> bool decode_all(std::vector<int> & out, F && fn) {
-        std::vector<std::vector<int>> outs(static_cast<size_t>(tp_));
-        std::vector<int> ok(static_cast<size_t>(tp_));
+        std::vector<std::vector<int>> outs(static_cast<size_t>(local_));
+        std::vector<int> ok(static_cast<size_t>(local_));
         run_ranks([&](size_t r) { ok[r] = fn(*ranks_[r], outs[r]) ? 1 : 0; });
         agree(ok, "decode paths");
         agree(outs, "tokens");
@@ -214,7 +247,9 @@ private:
         return ok[0] != 0;
     }
 
-    const int tp_;
+    const int tp_;      // ranks over every node
+    const int local_;   // ranks (GPUs 0..local_ - 1) of this node
+    const int rank0_;   // this node's first rank
     std::unique_ptr<Model> full_;
     std::vector<std::vector<std::vector<uint8_t>>> owned_;  // per rank: column slices of its weights
     std::vector<ncclComm_t> comms_;

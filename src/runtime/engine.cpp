@@ -53,6 +53,13 @@ LoadOptions load_options(const EngineOptions & opt) {
 
 std::unique_ptr<Engine> make_engine(const std::string & model_dir, const EngineOptions & opt) {
     if (opt.tp < 1) QINFER_FAIL() << "--tp " << opt.tp << ": the number of ranks must be at least 1";
+    if (opt.nnodes < 1) QINFER_FAIL() << "--nnodes " << opt.nnodes << ": must be at least 1";
+    if (opt.nnodes > 1) {
+        if (opt.tp % opt.nnodes != 0) QINFER_FAIL() << "--tp " << opt.tp << " does not split evenly over --nnodes " << opt.nnodes;
+        if (opt.node_rank < 0 || opt.node_rank >= opt.nnodes) QINFER_FAIL() << "--node-rank " << opt.node_rank << " is not in 0.." << opt.nnodes - 1;
+        if (opt.master_addr.empty()) QINFER_FAIL() << "--nnodes " << opt.nnodes << " needs --master-addr HOST:PORT (node 0's address)";
+        if (opt.backend == "cpu" || !cuda_available()) QINFER_FAIL() << "--nnodes: tensor parallel across hosts runs on the GPUs only";
+    }
     if (opt.tp > 1) {
         if (opt.backend == "cpu" || (opt.backend == "auto" && !cuda_available())) return make_cpu_tp_engine(model_dir, opt);
 #if defined(QINFER_CUDA) && defined(QINFER_HAVE_NCCL)

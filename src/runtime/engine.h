@@ -118,6 +118,11 @@ struct EngineOptions {
     // Tensor-parallel ranks: the model split over this many ranks of one process, threads on the CPU
     // (model/qwen_tp.h) or GPUs 0..tp-1 joined by NCCL (model/qwen_cuda_tp.cpp).
     int tp = 1;
+    // Tensor parallel over several hosts (the GPUs' only): tp ranks in all, tp / nnodes GPUs on each node; every node
+    // runs the same command, node 0 listening at master_addr ("host:port") for the TCP rendezvous (runtime/rendezvous.h).
+    int nnodes = 1;
+    int node_rank = 0;
+    std::string master_addr;
     // Let max_context exceed the model's max_position_embeddings (plain RoPE only; load_model's past_context).
     bool past_context = false;
     // --load-format dummy: random weights from config.json alone (model/weights.h LoadOptions).

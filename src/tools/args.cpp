@@ -4,6 +4,8 @@
 #include <cstdlib>
 
 #include "core/check.h"
+#include "runtime/engine.h"
+#include "runtime/rendezvous.h"
 
 namespace qinfer {
 
@@ -92,6 +94,14 @@ bool load_format_dummy(const Args & a) {
     const std::string f = a.str("load-format", "auto");
     if (f != "auto" && f != "dummy") QINFER_FAIL() << "--load-format must be auto or dummy, got '" << f << "'";
     return f == "dummy";
+}
+
+void parallel_from_args(const Args & a, EngineOptions & eo) {
+    eo.tp = int(a.integer("tp", 1));
+    eo.nnodes = int(a.integer("nnodes", 1));
+    eo.node_rank = int(a.integer("node-rank", 0));
+    eo.master_addr = a.str("master-addr");
+    if (!eo.master_addr.empty()) parse_master_address(eo.master_addr);  // a malformed address fails before any work
 }
 
 }  // namespace qinfer

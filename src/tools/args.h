@@ -32,4 +32,8 @@ std::vector<int> parse_int_list(const std::string & text, const std::string & wh
 // --load-format auto|dummy (vLLM's names): true for dummy, random weights from config.json alone.
 bool load_format_dummy(const Args & a);
 
+// --tp N, and across hosts --nnodes N --node-rank R --master-addr HOST:PORT, into the engine's options.
+struct EngineOptions;
+void parallel_from_args(const Args & a, EngineOptions & eo);
+
 }  // namespace qinfer

@@ -155,6 +155,7 @@ int cmd_bench(int argc, char ** argv) {
                 "usage: qinfer bench [--model DIR [--name NAME] | --preset NAME] [--layers N] [--input-lens 1,6144,...] [--gen N]\n"
                 "                    [--batch 1,4,16,...] [--repeat N] [--backend auto|cpu|cuda] [--threads N] [--json FILE] [--csv FILE]\n"
                 "                    [--kv-dtype fp32|bf16|fp8|int8|int4] [--plot FILE.png] [--embedding-on-gpu] [--trace FILE.csv] [--tp N]\n"
+                "                    [--nnodes N --node-rank R --master-addr HOST:PORT]\n"
                 "                    [--past-context] [--load-format auto|dummy]\n"
                 "--load-format dummy: random weights built in memory from config.json alone (vLLM's name), for models larger\n"
                 "         than the disk; with --preset only the preset's config folder is written. Rows say load_format\n"
@@ -205,7 +206,7 @@ int cmd_bench(int argc, char ** argv) {
     if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
     eo.embedding_on_gpu = a.flag("embedding-on-gpu");
     eo.past_context = a.flag("past-context");
-    eo.tp = int(a.integer("tp", 1));
+    parallel_from_args(a, eo);
     const int gpu_num = gpu ? eo.tp : 0;  // the seed tables' "GPU Num"
     eo.dummy_weights = load_format_dummy(a);
     const SynthQuant quant = synth_quant_from_args(a);

@@ -40,7 +40,7 @@ EngineOptions engine_options(const Args & a) {
     o.kv_dtype = a.str("kv-dtype", "auto");
     if (o.kv_dtype != "auto") parse_kv_dtype(o.kv_dtype);
     o.embedding_on_gpu = a.flag("embedding-on-gpu");
-    o.tp = int(a.integer("tp", 1));
+    parallel_from_args(a, o);
     o.dummy_weights = load_format_dummy(a);
     return o;
 }
@@ -113,6 +113,7 @@ int cmd_logits(int argc, char ** argv) {
     if (wants_help(argc, argv)) {
         std::printf("usage: qinfer logits --model DIR --tokens 1,2,3 --out FILE.npy [--backend cpu|cuda] [--threads N]\n"
                     "                     [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu] [--tp N (GPUs 0..N-1, or CPU ranks)]\n"
+                    "                     [--nnodes N --node-rank R --master-addr HOST:PORT (--tp over hosts)]\n"
                     "                     [--load-format auto|dummy]\n"
                     "writes fp32 logits [n_tokens, vocab] of one forward pass over the tokens\n");
         return 0;
@@ -145,6 +146,7 @@ int cmd_run(int argc, char ** argv) {
                     "                  [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--presence-penalty P]\n"
                     "                  [--frequency-penalty F] [--seed S] [--ignore-eos] [--backend cpu|cuda] [--threads N]\n"
                     "                  [--kv-dtype fp32|bf16|fp8|int8|int4] [--embedding-on-gpu] [--tp N (GPUs 0..N-1, or CPU ranks)]\n"
+                    "                  [--nnodes N --node-rank R --master-addr HOST:PORT (--tp over hosts)]\n"
                     "                  [--load-format auto|dummy (random weights from config.json alone)]\n"
                     "sampling defaults come from the checkpoint's generation_config.json; --greedy overrides them\n");
         return 0;

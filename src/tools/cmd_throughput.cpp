@@ -124,7 +124,7 @@ int cmd_bench_throughput(int argc, char ** argv) {
     eo.threads = int(a.integer("threads", 0));
     eo.kv_dtype = a.str("kv-dtype", "auto");
     if (eo.kv_dtype != "auto") parse_kv_dtype(eo.kv_dtype);
-    eo.tp = int(a.integer("tp", 1));
+    parallel_from_args(a, eo);
     eo.dummy_weights = load_format_dummy(a);
     const uint64_t seed = uint64_t(a.integer("seed", 0));
     const std::string json_path = a.str("json"), csv_path = a.str("csv"), trace_path = a.str("trace");

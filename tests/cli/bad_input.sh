@@ -160,6 +160,11 @@ expect tp-uneven-kv "rank count must be a multiple of 4" "$q" plan --tp 6 --pres
 expect tp-zero "must be at least 1" "$q" plan --tp 0 --model "$good"
 # --tp on the engines: the CPU backend runs it, the GPUs where there are enough of them; the rest is refused before loading.
 expect tp-cuda "no CUDA device found\|CUDA device(s) present\|built without CUDA and NCCL" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --backend cuda --tp 64
+expect tp-nodes-uneven "does not split evenly over --nnodes 2" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --tp 3 --nnodes 2 --master-addr 127.0.0.1:29500
+expect tp-nodes-no-master "needs --master-addr HOST:PORT" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --tp 2 --nnodes 2
+expect tp-nodes-bad-master "expected HOST:PORT" "$q" bench --model "$good" --tp 2 --nnodes 2 --master-addr nohost
+expect tp-nodes-bad-rank "--node-rank 2 is not in 0..1" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --tp 2 --nnodes 2 --node-rank 2 --master-addr 127.0.0.1:29500
+expect tp-nodes-cpu "across hosts runs on the GPUs only" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --backend cpu --tp 2 --nnodes 2 --master-addr 127.0.0.1:29500
 expect tp-too-many "more ranks than the model's" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --backend cpu --tp 64
 expect tp-bad-token "outside the vocabulary" "$q" logits --model "$good" --tokens 1,100000 --out "$tmp/x.npy" --backend cpu --tp 2
 "$q" synth --preset tiny-qwen2 --quant nf4 --out "$tmp/nf4" >/dev/null 2>&1

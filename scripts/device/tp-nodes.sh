@@ -1,0 +1,29 @@
+# shellcheck shell=bash
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set; needs two GPUs.
+# Tensor parallel across processes, the path that spans hosts (--nnodes, --node-rank, --master-addr: the TCP
+# rendezvous, then NCCL between the processes), run as two processes on this host, one GPU each: their logits of a
+# prompt against the same model at --tp 2 in one process and on one GPU. Prints the largest relative differences.
+d=$(mktemp -d)
+"$Q" synth --preset tiny-qwen2 --out "$d/m" >/dev/null 2>&1
+toks=1,7,42,99,5,3,200,17,64,128,11
+"$Q" logits --model "$d/m" --tokens $toks --out "$d/one.npy" --backend cuda 2>&1 | tail -1
+"$Q" logits --model "$d/m" --tokens $toks --out "$d/tp2.npy" --backend cuda --tp 2 2>&1 | tail -1
+for r in 0 1; do
+    CUDA_VISIBLE_DEVICES=$r timeout 120 "$Q" logits --model "$d/m" --tokens $toks --out "$d/nodes$r.npy" --backend cuda --tp 2 --nnodes 2 \
+        --node-rank $r --master-addr 127.0.0.1:29517 >"$OUT/tp-nodes-$r.log" 2>&1 &
+done
+wait
+tail -2 "$OUT"/tp-nodes-*.log
+python3 - "$d" <<'PY' 2>&1 | tee -a "$OUT/tp-nodes.log"
+import sys, numpy as np
+d = sys.argv[1]
+one = np.load(f"{d}/one.npy")
+for name in ["tp2", "nodes0", "nodes1"]:
+    try:
+        x = np.load(f"{d}/{name}.npy")
+        print(f"{name}: relative difference from one GPU {np.linalg.norm(x - one) / np.linalg.norm(one):.2e}")
+    except Exception as e:
+        print(f"{name}: {e}")
+PY
+note "tp-nodes: $(tr '\n' ' ' <"$OUT/tp-nodes.log")"
+rm -rf "$d"
