@@ -25,8 +25,8 @@ bash scripts/tokenizer_check.sh build/qinfer
 fuzz_seconds=${FUZZ_SECONDS:-60}
 cmake -S . -B build-fuzz -G Ninja -DQINFER_FUZZ=ON -DQINFER_TESTS=OFF -DCMAKE_CXX_COMPILER=clang++ \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQINFER_CUDA=OFF >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_json fuzz_serve_request
-for target in safetensors config tokenizer tokenizer_json serve_request; do
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_json fuzz_serve_request fuzz_rendezvous
+for target in safetensors config tokenizer tokenizer_json serve_request rendezvous; do
     corpus=$(mktemp -d)
     cp fuzz/corpus/$target/* "$corpus"/
     echo "fuzz_$target: ${fuzz_seconds}s"
@@ -40,4 +40,4 @@ for target in safetensors config tokenizer tokenizer_json serve_request; do
     build-fuzz/fuzz/fuzz_$target "$corpus" -runs=0 >/dev/null 2>&1 || { echo "fuzz_$target: a corpus input fails"; exit 1; }
     rm -rf "$corpus" "$corpus.log"
 done
-echo "fuzz: 5 passed, 0 failed"
+echo "fuzz: 6 passed, 0 failed"

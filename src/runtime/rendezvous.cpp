@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -24,7 +25,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr char k_magic[4] = {'Q', 'N', 'F', 'R'};
-constexpr size_t k_max_blob = 4096;
 
 // A socket closed when it goes out of scope.
 struct Fd {
@@ -121,10 +121,9 @@ void serve_blob(const MasterAddress & m, int nodes, const std::string & blob, Cl
         if (peer.fd < 0) continue;
         char hello[8];
         recv_all(peer.fd, hello, sizeof hello, deadline, "a connecting node");
-        const uint32_t node = get_u32(hello + 4);
-        if (std::memcmp(hello, k_magic, 4) != 0) QINFER_FAIL() << "rendezvous: a connection to port " << m.port << " is not a qinfer node";
-        if (node == 0 || node >= uint32_t(nodes) || seen[node]) QINFER_FAIL() << "rendezvous: node " << node << " of " << nodes << " connected twice or out of range";
-        seen[node] = true;
+        const int node = rendezvous_hello_node(hello, nodes);
+        if (seen[size_t(node)]) QINFER_FAIL() << "rendezvous: node " << node << " of " << nodes << " connected twice";
+        seen[size_t(node)] = true;
         send_all(peer.fd, reply.data(), reply.size(), deadline, "node " + std::to_string(node));
         peers.push_back(std::move(peer));
     }
@@ -168,9 +167,7 @@ std::string fetch_blob(const MasterAddress & m, int node, Clock::time_point dead
     send_all(conn.fd, hello.data(), hello.size(), deadline, "node 0 at " + where(m));
     char head[8];
     recv_all(conn.fd, head, sizeof head, deadline, "node 0 at " + where(m));
-    if (std::memcmp(head, k_magic, 4) != 0) QINFER_FAIL() << "rendezvous: " << where(m) << " is not a qinfer node 0";
-    const uint32_t n = get_u32(head + 4);
-    if (n > k_max_blob) QINFER_FAIL() << "rendezvous: node 0 at " << where(m) << " sent " << n << " bytes (at most " << k_max_blob << ")";
+    const uint32_t n = rendezvous_blob_size(head);
     std::string blob(n, '\0');
     recv_all(conn.fd, blob.data(), n, deadline, "node 0 at " + where(m));
     const char ack = 'K';
@@ -179,6 +176,20 @@ std::string fetch_blob(const MasterAddress & m, int node, Clock::time_point dead
 }
 
 }  // namespace
+
+int rendezvous_hello_node(const char (&hello)[8], int nodes) {
+    if (std::memcmp(hello, k_magic, 4) != 0) QINFER_FAIL() << "rendezvous: a connection is not a qinfer node";
+    const uint32_t node = get_u32(hello + 4);
+    if (node == 0 || node >= uint32_t(std::max(nodes, 1))) QINFER_FAIL() << "rendezvous: node " << node << " is not in 1.." << nodes - 1;
+    return int(node);
+}
+
+uint32_t rendezvous_blob_size(const char (&head)[8]) {
+    if (std::memcmp(head, k_magic, 4) != 0) QINFER_FAIL() << "rendezvous: the master is not a qinfer node 0";
+    const uint32_t n = get_u32(head + 4);
+    if (n > k_rendezvous_max_blob) QINFER_FAIL() << "rendezvous: node 0 sent " << n << " bytes (at most " << k_rendezvous_max_blob << ")";
+    return n;
+}
 
 MasterAddress parse_master_address(const std::string & text) {
     const size_t colon = text.rfind(':');
@@ -197,7 +208,7 @@ MasterAddress parse_master_address(const std::string & text) {
 
 std::string rendezvous_broadcast(const MasterAddress & master, int nodes, int node, const std::string & blob, double timeout_s) {
     if (nodes < 1 || node < 0 || node >= nodes) QINFER_FAIL() << "--node-rank " << node << " is not in 0.." << nodes - 1;
-    if (blob.size() > k_max_blob) QINFER_FAIL() << "rendezvous: " << blob.size() << " bytes to send (at most " << k_max_blob << ")";
+    if (blob.size() > k_rendezvous_max_blob) QINFER_FAIL() << "rendezvous: " << blob.size() << " bytes to send (at most " << k_rendezvous_max_blob << ")";
     if (nodes == 1) return blob;
     const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
     if (node == 0) {
