@@ -107,4 +107,14 @@ std::vector<float> dequantize(const Linear & l) {
     return w;
 }
 
+bool has_act_order(const Linear & l) {
+    if (!l.g_idx.present()) return false;
+    const int K = l.in_features, G = l.scheme.group(K);
+    const int32_t * g = static_cast<const int32_t *>(l.g_idx.data);
+    for (int k = 0; k < K; k++) {
+        if (g[k] != k / G) return true;
+    }
+    return false;
+}
+
 }  // namespace qinfer

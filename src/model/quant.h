@@ -47,6 +47,10 @@ private:
     const uint8_t * codes_ = nullptr;
 };
 
+// Whether a GPTQ linear's g_idx orders its input channels by activation (desc_act): present and not just k / group
+// size, which checkpoints without act-order store too.
+bool has_act_order(const Linear & l);
+
 // The dequantized weight, fp32 [N, K].
 std::vector<float> dequantize(const Linear & l);
 

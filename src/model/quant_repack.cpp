@@ -15,12 +15,9 @@ namespace {
 
 // Act-order: sort input channels by group (stable), so each group is a contiguous run of positions.
 std::vector<int32_t> act_order_perm(const Linear & l) {
-    if (!l.g_idx.present()) return {};
+    if (!has_act_order(l)) return {};
     const int K = l.in_features, G = l.scheme.group(K);
     const int32_t * g = static_cast<const int32_t *>(l.g_idx.data);
-    bool identity = true;
-    for (int k = 0; k < K && identity; k++) identity = g[k] == k / G;
-    if (identity) return {};
     std::vector<int32_t> perm(static_cast<size_t>(K));
     std::iota(perm.begin(), perm.end(), 0);
     std::stable_sort(perm.begin(), perm.end(), [&](int32_t a, int32_t b) { return g[a] < g[b]; });

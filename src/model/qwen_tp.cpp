@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
-#include <exception>
 #include <mutex>
 #include <numeric>
-#include <thread>
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "model/quant.h"
 #include "model/qwen.h"
 #include "model/rank_workers.h"
 
@@ -89,13 +88,8 @@ Linear split_in(const Linear & l, int c0, int n, int rank, std::vector<std::vect
     s.qweight = rows(l.qweight, c0 / per_word, n / per_word);
     // A g_idx that only restates k / group (checkpoints without act-order store one) is dropped, so that the slice's
     // groups are its rows of scales and zeros like any grouped checkpoint's.
-    bool act_order = false;
-    if (l.g_idx.present()) {
-        const int32_t * g = static_cast<const int32_t *>(l.g_idx.data);
-        for (int k = 0; k < K && !act_order; k++) act_order = g[k] != k / G;
-    }
-    if (!act_order) s.g_idx = Weight();
-    if (act_order) {
+    s.g_idx = Weight();
+    if (has_act_order(l)) {
         s.g_idx = rows(l.g_idx, c0, n);
     } else if (l.scheme.group_size > 0) {
         if (c0 % G != 0 || (n % G != 0 && c0 + n != K)) {
