@@ -9,12 +9,9 @@
 // One process drives the GPUs of its host; with --nnodes, one process a host (each running the same command, node 0
 // at --master-addr) joins the same communicators through a TCP rendezvous (runtime/rendezvous.h). NVLink SHARP (NVLS)
 // is switched off, as these machines require.
-#include <nccl.h>
-
-#include <cstdlib>
 #include <cstring>
-#include <sstream>
 
+#include "backends/cuda/nccl.h"
 #include "model/qwen_cuda.h"
 #include "model/qwen_tp.h"
 #include "model/rank_workers.h"
@@ -25,12 +22,6 @@ namespace qinfer {
 namespace cuda_engine {
 
 namespace {
-
-#define NCCL_CHECK(expr)                                                                                               \
-    do {                                                                                                               \
-        const ncclResult_t r_ = (expr);                                                                                \
-        if (r_ != ncclSuccess) QINFER_FAIL() << "NCCL: " << ncclGetErrorString(r_) << " (" << ncclGetLastError(nullptr) << ") at " #expr; \
-    } while (0)
 
 constexpr double k_rendezvous_timeout_s = 300;  // the nodes of a run may start minutes apart
 
@@ -93,8 +84,6 @@ public:
             s.vocab0 = 0;  // embedding and lm_head whole on every rank
             s.n_vocab = c.vocab_size;
         }
-        // NVLS (NVLink multicast) can take a host's shared GPUs out of service: never on here.
-        setenv("NCCL_NVLS_ENABLE", "0", 1);
         init_comms(opt);
         for (ncclComm_t comm : comms_) links_.push_back(std::make_unique<NcclLink>(comm));
         owned_.resize(static_cast<size_t>(local_));
@@ -191,13 +180,12 @@ private:
     // One host: every rank's communicator at once. Several (--nnodes): node 0 makes NCCL's unique id and the TCP
     // rendezvous at --master-addr hands it to the other nodes; each node then joins its ranks rank0_.. in one group.
     void init_comms(const EngineOptions & opt) {
-        comms_.resize(static_cast<size_t>(local_));
         if (opt.nnodes <= 1) {
-            std::vector<int> devices(static_cast<size_t>(local_));
-            for (int l = 0; l < local_; l++) devices[size_t(l)] = l;
-            NCCL_CHECK(ncclCommInitAll(comms_.data(), local_, devices.data()));
+            comms_ = cuda::nccl_local_comms(local_);
             return;
         }
+        cuda::nccl_nvls_off();
+        comms_.resize(static_cast<size_t>(local_));
         ncclUniqueId id{};
         if (opt.node_rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
         const std::string got = rendezvous_broadcast(parse_master_address(opt.master_addr), opt.nnodes, opt.node_rank,

@@ -3,20 +3,17 @@
 // does, up to many rows), each three ways: issued eagerly, replayed inside a CUDA graph of `reps` calls (as the decode
 // step does), and NCCL's all_reduce_perf-style figure (the eager time as algorithm and bus bandwidth: bytes / time and
 // 2 (n - 1) / n of that). One thread drives each GPU, as in the engine; the GPUs' clocks are not pinned.
-#include <nccl.h>
-
 #include <algorithm>
 #include <cstring>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "backends/cuda/allocator.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/nccl.h"
 #include "core/check.h"
 #include "model/rank_workers.h"
 #include "tools/args.h"
@@ -28,12 +25,6 @@ namespace qinfer {
 namespace {
 
 using json = nlohmann::json;
-
-#define NCCL_OK(expr)                                                                          \
-    do {                                                                                       \
-        const ncclResult_t r_ = (expr);                                                        \
-        if (r_ != ncclSuccess) QINFER_FAIL() << "NCCL: " << ncclGetErrorString(r_) << " at " #expr; \
-    } while (0)
 
 struct Message {
     std::string what;
@@ -64,11 +55,7 @@ int cmd_bench_allreduce(int argc, char ** argv) {
     CUDA_CHECK(cudaGetDeviceCount(&devices));
     if (tp < 2 || tp > devices) QINFER_FAIL() << "--tp " << tp << ": needs 2.." << devices << " GPUs (" << devices << " present)";
     if (reps < 1) QINFER_FAIL() << "--reps must be at least 1";
-    setenv("NCCL_NVLS_ENABLE", "0", 1);
-    std::vector<ncclComm_t> comms(static_cast<size_t>(tp));
-    std::vector<int> devs(static_cast<size_t>(tp));
-    for (int r = 0; r < tp; r++) devs[size_t(r)] = r;
-    NCCL_OK(ncclCommInitAll(comms.data(), tp, devs.data()));
+    std::vector<ncclComm_t> comms = cuda::nccl_local_comms(tp);
     std::vector<Message> msgs;
     for (int h : hiddens) {
         for (int m : rows) {
@@ -102,7 +89,7 @@ int cmd_bench_allreduce(int argc, char ** argv) {
         std::vector<double> eager(static_cast<size_t>(tp)), graphed(static_cast<size_t>(tp));
         on_ranks([&](size_t r) {
             cudaStream_t s = streams[r];
-            auto call = [&] { NCCL_OK(ncclAllReduce(bufs[r], bufs[r], m.count, type, ncclSum, comms[r], s)); };
+            auto call = [&] { NCCL_CHECK(ncclAllReduce(bufs[r], bufs[r], m.count, type, ncclSum, comms[r], s)); };
             for (int i = 0; i < 20; i++) call();  // warm-up
             CUDA_CHECK(cudaStreamSynchronize(s));
             cudaEvent_t e0, e1;
