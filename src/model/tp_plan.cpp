@@ -9,16 +9,13 @@ namespace {
 // [begin, end) of part r when `units` units are split into `parts` parts as evenly as possible (the larger parts last).
 std::pair<int, int> even_part(int units, int parts, int r) { return {int(int64_t(units) * r / parts), int(int64_t(units) * (r + 1) / parts)}; }
 
-// Part r of a dimension of `size` in multiples of `align`; the last part takes the remainder.
-std::pair<int, int> aligned_part(int size, int align, int parts, int r) {
+}  // namespace
+
+std::pair<int, int> tp_part(int size, int align, int parts, int r) {
     const int units = size / align;
     auto [u0, u1] = even_part(units, parts, r);
     return {u0 * align, r == parts - 1 ? size : u1 * align};
 }
-
-}  // namespace
-
-std::pair<int, int> tp_part(int size, int align, int parts, int r) { return aligned_part(size, align, parts, r); }
 
 std::vector<TpShard> plan_tensor_parallel(const ModelConfig & c, int tp, int inter_align, int vocab_align) {
     const int n_q = c.num_attention_heads, n_kv = c.num_key_value_heads;
@@ -51,10 +48,10 @@ std::vector<TpShard> plan_tensor_parallel(const ModelConfig & c, int tp, int int
             s.q_head0 = kv * rep + h0;
             s.n_q_heads = h1 - h0;
         }
-        auto [i0, i1] = aligned_part(inter, inter_align, tp, r);
+        auto [i0, i1] = tp_part(inter, inter_align, tp, r);
         s.inter0 = i0;
         s.n_inter = i1 - i0;
-        auto [v0, v1] = aligned_part(c.vocab_size, vocab_align, tp, r);
+        auto [v0, v1] = tp_part(c.vocab_size, vocab_align, tp, r);
         s.vocab0 = v0;
         s.n_vocab = v1 - v0;
         if (s.n_q_heads < 1) QINFER_FAIL() << "--tp " << tp << ": rank " << r << " would hold no query head (" << rep << " a KV head)";
