@@ -3,6 +3,7 @@
 # Tensor parallel across processes, the path that spans hosts (--nnodes, --node-rank, --master-addr: the TCP
 # rendezvous, then NCCL between the processes), run as two processes on this host, one GPU each: their logits of a
 # prompt against the same model at --tp 2 in one process and on one GPU. Prints the largest relative differences.
+# Then node 1 is killed mid-run: node 0 must exit with an error (rc and its last line printed).
 d=$(mktemp -d)
 "$Q" synth --preset tiny-qwen2 --out "$d/m" >/dev/null 2>&1
 toks=1,7,42,99,5,3,200,17,64,128,11
@@ -25,5 +26,18 @@ for name in ["tp2", "nodes0", "nodes1"]:
     except Exception as e:
         print(f"{name}: {e}")
 PY
+# A node that goes away mid-run: node 1 is killed while both decode; node 0 must stop with one error line (NCCL's
+# asynchronous error or QINFER_TP_TIMEOUT), not wait forever.
+for r in 0 1; do
+    CUDA_VISIBLE_DEVICES=$r QINFER_TP_TIMEOUT=20 timeout 150 "$Q" bench --model "$d/m" --input-lens 1 --gen 30000 --repeat 20 --tp 2 --nnodes 2 \
+        --node-rank $r --master-addr 127.0.0.1:29518 >"$OUT/tp-nodes-kill-$r.log" 2>&1 &
+    pids[$r]=$!
+done
+sleep 12
+kill -9 "${pids[1]}"
+t_kill=$(date +%s)
+wait "${pids[0]}"
+rc0=$?
+echo "node 0 after node 1 was killed: rc $rc0 after $(( $(date +%s) - t_kill )) s: $(grep -v '^\s*$' "$OUT/tp-nodes-kill-0.log" | tail -1)" | tee -a "$OUT/tp-nodes.log"
 note "tp-nodes: $(tr '\n' ' ' <"$OUT/tp-nodes.log")"
 rm -rf "$d"

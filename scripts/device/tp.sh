@@ -4,13 +4,17 @@
 # skips them), NCCL's all-reduce per call for one 7B / 72B hidden row and more (bench --allreduce, skipped with
 # TP_ALLREDUCE=0), then each TP_SPECS entry preset:quant:input lengths:ranks:load format (dummy: --load-format dummy,
 # random weights built in memory; synth: a synthesized checkpoint on disk) with 2048 generated (TP_GEN), each entry
-# under TP_SPEC_TIMEOUT seconds (default 400). Rows to $OUT/tp.log, JSON per entry.
+# under TP_SPEC_TIMEOUT seconds (default 400); tests/cli/tp_abort.sh (the watchdog's timeout; TP_ABORT=0 skips it).
+# Rows to $OUT/tp.log, JSON per entry.
 if [ -n "${TP_TEST_FILTER-*CudaTensorParallel*}" ]; then
     t_test=$(date +%s)
     timeout "${GPU_TEST_TIMEOUT:-600}" build-device/tests/qinfer_tests --gtest_filter="${TP_TEST_FILTER-*CudaTensorParallel*}" >"$OUT/tp-test.log" 2>&1
     note "tp tests ($(( $(date +%s) - t_test )) s): $(grep -E '^\[  PASSED  \]|FAILED TEST|^\[  SKIPPED \] [0-9]' "$OUT/tp-test.log" | tr '\n' ' ')"
     grep -E "^\[ tp " "$OUT/tp-test.log"
     grep -E "Failure|rror" -A6 "$OUT/tp-test.log" | head -60
+fi
+if [ "${TP_ABORT:-1}" != 0 ]; then
+    bash tests/cli/tp_abort.sh "$Q" 2>&1 | tee -a "$OUT/tp.log"
 fi
 if [ "${TP_ALLREDUCE:-1}" != 0 ]; then
     timeout 120 "$Q" bench --allreduce --tp 2 --hidden 3584,8192 --rows 1,8,256 --json "$OUT/allreduce.json" 2>&1 | tee -a "$OUT/tp.log"

@@ -30,6 +30,10 @@ EnvSettings read_env() {
     s.qgemv_k_parts = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
     const int chunk = integer("QINFER_PREFILL_CHUNK");
     s.prefill_chunk = chunk >= 128 && chunk % 128 == 0 ? chunk : 0;
+    if (const char * t = std::getenv("QINFER_TP_TIMEOUT")) {
+        const double v = std::atof(t);
+        if (v > 0) s.tp_timeout_s = v;
+    }
     return s;
 }
 

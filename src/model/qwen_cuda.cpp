@@ -88,6 +88,7 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     upload_weights();
     table_ = std::make_unique<BlockTable>(0, block_size_);
     argmax_scratch_ = DeviceBuffer(cuda::k_argmax_scratch * sizeof(float), "argmax scratch");
+    if (split_logits(2)) logits_gather_ = DeviceBuffer(size_t(k_tp_split_logits_rows) * c.vocab_size * sizeof(float), "logits");
 }
 
 CudaQwenEngine::~CudaQwenEngine() {

@@ -143,22 +143,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         }
     }
     if (pending) cuda::add_residual(x, tmp_.as<bf16>(), int64_t(B) * H, stream_);
-    if (fused && B <= k_dense_gemv_max_m) {
-        cuda::GemvArgs a;
-        a.w = lm_head_;
-        a.n = cfg.vocab_size;
-        a.k = H;
-        a.x = x;
-        a.m = B;
-        a.norm_w = final_norm_.as<bf16>();
-        a.eps = eps;
-        a.y = logits_.get();
-        cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::F32, stream_);
-    } else {
-        cuda::rms_norm(x, final_norm_.as<bf16>(), eps, B, H, xn, stream_);
-        cuda::gemm(xn, lm_head_, B, cfg.vocab_size, H, logits_.get(), true, stream_);
-    }
-    prof_.mark("lm_head gemv");
+    decode_logits(B, fused, x, xn);
     if (end == StepEnd::Logits) return;
     if (end == StepEnd::Pick) {
         cuda::pick_rows_advance(logits_.as<float>(), B, cfg.vocab_size, row_picks_.as<cuda::RowPick>(), pick_history_.as<int>(),
@@ -172,6 +157,45 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         cuda::argmax_rows_advance(logits_.as<float>(), B, cfg.vocab_size, graph_valid_, tokens, pos, step, len, tokens_out_.as<int>(), stream_);
     }
     prof_.mark("argmax");
+}
+
+void CudaQwenEngine::decode_logits(int B, bool fused, const float * x, bf16 * xn) {
+    const ModelConfig & cfg = model_->config;
+    const int H = cfg.hidden_size;
+    const bool split = split_logits(B);
+    const int V = split ? cfg.vocab_size / place_.ranks : cfg.vocab_size;  // this rank's rows of lm_head
+    const bf16 * w = lm_head_ + (split ? size_t(place_.rank) * V * H : 0);
+    // Split: this rank's logits [B, V] land in its chunk of the gather buffer ([ranks, B, V]); one row gathers in place.
+    float * y = !split ? logits_.as<float>() : (B == 1 ? logits_.as<float>() : logits_gather_.as<float>()) + size_t(place_.rank) * B * V;
+    if (fused && B <= k_dense_gemv_max_m) {
+        cuda::GemvArgs a;
+        a.w = w;
+        a.n = V;
+        a.k = H;
+        a.x = x;
+        a.m = B;
+        a.norm_w = final_norm_.as<bf16>();
+        a.eps = float(cfg.rms_norm_eps);
+        a.y = y;
+        cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::F32, stream_);
+    } else {
+        cuda::rms_norm(x, final_norm_.as<bf16>(), float(cfg.rms_norm_eps), B, H, xn, stream_);
+        cuda::gemm(xn, w, B, V, H, y, true, stream_);
+    }
+    prof_.mark("lm_head gemv");
+    if (!split) return;
+    if (B == 1) {
+        place_.link->all_gather(logits_.as<float>(), size_t(V), stream_);
+    } else {
+        // [ranks, B, V] -> [B, ranks V]: each rank's chunk is a column block of the logits.
+        place_.link->all_gather(logits_gather_.as<float>(), size_t(B) * V, stream_);
+        for (int r = 0; r < place_.ranks; r++) {
+            CUDA_CHECK(cudaMemcpy2DAsync(logits_.as<float>() + size_t(r) * V, size_t(cfg.vocab_size) * sizeof(float),
+                                         logits_gather_.as<float>() + size_t(r) * B * V, size_t(V) * sizeof(float), size_t(V) * sizeof(float),
+                                         size_t(B), cudaMemcpyDeviceToDevice, stream_));
+        }
+    }
+    prof_.mark("logits all-gather");
 }
 
 void CudaQwenEngine::forward_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, std::vector<float> & logits) {

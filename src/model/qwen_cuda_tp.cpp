@@ -3,15 +3,25 @@
 // checkpoint's quantization groups), each rank a CudaQwenEngine on its GPU, driven by its own thread, over its slices
 // (model/qwen_tp.h shard_model, the CPU's tensor parallel's split). The ranks' partial sums after o_proj, down_proj
 // and the experts meet in one NCCL all-reduce each (CudaQwenEngine::reduce), queued on the rank's stream and captured
-// into its decode graphs. The embedding and lm_head stay whole on every rank: each rank computes the same logits from
-// the same reduced hidden state and picks the same token, which the engine checks after every call.
+// into its decode graphs. The embedding and lm_head stay whole on every rank; decode steps of few rows compute each
+// rank's share of the vocabulary and all-gather the logits (CudaQwenEngine::decode_logits), larger steps and prompts
+// every logit on every rank. Every rank picks the same token from the same logits, which the engine checks after every
+// call.
 //
 // One process drives the GPUs of its host; with --nnodes, one process a host (each running the same command, node 0
 // at --master-addr) joins the same communicators through a TCP rendezvous (runtime/rendezvous.h). NVLink SHARP (NVLS)
 // is switched off, as these machines require.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
 
 #include "backends/cuda/nccl.h"
+#include "core/env.h"
 #include "model/qwen_cuda.h"
 #include "model/qwen_tp.h"
 #include "model/rank_workers.h"
@@ -25,15 +35,35 @@ namespace {
 
 constexpr double k_rendezvous_timeout_s = 300;  // the nodes of a run may start minutes apart
 
+// The communicators' state shared by the ranks' links and the abort: a collective is queued under a shared lock, an
+// abort takes it exclusively, so that no rank calls NCCL on a communicator being (or already) aborted.
+struct CommGate {
+    std::shared_timed_mutex mu;
+    std::atomic<bool> aborted{false};
+};
+
 class NcclLink : public DeviceCollective {
 public:
-    explicit NcclLink(ncclComm_t comm) : comm_(comm) {}
+    NcclLink(ncclComm_t comm, CommGate & gate) : comm_(comm), gate_(gate) {}
     void all_reduce(void * buf, size_t count, bool f32, cudaStream_t stream) override {
+        std::shared_lock<std::shared_timed_mutex> lock(gate_.mu);
+        check();
         NCCL_CHECK(ncclAllReduce(buf, buf, count, f32 ? ncclFloat32 : ncclBfloat16, ncclSum, comm_, stream));
+    }
+    void all_gather(float * recv, size_t count, cudaStream_t stream) override {
+        std::shared_lock<std::shared_timed_mutex> lock(gate_.mu);
+        check();
+        int rank = 0;
+        NCCL_CHECK(ncclCommUserRank(comm_, &rank));
+        NCCL_CHECK(ncclAllGather(recv + size_t(rank) * count, recv, count, ncclFloat32, comm_, stream));
     }
 
 private:
+    void check() const {
+        if (gate_.aborted) QINFER_FAIL() << "tensor parallel: the collectives were aborted";
+    }
     ncclComm_t comm_;
+    CommGate & gate_;
 };
 
 // Act-order GPTQ split by input: a rank's channels fall in every group, unevenly, which the GPUs' layout (whole groups
@@ -85,17 +115,24 @@ public:
             s.n_vocab = c.vocab_size;
         }
         init_comms(opt);
-        for (ncclComm_t comm : comms_) links_.push_back(std::make_unique<NcclLink>(comm));
+        for (ncclComm_t comm : comms_) links_.push_back(std::make_unique<NcclLink>(comm, gate_));
         owned_.resize(static_cast<size_t>(local_));
         ranks_.resize(static_cast<size_t>(local_));
         run_ranks([&](size_t l) {
             const int rank = rank0_ + int(l);
             std::unique_ptr<Model> shard = shard_model(*full_, plan[size_t(rank)], tp_, owned_[l], align);
             check_row_parallel(*shard);
-            ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(l), rank, links_[l].get()});
-        }, /*quiet_followers=*/true);
+            ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(l), rank, tp_, links_[l].get()});
+        }, /*quiet_followers=*/true, /*watched=*/false);
+        watchdog_ = std::thread([this] { watch(); });
     }
     ~CudaTpEngine() override {
+        {
+            std::lock_guard<std::mutex> lock(watch_mu_);
+            watch_stop_ = true;
+        }
+        watch_cv_.notify_all();
+        if (watchdog_.joinable()) watchdog_.join();
         // Each rank's graphs, streams and buffers go on its own device.
         try {
             workers_.run_all([&](size_t r) {
@@ -201,24 +238,74 @@ private:
     }
 
     // fn(r) on every rank, each on its own thread with its GPU current. A failing rank aborts the communicators, so
-    // that ranks waiting in a collective for it return instead of hanging; the engine is then unusable.
-    void run_ranks(const std::function<void(size_t)> & fn, bool quiet_followers = false) {
-        if (broken_) QINFER_FAIL() << "tensor parallel: the engine stopped after a rank failed";
-        workers_.run_all(
-            [&](size_t r) {
-                CUDA_CHECK(cudaSetDevice(int(r)));
-                Progress::quiet_on_this_thread(quiet_followers && r > 0);
-                fn(r);
-                Progress::quiet_on_this_thread(false);
-            },
-            [&] {
-                if (broken_) return;
-                broken_ = true;
-                for (ncclComm_t comm : comms_) {
-                    if (comm) ncclCommAbort(comm);
+    // that ranks waiting in a collective for it return instead of hanging; the engine is then unusable. A watched call
+    // is also aborted by the watchdog (watch()).
+    void run_ranks(const std::function<void(size_t)> & fn, bool quiet_followers = false, bool watched = true) {
+        if (broken_) QINFER_FAIL() << "tensor parallel: the engine stopped after a rank failed" << (abort_reason_.empty() ? "" : ": " + abort_reason_);
+        if (watched) call_start_ns_ = now_ns();
+        try {
+            workers_.run_all(
+                [&](size_t r) {
+                    CUDA_CHECK(cudaSetDevice(int(r)));
+                    Progress::quiet_on_this_thread(quiet_followers && r > 0);
+                    fn(r);
+                    Progress::quiet_on_this_thread(false);
+                },
+                [&] { abort_comms(""); });
+        } catch (...) {
+            call_start_ns_ = 0;
+            std::lock_guard<std::mutex> lock(abort_mu_);
+            if (!abort_reason_.empty()) QINFER_FAIL() << "tensor parallel: " << abort_reason_;
+            throw;
+        }
+        call_start_ns_ = 0;
+        std::lock_guard<std::mutex> lock(abort_mu_);
+        if (!abort_reason_.empty()) QINFER_FAIL() << "tensor parallel: " << abort_reason_;
+    }
+    // Aborts every communicator once: NCCL's kernels and calls waiting in them return.
+    // A rank queueing a collective holds the gate for a moment; one blocked there (a full launch queue behind a stuck
+    // collective) must not keep the abort waiting, so after two seconds it aborts without the gate.
+    void abort_comms(const std::string & reason) {
+        std::lock_guard<std::mutex> lock(abort_mu_);
+        if (broken_) return;
+        abort_reason_ = reason;
+        broken_ = true;
+        std::unique_lock<std::shared_timed_mutex> gate(gate_.mu, std::chrono::seconds(2));
+        gate_.aborted = true;
+        for (ncclComm_t & comm : comms_) {
+            if (comm) ncclCommAbort(comm);
+            comm = nullptr;
+        }
+    }
+    static int64_t now_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+    // The watchdog: while a call of the ranks runs, NCCL's asynchronous errors (a node whose process went away, a
+    // broken connection) or a call longer than QINFER_TP_TIMEOUT abort the communicators, so that the call fails with
+    // one line instead of every rank waiting forever in a collective (as PyTorch's NCCL watchdog does).
+    void watch() {
+        std::unique_lock<std::mutex> lock(watch_mu_);
+        const auto period = std::chrono::milliseconds(std::clamp(int64_t(timeout_s_ * 250), int64_t(1), int64_t(100)));
+        while (!watch_cv_.wait_for(lock, period, [&] { return watch_stop_; })) {
+            const int64_t start = call_start_ns_;
+            if (start == 0 || broken_) continue;
+            std::string why;
+            {
+                std::lock_guard<std::mutex> comms_lock(abort_mu_);
+                for (size_t l = 0; l < comms_.size() && why.empty(); l++) {
+                    ncclResult_t e = ncclSuccess;
+                    if (comms_[l] && ncclCommGetAsyncError(comms_[l], &e) == ncclSuccess && e != ncclSuccess && e != ncclInProgress) {
+                        why = "rank " + std::to_string(rank0_ + int(l)) + ": NCCL reported " + ncclGetErrorString(e) + " (" +
+                              ncclGetLastError(comms_[l]) + "); the collectives were aborted";
+                    }
                 }
-                for (ncclComm_t & comm : comms_) comm = nullptr;
-            });
+            }
+            const double took = double(now_ns() - start) * 1e-9;
+            if (why.empty() && took > timeout_s_) {
+                char text[160];
+                std::snprintf(text, sizeof text, "a call of the ranks took longer than QINFER_TP_TIMEOUT=%g s; the collectives were aborted", timeout_s_);
+                why = text;
+            }
+            if (!why.empty()) abort_comms(why);
+        }
     }
     template <class T> void agree(const std::vector<T> & v, const char * what) {
         for (size_t r = 1; r < v.size(); r++) {
@@ -241,10 +328,19 @@ private:
     std::unique_ptr<Model> full_;
     std::vector<std::vector<std::vector<uint8_t>>> owned_;  // per rank: column slices of its weights
     std::vector<ncclComm_t> comms_;
+    CommGate gate_;
     std::vector<std::unique_ptr<NcclLink>> links_;
     std::vector<std::unique_ptr<CudaQwenEngine>> ranks_;
     RankWorkers workers_;
-    bool broken_ = false;
+    std::atomic<bool> broken_{false};
+    std::mutex abort_mu_;          // comms_ while aborting or polled, abort_reason_
+    std::string abort_reason_;     // why the watchdog aborted ("": a rank failed, its own error says why)
+    const double timeout_s_ = read_env().tp_timeout_s;
+    std::atomic<int64_t> call_start_ns_{0};  // the watched call in flight (0: none)
+    std::mutex watch_mu_;
+    std::condition_variable watch_cv_;
+    bool watch_stop_ = false;
+    std::thread watchdog_;
 };
 
 }  // namespace

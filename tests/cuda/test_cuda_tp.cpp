@@ -39,7 +39,8 @@ std::unique_ptr<Engine> gpu_engine(const std::string & dir, int tp) {
 }
 
 // Every position's logits of a 40-token prompt (prefill in one pass), then four more tokens one at a time (decode
-// steps), and the device's greedy continuation of 6 tokens.
+// steps), and the device's greedy continuation of 6 tokens; then a batch of three sequences' decode-step logits and
+// greedy steps.
 struct Run {
     std::vector<float> logits;
     std::vector<int> greedy;
@@ -58,6 +59,23 @@ Run run_of(Engine & e) {
     }
     EXPECT_TRUE(e.decode_greedy(seq, 9 % V, 6, V, r.greedy));
     e.free_sequence(seq);
+    // A static batch of three: its decode step's logits (under --tp, each rank's vocabulary share gathered into rows)
+    // and its greedy steps.
+    std::vector<int> seqs, last;
+    e.plan_batch(3, 64);
+    for (int b = 0; b < 3; b++) {
+        seqs.push_back(e.new_sequence(64));
+        std::vector<int> p;
+        for (int i = 0; i < 5 + 4 * b; i++) p.push_back((i * 29 + 7 * b + 1) % V);
+        e.forward(seqs.back(), p, false, step);
+        last.push_back((13 * b + 2) % V);
+    }
+    e.forward_batch(seqs, last, step);
+    r.logits.insert(r.logits.end(), step.begin(), step.end());
+    std::vector<int> batch_greedy;
+    EXPECT_TRUE(e.decode_greedy_batch(seqs, {4 % V, 8 % V, 15 % V}, 5, V, batch_greedy));
+    r.greedy.insert(r.greedy.end(), batch_greedy.begin(), batch_greedy.end());
+    for (int s : seqs) e.free_sequence(s);
     return r;
 }
 
