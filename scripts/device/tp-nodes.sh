@@ -14,7 +14,7 @@ for r in 0 1; do
         --node-rank $r --master-addr 127.0.0.1:29517 >"$OUT/tp-nodes-$r.log" 2>&1 &
 done
 wait
-tail -2 "$OUT"/tp-nodes-*.log
+tail -n 2 "$OUT"/tp-nodes-[01].log
 python3 - "$d" <<'PY' 2>&1 | tee -a "$OUT/tp-nodes.log"
 import sys, numpy as np
 d = sys.argv[1]
@@ -29,11 +29,11 @@ PY
 # A node that goes away mid-run: node 1 is killed while both decode; node 0 must stop with one error line (NCCL's
 # asynchronous error or QINFER_TP_TIMEOUT), not wait forever.
 for r in 0 1; do
-    CUDA_VISIBLE_DEVICES=$r QINFER_TP_TIMEOUT=20 timeout 150 "$Q" bench --model "$d/m" --input-lens 1 --gen 30000 --repeat 20 --tp 2 --nnodes 2 \
+    CUDA_VISIBLE_DEVICES=$r QINFER_TP_TIMEOUT=20 timeout 150 "$Q" bench --model "$d/m" --input-lens 1 --gen 30000 --repeat 500 --tp 2 --nnodes 2 \
         --node-rank $r --master-addr 127.0.0.1:29518 >"$OUT/tp-nodes-kill-$r.log" 2>&1 &
     pids[$r]=$!
 done
-sleep 12
+sleep 6
 kill -9 "${pids[1]}"
 t_kill=$(date +%s)
 wait "${pids[0]}"

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -39,13 +40,18 @@ std::unique_ptr<Engine> gpu_engine(const std::string & dir, int tp) {
 }
 
 // Every position's logits of a 40-token prompt (prefill in one pass), then four more tokens one at a time (decode
-// steps), and the device's greedy continuation of 6 tokens; then a batch of three sequences' decode-step logits and
-// greedy steps.
+// steps), and the device's greedy continuation of 6 tokens. Then two static batches of the same three prompts: batch A
+// decodes 5 greedy steps on the device (graphs; under --tp each rank's share of the vocabulary gathered into rows);
+// batch B is fed `forced` tokens step by step (the tensor-parallel engine's own greedy tokens, so that both engines see
+// the same inputs) and returns each step's logits. Greedy tokens of two engines can differ where a rounding flips a
+// near tie (tiny random models have many); logits given the same inputs cannot.
 struct Run {
     std::vector<float> logits;
-    std::vector<int> greedy;
+    std::vector<int> greedy, batch_greedy;  // batch_greedy: int [5 steps, 3 rows]
+    std::vector<float> batch_logits;        // fp32 [5 steps, 3 rows, vocab]
 };
-Run run_of(Engine & e) {
+constexpr int k_batch = 3, k_batch_steps = 5;
+Run run_of(Engine & e, const std::vector<int> * forced) {
     const int V = e.config().vocab_size;
     std::vector<int> prompt;
     for (int i = 0; i < 40; i++) prompt.push_back((i * 37 + 11) % V);
@@ -59,24 +65,35 @@ Run run_of(Engine & e) {
     }
     EXPECT_TRUE(e.decode_greedy(seq, 9 % V, 6, V, r.greedy));
     e.free_sequence(seq);
-    // A static batch of three: its decode step's logits (under --tp, each rank's vocabulary share gathered into rows)
-    // and its greedy steps.
-    std::vector<int> seqs, last;
-    e.plan_batch(3, 64);
-    for (int b = 0; b < 3; b++) {
-        seqs.push_back(e.new_sequence(64));
+    e.plan_batch(2 * k_batch, 64);
+    std::vector<int> a, b;
+    for (int i = 0; i < 2 * k_batch; i++) {
+        const int s = e.new_sequence(64);
+        (i < k_batch ? a : b).push_back(s);
         std::vector<int> p;
-        for (int i = 0; i < 5 + 4 * b; i++) p.push_back((i * 29 + 7 * b + 1) % V);
-        e.forward(seqs.back(), p, false, step);
-        last.push_back((13 * b + 2) % V);
+        for (int j = 0; j < 5 + 4 * (i % k_batch); j++) p.push_back((j * 29 + 7 * (i % k_batch) + 1) % V);
+        e.forward(s, p, false, step);
     }
-    e.forward_batch(seqs, last, step);
-    r.logits.insert(r.logits.end(), step.begin(), step.end());
-    std::vector<int> batch_greedy;
-    EXPECT_TRUE(e.decode_greedy_batch(seqs, {4 % V, 8 % V, 15 % V}, 5, V, batch_greedy));
-    r.greedy.insert(r.greedy.end(), batch_greedy.begin(), batch_greedy.end());
-    for (int s : seqs) e.free_sequence(s);
+    const std::vector<int> first = {4 % V, 8 % V, 15 % V};
+    EXPECT_TRUE(e.decode_greedy_batch(a, first, k_batch_steps, V, r.batch_greedy));
+    const std::vector<int> & feed = forced ? *forced : r.batch_greedy;
+    for (int t = 0; t < k_batch_steps; t++) {
+        const std::vector<int> in = t == 0 ? first : std::vector<int>(feed.begin() + (t - 1) * k_batch, feed.begin() + t * k_batch);
+        e.forward_batch(b, in, step);
+        r.batch_logits.insert(r.batch_logits.end(), step.begin(), step.end());
+    }
+    for (int s : a) e.free_sequence(s);
+    for (int s : b) e.free_sequence(s);
     return r;
+}
+
+// The index of each row's largest logit: fp32 [rows, V] -> int [rows].
+std::vector<int> argmax_rows(const std::vector<float> & logits, int V) {
+    std::vector<int> out;
+    for (size_t i = 0; i + size_t(V) <= logits.size(); i += size_t(V)) {
+        out.push_back(int(std::max_element(logits.begin() + long(i), logits.begin() + long(i + size_t(V))) - logits.begin() - long(i)));
+    }
+    return out;
 }
 
 double rel_error(const std::vector<float> & a, const std::vector<float> & b) {
@@ -92,20 +109,24 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp) {
     if (gpus() < tp) GTEST_SKIP() << "needs " << tp << " GPUs";
     Run one, split;
     {
-        auto e = gpu_engine(dir, 1);
-        one = run_of(*e);
-    }
-    {
         auto e = gpu_engine(dir, tp);
         EXPECT_EQ(e->backend_name(), "cuda-tp" + std::to_string(tp));
-        split = run_of(*e);
+        split = run_of(*e, nullptr);
+    }
+    {
+        auto e = gpu_engine(dir, 1);
+        one = run_of(*e, &split.batch_greedy);
     }
     ASSERT_EQ(one.logits.size(), split.logits.size());
-    const double err = rel_error(split.logits, one.logits);
+    ASSERT_EQ(one.batch_logits.size(), split.batch_logits.size());
+    const double err = rel_error(split.logits, one.logits), batch_err = rel_error(split.batch_logits, one.batch_logits);
     // bf16 activations: o_proj's and down's partial sums are rounded to bf16 before they are added in prefill.
     EXPECT_LT(err, 1e-2) << "relative logit error of --tp " << tp << " against one GPU";
-    std::printf("[ tp     ] %-40s relative logit error %.2e\n", dir.c_str(), err);
+    EXPECT_LT(batch_err, 1e-2) << "relative logit error of --tp " << tp << "'s batch steps against one GPU";
+    std::printf("[ tp     ] %-40s relative logit error %.2e, batch steps %.2e\n", dir.c_str(), err, batch_err);
     EXPECT_EQ(split.greedy, one.greedy);
+    // The batch's greedy tokens on the device are the argmax of the same steps' logits (the same engine, same inputs).
+    EXPECT_EQ(argmax_rows(split.batch_logits, split.batch_logits.size() / (k_batch * k_batch_steps)), split.batch_greedy);
 }
 
 // A quantized synthetic checkpoint of `preset` in its own folder.
