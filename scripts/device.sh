@@ -30,6 +30,18 @@ for stage in "${stages[@]+"${stages[@]}"}"; do
 done
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
+# Everything in $OUT into one archive (appended to, as the deadline may have packed part already): the device tool
+# brings back at most eight files, and none that a stage left behind when the call's time ran out.
+pack() {
+    (cd "$OUT" && find . -type f ! -name results.tar ! -name goldens.tar -print0 | sort -z | xargs -0 -r tar -rf results.tar &&
+        find . -type f ! -name results.tar ! -name goldens.tar -delete)
+}
+# DEVICE_DEADLINE (seconds, default 560): past it, whatever the stages wrote so far is packed, so that a call the
+# device tool stops at its limit (600 s) still brings every file back.
+# Its output goes nowhere: a background process holding the call's stdout would keep the call open.
+( sleep "${DEVICE_DEADLINE:-560}" && pack ) >/dev/null 2>&1 &
+packer=$!
+trap 'pkill -P "$packer" sleep 2>/dev/null; kill "$packer" 2>/dev/null' EXIT
 
 # Carried .deb files (scripts/fetch-device-deps.sh): unpack into .deps/root, once (stages side by side on several
 # GPUs skip the build and find them there: four unpacking into one folder at once had failed).
@@ -60,9 +72,9 @@ for stage in "${stages[@]+"${stages[@]}"}"; do
     source "scripts/device/$stage.sh"
     note "stage $stage: $(( $(date +%s) - t_stage )) s"
 done
-# Everything in one archive: the device tool brings back at most eight files.
-(cd "$OUT" && tar -cf results.tar --exclude=results.tar --exclude=goldens.tar . &&
-    find . -type f ! -name results.tar ! -name goldens.tar -delete)
+pkill -P "$packer" sleep 2>/dev/null
+kill "$packer" 2>/dev/null
+pack
 echo
 echo "== summary"
 printf '%s\n' "${summary[@]}"

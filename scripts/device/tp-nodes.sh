@@ -29,7 +29,7 @@ PY
 # A node that goes away mid-run: node 1 is killed while both decode; node 0 must stop with one error line (NCCL's
 # asynchronous error or QINFER_TP_TIMEOUT), not wait forever.
 for r in 0 1; do
-    CUDA_VISIBLE_DEVICES=$r QINFER_TP_TIMEOUT=20 timeout 150 "$Q" bench --model "$d/m" --input-lens 1 --gen 30000 --repeat 500 --tp 2 --nnodes 2 \
+    CUDA_VISIBLE_DEVICES=$r QINFER_TP_TIMEOUT=20 timeout 150 "$Q" bench --model "$d/m" --input-lens 1 --gen 200 --repeat 3000 --tp 2 --nnodes 2 \
         --node-rank $r --master-addr 127.0.0.1:29518 >"$OUT/tp-nodes-kill-$r.log" 2>&1 &
     pids[$r]=$!
 done

@@ -15,6 +15,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -269,6 +271,7 @@ private:
         std::lock_guard<std::mutex> lock(abort_mu_);
         if (broken_) return;
         abort_reason_ = reason;
+        abort_ns_ = now_ns();
         broken_ = true;
         std::unique_lock<std::shared_timed_mutex> gate(gate_.mu, std::chrono::seconds(2));
         gate_.aborted = true;
@@ -286,7 +289,17 @@ private:
         const auto period = std::chrono::milliseconds(std::clamp(int64_t(timeout_s_ * 250), int64_t(1), int64_t(100)));
         while (!watch_cv_.wait_for(lock, period, [&] { return watch_stop_; })) {
             const int64_t start = call_start_ns_;
-            if (start == 0 || broken_) continue;
+            if (start == 0) continue;
+            if (broken_) {
+                // Kernels already queued behind the aborted collectives (a decode run queues its steps' graphs ahead)
+                // may still wait for a peer that is gone; past a grace period the process ends with the reason.
+                if (abort_ns_ && double(now_ns() - abort_ns_) * 1e-9 > k_abort_grace_s) {
+                    std::fprintf(stderr, "qinfer: error: tensor parallel: %s; the ranks did not return %g s after the abort, exiting\n",
+                                 abort_reason_.empty() ? "a rank failed" : abort_reason_.c_str(), k_abort_grace_s);
+                    std::_Exit(1);
+                }
+                continue;
+            }
             std::string why;
             {
                 std::lock_guard<std::mutex> comms_lock(abort_mu_);
@@ -337,6 +350,8 @@ private:
     std::string abort_reason_;     // why the watchdog aborted ("": a rank failed, its own error says why)
     const double timeout_s_ = read_env().tp_timeout_s;
     std::atomic<int64_t> call_start_ns_{0};  // the watched call in flight (0: none)
+    std::atomic<int64_t> abort_ns_{0};       // when the communicators were aborted
+    static constexpr double k_abort_grace_s = 30;
     std::mutex watch_mu_;
     std::condition_variable watch_cv_;
     bool watch_stop_ = false;
