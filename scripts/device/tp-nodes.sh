@@ -10,7 +10,7 @@ toks=1,7,42,99,5,3,200,17,64,128,11
 "$Q" logits --model "$d/m" --tokens $toks --out "$d/one.npy" --backend cuda 2>&1 | tail -1
 "$Q" logits --model "$d/m" --tokens $toks --out "$d/tp2.npy" --backend cuda --tp 2 2>&1 | tail -1
 for r in 0 1; do
-    CUDA_VISIBLE_DEVICES=$r timeout 120 "$Q" logits --model "$d/m" --tokens $toks --out "$d/nodes$r.npy" --backend cuda --tp 2 --nnodes 2 \
+    CUDA_VISIBLE_DEVICES=$r timeout -k 10 120 "$Q" logits --model "$d/m" --tokens $toks --out "$d/nodes$r.npy" --backend cuda --tp 2 --nnodes 2 \
         --node-rank $r --master-addr 127.0.0.1:29517 >"$OUT/tp-nodes-$r.log" 2>&1 &
 done
 wait
@@ -29,11 +29,16 @@ PY
 # A node that goes away mid-run: node 1 is killed while both decode; node 0 must stop with one error line (NCCL's
 # asynchronous error or QINFER_TP_TIMEOUT), not wait forever.
 for r in 0 1; do
-    CUDA_VISIBLE_DEVICES=$r QINFER_TP_TIMEOUT=20 timeout 150 "$Q" bench --model "$d/m" --input-lens 1 --gen 200 --repeat 3000 --tp 2 --nnodes 2 \
+    CUDA_VISIBLE_DEVICES=$r QINFER_TP_TIMEOUT=20 timeout -k 10 150 "$Q" bench --model "$d/m" --input-lens 1 --gen 200 --repeat 3000 --tp 2 --nnodes 2 \
         --node-rank $r --master-addr 127.0.0.1:29518 >"$OUT/tp-nodes-kill-$r.log" 2>&1 &
     pids[$r]=$!
 done
-sleep 6
+# Node 0 prints its card line once both nodes are connected and loaded; node 1 dies a few seconds into the run.
+for _ in $(seq 60); do
+    grep -q "^bench: " "$OUT/tp-nodes-kill-0.log" && break
+    sleep 1
+done
+sleep 3
 kill -9 "${pids[1]}"
 t_kill=$(date +%s)
 wait "${pids[0]}"

@@ -8,7 +8,7 @@
 # Rows to $OUT/tp.log, JSON per entry.
 if [ -n "${TP_TEST_FILTER-*CudaTensorParallel*}" ]; then
     t_test=$(date +%s)
-    timeout "${GPU_TEST_TIMEOUT:-600}" build-device/tests/qinfer_tests --gtest_filter="${TP_TEST_FILTER-*CudaTensorParallel*}" >"$OUT/tp-test.log" 2>&1
+    timeout -k 10 "${GPU_TEST_TIMEOUT:-600}" build-device/tests/qinfer_tests --gtest_filter="${TP_TEST_FILTER-*CudaTensorParallel*}" >"$OUT/tp-test.log" 2>&1
     note "tp tests ($(( $(date +%s) - t_test )) s): $(grep -E '^\[  PASSED  \]|FAILED TEST|^\[  SKIPPED \] [0-9]' "$OUT/tp-test.log" | tr '\n' ' ')"
     grep -E "^\[ tp " "$OUT/tp-test.log"
     grep -E "Failure|rror" -A6 "$OUT/tp-test.log" | head -60
@@ -17,13 +17,13 @@ if [ "${TP_ABORT:-1}" != 0 ]; then
     bash tests/cli/tp_abort.sh "$Q" 2>&1 | tee -a "$OUT/tp.log"
 fi
 if [ "${TP_ALLREDUCE:-1}" != 0 ]; then
-    timeout 120 "$Q" bench --allreduce --tp 2 --hidden 3584,8192 --rows 1,8,256 --json "$OUT/allreduce.json" 2>&1 | tee -a "$OUT/tp.log"
+    timeout -k 10 120 "$Q" bench --allreduce --tp 2 --hidden 3584,8192 --rows 1,8,256 --json "$OUT/allreduce.json" 2>&1 | tee -a "$OUT/tp.log"
 fi
 for spec in ${TPAR_SPECS:-qwen2.5-7b:bf16:1:1:dummy qwen2.5-7b:bf16:1:2:dummy}; do
     IFS=: read -r p q lens ranks load <<<"$spec"
     load_args=()
     [ "${load:-dummy}" = dummy ] && load_args=(--load-format dummy)
     echo "== $spec" | tee -a "$OUT/tp.log"
-    timeout "${TPAR_TIMEOUT:-400}" "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --tp "$ranks" --gen "${TPAR_GEN:-2048}" \
+    timeout -k 10 "${TPAR_TIMEOUT:-400}" "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --tp "$ranks" --gen "${TPAR_GEN:-2048}" \
         "${load_args[@]}" --json "$OUT/tp-${spec//[:,]/-}.json" 2>&1 | grep -E "^\| [^M-]|^card|error|rror" | tee -a "$OUT/tp.log"
 done

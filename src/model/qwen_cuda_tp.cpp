@@ -11,12 +11,13 @@
 // One process drives the GPUs of its host; with --nnodes, one process a host (each running the same command, node 0
 // at --master-addr) joins the same communicators through a TCP rendezvous (runtime/rendezvous.h). NVLink SHARP (NVLS)
 // is switched off, as these machines require.
-#include <algorithm>
+//
+// No rank waits forever: a rank that throws aborts the communicators (the others' collectives return), and a watchdog
+// (runtime/call_watchdog.h) aborts them on NCCL's asynchronous errors or when a call outlasts QINFER_TP_TIMEOUT (the
+// connection of the nodes: the rendezvous's limit and a minute); a call still in flight 30 s after an abort ends
+// the process with the reason.
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -27,6 +28,7 @@
 #include "model/qwen_cuda.h"
 #include "model/qwen_tp.h"
 #include "model/rank_workers.h"
+#include "runtime/call_watchdog.h"
 #include "runtime/rendezvous.h"
 
 namespace qinfer {
@@ -116,7 +118,10 @@ public:
             s.vocab0 = 0;  // embedding and lm_head whole on every rank
             s.n_vocab = c.vocab_size;
         }
+        watchdog_ = std::make_unique<CallWatchdog>(k_abort_grace_s, [this] { return async_error(); }, [this](const std::string & why) { abort_comms(why); });
+        watchdog_->begin("connecting the ranks (rendezvous, NCCL initialisation)", k_rendezvous_timeout_s + 60);
         init_comms(opt);
+        watchdog_->end();
         for (ncclComm_t comm : comms_) links_.push_back(std::make_unique<NcclLink>(comm, gate_));
         owned_.resize(static_cast<size_t>(local_));
         ranks_.resize(static_cast<size_t>(local_));
@@ -126,15 +131,9 @@ public:
             check_row_parallel(*shard);
             ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(l), rank, tp_, links_[l].get()});
         }, /*quiet_followers=*/true, /*watched=*/false);
-        watchdog_ = std::thread([this] { watch(); });
     }
     ~CudaTpEngine() override {
-        {
-            std::lock_guard<std::mutex> lock(watch_mu_);
-            watch_stop_ = true;
-        }
-        watch_cv_.notify_all();
-        if (watchdog_.joinable()) watchdog_.join();
+        watchdog_.reset();
         // Each rank's graphs, streams and buffers go on its own device.
         try {
             workers_.run_all([&](size_t r) {
@@ -219,12 +218,18 @@ private:
     // One host: every rank's communicator at once. Several (--nnodes): node 0 makes NCCL's unique id and the TCP
     // rendezvous at --master-addr hands it to the other nodes; each node then joins its ranks rank0_.. in one group.
     void init_comms(const EngineOptions & opt) {
+        std::vector<ncclComm_t> comms;
         if (opt.nnodes <= 1) {
-            comms_ = cuda::nccl_local_comms(local_);
-            return;
+            comms = cuda::nccl_local_comms(local_);
+        } else {
+            comms = join_nodes(opt);
         }
+        std::lock_guard<std::mutex> lock(abort_mu_);  // the watchdog's probe reads comms_
+        comms_ = std::move(comms);
+    }
+    std::vector<ncclComm_t> join_nodes(const EngineOptions & opt) {
         cuda::nccl_nvls_off();
-        comms_.resize(static_cast<size_t>(local_));
+        std::vector<ncclComm_t> comms(static_cast<size_t>(local_));
         ncclUniqueId id{};
         if (opt.node_rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
         const std::string got = rendezvous_broadcast(parse_master_address(opt.master_addr), opt.nnodes, opt.node_rank,
@@ -234,17 +239,19 @@ private:
         NCCL_CHECK(ncclGroupStart());
         for (int l = 0; l < local_; l++) {
             CUDA_CHECK(cudaSetDevice(l));
-            NCCL_CHECK(ncclCommInitRank(&comms_[size_t(l)], tp_, id, rank0_ + l));
+            NCCL_CHECK(ncclCommInitRank(&comms[size_t(l)], tp_, id, rank0_ + l));
         }
         NCCL_CHECK(ncclGroupEnd());
+        return comms;
     }
 
     // fn(r) on every rank, each on its own thread with its GPU current. A failing rank aborts the communicators, so
     // that ranks waiting in a collective for it return instead of hanging; the engine is then unusable. A watched call
-    // is also aborted by the watchdog (watch()).
+    // is also aborted by the watchdog: on NCCL's asynchronous errors (a node whose process went away, a broken
+    // connection) or past QINFER_TP_TIMEOUT.
     void run_ranks(const std::function<void(size_t)> & fn, bool quiet_followers = false, bool watched = true) {
         if (broken_) QINFER_FAIL() << "tensor parallel: the engine stopped after a rank failed" << (abort_reason_.empty() ? "" : ": " + abort_reason_);
-        if (watched) call_start_ns_ = now_ns();
+        if (watched) watchdog_->begin("a call of the ranks", timeout_s_, "QINFER_TP_TIMEOUT");
         try {
             workers_.run_all(
                 [&](size_t r) {
@@ -255,70 +262,49 @@ private:
                 },
                 [&] { abort_comms(""); });
         } catch (...) {
-            call_start_ns_ = 0;
-            std::lock_guard<std::mutex> lock(abort_mu_);
-            if (!abort_reason_.empty()) QINFER_FAIL() << "tensor parallel: " << abort_reason_;
+            watchdog_->end();
+            fail_if_aborted();
             throw;
         }
-        call_start_ns_ = 0;
-        std::lock_guard<std::mutex> lock(abort_mu_);
-        if (!abort_reason_.empty()) QINFER_FAIL() << "tensor parallel: " << abort_reason_;
+        watchdog_->end();
+        fail_if_aborted();
     }
-    // Aborts every communicator once: NCCL's kernels and calls waiting in them return.
-    // A rank queueing a collective holds the gate for a moment; one blocked there (a full launch queue behind a stuck
-    // collective) must not keep the abort waiting, so after two seconds it aborts without the gate.
+    void fail_if_aborted() {
+        std::lock_guard<std::mutex> lock(abort_mu_);
+        if (!abort_reason_.empty()) QINFER_FAIL() << "tensor parallel: " << abort_reason_ << "; the collectives were aborted";
+    }
+    // Aborts every communicator once: NCCL's kernels and the calls waiting in them return. A rank queueing a collective
+    // holds the gate for a moment; one blocked there (a full launch queue behind a stuck collective) must not keep the
+    // abort waiting, so after two seconds it goes on without the gate. ncclCommAbort itself runs on a thread of its own:
+    // with a peer gone it can wait on the network, and the watchdog must stay free to end a stuck process.
     void abort_comms(const std::string & reason) {
-        std::lock_guard<std::mutex> lock(abort_mu_);
-        if (broken_) return;
-        abort_reason_ = reason;
-        abort_ns_ = now_ns();
-        broken_ = true;
-        std::unique_lock<std::shared_timed_mutex> gate(gate_.mu, std::chrono::seconds(2));
-        gate_.aborted = true;
-        for (ncclComm_t & comm : comms_) {
-            if (comm) ncclCommAbort(comm);
-            comm = nullptr;
+        std::vector<ncclComm_t> doomed;
+        {
+            std::lock_guard<std::mutex> lock(abort_mu_);
+            if (broken_) return;
+            abort_reason_ = reason;
+            broken_ = true;
+            std::unique_lock<std::shared_timed_mutex> gate(gate_.mu, std::chrono::seconds(2));
+            gate_.aborted = true;
+            for (ncclComm_t & comm : comms_) {
+                if (comm) doomed.push_back(comm);
+                comm = nullptr;
+            }
         }
+        std::thread([doomed] {
+            for (ncclComm_t comm : doomed) ncclCommAbort(comm);
+        }).detach();
     }
-    static int64_t now_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
-    // The watchdog: while a call of the ranks runs, NCCL's asynchronous errors (a node whose process went away, a
-    // broken connection) or a call longer than QINFER_TP_TIMEOUT abort the communicators, so that the call fails with
-    // one line instead of every rank waiting forever in a collective (as PyTorch's NCCL watchdog does).
-    void watch() {
-        std::unique_lock<std::mutex> lock(watch_mu_);
-        const auto period = std::chrono::milliseconds(std::clamp(int64_t(timeout_s_ * 250), int64_t(1), int64_t(100)));
-        while (!watch_cv_.wait_for(lock, period, [&] { return watch_stop_; })) {
-            const int64_t start = call_start_ns_;
-            if (start == 0) continue;
-            if (broken_) {
-                // Kernels already queued behind the aborted collectives (a decode run queues its steps' graphs ahead)
-                // may still wait for a peer that is gone; past a grace period the process ends with the reason.
-                if (abort_ns_ && double(now_ns() - abort_ns_) * 1e-9 > k_abort_grace_s) {
-                    std::fprintf(stderr, "qinfer: error: tensor parallel: %s; the ranks did not return %g s after the abort, exiting\n",
-                                 abort_reason_.empty() ? "a rank failed" : abort_reason_.c_str(), k_abort_grace_s);
-                    std::_Exit(1);
-                }
-                continue;
+    // The watchdog's probe: the first rank's asynchronous NCCL error ("": none).
+    std::string async_error() {
+        std::lock_guard<std::mutex> lock(abort_mu_);
+        for (size_t l = 0; l < comms_.size(); l++) {
+            ncclResult_t e = ncclSuccess;
+            if (comms_[l] && ncclCommGetAsyncError(comms_[l], &e) == ncclSuccess && e != ncclSuccess && e != ncclInProgress) {
+                return "rank " + std::to_string(rank0_ + int(l)) + ": NCCL reported " + ncclGetErrorString(e) + " (" + ncclGetLastError(comms_[l]) + ")";
             }
-            std::string why;
-            {
-                std::lock_guard<std::mutex> comms_lock(abort_mu_);
-                for (size_t l = 0; l < comms_.size() && why.empty(); l++) {
-                    ncclResult_t e = ncclSuccess;
-                    if (comms_[l] && ncclCommGetAsyncError(comms_[l], &e) == ncclSuccess && e != ncclSuccess && e != ncclInProgress) {
-                        why = "rank " + std::to_string(rank0_ + int(l)) + ": NCCL reported " + ncclGetErrorString(e) + " (" +
-                              ncclGetLastError(comms_[l]) + "); the collectives were aborted";
-                    }
-                }
-            }
-            const double took = double(now_ns() - start) * 1e-9;
-            if (why.empty() && took > timeout_s_) {
-                char text[160];
-                std::snprintf(text, sizeof text, "a call of the ranks took longer than QINFER_TP_TIMEOUT=%g s; the collectives were aborted", timeout_s_);
-                why = text;
-            }
-            if (!why.empty()) abort_comms(why);
         }
+        return "";
     }
     template <class T> void agree(const std::vector<T> & v, const char * what) {
         for (size_t r = 1; r < v.size(); r++) {
@@ -346,16 +332,11 @@ private:
     std::vector<std::unique_ptr<CudaQwenEngine>> ranks_;
     RankWorkers workers_;
     std::atomic<bool> broken_{false};
-    std::mutex abort_mu_;          // comms_ while aborting or polled, abort_reason_
+    std::mutex abort_mu_;          // comms_ (aborted, polled, published), abort_reason_
     std::string abort_reason_;     // why the watchdog aborted ("": a rank failed, its own error says why)
     const double timeout_s_ = read_env().tp_timeout_s;
-    std::atomic<int64_t> call_start_ns_{0};  // the watched call in flight (0: none)
-    std::atomic<int64_t> abort_ns_{0};       // when the communicators were aborted
-    static constexpr double k_abort_grace_s = 30;
-    std::mutex watch_mu_;
-    std::condition_variable watch_cv_;
-    bool watch_stop_ = false;
-    std::thread watchdog_;
+    static constexpr double k_abort_grace_s = 30;  // an aborted call still in flight after this ends the process
+    std::unique_ptr<CallWatchdog> watchdog_;       // last: stopped before the members it reads go
 };
 
 }  // namespace

@@ -6,7 +6,7 @@ q="$1"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 start=$(date +%s)
-QINFER_TP_TIMEOUT=0.001 timeout 60 "$q" bench --preset tiny-qwen2 --tp 2 --input-lens 2000 --gen 4000 >"$tmp/out" 2>"$tmp/err"
+QINFER_TP_TIMEOUT=0.001 timeout -k 10 60 "$q" bench --preset tiny-qwen2 --tp 2 --input-lens 2000 --gen 4000 >"$tmp/out" 2>"$tmp/err"
 rc=$?
 took=$(( $(date +%s) - start ))
 if [ "$rc" -eq 0 ] || [ "$rc" -ge 124 ] || ! grep -q "QINFER_TP_TIMEOUT" "$tmp/err"; then
