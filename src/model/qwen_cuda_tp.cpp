@@ -70,13 +70,14 @@ private:
     CommGate & gate_;
 };
 
-// Act-order GPTQ split by input: a rank's channels fall in every group, unevenly, which the GPUs' layout (whole groups
+// Act-order GPTQ split by input: down_proj's are split by whole groups (shard_model), but o_proj's input channels are
+// the heads', which a rank holds contiguously: they fall in every group, unevenly, which the GPUs' layout (whole groups
 // of consecutive sorted channels) cannot hold. The CPU backend runs it.
 void check_row_parallel(const Model & shard) {
     auto check = [](const Linear & l) {
         if (l.g_idx.present()) {
-            QINFER_FAIL() << "tensor parallel on the GPUs: " << l.g_idx.name << " is act-order (desc_act), whose groups a split by input scatters "
-                          << "over the ranks; not supported yet (--backend cpu runs it)";
+            QINFER_FAIL() << "tensor parallel on the GPUs: " << l.g_idx.name << " is act-order (desc_act), whose groups a split of the heads "
+                          << "scatters over the ranks; not supported yet (--backend cpu runs it)";
         }
     };
     for (const LayerWeights & L : shard.weights.layers) {

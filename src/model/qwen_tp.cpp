@@ -101,8 +101,129 @@ Linear split_in(const Linear & l, int c0, int n, int rank, std::vector<std::vect
     return s;
 }
 
+// Act-order GPTQ down_proj (desc_act): a contiguous range of its input channels falls in every quantization group,
+// unevenly, which the GPUs' layout (whole groups of consecutive sorted channels) cannot hold. Instead a rank takes the
+// channels of whole groups [g0, g1): those whose g_idx falls there, in group order. gate_proj and up_proj give it
+// those output rows, down_proj those input rows, so the rank's down slice is an ordinary grouped matrix (its groups in
+// order, g_idx dropped) and its intermediate activations line up with it. The rank holds as many channels as a
+// contiguous cut would.
+
+// Field i of `bits`-wide fields packed LSB first in 32-bit words.
+uint32_t field(const uint32_t * words, size_t i, int bits) {
+    const int per_word = 32 / bits;
+    return (words[i / size_t(per_word)] >> (bits * int(i % size_t(per_word)))) & ((1u << bits) - 1u);
+}
+
+// The channels of groups [g0, g1) of an act-order linear, in (group, channel) order; every group must hold its
+// group size (the last one: what remains).
+std::vector<int> group_channels(const Linear & l, int g0, int g1) {
+    const int K = l.in_features, G = l.scheme.group(K);
+    const int32_t * g = static_cast<const int32_t *>(l.g_idx.data);
+    std::vector<std::vector<int>> by_group(size_t(g1 - g0));
+    for (int k = 0; k < K; k++) {
+        if (g[k] < 0 || g[k] >= (K + G - 1) / G) QINFER_FAIL() << l.g_idx.name << ": group " << g[k] << " of channel " << k << " is out of range";
+        if (g[k] >= g0 && g[k] < g1) by_group[size_t(g[k] - g0)].push_back(k);
+    }
+    std::vector<int> out;
+    for (int i = 0; i < g1 - g0; i++) {
+        const int want = std::min(G, K - (g0 + i) * G);
+        if (int(by_group[size_t(i)].size()) != want) {
+            QINFER_FAIL() << "tensor parallel: " << l.g_idx.name << ": group " << g0 + i << " holds " << by_group[size_t(i)].size()
+                          << " channels, not " << want << " (irregular act-order groups cannot be split)";
+        }
+        out.insert(out.end(), by_group[size_t(i)].begin(), by_group[size_t(i)].end());
+    }
+    return out;
+}
+
+// Output rows `pick` of a projection (and of its bias), in that order: a copy.
+Linear select_out(const Linear & l, const std::vector<int> & pick, std::vector<std::vector<uint8_t>> & owned) {
+    const int n = int(pick.size());
+    // Elements `pick` of each row of a 2-D tensor [R, C] (columns), or rows `pick` of it (rows).
+    const auto gather = [&](const Weight & w, bool by_rows) {
+        if (!w.present()) return w;
+        const size_t e = dtype_size(w.dtype), R = size_t(w.shape[0]), C = w.shape.size() > 1 ? size_t(w.shape[1]) : 1;
+        const uint8_t * src = static_cast<const uint8_t *>(w.data);
+        std::vector<uint8_t> & buf = owned.emplace_back((by_rows ? C : R) * size_t(n) * e);
+        for (size_t i = 0; i < size_t(n); i++) {
+            if (by_rows) {
+                std::memcpy(buf.data() + i * C * e, src + size_t(pick[i]) * C * e, C * e);
+            } else {
+                for (size_t r = 0; r < R; r++) std::memcpy(buf.data() + (r * size_t(n) + i) * e, src + (r * C + size_t(pick[i])) * e, e);
+            }
+        }
+        Weight s = w;
+        s.data = buf.data();
+        s.shape[by_rows ? 0 : 1] = n;
+        return s;
+    };
+    Linear s = l;
+    s.out_features = n;
+    s.bias = gather(l.bias, true);
+    if (!l.quantized()) {
+        s.weight = gather(l.weight, true);
+        return s;
+    }
+    if (!gptq(l) || (l.scheme.bits != 4 && l.scheme.bits != 8)) {
+        QINFER_FAIL() << "tensor parallel: " << l.qweight.name << " (" << l.scheme.describe() << ") beside an act-order down_proj: only GPTQ 4/8-bit is split so";
+    }
+    s.qweight = gather(l.qweight, false);  // [K / per_word, N]: a column a word
+    s.scales = gather(l.scales, false);
+    // qzeros [groups, N / per_word]: fields along N.
+    const int bits = l.scheme.bits, per_word = 32 / bits, groups = int(l.qzeros.shape[0]);
+    const int64_t words_in = l.qzeros.shape[1];
+    std::vector<uint8_t> & buf = owned.emplace_back(size_t(groups) * size_t(n / per_word) * 4);
+    uint32_t * out = reinterpret_cast<uint32_t *>(buf.data());
+    const uint32_t * z = static_cast<const uint32_t *>(l.qzeros.data);
+    for (int g = 0; g < groups; g++) {
+        for (int i = 0; i < n; i++) out[size_t(g) * (n / per_word) + size_t(i / per_word)] |= field(z + size_t(g) * words_in, size_t(pick[size_t(i)]), bits) << (bits * (i % per_word));
+    }
+    s.qzeros = l.qzeros;
+    s.qzeros.data = buf.data();
+    s.qzeros.shape[1] = n / per_word;
+    return s;
+}
+
+// Input rows `pick` of an act-order GPTQ projection, which are the channels of its groups [g0, ...) in group order:
+// qweight's fields gathered, the groups' rows of scales and zeros, g_idx dropped (its groups are now in order).
+Linear select_in(const Linear & l, const std::vector<int> & pick, int g0, int rank, std::vector<std::vector<uint8_t>> & owned) {
+    const int n = int(pick.size()), bits = l.scheme.bits, per_word = 32 / bits, G = l.scheme.group(l.in_features);
+    Linear s = l;
+    if (rank != 0) s.bias = Weight();
+    s.in_features = n;
+    const int64_t N = l.qweight.shape[1];
+    std::vector<uint8_t> & buf = owned.emplace_back(size_t(n / per_word) * size_t(N) * 4);
+    uint32_t * out = reinterpret_cast<uint32_t *>(buf.data());
+    const uint32_t * q = static_cast<const uint32_t *>(l.qweight.data);
+    parallel_for(N, [&](int64_t c) {
+        for (int j = 0; j < n; j++) {
+            const int k = pick[size_t(j)];
+            const uint32_t v = (q[size_t(k / per_word) * size_t(N) + size_t(c)] >> (bits * (k % per_word))) & ((1u << bits) - 1u);
+            out[size_t(j / per_word) * size_t(N) + size_t(c)] |= v << (bits * (j % per_word));
+        }
+    });
+    s.qweight.data = buf.data();
+    s.qweight.shape[0] = n / per_word;
+    s.g_idx = Weight();
+    s.scales = rows(l.scales, g0, (n + G - 1) / G);
+    s.qzeros = rows(l.qzeros, g0, (n + G - 1) / G);
+    return s;
+}
+
 MlpWeights split_mlp(const MlpWeights & m, int i0, int n, int rank, std::vector<std::vector<uint8_t>> & owned) {
     MlpWeights s;
+    const Linear & down = m.down_proj;
+    if (down.quantized() && gptq(down) && has_act_order(down)) {
+        const int G = down.scheme.group(down.in_features);
+        if (i0 % G != 0 || (n % G != 0 && i0 + n != down.in_features)) {  // tp_inter_align cuts on whole groups
+            QINFER_FAIL() << "tensor parallel: " << down.qweight.name << "'s input rows [" << i0 << ", " << i0 + n << ") cut its groups of " << G;
+        }
+        const std::vector<int> pick = group_channels(down, i0 / G, (i0 + n + G - 1) / G);
+        s.gate_proj = select_out(m.gate_proj, pick, owned);
+        s.up_proj = select_out(m.up_proj, pick, owned);
+        s.down_proj = select_in(down, pick, i0 / G, rank, owned);
+        return s;
+    }
     s.gate_proj = split_out(m.gate_proj, i0, n, owned);
     s.up_proj = split_out(m.up_proj, i0, n, owned);
     s.down_proj = split_in(m.down_proj, i0, n, rank, owned);

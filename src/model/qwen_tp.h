@@ -16,7 +16,9 @@ namespace qinfer {
 // A rank's model: its config (heads and intermediate sizes of the shard; the vocabulary stays whole) and its slices
 // of `full`'s weights: row slices are views into the full model's mapped checkpoint, column slices (o_proj's and
 // down_proj's inputs) copies kept in `owned`. The full model must outlive it. Quantized projections are split in
-// their stored packing (GPTQ 4/8-bit with or without act-order, AWQ GEMM); other formats get a one-line error. The
+// their stored packing (GPTQ 4/8-bit with or without act-order, AWQ GEMM); other formats get a one-line error. An
+// act-order down_proj is split by whole quantization groups (a rank's intermediate channels are then those of its
+// groups, gate/up's rows with them), so that its slice is an ordinary grouped matrix. The
 // intermediate dimensions (dense, expert, shared expert) are cut on multiples of `inter_align` (tp_inter_align).
 std::unique_ptr<Model> shard_model(const Model & full, const TpShard & shard, int tp, std::vector<std::vector<uint8_t>> & owned,
                                    int inter_align = 1);

@@ -8,6 +8,8 @@
 #include <cmath>
 
 #include "backend_cases.h"
+#include "model/quant.h"
+#include "model/qwen_tp.h"
 #include "model/tp_cases.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -106,11 +108,59 @@ TEST_P(TensorParallelCpuQuant, LogitsEqualOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, TensorParallelCpuQuant,
                          ::testing::Values(QuantCase{"gptq-int4", 16, false}, QuantCase{"gptq-int4", 32, true}, QuantCase{"gptq-int8", 16, false},
+                                           QuantCase{"gptq-int8", 32, true},
                                            QuantCase{"awq", 16, false}),
                          [](const auto & info) {
                              return std::string(info.param.kind == "gptq-int4" ? "gptq4" : info.param.kind == "gptq-int8" ? "gptq8" : "awq") + "_g" +
                                     std::to_string(info.param.group) + (info.param.desc_act ? "_act" : "");
                          });
+
+// An act-order down_proj is split by whole groups: each rank's down slice has no g_idx and holds, in group order, the
+// channels of its groups; its gate/up rows are those channels. Checked on the dequantized weights, exactly.
+TEST(TensorParallelCpuActOrder, DownSplitByGroups) {
+    SynthOptions o;
+    o.preset = "tiny-qwen2";
+    o.out_dir = test::temp_dir("tp-act-shard");
+    o.seed = 9;
+    o.quiet = true;
+    o.quant.kind = "gptq-int4";
+    o.quant.group_size = 32;
+    o.quant.desc_act = true;
+    synthesize(o);
+    const std::unique_ptr<Model> full = load_model(o.out_dir, LoadOptions{});
+    const MlpWeights & m = full->weights.layers[0].mlp;
+    ASSERT_TRUE(has_act_order(m.down_proj));
+    const int I = full->config.intermediate_size, H = full->config.hidden_size, G = 32;
+    const std::vector<float> down = dequantize(m.down_proj), gate = dequantize(m.gate_proj);  // [H, I], [I, H]
+    const int32_t * g_idx = static_cast<const int32_t *>(m.down_proj.g_idx.data);
+    const int align = tp_inter_align(*full, 1);
+    std::vector<std::vector<uint8_t>> owned;
+    int covered = 0;
+    for (const TpShard & s : plan_tensor_parallel(full->config, 2, align)) {
+        const std::unique_ptr<Model> shard = shard_model(*full, s, 2, owned, align);
+        const MlpWeights & r = shard->weights.layers[0].mlp;
+        EXPECT_FALSE(r.down_proj.g_idx.present());
+        EXPECT_TRUE(r.gate_proj.g_idx.present() == m.gate_proj.g_idx.present());
+        const int n = r.down_proj.in_features;
+        const std::vector<float> rdown = dequantize(r.down_proj), rgate = dequantize(r.gate_proj);
+        // Its channels: those of groups [covered / G, ...) in group order, as the full matrices hold them.
+        std::vector<int> pick;
+        for (int g = covered / G; g < (covered + n) / G; g++) {
+            for (int k = 0; k < I; k++) {
+                if (g_idx[k] == g) pick.push_back(k);
+            }
+        }
+        ASSERT_EQ(int(pick.size()), n);
+        for (int j = 0; j < n; j++) {
+            for (int h = 0; h < H; h++) {
+                ASSERT_EQ(rdown[size_t(h) * n + j], down[size_t(h) * I + pick[size_t(j)]]) << "down row " << h << " channel " << j;
+                ASSERT_EQ(rgate[size_t(j) * H + h], gate[size_t(pick[size_t(j)]) * H + h]) << "gate row " << j;
+            }
+        }
+        covered += n;
+    }
+    EXPECT_EQ(covered, I);
+}
 
 // The scheduler over two ranks: chunked prompts beside decoding rows give each request the tokens of one rank.
 TEST(TensorParallelCpuScheduling, TokensEqualOneRank) {
