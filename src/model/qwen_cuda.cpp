@@ -273,6 +273,10 @@ void CudaQwenEngine::upload_weights() {
             D.k_norm = upload({&A.k_norm}, "norm", &done, bar);
         }
         D.o = upload_linear({&A.o_proj}, &done, bar);
+        D.o_whole = place_.link && A.o_proj.in_features != c.q_dim();
+        if (D.o_whole && A.o_proj.in_features != c.q_dim() * place_.ranks) {
+            QINFER_FAIL() << "tensor parallel: " << A.o_proj.qweight.name << " is whole on every rank but the heads are not split evenly";
+        }
         D.moe = L.is_moe;
         if (!L.is_moe) {
             D.mlp = upload_mlp(L.mlp, &done, bar);
@@ -432,6 +436,10 @@ void CudaQwenEngine::ensure_workspace(int c) {
     qkv_ = DeviceBuffer(size_t(c) * qkv * sizeof(bf16), "workspace");
     q_ = DeviceBuffer(size_t(c) * cfg.q_dim() * sizeof(bf16), "workspace");
     attn_ = DeviceBuffer(size_t(c) * cfg.q_dim() * sizeof(bf16), "workspace");
+    if (std::any_of(layers_.begin(), layers_.end(), [](const DevLayer & L) { return L.o_whole; })) {
+        heads_gather_ = DeviceBuffer(size_t(c) * cfg.q_dim() * place_.ranks * sizeof(bf16), "workspace");
+        heads_ = DeviceBuffer(size_t(c) * cfg.q_dim() * place_.ranks * sizeof(bf16), "workspace");
+    }
     tmp_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
     bool any_dense = false;
     for (const auto & L : layers_) any_dense |= !L.moe;
@@ -554,6 +562,22 @@ void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf1
     prof_.mark("silu*up");
     linear(act, m, w.down, out);
     prof_.mark("down gemm");
+}
+
+const bf16 * CudaQwenEngine::o_input(const DevLayer & L, int rows) {
+    if (!L.o_whole) return attn_.as<bf16>();
+    const size_t q = size_t(model_->config.q_dim()), n = size_t(rows) * q;
+    bf16 * gathered = rows == 1 ? heads_.as<bf16>() : heads_gather_.as<bf16>();  // one row: [ranks, q] is the row
+    place_.link->all_gather(attn_.get(), gathered, n, false, stream_);
+    if (rows > 1) {
+        // [ranks, rows, q] -> [rows, ranks q]: each rank's heads are a column block.
+        for (int r = 0; r < place_.ranks; r++) {
+            CUDA_CHECK(cudaMemcpy2DAsync(heads_.as<bf16>() + size_t(r) * q, size_t(place_.ranks) * q * sizeof(bf16), gathered + size_t(r) * n,
+                                         q * sizeof(bf16), q * sizeof(bf16), size_t(rows), cudaMemcpyDeviceToDevice, stream_));
+        }
+    }
+    prof_.mark("heads all-gather");
+    return heads_.as<bf16>();
 }
 
 void CudaQwenEngine::reduce(float * x, size_t n) {

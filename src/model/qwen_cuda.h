@@ -118,6 +118,9 @@ struct DevLayer {
     DevLinear qkv;                                       // bf16 [(n_head + 2 n_kv) d, hidden]
     DeviceBuffer qkv_bias;                               // bf16 [(n_head + 2 n_kv) d] or empty
     DevLinear o;                                         // bf16 [hidden, n_head d]
+    // Tensor parallel: o_proj whole on every rank (act-order GPTQ, whose groups span the heads): the ranks' attention
+    // rows are gathered first (o_input) and its output is complete (no all-reduce).
+    bool o_whole = false;
     bool moe = false;
     DevMlp mlp;
     DevLinear router;  // bf16 [n_experts (+ 1: the shared expert's gate row, when it has one), hidden]
@@ -149,8 +152,9 @@ class DeviceCollective {
 public:
     virtual ~DeviceCollective() = default;
     virtual void all_reduce(void * buf, size_t count, bool f32, cudaStream_t stream) = 0;
-    // fp32: every rank's `count` values at recv + rank * count (in place) gathered into recv [ranks, count].
-    virtual void all_gather(float * recv, size_t count, cudaStream_t stream) = 0;
+    // Every rank's `count` values at `send` gathered into recv [ranks, count] (fp32 or bf16); send may be
+    // recv + rank * count (in place).
+    virtual void all_gather(const void * send, void * recv, size_t count, bool f32, cudaStream_t stream) = 0;
 };
 // Where an engine runs: its GPU and, under tensor parallel, its rank and the link to the other ranks.
 struct RankPlace {
@@ -240,6 +244,9 @@ private:
     // Logits of B decode rows into logits_ (fp32 [B, vocab]) from the final-normed rows (fused: from x, normed in the
     // GEMV); under tensor parallel at up to k_tp_split_logits_rows rows, each rank's vocabulary share, all-gathered.
     void decode_logits(int B, bool fused, const float * x, bf16 * xn);
+    // o_proj's input for `rows` rows: this rank's attention output, or under L.o_whole every rank's gathered into
+    // heads_ (bf16 [rows, L.o.k]; rank r's heads are its r-th column block).
+    const bf16 * o_input(const DevLayer & L, int rows);
     bool split_logits(int B) const {
         return place_.link && B <= k_tp_split_logits_rows && model_->config.vocab_size % place_.ranks == 0;
     }
@@ -293,6 +300,7 @@ private:
     int ws_tokens_ = 0;
     DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
     DeviceBuffer logits_gather_;  // tensor parallel: fp32 [ranks, k_tp_split_logits_rows, vocab / ranks] (split_logits)
+    DeviceBuffer heads_gather_, heads_;  // tensor parallel, o_whole layers: bf16 [ranks, c, q_dim], [c, ranks q_dim]
     // The prompt's token ids in pinned memory, so each pass's copy to ids_ is asynchronous: from pageable memory
     // cudaMemcpyAsync waited for the stream, and the GPU idled while the host queued every pass (forward()).
     cuda::HostMappedBuffer ids_host_;

@@ -102,15 +102,15 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             cuda::GemvArgs a;
             a.n = L.o.n;
             a.k = L.o.k;
-            a.x = attn_.get();
+            a.x = o_input(L, B);
             a.m = B;
             a.y = x;
-            project(L.o, a, cuda::GemvIn::Bf16, partial_only() ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
-            reduce(x, size_t(B) * H);
+            project(L.o, a, cuda::GemvIn::Bf16, partial_only() && !L.o_whole ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
+            if (!L.o_whole) reduce(x, size_t(B) * H);
             if (L.moe) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         } else {
-            linear(attn_.as<bf16>(), B, L.o, tmp_.as<bf16>());
-            reduce(tmp_.as<bf16>(), size_t(B) * H);
+            linear(o_input(L, B), B, L.o, tmp_.as<bf16>());
+            if (!L.o_whole) reduce(tmp_.as<bf16>(), size_t(B) * H);
             cuda::add_rms_norm(x, tmp_.as<bf16>(), L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         }
         prof_.mark("o_proj gemv");
@@ -185,10 +185,10 @@ void CudaQwenEngine::decode_logits(int B, bool fused, const float * x, bf16 * xn
     prof_.mark("lm_head gemv");
     if (!split) return;
     if (B == 1) {
-        place_.link->all_gather(logits_.as<float>(), size_t(V), stream_);
+        place_.link->all_gather(y, logits_.as<float>(), size_t(V), true, stream_);
     } else {
         // [ranks, B, V] -> [B, ranks V]: each rank's chunk is a column block of the logits.
-        place_.link->all_gather(logits_gather_.as<float>(), size_t(B) * V, stream_);
+        place_.link->all_gather(y, logits_gather_.as<float>(), size_t(B) * V, true, stream_);
         for (int r = 0; r < place_.ranks; r++) {
             CUDA_CHECK(cudaMemcpy2DAsync(logits_.as<float>() + size_t(r) * V, size_t(cfg.vocab_size) * sizeof(float),
                                          logits_gather_.as<float>() + size_t(r) * B * V, size_t(V) * sizeof(float), size_t(V) * sizeof(float),

@@ -257,9 +257,9 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
                                         cfg.num_key_value_heads, cfg.head_dim, attn_.as<bf16>() + size_t(pc.first) * QD, stream_);
             }
             prof_.mark("attention");
-            linear(attn_.as<bf16>(), c, L.o, tmp_.as<bf16>());
+            linear(o_input(L, c), c, L.o, tmp_.as<bf16>());
             prof_.mark("o_proj gemm");
-            reduce(tmp_.as<bf16>(), size_t(c) * H);
+            if (!L.o_whole) reduce(tmp_.as<bf16>(), size_t(c) * H);
             cuda::add_rms_norm(x, tmp_.as<bf16>(), L.post_norm.as<bf16>(), eps, c, H, xn, stream_);
             prof_.mark("add/rms_norm");
             if (L.moe) {

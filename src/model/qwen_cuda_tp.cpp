@@ -26,6 +26,7 @@
 #include "backends/cuda/nccl.h"
 #include "core/env.h"
 #include "model/qwen_cuda.h"
+#include "model/quant.h"
 #include "model/qwen_tp.h"
 #include "model/rank_workers.h"
 #include "runtime/call_watchdog.h"
@@ -54,12 +55,10 @@ public:
         check();
         NCCL_CHECK(ncclAllReduce(buf, buf, count, f32 ? ncclFloat32 : ncclBfloat16, ncclSum, comm_, stream));
     }
-    void all_gather(float * recv, size_t count, cudaStream_t stream) override {
+    void all_gather(const void * send, void * recv, size_t count, bool f32, cudaStream_t stream) override {
         std::shared_lock<std::shared_timed_mutex> lock(gate_.mu);
         check();
-        int rank = 0;
-        NCCL_CHECK(ncclCommUserRank(comm_, &rank));
-        NCCL_CHECK(ncclAllGather(recv + size_t(rank) * count, recv, count, ncclFloat32, comm_, stream));
+        NCCL_CHECK(ncclAllGather(send, recv, count, f32 ? ncclFloat32 : ncclBfloat16, comm_, stream));
     }
 
 private:
@@ -70,21 +69,14 @@ private:
     CommGate & gate_;
 };
 
-// Act-order GPTQ split by input: down_proj's are split by whole groups (shard_model), but o_proj's input channels are
-// the heads', which a rank holds contiguously: they fall in every group, unevenly, which the GPUs' layout (whole groups
-// of consecutive sorted channels) cannot hold. The CPU backend runs it.
-void check_row_parallel(const Model & shard) {
-    auto check = [](const Linear & l) {
-        if (l.g_idx.present()) {
-            QINFER_FAIL() << "tensor parallel on the GPUs: " << l.g_idx.name << " is act-order (desc_act), whose groups a split of the heads "
-                          << "scatters over the ranks; not supported yet (--backend cpu runs it)";
-        }
-    };
-    for (const LayerWeights & L : shard.weights.layers) {
-        check(L.self_attn.o_proj);
-        check(L.mlp.down_proj);
-        for (const MlpWeights & e : L.moe.experts) check(e.down_proj);
-        check(L.moe.shared_expert.down_proj);
+// Act-order GPTQ o_proj: a rank's input channels are its heads', which fall in every quantization group, unevenly;
+// the GPUs' layout holds whole groups of consecutive sorted channels only. Such an o_proj stays whole on every rank,
+// over every rank's gathered attention output (DevLayer::o_whole). Act-order down_proj is split by whole groups
+// (shard_model).
+void keep_act_order_o_proj_whole(const Model & full, Model & shard) {
+    for (size_t l = 0; l < full.weights.layers.size(); l++) {
+        const Linear & o = full.weights.layers[l].self_attn.o_proj;
+        if (o.quantized() && has_act_order(o)) shard.weights.layers[l].self_attn.o_proj = o;
     }
 }
 
@@ -129,7 +121,7 @@ public:
         run_ranks([&](size_t l) {
             const int rank = rank0_ + int(l);
             std::unique_ptr<Model> shard = shard_model(*full_, plan[size_t(rank)], tp_, owned_[l], align);
-            check_row_parallel(*shard);
+            keep_act_order_o_proj_whole(*full_, *shard);
             ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(l), rank, tp_, links_[l].get()});
         }, /*quiet_followers=*/true, /*watched=*/false);
     }

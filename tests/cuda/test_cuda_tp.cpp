@@ -1,9 +1,10 @@
 // Tensor parallel on the GPUs (model/qwen_cuda_tp.cpp), on two GPUs of this host: every position's logits of a
 // prompt and of decode steps through the cache equal the whole model's on one GPU within bf16 rounding (partial sums
 // rounded and added in another order), for dense models (Qwen2 with KV heads split, Qwen1.5's multi-head attention,
-// Qwen3's q/k norms), MoE with a shared expert, GPTQ and AWQ weights split in their packing, quantized experts on the
-// device; device greedy decoding and continuous batching give the one GPU's tokens; --tp beyond the GPUs present is a
-// one-line error. Skipped with fewer than two GPUs.
+// Qwen3's q/k norms), MoE with a shared expert, GPTQ and AWQ weights split in their packing, act-order GPTQ (down_proj by
+// whole groups, o_proj whole over the gathered heads), quantized experts on the device; device greedy decoding and
+// continuous batching give the one GPU's tokens; --tp beyond the GPUs present is a one-line error. Skipped with fewer
+// than two GPUs.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -146,6 +147,7 @@ std::string synth_quant(const std::string & name, const std::string & preset, co
 struct Case {
     std::string name, preset, quant;
     int group;
+    bool desc_act = false;
 };
 void PrintTo(const Case & c, std::ostream * os) { *os << c.name; }
 
@@ -154,7 +156,7 @@ class CudaTensorParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaTensorParallel, LogitsEqualOneGpu) {
     const Case & c = GetParam();
     if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
-    expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : synth_quant(c.name, c.preset, c.quant, c.group, false), 2);
+    expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : synth_quant(c.name, c.preset, c.quant, c.group, c.desc_act), 2);
 }
 
 const Case k_cases[] = {
@@ -168,6 +170,10 @@ const Case k_cases[] = {
     {"gptq8_g32", "tiny-qwen2-k128", "gptq-int8", 32},
     {"awq_g32", "tiny-qwen2-k128", "awq", 32},
     {"gptq4_moe_k64", "tiny-qwen2-moe-k64", "gptq-int4", 32},  // quantized experts: the device kernel at decode
+    // act-order: down_proj split by whole groups, o_proj whole on every rank over the gathered heads
+    {"gptq4_act_g32", "tiny-qwen2-k128", "gptq-int4", 32, true},
+    {"gptq8_act_g32", "tiny-qwen2-k128", "gptq-int8", 32, true},
+    {"gptq4_act_moe_k64", "tiny-qwen2-moe-k64", "gptq-int4", 32, true},
 };
 INSTANTIATE_TEST_SUITE_P(Presets, CudaTensorParallel, ::testing::ValuesIn(k_cases), [](const auto & info) { return info.param.name; });
 
@@ -196,17 +202,6 @@ TEST(CudaTensorParallelInput, MoreRanksThanGpus) {
         ADD_FAILURE() << "--tp " << tp << " on " << n << " GPUs loaded";
     } catch (const std::exception & e) {
         EXPECT_NE(std::string(e.what()).find("CUDA device(s) present"), std::string::npos) << e.what();
-    }
-}
-
-// Act-order GPTQ split by input on the GPUs: a one-line error that names the tensor (the CPU backend runs it).
-TEST(CudaTensorParallelInput, ActOrderRefused) {
-    if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
-    try {
-        gpu_engine(synth_quant("act", "tiny-qwen2-k128", "gptq-int4", 32, true), 2);
-        ADD_FAILURE() << "act-order GPTQ loaded at --tp 2";
-    } catch (const std::exception & e) {
-        EXPECT_NE(std::string(e.what()).find("is act-order (desc_act)"), std::string::npos) << e.what();
     }
 }
 
