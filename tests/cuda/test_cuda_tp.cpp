@@ -130,20 +130,6 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp) {
     EXPECT_EQ(argmax_rows(split.batch_logits, split.batch_logits.size() / (k_batch * k_batch_steps)), split.batch_greedy);
 }
 
-// A quantized synthetic checkpoint of `preset` in its own folder.
-std::string synth_quant(const std::string & name, const std::string & preset, const std::string & kind, int group, bool desc_act) {
-    SynthOptions o;
-    o.preset = preset;
-    o.out_dir = test::temp_dir("cuda-tp-" + name);
-    o.seed = 7;
-    o.quiet = true;
-    o.quant.kind = kind;
-    o.quant.group_size = group;
-    o.quant.desc_act = desc_act;
-    synthesize(o);
-    return o.out_dir;
-}
-
 struct Case {
     std::string name, preset, quant;
     int group;
@@ -156,7 +142,7 @@ class CudaTensorParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaTensorParallel, LogitsEqualOneGpu) {
     const Case & c = GetParam();
     if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
-    expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : synth_quant(c.name, c.preset, c.quant, c.group, c.desc_act), 2);
+    expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : test::synth_quant("cuda-tp-" + c.name, c.preset, c.quant, c.group, c.desc_act, 7), 2);
 }
 
 const Case k_cases[] = {

@@ -43,4 +43,20 @@ inline std::string synth_once(const std::string & tag, const std::string & prese
     return dirs[key] = o.out_dir;
 }
 
+// A quantized synthetic checkpoint of `preset` in its own folder temp_dir(name): `kind` (gptq-int4, gptq-int8, awq,
+// ...) with groups of `group`, act-order where `desc_act`.
+inline std::string synth_quant(const std::string & name, const std::string & preset, const std::string & kind, int group, bool desc_act,
+                               uint64_t seed) {
+    SynthOptions o;
+    o.preset = preset;
+    o.out_dir = temp_dir(name);
+    o.seed = seed;
+    o.quiet = true;
+    o.quant.kind = kind;
+    o.quant.group_size = group;
+    o.quant.desc_act = desc_act;
+    synthesize(o);
+    return o.out_dir;
+}
+
 }  // namespace qinfer::test

@@ -165,20 +165,12 @@ TEST(BatchQuantCuda, ManyRowsEqualSequencesAlone) {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
     for (const char * preset : {"tiny-qwen2-k128", "tiny-qwen2-moe-k64"}) {
         for (const bool desc_act : {false, true}) {
-            SynthOptions o;
-            o.preset = preset;
-            o.out_dir = test::temp_dir(std::string("batch-gptq4-") + preset + (desc_act ? "-act" : ""));
-            o.seed = 13;
-            o.quiet = true;
-            o.quant.kind = "gptq-int4";
-            o.quant.group_size = 32;
-            o.quant.desc_act = desc_act;
-            synthesize(o);
+            const std::string dir = test::synth_quant(std::string("batch-gptq4-") + preset + (desc_act ? "-act" : ""), preset, "gptq-int4", 32, desc_act, 13);
             EngineOptions eo;
             eo.backend = "cuda";
             eo.max_context = 32;
             eo.max_sequences = 12;
-            auto engine = make_engine(o.out_dir, eo);
+            auto engine = make_engine(dir, eo);
             std::vector<std::vector<int>> ps = prompts(engine->config().vocab_size);
             for (size_t i = 0; i < 6; i++) ps.push_back(std::vector<int>(ps[i].begin(), ps[i].end() - (ps[i].size() > 1 ? 1 : 0)));
             // Act-order experts run one by one: alone through the GEMV, in the batch through the GEMM on several rows,

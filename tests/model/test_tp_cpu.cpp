@@ -94,16 +94,8 @@ class TensorParallelCpuQuant : public ::testing::TestWithParam<QuantCase> {};
 
 TEST_P(TensorParallelCpuQuant, LogitsEqualOneRank) {
     const QuantCase & q = GetParam();
-    SynthOptions o;
-    o.preset = "tiny-qwen2";
-    o.out_dir = test::temp_dir("tp-" + q.kind + "-g" + std::to_string(q.group) + (q.desc_act ? "-act" : ""));
-    o.seed = 5;
-    o.quiet = true;
-    o.quant.kind = q.kind;
-    o.quant.group_size = q.group;
-    o.quant.desc_act = q.desc_act;
-    synthesize(o);
-    expect_logits_equal_one_rank(o.out_dir, 2);
+    const std::string name = "tp-" + q.kind + "-g" + std::to_string(q.group) + (q.desc_act ? "-act" : "");
+    expect_logits_equal_one_rank(test::synth_quant(name, "tiny-qwen2", q.kind, q.group, q.desc_act, 5), 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, TensorParallelCpuQuant,
@@ -118,16 +110,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, TensorParallelCpuQuant,
 // An act-order down_proj is split by whole groups: each rank's down slice has no g_idx and holds, in group order, the
 // channels of its groups; its gate/up rows are those channels. Checked on the dequantized weights, exactly.
 TEST(TensorParallelCpuActOrder, DownSplitByGroups) {
-    SynthOptions o;
-    o.preset = "tiny-qwen2";
-    o.out_dir = test::temp_dir("tp-act-shard");
-    o.seed = 9;
-    o.quiet = true;
-    o.quant.kind = "gptq-int4";
-    o.quant.group_size = 32;
-    o.quant.desc_act = true;
-    synthesize(o);
-    const std::unique_ptr<Model> full = load_model(o.out_dir, LoadOptions{});
+    const std::unique_ptr<Model> full = load_model(test::synth_quant("tp-act-shard", "tiny-qwen2", "gptq-int4", 32, true, 9), LoadOptions{});
     const MlpWeights & m = full->weights.layers[0].mlp;
     ASSERT_TRUE(has_act_order(m.down_proj));
     const int I = full->config.intermediate_size, H = full->config.hidden_size, G = 32;
