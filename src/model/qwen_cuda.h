@@ -23,6 +23,7 @@
 #include "model/prefill_chunk.h"
 #include "model/quant_repack.h"
 #include "model/rope.h"
+#include "model/tp_plan.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
@@ -164,10 +165,6 @@ struct RankPlace {
     DeviceCollective * link = nullptr;  // null: the whole model on one GPU
 };
 
-// Tensor parallel decode steps of up to this many rows compute the logits of their rank's share of the vocabulary
-// (lm_head is whole on every rank) and all-gather them: a rank reads 1/ranks of lm_head (7B: 0.55 of 1.09 GB) for an
-// all-gather of rows x vocab fp32. Larger steps (continuous batching) compute every logit on every rank.
-constexpr int k_tp_split_logits_rows = 16;
 
 class CudaQwenEngine : public Engine {
 public:

@@ -106,9 +106,14 @@ static int print_tp_plan(const ModelConfig & c, int tp) {
                     s.vocab0 + s.n_vocab - 1, s.n_vocab);
     }
     std::printf("heads go as whole GQA groups (%d query heads a KV head)%s; q/k/v and gate/up split by output, o_proj and down by\n"
-                "input (one all-reduce after each); embedding and lm_head by vocabulary rows on the CPU backend, whole on every GPU\n",
+                "input (one all-reduce after each); embedding and lm_head by vocabulary rows on the CPU backend, whole on every GPU\n"
+                "(decode steps of up to %d rows compute each rank's vocabulary rows and gather the logits)\n",
                 c.num_attention_heads / c.num_key_value_heads,
-                tp > c.num_key_value_heads ? ", each KV head held by the ranks that split its group" : "");
+                tp > c.num_key_value_heads ? ", each KV head held by the ranks that split its group" : "", k_tp_split_logits_rows);
+    if (down.quantized() && down.desc_act) {
+        std::printf("act-order GPTQ: each rank's intermediate columns are the channels of its whole quantization groups (down_proj's\n"
+                    "g_idx), and on the GPUs o_proj stays whole on every rank over the gathered heads (an all-gather, no all-reduce)\n");
+    }
     return 0;
 }
 
