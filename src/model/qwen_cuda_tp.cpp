@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
@@ -127,6 +128,8 @@ public:
     }
     ~CudaTpEngine() override {
         watchdog_.reset();
+        // An abort under way: give it a while to finish before the process may exit under it.
+        for (int i = 0; broken_ && !*aborted_ && i < 1000; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
         // Each rank's graphs, streams and buffers go on its own device.
         try {
             workers_.run_all([&](size_t r) {
@@ -284,8 +287,9 @@ private:
                 comm = nullptr;
             }
         }
-        std::thread([doomed] {
+        std::thread([doomed, done = aborted_] {
             for (ncclComm_t comm : doomed) ncclCommAbort(comm);
+            *done = true;
         }).detach();
     }
     // The watchdog's probe: the first rank's asynchronous NCCL error ("": none).
@@ -325,6 +329,7 @@ private:
     std::vector<std::unique_ptr<CudaQwenEngine>> ranks_;
     RankWorkers workers_;
     std::atomic<bool> broken_{false};
+    std::shared_ptr<std::atomic<bool>> aborted_ = std::make_shared<std::atomic<bool>>(false);  // the abort's ncclCommAbort calls returned
     std::mutex abort_mu_;          // comms_ (aborted, polled, published), abort_reason_
     std::string abort_reason_;     // why the watchdog aborted ("": a rank failed, its own error says why)
     const double timeout_s_ = read_env().tp_timeout_s;
