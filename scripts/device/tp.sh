@@ -25,5 +25,5 @@ for spec in ${TPAR_SPECS:-qwen2.5-7b:bf16:1:1:dummy qwen2.5-7b:bf16:1:2:dummy}; 
     [ "${load:-dummy}" = dummy ] && load_args=(--load-format dummy)
     echo "== $spec" | tee -a "$OUT/tp.log"
     timeout -k 10 "${TPAR_TIMEOUT:-400}" "$Q" bench --preset "$p" --quant "$q" --input-lens "$lens" --tp "$ranks" --gen "${TPAR_GEN:-2048}" \
-        "${load_args[@]}" --json "$OUT/tp-${spec//[:,]/-}.json" 2>&1 | grep -E "^\| [^M-]|^card|error|rror" | tee -a "$OUT/tp.log"
+        "${load_args[@]}" --json "$OUT/tp-${spec//[:,]/-}.json" 2>&1 | grep -E "^\| [^M-]|^card|^tensor parallel:|error|rror" | tee -a "$OUT/tp.log"
 done

@@ -18,6 +18,7 @@
 // the process with the reason.
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -103,7 +104,9 @@ public:
         : tp_(opt.tp), local_(opt.tp / std::max(1, opt.nnodes)), rank0_(opt.node_rank * local_),
           workers_(local_, std::max(1, (opt.threads > 0 ? opt.threads : max_threads()) / local_)) {
         check_placement(dir, opt);
+        const auto t0 = std::chrono::steady_clock::now();
         full_ = load_model(dir, load_options(opt));
+        const auto t1 = std::chrono::steady_clock::now();
         const ModelConfig & c = full_->config;
         // Bf16 kernels want 16-wide blocks of the intermediate dimension; quantized ones whole groups.
         const int align = tp_inter_align(*full_, k_tp_gpu_inter_align);
@@ -116,6 +119,7 @@ public:
         watchdog_->begin("connecting the ranks (rendezvous, NCCL initialisation)", k_rendezvous_timeout_s + 60);
         init_comms(opt);
         watchdog_->end();
+        const auto t2 = std::chrono::steady_clock::now();
         for (ncclComm_t comm : comms_) links_.push_back(std::make_unique<NcclLink>(comm, gate_));
         owned_.resize(static_cast<size_t>(local_));
         ranks_.resize(static_cast<size_t>(local_));
@@ -125,6 +129,9 @@ public:
             keep_act_order_o_proj_whole(*full_, *shard);
             ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(l), rank, tp_, links_[l].get()});
         }, /*quiet_followers=*/true, /*watched=*/false);
+        const auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+        std::fprintf(stderr, "tensor parallel: weights in host memory in %.1f s, ranks connected in %.1f s, shards split, repacked and uploaded in %.1f s\n",
+                     seconds(t0, t1), seconds(t1, t2), seconds(t2, std::chrono::steady_clock::now()));
     }
     ~CudaTpEngine() override {
         watchdog_.reset();
