@@ -53,6 +53,14 @@ void splittable(const Linear & l, int at, int n, int multiple, const char * what
     }
 }
 
+// Input rows [c0, c0 + n) of a grouped quantized projection must hold whole groups (the last part: what remains).
+void check_whole_groups(const Linear & l, int c0, int n) {
+    const int K = l.in_features, G = l.scheme.group(K);
+    if (c0 % G != 0 || (n % G != 0 && c0 + n != K)) {
+        QINFER_FAIL() << "tensor parallel: " << l.qweight.name << "'s input rows [" << c0 << ", " << c0 + n << ") cut its groups of " << G;
+    }
+}
+
 // Output rows [r0, r0 + n) of a projection (and of its bias): column-parallel. A quantized one takes its columns of
 // qweight, qzeros and scales (g_idx, along K, stays whole).
 Linear split_out(const Linear & l, int r0, int n, std::vector<std::vector<uint8_t>> & owned) {
@@ -92,9 +100,7 @@ Linear split_in(const Linear & l, int c0, int n, int rank, std::vector<std::vect
     if (has_act_order(l)) {
         s.g_idx = rows(l.g_idx, c0, n);
     } else if (l.scheme.group_size > 0) {
-        if (c0 % G != 0 || (n % G != 0 && c0 + n != K)) {
-            QINFER_FAIL() << "tensor parallel: " << l.qweight.name << "'s input rows [" << c0 << ", " << c0 + n << ") cut its groups of " << G;
-        }
+        check_whole_groups(l, c0, n);
         s.scales = rows(l.scales, c0 / G, (n + G - 1) / G);
         s.qzeros = rows(l.qzeros, c0 / G, (n + G - 1) / G);
     }
@@ -107,12 +113,6 @@ Linear split_in(const Linear & l, int c0, int n, int rank, std::vector<std::vect
 // those output rows, down_proj those input rows, so the rank's down slice is an ordinary grouped matrix (its groups in
 // order, g_idx dropped) and its intermediate activations line up with it. The rank holds as many channels as a
 // contiguous cut would.
-
-// Field i of `bits`-wide fields packed LSB first in 32-bit words.
-uint32_t field(const uint32_t * words, size_t i, int bits) {
-    const int per_word = 32 / bits;
-    return (words[i / size_t(per_word)] >> (bits * int(i % size_t(per_word)))) & ((1u << bits) - 1u);
-}
 
 // The channels of groups [g0, g1) of an act-order linear, in (group, channel) order; every group must hold its
 // group size (the last one: what remains).
@@ -176,7 +176,11 @@ Linear select_out(const Linear & l, const std::vector<int> & pick, std::vector<s
     uint32_t * out = reinterpret_cast<uint32_t *>(buf.data());
     const uint32_t * z = static_cast<const uint32_t *>(l.qzeros.data);
     for (int g = 0; g < groups; g++) {
-        for (int i = 0; i < n; i++) out[size_t(g) * (n / per_word) + size_t(i / per_word)] |= field(z + size_t(g) * words_in, size_t(pick[size_t(i)]), bits) << (bits * (i % per_word));
+        const uint32_t * row = z + size_t(g) * size_t(words_in);
+        for (int i = 0; i < n; i++) {
+            out[size_t(g) * (n / per_word) + size_t(i / per_word)] |= packed_field(bits, pick[size_t(i)], [&](int64_t w) { return row[w]; })
+                                                                     << (bits * (i % per_word));
+        }
     }
     s.qzeros = l.qzeros;
     s.qzeros.data = buf.data();
@@ -197,8 +201,7 @@ Linear select_in(const Linear & l, const std::vector<int> & pick, int g0, int ra
     const uint32_t * q = static_cast<const uint32_t *>(l.qweight.data);
     parallel_for(N, [&](int64_t c) {
         for (int j = 0; j < n; j++) {
-            const int k = pick[size_t(j)];
-            const uint32_t v = (q[size_t(k / per_word) * size_t(N) + size_t(c)] >> (bits * (k % per_word))) & ((1u << bits) - 1u);
+            const uint32_t v = packed_field(bits, pick[size_t(j)], [&](int64_t w) { return q[size_t(w) * size_t(N) + size_t(c)]; });
             out[size_t(j / per_word) * size_t(N) + size_t(c)] |= v << (bits * (j % per_word));
         }
     });
@@ -215,9 +218,7 @@ MlpWeights split_mlp(const MlpWeights & m, int i0, int n, int rank, std::vector<
     const Linear & down = m.down_proj;
     if (down.quantized() && gptq(down) && has_act_order(down)) {
         const int G = down.scheme.group(down.in_features);
-        if (i0 % G != 0 || (n % G != 0 && i0 + n != down.in_features)) {  // tp_inter_align cuts on whole groups
-            QINFER_FAIL() << "tensor parallel: " << down.qweight.name << "'s input rows [" << i0 << ", " << i0 + n << ") cut its groups of " << G;
-        }
+        check_whole_groups(down, i0, n);  // tp_inter_align cuts on whole groups
         const std::vector<int> pick = group_channels(down, i0 / G, (i0 + n + G - 1) / G);
         s.gate_proj = select_out(m.gate_proj, pick, owned);
         s.up_proj = select_out(m.up_proj, pick, owned);
