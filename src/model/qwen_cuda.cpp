@@ -566,18 +566,23 @@ void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf1
 
 const bf16 * CudaQwenEngine::o_input(const DevLayer & L, int rows) {
     if (!L.o_whole) return attn_.as<bf16>();
-    const size_t q = size_t(model_->config.q_dim()), n = size_t(rows) * q;
-    bf16 * gathered = rows == 1 ? heads_.as<bf16>() : heads_gather_.as<bf16>();  // one row: [ranks, q] is the row
-    place_.link->all_gather(attn_.get(), gathered, n, false, stream_);
-    if (rows > 1) {
-        // [ranks, rows, q] -> [rows, ranks q]: each rank's heads are a column block.
-        for (int r = 0; r < place_.ranks; r++) {
-            CUDA_CHECK(cudaMemcpy2DAsync(heads_.as<bf16>() + size_t(r) * q, size_t(place_.ranks) * q * sizeof(bf16), gathered + size_t(r) * n,
-                                         q * sizeof(bf16), q * sizeof(bf16), size_t(rows), cudaMemcpyDeviceToDevice, stream_));
-        }
-    }
+    gather_col_blocks(attn_.get(), rows, size_t(model_->config.q_dim()), false, heads_gather_.get(), heads_.get());
     prof_.mark("heads all-gather");
     return heads_.as<bf16>();
+}
+
+void CudaQwenEngine::gather_col_blocks(const void * mine, int rows, size_t cols, bool f32, void * scratch, void * out) {
+    const size_t e = f32 ? 4 : 2, n = size_t(rows) * cols;
+    if (rows == 1) {
+        place_.link->all_gather(mine, out, n, f32, stream_);  // one row: [ranks, cols] is the row
+        return;
+    }
+    place_.link->all_gather(mine, scratch, n, f32, stream_);
+    for (int r = 0; r < place_.ranks; r++) {
+        CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char *>(out) + size_t(r) * cols * e, size_t(place_.ranks) * cols * e,
+                                     static_cast<const char *>(scratch) + size_t(r) * n * e, cols * e, cols * e, size_t(rows),
+                                     cudaMemcpyDeviceToDevice, stream_));
+    }
 }
 
 void CudaQwenEngine::reduce(float * x, size_t n) {

@@ -165,7 +165,6 @@ struct RankPlace {
     DeviceCollective * link = nullptr;  // null: the whole model on one GPU
 };
 
-
 class CudaQwenEngine : public Engine {
 public:
     CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions & opt, RankPlace place = {});
@@ -244,6 +243,9 @@ private:
     // o_proj's input for `rows` rows: this rank's attention output, or under L.o_whole every rank's gathered into
     // heads_ (bf16 [rows, L.o.k]; rank r's heads are its r-th column block).
     const bf16 * o_input(const DevLayer & L, int rows);
+    // Tensor parallel: every rank's `mine` ([rows, cols], fp32 or bf16) as the r-th column block of out
+    // [rows, ranks cols], through scratch [ranks, rows, cols] for more than one row (mine may lie in its block of it).
+    void gather_col_blocks(const void * mine, int rows, size_t cols, bool f32, void * scratch, void * out);
     bool split_logits(int B) const {
         return place_.link && B <= k_tp_split_logits_rows && model_->config.vocab_size % place_.ranks == 0;
     }

@@ -184,17 +184,7 @@ void CudaQwenEngine::decode_logits(int B, bool fused, const float * x, bf16 * xn
     }
     prof_.mark("lm_head gemv");
     if (!split) return;
-    if (B == 1) {
-        place_.link->all_gather(y, logits_.as<float>(), size_t(V), true, stream_);
-    } else {
-        // [ranks, B, V] -> [B, ranks V]: each rank's chunk is a column block of the logits.
-        place_.link->all_gather(y, logits_gather_.as<float>(), size_t(B) * V, true, stream_);
-        for (int r = 0; r < place_.ranks; r++) {
-            CUDA_CHECK(cudaMemcpy2DAsync(logits_.as<float>() + size_t(r) * V, size_t(cfg.vocab_size) * sizeof(float),
-                                         logits_gather_.as<float>() + size_t(r) * B * V, size_t(V) * sizeof(float), size_t(V) * sizeof(float),
-                                         size_t(B), cudaMemcpyDeviceToDevice, stream_));
-        }
-    }
+    gather_col_blocks(y, B, size_t(V), true, logits_gather_.get(), logits_.get());
     prof_.mark("logits all-gather");
 }
 
