@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/cuda/cuda_check.h"
@@ -31,6 +32,40 @@ struct Message {
     size_t count;
     bool f32;
 };
+
+// Microseconds a call of `call` takes on stream s: issued eagerly (first) and replayed in a CUDA graph of reps calls.
+std::pair<double, double> time_calls(const std::function<void()> & call, cudaStream_t s, int reps) {
+    for (int i = 0; i < 20; i++) call();  // warm-up
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventRecord(e0, s));
+    for (int i = 0; i < reps; i++) call();
+    CUDA_CHECK(cudaEventRecord(e1, s));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    const double eager = ms * 1e3 / reps;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < reps; i++) call();
+    CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    CUDA_CHECK(cudaGraphLaunch(ge, s));  // warm-up
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaEventRecord(e0, s));
+    CUDA_CHECK(cudaGraphLaunch(ge, s));
+    CUDA_CHECK(cudaEventRecord(e1, s));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaGraphExecDestroy(ge));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return {eager, ms * 1e3 / reps};
+}
 
 }  // namespace
 
@@ -67,7 +102,9 @@ int cmd_bench_allreduce(int argc, char ** argv) {
     for (const Message & m : msgs) max_bytes = std::max(max_bytes, m.count * (m.f32 ? 4 : 2));
     RankWorkers workers(tp, 1);
     std::vector<cudaStream_t> streams(static_cast<size_t>(tp));
-    std::vector<void *> bufs(static_cast<size_t>(tp));
+    std::vector<void *> bufs(static_cast<size_t>(tp)), wbufs(static_cast<size_t>(tp));
+    std::vector<ncclWindow_t> wins(static_cast<size_t>(tp));
+    const size_t wbytes = (max_bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
     auto on_ranks = [&](const std::function<void(size_t)> & fn) {
         workers.run_all([&](size_t r) {
             CUDA_CHECK(cudaSetDevice(int(r)));
@@ -78,58 +115,46 @@ int cmd_bench_allreduce(int argc, char ** argv) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
         CUDA_CHECK(cudaMalloc(&bufs[r], max_bytes));
         CUDA_CHECK(cudaMemset(bufs[r], 0, max_bytes));
+        NCCL_CHECK(ncclMemAlloc(&wbufs[r], wbytes));
+        NCCL_CHECK(ncclCommWindowRegister(comms[r], wbufs[r], wbytes, &wins[r], NCCL_WIN_COLL_SYMMETRIC));
+        CUDA_CHECK(cudaMemset(wbufs[r], 0, wbytes));
     });
+    const bool windows = std::all_of(wins.begin(), wins.end(), [](ncclWindow_t w) { return w != nullptr; });
+    if (!windows) std::printf("(NCCL left the symmetric windows unregistered: no symmetric kernels between these GPUs)\n");
     const SystemInfo sys = system_info(true);
     std::printf("all-reduce over %d x %s (NCCL %d.%d.%d, NVLS off), %d calls a figure\n\n", tp, sys.card.c_str(), NCCL_MAJOR, NCCL_MINOR,
                 NCCL_PATCH, reps);
-    std::printf("| message | dtype | bytes | eager us | in graph us | algbw GB/s | busbw GB/s |\n|---|---|---:|---:|---:|---:|---:|\n");
+    std::printf("| message | dtype | bytes | eager us | in graph us | window, in graph us | algbw GB/s | busbw GB/s |\n"
+                "|---|---|---:|---:|---:|---:|---:|---:|\n");
     json out = json::array();
     for (const Message & m : msgs) {
         const ncclDataType_t type = m.f32 ? ncclFloat32 : ncclBfloat16;
-        std::vector<double> eager(static_cast<size_t>(tp)), graphed(static_cast<size_t>(tp));
+        std::vector<double> eager(static_cast<size_t>(tp)), graphed(static_cast<size_t>(tp)), windowed(static_cast<size_t>(tp));
         on_ranks([&](size_t r) {
             cudaStream_t s = streams[r];
-            auto call = [&] { NCCL_CHECK(ncclAllReduce(bufs[r], bufs[r], m.count, type, ncclSum, comms[r], s)); };
-            for (int i = 0; i < 20; i++) call();  // warm-up
-            CUDA_CHECK(cudaStreamSynchronize(s));
-            cudaEvent_t e0, e1;
-            CUDA_CHECK(cudaEventCreate(&e0));
-            CUDA_CHECK(cudaEventCreate(&e1));
-            CUDA_CHECK(cudaEventRecord(e0, s));
-            for (int i = 0; i < reps; i++) call();
-            CUDA_CHECK(cudaEventRecord(e1, s));
-            CUDA_CHECK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            eager[r] = ms * 1e3 / reps;
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            for (int i = 0; i < reps; i++) call();
-            CUDA_CHECK(cudaStreamEndCapture(s, &g));
-            CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-            CUDA_CHECK(cudaGraphLaunch(ge, s));  // warm-up
-            CUDA_CHECK(cudaStreamSynchronize(s));
-            CUDA_CHECK(cudaEventRecord(e0, s));
-            CUDA_CHECK(cudaGraphLaunch(ge, s));
-            CUDA_CHECK(cudaEventRecord(e1, s));
-            CUDA_CHECK(cudaEventSynchronize(e1));
-            CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            graphed[r] = ms * 1e3 / reps;
-            CUDA_CHECK(cudaGraphExecDestroy(ge));
-            CUDA_CHECK(cudaGraphDestroy(g));
-            cudaEventDestroy(e0);
-            cudaEventDestroy(e1);
+            std::tie(eager[r], graphed[r]) =
+                time_calls([&] { NCCL_CHECK(ncclAllReduce(bufs[r], bufs[r], m.count, type, ncclSum, comms[r], s)); }, s, reps);
+            if (windows) {
+                windowed[r] = time_calls([&] { NCCL_CHECK(ncclAllReduce(wbufs[r], wbufs[r], m.count, type, ncclSum, comms[r], s)); }, s, reps).second;
+            }
         });
         const size_t bytes = m.count * (m.f32 ? 4 : 2);
         const double us = *std::max_element(eager.begin(), eager.end()), gus = *std::max_element(graphed.begin(), graphed.end());
+        const double wus = *std::max_element(windowed.begin(), windowed.end());
         const double algbw = bytes / (us * 1e-6) / 1e9, busbw = algbw * 2.0 * (tp - 1) / tp;
-        std::printf("| %s | %s | %zu | %.1f | %.1f | %.2f | %.2f |\n", m.what.c_str(), m.f32 ? "fp32" : "bf16", bytes, us, gus, algbw, busbw);
-        out.push_back({{"message", m.what}, {"dtype", m.f32 ? "fp32" : "bf16"}, {"bytes", bytes}, {"eager_us", us}, {"graph_us", gus},
-                       {"algbw_gbs", algbw}, {"busbw_gbs", busbw}});
+        char wtext[32] = "-";
+        if (windows) std::snprintf(wtext, sizeof wtext, "%.1f", wus);
+        std::printf("| %s | %s | %zu | %.1f | %.1f | %s | %.2f | %.2f |\n", m.what.c_str(), m.f32 ? "fp32" : "bf16", bytes, us, gus, wtext,
+                    algbw, busbw);
+        json row = {{"message", m.what}, {"dtype", m.f32 ? "fp32" : "bf16"}, {"bytes", bytes}, {"eager_us", us}, {"graph_us", gus},
+                    {"algbw_gbs", algbw}, {"busbw_gbs", busbw}};
+        if (windows) row["window_graph_us"] = wus;
+        out.push_back(row);
     }
     on_ranks([&](size_t r) {
         cudaFree(bufs[r]);
+        if (wins[r]) ncclCommWindowDeregister(comms[r], wins[r]);
+        ncclMemFree(wbufs[r]);
         cudaStreamDestroy(streams[r]);
     });
     for (ncclComm_t c : comms) ncclCommDestroy(c);

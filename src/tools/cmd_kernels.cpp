@@ -45,10 +45,14 @@ struct ProjShape {
     int n, k;
 };
 
-// The layer projections of Qwen2.5-7B and -0.5B (q/k/v and gate/up stacked as the engine stacks them).
-const ProjShape k_shapes[] = {{"7b", "qkv", 4608, 3584},   {"7b", "o_proj", 3584, 3584},  {"7b", "gate_up", 37888, 3584},
-                              {"7b", "down", 3584, 18944}, {"0.5b", "qkv", 1152, 896},    {"0.5b", "o_proj", 896, 896},
-                              {"0.5b", "gate_up", 9728, 896}, {"0.5b", "down", 896, 4864}};
+// The layer projections of Qwen2.5-7B and -0.5B (q/k/v and gate/up stacked as the engine stacks them), and of
+// Qwen2.5-72B whole (72b) and as one rank of `--tp 2` holds it (72b-tp2: half the heads and intermediate columns).
+const ProjShape k_shapes[] = {{"7b", "qkv", 4608, 3584},        {"7b", "o_proj", 3584, 3584},      {"7b", "gate_up", 37888, 3584},
+                              {"7b", "down", 3584, 18944},      {"0.5b", "qkv", 1152, 896},        {"0.5b", "o_proj", 896, 896},
+                              {"0.5b", "gate_up", 9728, 896},   {"0.5b", "down", 896, 4864},       {"72b", "qkv", 10240, 8192},
+                              {"72b", "o_proj", 8192, 8192},    {"72b", "gate_up", 59136, 8192},   {"72b", "down", 8192, 29568},
+                              {"72b-tp2", "qkv", 5120, 8192},   {"72b-tp2", "o_proj", 8192, 4096}, {"72b-tp2", "gate_up", 29568, 8192},
+                              {"72b-tp2", "down", 8192, 14784}};
 
 struct Format {
     const char * name;
@@ -217,7 +221,7 @@ int run_kernels(const Args & a) {
 int cmd_bench_kernels(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
-            std::printf("usage: qinfer bench --kernels [--models 7b,0.5b] [--formats int4-g128,int8-g128] [--projs qkv,o_proj,gate_up,down]\n"
+            std::printf("usage: qinfer bench --kernels [--models 7b,0.5b (also 72b, 72b-tp2)] [--formats int4-g128,int8-g128] [--projs qkv,o_proj,gate_up,down]\n"
                         "                            [--m 1,2,4,...,512] [--reps 50] [--json FILE]\n"
                         "Times each quantized projection kernel (GEMV, mma GEMM, wgmma GEMM, dequantize + cuBLASLt) of Qwen2.5's\n"
                         "layer shapes against bf16 weights of the same shape, for each m; marks the one the engine picks. GPU only.\n");
