@@ -39,7 +39,9 @@ for _ in $(seq 60); do
     sleep 1
 done
 sleep 3
-kill -9 "${pids[1]}"
+# pids[1] is node 1's `timeout`: the qinfer process under it is what must die (killing timeout alone left it running,
+# call 1 of 2026-11-30, and both nodes ran on).
+pkill -KILL -P "${pids[1]}"
 t_kill=$(date +%s)
 wait "${pids[0]}"
 rc0=$?

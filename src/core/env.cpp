@@ -28,6 +28,7 @@ EnvSettings read_env() {
     s.profile = std::getenv("QINFER_PROFILE") != nullptr;
     const int ks = integer("QINFER_QKS");
     s.qgemv_k_parts = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
+    s.qgemv_ks_rule = str("QINFER_QKS_RULE") == "0" ? 0 : 1;
     const int chunk = integer("QINFER_PREFILL_CHUNK");
     s.prefill_chunk = chunk >= 128 && chunk % 128 == 0 ? chunk : 0;
     s.tp_window = str("QINFER_TP_WINDOW") != "0";
@@ -47,7 +48,7 @@ std::string env_knobs_json() {
     const EnvSettings & e = env();
     return "{\"QINFER_PROFILE\": " + std::string(e.profile ? "true" : "false") + ", \"QINFER_QKS\": " + std::to_string(e.qgemv_k_parts) +
            ", \"QINFER_PREFILL_CHUNK\": " + std::to_string(e.prefill_chunk) +
-           ", \"QINFER_TP_WINDOW\": " + std::string(e.tp_window ? "1" : "0") + "}";
+           ", \"QINFER_TP_WINDOW\": " + std::string(e.tp_window ? "1" : "0") + ", \"QINFER_QKS_RULE\": " + std::to_string(e.qgemv_ks_rule) + "}";
 }
 
 }  // namespace qinfer

@@ -181,7 +181,23 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & part
 
 // Quantized parts repacked as one matrix, stacked along rows (tile: the tensor-core layout where the format has one).
 DevLinear CudaQwenEngine::upload_stacked(const std::vector<const Linear *> & parts, bool tile, uint64_t * done, Progress & bar) {
-    DevLinear l = upload_repacked(repack_quant(parts, tile));
+    // Dummy weights share their quantized tensors between layers: each distinct stack is repacked once (the memo
+    // lives while the engine loads). Each layer still gets its own device copy.
+    std::vector<const void *> key{reinterpret_cast<const void *>(uintptr_t(tile))};
+    for (const Linear * p : parts) {
+        for (const Weight * w : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->g_idx, &p->absmax}) key.push_back(w->present() ? w->data : nullptr);
+    }
+    const RepackedQuant * r = nullptr;
+    RepackedQuant fresh;
+    if (model_->dummy) {
+        auto it = repack_memo_.find(key);
+        if (it == repack_memo_.end()) it = repack_memo_.emplace(key, repack_quant(parts, tile)).first;
+        r = &it->second;
+    } else {
+        fresh = repack_quant(parts, tile);
+        r = &fresh;
+    }
+    DevLinear l = upload_repacked(*r);
     for (const Linear * p : parts) {
         for (const Weight * w : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->g_idx, &p->absmax}) {
             if (w->present()) *done += w->nbytes();
@@ -309,6 +325,7 @@ void CudaQwenEngine::upload_weights() {
         lm_head_ = lm_head_storage_.as<bf16>();
     }
     bar.finish();
+    repack_memo_.clear();
     inv_freq_ = DeviceBuffer(rope_.inv_freq.size() * sizeof(float), "rope");
     CUDA_CHECK(cudaMemcpy(inv_freq_.get(), rope_.inv_freq.data(), rope_.inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
 }

@@ -198,6 +198,8 @@ private:
     DevLinear upload_dense(const std::vector<const Weight *> & parts, uint64_t * done, Progress & bar);
     DevLinear upload_linear(const std::vector<const Linear *> & parts, uint64_t * done, Progress & bar);
     DevLinear upload_stacked(const std::vector<const Linear *> & parts, bool tile, uint64_t * done, Progress & bar);
+    // While loading dummy weights: each distinct stack of quantized parts repacked once (by the parts' tensor addresses).
+    std::map<std::vector<const void *>, RepackedQuant> repack_memo_;
     DevMlp upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar);
     void upload_quant_experts(const MoeWeights & m, DevLayer & D, uint64_t * done, Progress & bar);
     void reset_cache(int n_sequences, int tokens_per_sequence);

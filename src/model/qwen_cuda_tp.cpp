@@ -371,7 +371,7 @@ private:
     const int local_;   // ranks (GPUs 0..local_ - 1) of this node
     const int rank0_;   // this node's first rank
     std::unique_ptr<Model> full_;
-    std::vector<std::vector<std::vector<uint8_t>>> owned_;  // per rank: column slices of its weights
+    std::vector<ShardBuffers> owned_;  // per rank: column slices of its weights
     std::vector<ncclComm_t> comms_;
     CommGate gate_;
     std::vector<std::unique_ptr<NcclLink>> links_;

@@ -27,15 +27,21 @@ Weight rows(const Weight & w, int64_t r0, int64_t n) {
     return s;
 }
 
-// Columns [c0, c0 + n) of a 2-D tensor: a copy kept in `owned`.
-Weight cols(const Weight & w, int64_t c0, int64_t n, std::vector<std::vector<uint8_t>> & owned) {
+// Columns [c0, c0 + n) of a 2-D tensor: a copy kept in `owned`, made once per source tensor and range.
+Weight cols(const Weight & w, int64_t c0, int64_t n, ShardBuffers & owned) {
     QINFER_CHECK(w.shape.size() == 2 && c0 >= 0 && c0 + n <= w.shape[1]) << "tensor parallel: columns " << c0 << "+" << n << " of " << w.name;
     const size_t e = dtype_size(w.dtype), R = size_t(w.shape[0]), C = size_t(w.shape[1]);
-    std::vector<uint8_t> & buf = owned.emplace_back(R * size_t(n) * e);
-    for (size_t r = 0; r < R; r++) std::memcpy(buf.data() + r * size_t(n) * e, static_cast<const uint8_t *>(w.data) + (r * C + size_t(c0)) * e, size_t(n) * e);
     Weight s = w;
-    s.data = buf.data();
     s.shape[1] = n;
+    const ShardBuffers::Key key{w.data, int64_t(R), int64_t(C * e), c0 * int64_t(e), n * int64_t(e)};
+    if (auto it = owned.cols_memo.find(key); it != owned.cols_memo.end()) {
+        s.data = it->second;
+        return s;
+    }
+    std::vector<uint8_t> & buf = owned.copies.emplace_back(R * size_t(n) * e);
+    for (size_t r = 0; r < R; r++) std::memcpy(buf.data() + r * size_t(n) * e, static_cast<const uint8_t *>(w.data) + (r * C + size_t(c0)) * e, size_t(n) * e);
+    s.data = buf.data();
+    owned.cols_memo.emplace(key, buf.data());
     return s;
 }
 
@@ -63,7 +69,7 @@ void check_whole_groups(const Linear & l, int c0, int n) {
 
 // Output rows [r0, r0 + n) of a projection (and of its bias): column-parallel. A quantized one takes its columns of
 // qweight, qzeros and scales (g_idx, along K, stays whole).
-Linear split_out(const Linear & l, int r0, int n, std::vector<std::vector<uint8_t>> & owned) {
+Linear split_out(const Linear & l, int r0, int n, ShardBuffers & owned) {
     Linear s = l;
     s.bias = rows(l.bias, r0, n);
     s.out_features = n;
@@ -82,7 +88,7 @@ Linear split_out(const Linear & l, int r0, int n, std::vector<std::vector<uint8_
 // Input columns [c0, c0 + n) of a projection: row-parallel; its bias added by rank 0 alone (the partial sums meet in
 // the all-reduce). A quantized one takes its rows of qweight; with g_idx (act-order or not) its slice of g_idx and the
 // whole scales and zeros (the channels keep their checkpoint groups), else its groups' rows of them.
-Linear split_in(const Linear & l, int c0, int n, int rank, std::vector<std::vector<uint8_t>> & owned) {
+Linear split_in(const Linear & l, int c0, int n, int rank, ShardBuffers & owned) {
     Linear s = l;
     if (rank != 0) s.bias = Weight();
     s.in_features = n;
@@ -137,14 +143,14 @@ std::vector<int> group_channels(const Linear & l, int g0, int g1) {
 }
 
 // Output rows `pick` of a projection (and of its bias), in that order: a copy.
-Linear select_out(const Linear & l, const std::vector<int> & pick, std::vector<std::vector<uint8_t>> & owned) {
+Linear select_out(const Linear & l, const std::vector<int> & pick, ShardBuffers & owned) {
     const int n = int(pick.size());
     // Elements `pick` of each row of a 2-D tensor [R, C] (columns), or rows `pick` of it (rows).
     const auto gather = [&](const Weight & w, bool by_rows) {
         if (!w.present()) return w;
         const size_t e = dtype_size(w.dtype), R = size_t(w.shape[0]), C = w.shape.size() > 1 ? size_t(w.shape[1]) : 1;
         const uint8_t * src = static_cast<const uint8_t *>(w.data);
-        std::vector<uint8_t> & buf = owned.emplace_back((by_rows ? C : R) * size_t(n) * e);
+        std::vector<uint8_t> & buf = owned.copies.emplace_back((by_rows ? C : R) * size_t(n) * e);
         for (size_t i = 0; i < size_t(n); i++) {
             if (by_rows) {
                 std::memcpy(buf.data() + i * C * e, src + size_t(pick[i]) * C * e, C * e);
@@ -172,7 +178,7 @@ Linear select_out(const Linear & l, const std::vector<int> & pick, std::vector<s
     // qzeros [groups, N / per_word]: fields along N.
     const int bits = l.scheme.bits, per_word = 32 / bits, groups = int(l.qzeros.shape[0]);
     const int64_t words_in = l.qzeros.shape[1];
-    std::vector<uint8_t> & buf = owned.emplace_back(size_t(groups) * size_t(n / per_word) * 4);
+    std::vector<uint8_t> & buf = owned.copies.emplace_back(size_t(groups) * size_t(n / per_word) * 4);
     uint32_t * out = reinterpret_cast<uint32_t *>(buf.data());
     const uint32_t * z = static_cast<const uint32_t *>(l.qzeros.data);
     for (int g = 0; g < groups; g++) {
@@ -190,13 +196,13 @@ Linear select_out(const Linear & l, const std::vector<int> & pick, std::vector<s
 
 // Input rows `pick` of an act-order GPTQ projection, which are the channels of its groups [g0, ...) in group order:
 // qweight's fields gathered, the groups' rows of scales and zeros, g_idx dropped (its groups are now in order).
-Linear select_in(const Linear & l, const std::vector<int> & pick, int g0, int rank, std::vector<std::vector<uint8_t>> & owned) {
+Linear select_in(const Linear & l, const std::vector<int> & pick, int g0, int rank, ShardBuffers & owned) {
     const int n = int(pick.size()), bits = l.scheme.bits, per_word = 32 / bits, G = l.scheme.group(l.in_features);
     Linear s = l;
     if (rank != 0) s.bias = Weight();
     s.in_features = n;
     const int64_t N = l.qweight.shape[1];
-    std::vector<uint8_t> & buf = owned.emplace_back(size_t(n / per_word) * size_t(N) * 4);
+    std::vector<uint8_t> & buf = owned.copies.emplace_back(size_t(n / per_word) * size_t(N) * 4);
     uint32_t * out = reinterpret_cast<uint32_t *>(buf.data());
     const uint32_t * q = static_cast<const uint32_t *>(l.qweight.data);
     parallel_for(N, [&](int64_t c) {
@@ -213,7 +219,7 @@ Linear select_in(const Linear & l, const std::vector<int> & pick, int g0, int ra
     return s;
 }
 
-MlpWeights split_mlp(const MlpWeights & m, int i0, int n, int rank, std::vector<std::vector<uint8_t>> & owned) {
+MlpWeights split_mlp(const MlpWeights & m, int i0, int n, int rank, ShardBuffers & owned) {
     MlpWeights s;
     const Linear & down = m.down_proj;
     if (down.quantized() && gptq(down) && has_act_order(down)) {
@@ -361,7 +367,7 @@ private:
     }
 
     std::unique_ptr<Model> full_;
-    std::vector<std::vector<uint8_t>> owned_;  // column slices of the ranks' weights
+    ShardBuffers owned_;  // column slices of the ranks' weights
     Group group_;
     std::vector<std::unique_ptr<RankLink>> links_;
     std::vector<std::unique_ptr<CpuQwenEngine>> ranks_;
@@ -386,11 +392,12 @@ int tp_inter_align(const Model & full, int least) {
     return align;
 }
 
-std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp, std::vector<std::vector<uint8_t>> & owned, int inter_align) {
+std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp, ShardBuffers & owned, int inter_align) {
     const ModelConfig & c = full.config;
     auto m = std::make_unique<Model>();
     m->dir = full.dir;
     m->config = c;
+    m->dummy = full.dummy;  // the shard's slices may point into the dummy weights
     ModelConfig & rc = m->config;
     rc.num_attention_heads = s.n_q_heads;
     rc.num_key_value_heads = s.n_kv_heads;

@@ -4,14 +4,27 @@
 // of the GPUs' tensor parallel: its logits equal the whole model's within fp32 rounding (tests/model/test_tp_cpu.cpp).
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "model/tp_plan.h"
 #include "model/weights.h"
 #include "runtime/engine.h"
 
 namespace qinfer {
+
+// The copies a shard's weights point into (column slices, act-order gathers). A column slice is copied once per source
+// tensor and range (cols_memo), so that tensors several layers share (--load-format dummy's random weights) are
+// copied once and the shard's layers then share them too. Copies keep their address as more are added.
+struct ShardBuffers {
+    using Key = std::tuple<const void *, int64_t, int64_t, int64_t, int64_t>;  // data, rows, row bytes, first byte, bytes
+    std::vector<std::vector<uint8_t>> copies;
+    std::map<Key, const uint8_t *> cols_memo;
+};
 
 // A rank's model: its config (heads and intermediate sizes of the shard; the vocabulary stays whole) and its slices
 // of `full`'s weights: row slices are views into the full model's mapped checkpoint, column slices (o_proj's and
@@ -20,7 +33,7 @@ namespace qinfer {
 // act-order down_proj is split by whole quantization groups (a rank's intermediate channels are then those of its
 // groups, gate/up's rows with them), so that its slice is an ordinary grouped matrix. The
 // intermediate dimensions (dense, expert, shared expert) are cut on multiples of `inter_align` (tp_inter_align).
-std::unique_ptr<Model> shard_model(const Model & full, const TpShard & shard, int tp, std::vector<std::vector<uint8_t>> & owned,
+std::unique_ptr<Model> shard_model(const Model & full, const TpShard & shard, int tp, ShardBuffers & owned,
                                    int inter_align = 1);
 
 // The multiple the intermediate dimensions of `full` are cut on: its quantization groups along down_proj's input

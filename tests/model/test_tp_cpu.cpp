@@ -117,7 +117,7 @@ TEST(TensorParallelCpuActOrder, DownSplitByGroups) {
     const std::vector<float> down = dequantize(m.down_proj), gate = dequantize(m.gate_proj);  // [H, I], [I, H]
     const int32_t * g_idx = static_cast<const int32_t *>(m.down_proj.g_idx.data);
     const int align = tp_inter_align(*full, 1);
-    std::vector<std::vector<uint8_t>> owned;
+    ShardBuffers owned;
     int covered = 0;
     for (const TpShard & s : plan_tensor_parallel(full->config, 2, align)) {
         const std::unique_ptr<Model> shard = shard_model(*full, s, 2, owned, align);
