@@ -28,10 +28,8 @@ EnvSettings read_env() {
     s.profile = std::getenv("QINFER_PROFILE") != nullptr;
     const int ks = integer("QINFER_QKS");
     s.qgemv_k_parts = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
-    s.qgemv_ks_rule = str("QINFER_QKS_RULE") == "0" ? 0 : 1;
     const int chunk = integer("QINFER_PREFILL_CHUNK");
     s.prefill_chunk = chunk >= 128 && chunk % 128 == 0 ? chunk : 0;
-    s.tp_window = str("QINFER_TP_WINDOW") != "0";
     if (const char * t = std::getenv("QINFER_TP_TIMEOUT")) {
         const double v = std::atof(t);
         if (v > 0) s.tp_timeout_s = v;
@@ -47,8 +45,7 @@ const EnvSettings & env() {
 std::string env_knobs_json() {
     const EnvSettings & e = env();
     return "{\"QINFER_PROFILE\": " + std::string(e.profile ? "true" : "false") + ", \"QINFER_QKS\": " + std::to_string(e.qgemv_k_parts) +
-           ", \"QINFER_PREFILL_CHUNK\": " + std::to_string(e.prefill_chunk) +
-           ", \"QINFER_TP_WINDOW\": " + std::string(e.tp_window ? "1" : "0") + ", \"QINFER_QKS_RULE\": " + std::to_string(e.qgemv_ks_rule) + "}";
+           ", \"QINFER_PREFILL_CHUNK\": " + std::to_string(e.prefill_chunk) + "}";
 }
 
 }  // namespace qinfer

@@ -163,12 +163,6 @@ struct RankPlace {
     int rank = 0;
     int ranks = 1;
     DeviceCollective * link = nullptr;  // null: the whole model on one GPU
-    // Tensor parallel in one process: device memory registered with every rank's communicator as an NCCL symmetric
-    // window (the same offset on every rank), where the decode step keeps its fp32 residual rows, so that the
-    // all-reduces after o_proj and down take NCCL's symmetric kernels. Null: none (one GPU, several nodes, or NCCL
-    // without symmetric support here).
-    void * window = nullptr;
-    size_t window_bytes = 0;
 };
 
 class CudaQwenEngine : public Engine {
@@ -245,12 +239,6 @@ private:
     bool partial_only() const { return place_.rank > 0; }
     void reduce(float * x, size_t n);
     void reduce(bf16 * y, size_t n);
-    // The decode step's fp32 residual rows [B, hidden]: in the ranks' symmetric window where it holds them, else in
-    // the workspace x_.
-    float * decode_residual(int B) const {
-        const size_t bytes = size_t(B) * size_t(model_->config.hidden_size) * sizeof(float);
-        return place_.window && bytes <= place_.window_bytes ? static_cast<float *>(place_.window) : x_.as<float>();
-    }
     // Logits of B decode rows into logits_ (fp32 [B, vocab]) from the final-normed rows (fused: from x, normed in the
     // GEMV); under tensor parallel at up to k_tp_split_logits_rows rows, each rank's vocabulary share, all-gathered.
     void decode_logits(int B, bool fused, const float * x, bf16 * xn);

@@ -57,7 +57,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     int * pos = tokens + B;
     int * step = tokens + 2 * B;
     int * len = step + 1;
-    float * x = decode_residual(B);
+    float * x = x_.as<float>();
     bf16 * xn = xn_.as<bf16>();
     // Fused GEMVs up to k_gemv_max_m rows where the projections are quantized (or MoE layers route), one row for bf16.
     const bool fused = B <= (layers_[0].qkv.quantized || cfg.num_experts > 0 ? k_gemv_max_m : k_dense_gemv_max_m);

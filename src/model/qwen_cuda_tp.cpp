@@ -8,9 +8,6 @@
 // every logit on every rank. Every rank picks the same token from the same logits, which the engine checks after every
 // call.
 //
-// In one process the decode step's residual rows live in an NCCL symmetric window on each rank (RankPlace::window),
-// registered with every communicator, so the all-reduces of decode steps take NCCL's low-latency symmetric kernels.
-//
 // One process drives the GPUs of its host; with --nnodes, one process a host (each running the same command, node 0
 // at --master-addr) joins the same communicators through a TCP rendezvous (runtime/rendezvous.h). NVLink SHARP (NVLS)
 // is switched off, as these machines require.
@@ -126,17 +123,11 @@ public:
         for (ncclComm_t comm : comms_) links_.push_back(std::make_unique<NcclLink>(comm, gate_));
         owned_.resize(static_cast<size_t>(local_));
         ranks_.resize(static_cast<size_t>(local_));
-        windows_.resize(static_cast<size_t>(local_));
-        const bool use_window = opt.nnodes <= 1 && read_env().tp_window;
         run_ranks([&](size_t l) {
             const int rank = rank0_ + int(l);
             std::unique_ptr<Model> shard = shard_model(*full_, plan[size_t(rank)], tp_, owned_[l], align);
             keep_act_order_o_proj_whole(*full_, *shard);
-            if (use_window) windows_[l] = open_window(comms_[l], size_t(k_tp_window_rows) * size_t(c.hidden_size) * sizeof(float));
-            RankPlace place{int(l), rank, tp_, links_[l].get()};
-            place.window = windows_[l].ptr;
-            place.window_bytes = windows_[l].handle ? windows_[l].bytes : 0;
-            ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, place);
+            ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(l), rank, tp_, links_[l].get()});
         }, /*quiet_followers=*/true, /*watched=*/false);
         const auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
         std::fprintf(stderr, "tensor parallel: weights in host memory in %.1f s, ranks connected in %.1f s, shards split, repacked and uploaded in %.1f s\n",
@@ -151,7 +142,6 @@ public:
             workers_.run_all([&](size_t r) {
                 CUDA_CHECK(cudaSetDevice(int(r)));
                 ranks_[r].reset();
-                if (r < windows_.size()) close_window(r);
             }, [] {});
         } catch (const std::exception &) {
         }
@@ -228,38 +218,6 @@ public:
     }
 
 private:
-    // An NCCL symmetric window of `bytes` on the calling rank's GPU (RankPlace::window). Every rank registers
-    // together (a collective). Where NCCL leaves the handle null (no symmetric support between these GPUs) the
-    // memory goes back and the decode step keeps its residual in its workspace.
-    struct Window {
-        void * ptr = nullptr;
-        size_t bytes = 0;
-        ncclWindow_t handle = nullptr;
-    };
-    static Window open_window(ncclComm_t comm, size_t bytes) {
-        Window w;
-        w.bytes = (bytes + NCCL_WIN_REQUIRED_ALIGNMENT - 1) / NCCL_WIN_REQUIRED_ALIGNMENT * NCCL_WIN_REQUIRED_ALIGNMENT;
-        NCCL_CHECK(ncclMemAlloc(&w.ptr, w.bytes));
-        NCCL_CHECK(ncclCommWindowRegister(comm, w.ptr, w.bytes, &w.handle, NCCL_WIN_COLL_SYMMETRIC));
-        if (!w.handle) {
-            ncclMemFree(w.ptr);
-            return {};
-        }
-        CUDA_CHECK(cudaMemset(w.ptr, 0, w.bytes));
-        cuda::DeviceAllocator::instance().count_external(w.bytes);
-        return w;
-    }
-    // Rank r's window, on its thread with its GPU current (every rank at once: deregistering may wait for the others).
-    // After an abort the communicators are gone: the memory alone goes back.
-    void close_window(size_t r) {
-        Window & w = windows_[r];
-        if (!w.ptr) return;
-        if (w.handle && !broken_ && comms_[r]) ncclCommWindowDeregister(comms_[r], w.handle);
-        ncclMemFree(w.ptr);
-        cuda::DeviceAllocator::instance().uncount_external(w.bytes);
-        w = {};
-    }
-
     // One host: every rank's communicator at once. Several (--nnodes): node 0 makes NCCL's unique id and the TCP
     // rendezvous at --master-addr hands it to the other nodes; each node then joins its ranks rank0_.. in one group.
     void init_comms(const EngineOptions & opt) {
@@ -375,7 +333,6 @@ private:
     std::vector<ncclComm_t> comms_;
     CommGate gate_;
     std::vector<std::unique_ptr<NcclLink>> links_;
-    std::vector<Window> windows_;  // per local rank, opened before its engine and closed after it
     std::vector<std::unique_ptr<CudaQwenEngine>> ranks_;
     RankWorkers workers_;
     std::atomic<bool> broken_{false};

@@ -33,10 +33,6 @@ std::pair<int, int> tp_part(int size, int align, int parts, int r);
 // vocabulary (lm_head is whole on every rank) and all-gather them: a rank reads 1/ranks of lm_head (7B: 0.55 of
 // 1.09 GB) for an all-gather of rows x vocab fp32. Larger steps (continuous batching) compute every logit on every rank.
 constexpr int k_tp_split_logits_rows = 16;
-// The GPUs' tensor parallel in one process: decode steps of up to this many rows keep their fp32 residual in an NCCL
-// symmetric window (RankPlace::window; 72B: 2 MiB a GPU), where the all-reduces after o_proj and down take NCCL's
-// low-latency symmetric kernels.
-constexpr int k_tp_window_rows = 64;
 
 std::vector<TpShard> plan_tensor_parallel(const ModelConfig & c, int tp, int inter_align = 128, int vocab_align = 64);
 

@@ -38,11 +38,6 @@ void * DeviceAllocator::alloc(size_t bytes, const char * what) {
     return p;
 }
 
-void DeviceAllocator::count_external(size_t bytes) {
-    in_use_ += bytes;
-    if (in_use_ > peak_) peak_ = in_use_;
-}
-
 void DeviceAllocator::free(void * p, size_t bytes) {
     if (!p) return;
     cudaFree(p);

@@ -19,10 +19,6 @@ public:
     static DeviceAllocator & of_device(int device);
     void * alloc(size_t bytes, const char * what);
     void free(void * p, size_t bytes);
-    // Memory another library allocated on this device for qinfer (NCCL's symmetric windows): counted in use and in
-    // the peak like the allocator's own.
-    void count_external(size_t bytes);
-    void uncount_external(size_t bytes) { in_use_ -= bytes; }
     uint64_t in_use() const { return in_use_; }
     uint64_t peak() const { return peak_; }
     void reset_peak() { peak_ = in_use_; }

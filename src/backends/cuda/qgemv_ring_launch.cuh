@@ -92,20 +92,15 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
 
 constexpr size_t k_ring_max_smem = 160 * 1024;
 
-// K parts per row block (a block's 8 warps split as row blocks x matrices x parts), with at least one 64-wide K
-// block per part; more where the block's group parameters (rows x groups) would not fit in shared memory. 0: no
-// split fits. The rule (QINFER_QKS_RULE, an A/B under way): 0, the fewest parts that give the grid two fifths of the
-// GPU's resident warps; 1 (default), the fewest that give it a full wave of resident blocks (three an SM).
+// K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
+// split as row blocks x matrices x parts), with at least one 64-wide K block per part; more where the block's group
+// parameters (rows x groups) would not fit in shared memory. 0: no split fits.
 template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
     constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
-    auto grid = [&](int ks) { return (n_rb + ring4::k_warps / (MATS * ks) - 1) / (ring4::k_warps / (MATS * ks)); };
-    auto short_of_target = [&](int ks) {
-        return env().qgemv_ks_rule == 0 ? 5 * n_rb * MATS * ks < 2 * slots : grid(ks) < sm_count() * ring4::k_blocks_per_sm;
-    };
     int ks = forced_ks() ? std::min(forced_ks(), max_ks) : 1;
-    while (!forced_ks() && ks < max_ks && short_of_target(ks) && 2 * ks <= nkb) ks *= 2;
+    while (!forced_ks() && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
