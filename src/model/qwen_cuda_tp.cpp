@@ -27,6 +27,7 @@
 
 #include "backends/cuda/nccl.h"
 #include "core/env.h"
+#include "core/process_exit.h"
 #include "model/qwen_cuda.h"
 #include "model/quant.h"
 #include "model/qwen_tp.h"
@@ -135,8 +136,10 @@ public:
     }
     ~CudaTpEngine() override {
         watchdog_.reset();
-        // An abort under way: give it a while to finish before the process may exit under it.
+        // An abort under way: give it a while to finish before the process may exit under it; if it is still running
+        // (a peer that died can keep ncclCommAbort blocked), the process must end without tearing CUDA and NCCL down.
         for (int i = 0; broken_ && !*aborted_ && i < 1000; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (broken_ && !*aborted_) request_exit_without_teardown();
         // Each rank's graphs, streams and buffers go on its own device.
         try {
             workers_.run_all([&](size_t r) {

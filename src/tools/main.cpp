@@ -1,10 +1,12 @@
 // qinfer: one binary, several subcommands.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
 
 #include "core/check.h"
+#include "core/process_exit.h"
 #include "tools/commands.h"
 
 namespace {
@@ -29,9 +31,24 @@ const char * k_usage =
     "\n"
     "`qinfer COMMAND --help` lists a command's options.\n";
 
+int run_command(int argc, char ** argv);
+
 }  // namespace
 
+// A command's status, except where a part of the process asked to skip teardown (core/process_exit.h): then the
+// process ends at once with that status, its output flushed.
 int main(int argc, char ** argv) {
+    const int rc = run_command(argc, argv);
+    if (qinfer::exit_without_teardown_requested()) {
+        std::fflush(nullptr);
+        std::_Exit(rc);
+    }
+    return rc;
+}
+
+namespace {
+
+int run_command(int argc, char ** argv) {
     if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
         std::fputs(k_usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -65,3 +82,5 @@ int main(int argc, char ** argv) {
         return 1;
     }
 }
+
+}  // namespace

