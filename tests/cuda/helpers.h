@@ -19,10 +19,17 @@ namespace qinfer::test {
 
 using cuda::DeviceBuffer;
 
-inline bool have_gpu() {
+// CUDA devices present (0 where the runtime finds none).
+inline int gpu_count() {
     int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
 }
+
+inline bool have_gpu() { return gpu_count() > 0; }
 
 #define REQUIRE_GPU()                                   \
     if (!have_gpu()) GTEST_SKIP() << "no CUDA device"; \

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_check.h"
+#include "cuda/helpers.h"
 #include "backends/cuda/nccl.h"
 #include "model/rank_workers.h"
 
@@ -22,14 +23,7 @@ using namespace qinfer;
 
 namespace {
 
-int gpus() {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return n;
-}
+int gpus() { return test::gpu_count(); }
 
 // Rank r's value of element i at round k: the ranks' sum is sum_r value(r, i, k), exact in fp32.
 float value(int r, size_t i, int k) { return float((r + 1) * 100 + int(i % 97) + 3 * k); }

@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cmath>
 
+#include "cuda/helpers.h"
 #include "model/backend_cases.h"
 #include "model/tp_cases.h"
 #include "runtime/engine.h"
@@ -23,14 +24,7 @@ using namespace qinfer;
 
 namespace {
 
-int gpus() {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return n;
-}
+int gpus() { return test::gpu_count(); }
 
 std::unique_ptr<Engine> gpu_engine(const std::string & dir, int tp) {
     EngineOptions eo;
