@@ -2,7 +2,10 @@
 // k_dense_gemv_max_m rows, cuBLASLt beyond: what the engine runs for bf16 weights), for each projection of a model's layer
 // and each number of rows m. Every path a quantized shape can take is timed (the GEMV, the register-dequantizing
 // GEMM, the wgmma GEMM, dequantize + cuBLASLt) and the one cuda::quant_path picks is marked, so one run both
-// measures the engine and shows where its rule should change. Weights are random codes in the kernels' layout (speed
+// measures the engine and shows where its rule should change. Those take plain bf16 in and out; "step gemv" is the
+// quantized GEMV as the decode step runs it (RMSNorm staged in the kernel for qkv / gate_up, SiLU * up, residual
+// added for o_proj / down): launch rules for the decode step are judged on it (a K-parts rule chosen on the plain
+// form sped the table but not the rows, bench/results/2026-11-30-h200x2-tp-window). Weights are random codes in the kernels' layout (speed
 // does not depend on the values, the checkpoint format only through bits and zero points), cycled through copies of
 // at least 256 MB so that no call finds its weights in L2.
 #include <algorithm>
@@ -136,8 +139,8 @@ int run_kernels(const Args & a) {
     const int max_m = *std::max_element(ms.begin(), ms.end());
     json rows = json::array();
     std::printf("card: %s, commit %s; weights cycled over >= 256 MB; times are means of %d calls\n\n", sys.card.c_str(), git_commit().c_str(), reps);
-    std::printf("| model | proj | n x k | format | m | bf16 us | gemv | mma | wgmma | dequant+cublaslt | rule | us | weight TB/s | TFLOP/s | x bf16 |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| model | proj | n x k | format | m | bf16 us | step gemv | gemv | mma | wgmma | dequant+cublaslt | rule | us | weight TB/s | TFLOP/s | x bf16 |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const ProjShape & sh : k_shapes) {
         if (!listed(models, sh.model) || !listed(projs, sh.name)) continue;
         // bf16 weights of this shape, cycled, and the inputs.
@@ -145,6 +148,15 @@ int run_kernels(const Args & a) {
         DeviceBuffer w_all;
         const int w_copies = replicate(w_all, random_bf16(size_t(sh.n) * sh.k, 1.0f / std::sqrt(float(sh.k)), 1).get(), w_bytes, k_cycle, "bench");
         DeviceBuffer x = random_bf16(size_t(max_m) * sh.k, 1.0f, 2), y(size_t(max_m) * sh.n * sizeof(float), "bench");
+        // The decode step's form of this projection (its GEMV with the engine's input and output): qkv and gate_up
+        // from the fp32 residual with RMSNorm staged in the kernel (gate_up with SiLU * up), o_proj and down added
+        // into the fp32 residual.
+        const bool normed = std::string(sh.name) == "qkv" || std::string(sh.name) == "gate_up";
+        const bool swiglu = std::string(sh.name) == "gate_up";
+        const cuda::GemvIn step_in = normed ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16;
+        const cuda::GemvOut step_out = swiglu ? cuda::GemvOut::SiluMulBf16 : normed ? cuda::GemvOut::Bf16 : cuda::GemvOut::AddF32;
+        DeviceBuffer residual(size_t(max_m) * sh.k * sizeof(float), "bench"), norm_w = random_bf16(size_t(sh.k), 0.1f, 3);
+        CUDA_CHECK(cudaMemset(residual.get(), 0, residual.bytes()));
         for (const Format & f : k_formats) {
             if (!listed(formats, f.name)) continue;
             cuda_engine::DevLinear q = cuda_engine::upload_repacked(random_tiled(sh.n, sh.k, f, 1234));
@@ -176,7 +188,24 @@ int run_kernels(const Args & a) {
                 const cuda::QuantPath rule = cuda::quant_path(q.q, m);
                 json row = {{"model", sh.model}, {"proj", sh.name}, {"n", sh.n}, {"k", sh.k}, {"format", f.name}, {"m", m},
                             {"bf16_us", bf16_us}, {"rule", cuda::quant_path_name(rule)}};
-                std::string cells;
+                char step_cell[32] = "-";
+                if (m <= cuda::k_qgemv_max_m) {
+                    cuda::QuantMatrix qm = q.q;
+                    cuda::GemvArgs g;
+                    g.n = swiglu ? sh.n / 2 : sh.n;
+                    g.k = sh.k;
+                    g.x = normed ? residual.get() : x.get();
+                    g.m = m;
+                    g.norm_w = norm_w.as<bf16>();
+                    g.y = y.get();
+                    const double us = time_us(reps, 3, [&] {
+                        qm.codes = reinterpret_cast<const uint32_t *>(codes_all.as<char>() + size_t(call++ % q_copies) * code_bytes);
+                        cuda::qgemv(qm, g, step_in, step_out, gemv_scratch.get(), nullptr);
+                    });
+                    std::snprintf(step_cell, sizeof step_cell, "%.1f", us);
+                    row["step_gemv_us"] = us;
+                }
+                std::string cells = std::string(step_cell) + " | ";
                 double rule_us = 0;
                 for (cuda::QuantPath p : {cuda::QuantPath::Gemv, cuda::QuantPath::Mma, cuda::QuantPath::Wgmma, cuda::QuantPath::Dequantize}) {
                     cuda::QuantMatrix qm = q.q;
@@ -204,8 +233,10 @@ int run_kernels(const Args & a) {
             }
         }
     }
-    std::printf("\nbf16: the GEMV up to %d rows, cuBLASLt beyond (the engine's bf16 path). weight TB/s: codes, scales and zeros\n"
-                "of the rule's path per call; x bf16: the bf16 time over the rule's.\n",
+    std::printf("\nbf16: the GEMV up to %d rows, cuBLASLt beyond (the engine's bf16 path). step gemv: the quantized GEMV as the\n"
+                "decode step runs it (qkv / gate_up normalising the fp32 residual in the kernel, gate_up with SiLU * up, o_proj /\n"
+                "down adding into the residual); the other columns take plain bf16 in and out. weight TB/s: codes, scales and\n"
+                "zeros of the rule's path per call; x bf16: the bf16 time over the rule's.\n",
                 cuda_engine::k_dense_gemv_max_m);
     if (!json_path.empty()) {
         std::ofstream out(json_path);
