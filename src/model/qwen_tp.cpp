@@ -392,13 +392,8 @@ int tp_inter_align(const Model & full, int least) {
     return align;
 }
 
-std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp, ShardBuffers & owned, int inter_align) {
-    const ModelConfig & c = full.config;
-    auto m = std::make_unique<Model>();
-    m->dir = full.dir;
-    m->config = c;
-    m->dummy = full.dummy;  // the shard's slices may point into the dummy weights
-    ModelConfig & rc = m->config;
+ModelConfig shard_config(const ModelConfig & c, const TpShard & s, int tp, int inter_align) {
+    ModelConfig rc = c;
     rc.num_attention_heads = s.n_q_heads;
     rc.num_key_value_heads = s.n_kv_heads;
     const auto [d0, d1] = tp_part(c.intermediate_size, inter_align, tp, s.rank);
@@ -407,6 +402,18 @@ std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp
     rc.intermediate_size = d1 - d0;
     rc.moe_intermediate_size = e1 - e0;
     rc.shared_expert_intermediate_size = h1 - h0;
+    return rc;
+}
+
+std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp, ShardBuffers & owned, int inter_align) {
+    const ModelConfig & c = full.config;
+    auto m = std::make_unique<Model>();
+    m->dir = full.dir;
+    m->config = shard_config(c, s, tp, inter_align);
+    m->dummy = full.dummy;  // the shard's slices may point into the dummy weights
+    const auto [d0, d1] = tp_part(c.intermediate_size, inter_align, tp, s.rank);
+    const auto [e0, e1] = tp_part(c.moe_intermediate_size, inter_align, tp, s.rank);
+    const auto [h0, h1] = tp_part(c.shared_expert_intermediate_size, inter_align, tp, s.rank);
     const ModelWeights & W = full.weights;
     ModelWeights & R = m->weights;
     const int d = c.head_dim;

@@ -36,6 +36,9 @@ struct ShardBuffers {
 std::unique_ptr<Model> shard_model(const Model & full, const TpShard & shard, int tp, ShardBuffers & owned,
                                    int inter_align = 1);
 
+// A rank's config as shard_model makes it: its heads and intermediate sizes (the vocabulary stays whole).
+ModelConfig shard_config(const ModelConfig & c, const TpShard & shard, int tp, int inter_align);
+
 // The multiple the intermediate dimensions of `full` are cut on: its quantization groups along down_proj's input
 // (whole words of codes where there are no groups), and at least `least` (a backend's own need: 1 for the CPU,
 // k_tp_gpu_inter_align for the GPUs). tp_quant_align: that multiple for one down_proj scheme (1 when dense).

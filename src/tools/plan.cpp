@@ -92,18 +92,47 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     return m;
 }
 
-// --tp N: how a tensor-parallel run on the GPUs splits the model over N ranks (model/tp_plan.h), a row a rank: the
-// intermediate dimension cut as the GPUs' engine cuts it (model/qwen_tp.h tp_inter_align).
-static int print_tp_plan(const ModelConfig & c, int tp) {
+// The intermediate dimension's multiple as the GPUs' tensor parallel cuts it (model/qwen_tp.h tp_inter_align).
+static int gpu_tp_align(const ModelConfig & c) {
     const QuantScheme down = c.quant.quantized() ? c.quant.scheme_for("model.layers.0.mlp.down_proj") : QuantScheme{};
-    const int align = std::lcm(k_tp_gpu_inter_align, tp_quant_align(down));
-    const std::vector<TpShard> plan = plan_tensor_parallel(c, tp, align);
+    return std::lcm(k_tp_gpu_inter_align, tp_quant_align(down));
+}
+
+std::vector<MemoryEstimate> estimate_cuda_tp_memory(const ModelConfig & c, int tp, KVDType kv, int batch, int prompt, int context) {
+    const int align = gpu_tp_align(c);
+    const QuantScheme o_scheme = c.quant.quantized() ? c.quant.scheme_for("model.layers.0.self_attn.o_proj") : QuantScheme{};
+    const bool o_whole = o_scheme.quantized() && o_scheme.desc_act;  // model/qwen_cuda_tp.cpp keep_act_order_o_proj_whole
+    std::vector<MemoryEstimate> out;
+    for (const TpShard & s : plan_tensor_parallel(c, tp, align)) {
+        const ModelConfig rc = shard_config(c, s, tp, align);
+        MemoryEstimate m = estimate_cuda_memory(rc, kv, batch, prompt, context);
+        if (o_whole) {
+            Linear whole, mine;
+            whole.scheme = mine.scheme = o_scheme;
+            whole.out_features = mine.out_features = c.hidden_size;
+            whole.in_features = c.q_dim();
+            mine.in_features = rc.q_dim();
+            m.weights += double(c.num_hidden_layers) * (linear_bytes(whole) - linear_bytes(mine));
+        }
+        out.push_back(m);
+    }
+    return out;
+}
+
+// --tp N: how a tensor-parallel run on the GPUs splits the model over N ranks (model/tp_plan.h), a row a rank, with
+// each GPU's weights and peak memory for one sequence of `context` tokens (estimate_cuda_tp_memory).
+static int print_tp_plan(const ModelConfig & c, int tp, int context) {
+    const QuantScheme down = c.quant.quantized() ? c.quant.scheme_for("model.layers.0.mlp.down_proj") : QuantScheme{};
+    const std::vector<TpShard> plan = plan_tensor_parallel(c, tp, gpu_tp_align(c));
+    const std::vector<MemoryEstimate> mem = estimate_cuda_tp_memory(c, tp, KVDType::BF16, 1, context, context);
     const bool moe = c.num_experts > 0;
-    std::printf("| rank | query heads | KV heads | %s columns | vocabulary rows |\n|---|---|---|---|---|\n", moe ? "expert intermediate" : "intermediate");
+    std::printf("| rank | query heads | KV heads | %s columns | vocabulary rows | weights GB | peak GB at %d tokens |\n"
+                "|---|---|---|---|---|---|---|\n", moe ? "expert intermediate" : "intermediate", context);
     for (const TpShard & s : plan) {
-        std::printf("| %d | %d..%d (%d) | %d..%d (%d) | %d..%d (%d) | %d..%d (%d) |\n", s.rank, s.q_head0, s.q_head0 + s.n_q_heads - 1, s.n_q_heads,
-                    s.kv_head0, s.kv_head0 + s.n_kv_heads - 1, s.n_kv_heads, s.inter0, s.inter0 + s.n_inter - 1, s.n_inter, s.vocab0,
-                    s.vocab0 + s.n_vocab - 1, s.n_vocab);
+        const MemoryEstimate & m = mem[size_t(s.rank)];
+        std::printf("| %d | %d..%d (%d) | %d..%d (%d) | %d..%d (%d) | %d..%d (%d) | %.2f | %.2f |\n", s.rank, s.q_head0, s.q_head0 + s.n_q_heads - 1,
+                    s.n_q_heads, s.kv_head0, s.kv_head0 + s.n_kv_heads - 1, s.n_kv_heads, s.inter0, s.inter0 + s.n_inter - 1, s.n_inter, s.vocab0,
+                    s.vocab0 + s.n_vocab - 1, s.n_vocab, m.weights / 1e9, m.total() / 1e9);
     }
     std::printf("heads go as whole GQA groups (%d query heads a KV head)%s; q/k/v and gate/up split by output, o_proj and down by\n"
                 "input (one all-reduce after each); embedding and lm_head by vocabulary rows on the CPU backend, whole on every GPU\n"
@@ -121,7 +150,8 @@ int cmd_plan(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
             std::printf("usage: qinfer plan --gpu-mem 24GB (--model DIR | --preset NAME) [--context 8192] [--prompt N]\n"
-                        "       qinfer plan --tp N (--model DIR | --preset NAME)   (how tensor parallel splits the model)\n"
+                        "       qinfer plan --tp N (--model DIR | --preset NAME) [--context 8192]   (how tensor parallel splits the\n"
+                        "                   model, and each GPU's weights and peak memory for one sequence of --context tokens)\n"
                         "                   [--reserve 1GB] [--batches 1,4,16,...] [--json FILE] [--embedding-on-gpu]\n"
                         "for each weight format and KV dtype: weights, the longest context at batch 1 and the largest batch at\n"
                         "--context, from qinfer's memory model of the CUDA engine (1 GB = 1e9 bytes; --reserve: CUDA context etc.)\n"
@@ -132,11 +162,13 @@ int cmd_plan(int argc, char ** argv) {
     }
     Args a(argc, argv, 2, {"embedding-on-gpu"});
     if (a.has("tp")) {
-        const int tp = int(a.integer("tp", 1));
+        const int tp = int(a.integer("tp", 1)), context = int(a.integer("context", 8192));
         const std::string dir = a.str("model"), preset = a.str("preset");
+        if (context < 1) QINFER_FAIL() << "--context must be at least 1";
         a.check_unused();
         if (dir.empty() == preset.empty()) QINFER_FAIL() << "give --model DIR or --preset NAME";
-        return print_tp_plan(dir.empty() ? parse_model_config(find_preset(preset).config.dump(), "preset " + preset) : load_model_config(dir), tp);
+        return print_tp_plan(dir.empty() ? parse_model_config(find_preset(preset).config.dump(), "preset " + preset) : load_model_config(dir), tp,
+                             context);
     }
     auto bytes_of = [](const std::string & s, const char * what) {
         char * end = nullptr;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "io/model_config.h"
 #include "runtime/kv_cache.h"
@@ -20,5 +21,9 @@ struct MemoryEstimate {
 // with the weights of `c` (c.quant says how each projection is stored). embedding_on_gpu: as EngineOptions (an
 // untied token embedding is otherwise in host memory).
 MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch, int prompt, int context, bool embedding_on_gpu = false);
+
+// The same for each GPU of a tensor-parallel run over `tp` GPUs (model/qwen_cuda_tp.cpp): each rank's shard of the heads
+// and intermediate columns (model/qwen_tp.h shard_config), lm_head whole on every rank, an act-order GPTQ o_proj whole.
+std::vector<MemoryEstimate> estimate_cuda_tp_memory(const ModelConfig & c, int tp, KVDType kv, int batch, int prompt, int context);
 
 }  // namespace qinfer

@@ -158,6 +158,7 @@ expect loadgen-bad-url "takes http://HOST:PORT\|without cpp-httplib" "$q" bench 
 expect loadgen-no-server "no answer from\|without cpp-httplib" "$q" bench --serve http://127.0.0.1:1 --num-prompts 1
 expect tp-uneven-kv "rank count must be a multiple of 4" "$q" plan --tp 6 --preset qwen2.5-7b
 expect tp-zero "must be at least 1" "$q" plan --tp 0 --model "$good"
+expect tp-plan-context "--context must be at least 1" "$q" plan --tp 2 --preset qwen2.5-7b --context 0
 # --tp on the engines: the CPU backend runs it, the GPUs where there are enough of them; the rest is refused before loading.
 expect tp-cuda "no CUDA device found\|CUDA device(s) present\|built without CUDA and NCCL" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --backend cuda --tp 64
 expect tp-nodes-uneven "does not split evenly over --nnodes 2" "$q" logits --model "$good" --tokens 1 --out "$tmp/x.npy" --tp 3 --nnodes 2 --master-addr 127.0.0.1:29500

@@ -154,6 +154,40 @@ TEST(Plan, PrefillChunkFollowsTheCache) {
 // Decode splits in whole waves of 396 blocks (3 per SM on an H100): with the 2048-key splits 7B (4 KV heads) at
 // 129024 + 2048 keys needs 64 splits, which fit one wave (99);
 // short contexts fill one wave; the cap holds.
+// Tensor parallel over two H200s (--load-format dummy, the embedding in host memory, batch 1, 2048 generated): each
+// GPU's estimate summed against the peak of both GPUs together (bench/results/2026-11-29-h200x2-tp at 136ae6a and
+// 2d40d6d, bench/results/2026-11-30-h200x2-tp-window at d72b2cf): the model is within 0.1% of each.
+TEST(Plan, TensorParallelMatchesMeasuredPeaks) {
+    const Measured rows[] = {{"qwen2.5-72b", "", 1, 146.129},          {"qwen2.5-72b", "", 6144, 148.507},
+                             {"qwen2.5-72b", "", 14336, 151.191},      {"qwen2.5-72b", "", 30720, 156.56},
+                             {"qwen2.5-72b", "gptq-int4", 1, 41.927}, {"qwen2.5-72b", "gptq-int4", 30720, 54.438},
+                             {"qwen2.5-72b", "gptq-int8", 1, 77.0},   {"qwen2.5-7b", "", 1, 15.373},
+                             {"qwen2-57b-a14b", "", 1, 114.986},       {"qwen2-57b-a14b", "", 30720, 117.088}};
+    for (const Measured & m : rows) {
+        const ModelConfig c = preset_config(m.preset, m.quant);
+        double est = 0;
+        for (const MemoryEstimate & r : estimate_cuda_tp_memory(c, 2, KVDType::BF16, 1, m.input, m.input + 2048)) est += r.total() / 1e9;
+        EXPECT_NEAR(est, m.peak_gb, 0.01 * m.peak_gb) << m.preset << " " << m.quant << " input " << m.input;
+        std::printf("[ plan ] --tp 2 %-13s %-10s input %5d: model %.3f GB, measured %.3f GB\n", m.preset, *m.quant ? m.quant : "bf16", m.input,
+                    est, m.peak_gb);
+    }
+}
+
+// Each rank holds its share of the split tensors and a whole copy of the rest (lm_head, norms): the ranks' weights
+// add up to the whole model's plus (tp - 1) copies of what is replicated.
+TEST(Plan, TensorParallelWeightsAddUp) {
+    for (const char * quant : {"", "gptq-int4"}) {
+        const ModelConfig c = preset_config("qwen2.5-72b", quant);
+        const double whole = estimate_cuda_memory(c, KVDType::BF16, 1, 1, 16).weights;
+        const double replicated = double(c.vocab_size) * c.hidden_size * 2 + double(2 * c.num_hidden_layers + 1) * c.hidden_size * 2;
+        for (int tp : {2, 4, 8}) {
+            double sum = 0;
+            for (const MemoryEstimate & r : estimate_cuda_tp_memory(c, tp, KVDType::BF16, 1, 1, 16)) sum += r.weights;
+            EXPECT_NEAR(sum, whole + (tp - 1) * replicated, 1e-6 * whole) << (*quant ? quant : "bf16") << " --tp " << tp;
+        }
+    }
+}
+
 TEST(DecodeSplits, WholeWaves) {
     EXPECT_EQ(decode_splits_for(131072, 4, 1, 396), 99);
     EXPECT_EQ(decode_splits_for(32768, 4, 1, 396), 99);
