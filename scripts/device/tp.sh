@@ -2,10 +2,10 @@
 # A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # Issue 36's tensor-parallel rows on the GPUs of this host: the tensor-parallel and NCCL window GPU tests
 # (TP_TEST_FILTER; empty skips them), NCCL's all-reduce per call for one 7B / 72B hidden row and more (bench
-# --allreduce, skipped with TP_ALLREDUCE=0), then each TPAR_SPECS entry preset:quant:input lengths:ranks:load format[:VAR=value,...] (dummy:
-# --load-format dummy, random weights built in memory; synth: a synthesized checkpoint on disk; the optional last field
-# sets environment variables for that run alone, e.g. QINFER_QKS=2) with 2048 generated (TPAR_GEN), each entry
-# under TPAR_TIMEOUT seconds (default 400); tests/cli/tp_abort.sh (the watchdog's timeout; TP_ABORT=0 skips it).
+# --allreduce, skipped with TP_ALLREDUCE=0), then each TPAR_SPECS entry preset:quant:input lengths:ranks:load
+# format[:VAR=value,...] (dummy: --load-format dummy, random weights built in memory; synth: a synthesized checkpoint
+# on disk; the optional last field sets environment variables for that run alone, e.g. QINFER_QKS=2) with 2048
+# generated (TPAR_GEN), each entry under TPAR_TIMEOUT seconds (default 400); tests/cli/tp_abort.sh (the watchdog's timeout; TP_ABORT=0 skips it).
 # Rows to $OUT/tp.log, JSON per entry.
 if [ -n "${TP_TEST_FILTER-*CudaTensorParallel*:*CudaNcclWindow*}" ]; then
     t_test=$(date +%s)

@@ -183,21 +183,18 @@ DevLinear CudaQwenEngine::upload_linear(const std::vector<const Linear *> & part
 DevLinear CudaQwenEngine::upload_stacked(const std::vector<const Linear *> & parts, bool tile, uint64_t * done, Progress & bar) {
     // Dummy weights share their quantized tensors between layers: each distinct stack is repacked once (the memo
     // lives while the engine loads). Each layer still gets its own device copy.
-    std::vector<const void *> key{reinterpret_cast<const void *>(uintptr_t(tile))};
-    for (const Linear * p : parts) {
-        for (const Weight * w : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->g_idx, &p->absmax}) key.push_back(w->present() ? w->data : nullptr);
-    }
-    const RepackedQuant * r = nullptr;
-    RepackedQuant fresh;
+    DevLinear l;
     if (model_->dummy) {
+        std::vector<const void *> key{reinterpret_cast<const void *>(uintptr_t(tile))};
+        for (const Linear * p : parts) {
+            for (const Weight * w : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->g_idx, &p->absmax}) key.push_back(w->present() ? w->data : nullptr);
+        }
         auto it = repack_memo_.find(key);
         if (it == repack_memo_.end()) it = repack_memo_.emplace(key, repack_quant(parts, tile)).first;
-        r = &it->second;
+        l = upload_repacked(it->second);
     } else {
-        fresh = repack_quant(parts, tile);
-        r = &fresh;
+        l = upload_repacked(repack_quant(parts, tile));
     }
-    DevLinear l = upload_repacked(*r);
     for (const Linear * p : parts) {
         for (const Weight * w : {&p->weight, &p->qweight, &p->qzeros, &p->scales, &p->g_idx, &p->absmax}) {
             if (w->present()) *done += w->nbytes();

@@ -392,16 +392,27 @@ int tp_inter_align(const Model & full, int least) {
     return align;
 }
 
+namespace {
+
+// Rank s's parts [begin, end) of the dense, expert and shared-expert intermediate dimensions.
+struct InterParts {
+    std::pair<int, int> dense, expert, shared;
+};
+InterParts inter_parts(const ModelConfig & c, const TpShard & s, int tp, int inter_align) {
+    return {tp_part(c.intermediate_size, inter_align, tp, s.rank), tp_part(c.moe_intermediate_size, inter_align, tp, s.rank),
+            tp_part(c.shared_expert_intermediate_size, inter_align, tp, s.rank)};
+}
+
+}  // namespace
+
 ModelConfig shard_config(const ModelConfig & c, const TpShard & s, int tp, int inter_align) {
     ModelConfig rc = c;
     rc.num_attention_heads = s.n_q_heads;
     rc.num_key_value_heads = s.n_kv_heads;
-    const auto [d0, d1] = tp_part(c.intermediate_size, inter_align, tp, s.rank);
-    const auto [e0, e1] = tp_part(c.moe_intermediate_size, inter_align, tp, s.rank);
-    const auto [h0, h1] = tp_part(c.shared_expert_intermediate_size, inter_align, tp, s.rank);
-    rc.intermediate_size = d1 - d0;
-    rc.moe_intermediate_size = e1 - e0;
-    rc.shared_expert_intermediate_size = h1 - h0;
+    const InterParts p = inter_parts(c, s, tp, inter_align);
+    rc.intermediate_size = p.dense.second - p.dense.first;
+    rc.moe_intermediate_size = p.expert.second - p.expert.first;
+    rc.shared_expert_intermediate_size = p.shared.second - p.shared.first;
     return rc;
 }
 
@@ -411,9 +422,10 @@ std::unique_ptr<Model> shard_model(const Model & full, const TpShard & s, int tp
     m->dir = full.dir;
     m->config = shard_config(c, s, tp, inter_align);
     m->dummy = full.dummy;  // the shard's slices may point into the dummy weights
-    const auto [d0, d1] = tp_part(c.intermediate_size, inter_align, tp, s.rank);
-    const auto [e0, e1] = tp_part(c.moe_intermediate_size, inter_align, tp, s.rank);
-    const auto [h0, h1] = tp_part(c.shared_expert_intermediate_size, inter_align, tp, s.rank);
+    const auto [dense, expert, shared] = inter_parts(c, s, tp, inter_align);
+    const auto [d0, d1] = dense;
+    const auto [e0, e1] = expert;
+    const auto [h0, h1] = shared;
     const ModelWeights & W = full.weights;
     ModelWeights & R = m->weights;
     const int d = c.head_dim;

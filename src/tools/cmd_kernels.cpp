@@ -5,9 +5,9 @@
 // measures the engine and shows where its rule should change. Those take plain bf16 in and out; "step gemv" is the
 // quantized GEMV as the decode step runs it (RMSNorm staged in the kernel for qkv / gate_up, SiLU * up, residual
 // added for o_proj / down): launch rules for the decode step are judged on it (a K-parts rule chosen on the plain
-// form sped the table but not the rows, bench/results/2026-11-30-h200x2-tp-window). Weights are random codes in the kernels' layout (speed
-// does not depend on the values, the checkpoint format only through bits and zero points), cycled through copies of
-// at least 256 MB so that no call finds its weights in L2.
+// form sped the table but not the rows, bench/results/2026-11-30-h200x2-tp-window). Weights are random codes in the
+// kernels' layout (speed does not depend on the values, the checkpoint format only through bits and zero points),
+// cycled through copies of at least 256 MB so that no call finds its weights in L2.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

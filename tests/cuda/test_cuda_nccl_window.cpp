@@ -23,14 +23,12 @@ using namespace qinfer;
 
 namespace {
 
-int gpus() { return test::gpu_count(); }
-
 // Rank r's value of element i at round k: the ranks' sum is sum_r value(r, i, k), exact in fp32.
 float value(int r, size_t i, int k) { return float((r + 1) * 100 + int(i % 97) + 3 * k); }
 
 TEST(CudaNcclWindow, EagerAndGraphAllReducesAlternate) {
     constexpr int ranks = 2, rounds = 24;
-    if (gpus() < ranks) GTEST_SKIP() << "needs 2 GPUs";
+    if (test::gpu_count() < ranks) GTEST_SKIP() << "needs 2 GPUs";
     const std::vector<size_t> counts = {3 * 64, 8192, 3 * 3584};  // elements: a tiny batch, one 72B row, three 7B rows
     size_t max_count = 0;
     for (size_t c : counts) max_count = std::max(max_count, c);

@@ -24,8 +24,6 @@ using namespace qinfer;
 
 namespace {
 
-int gpus() { return test::gpu_count(); }
-
 std::unique_ptr<Engine> gpu_engine(const std::string & dir, int tp) {
     EngineOptions eo;
     eo.backend = "cuda";
@@ -120,7 +118,7 @@ double rel_error(const std::vector<float> & a, const std::vector<float> & b) {
 }
 
 void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2, bool same_greedy = true) {
-    if (gpus() < tp) GTEST_SKIP() << "needs " << tp << " GPUs";
+    if (test::gpu_count() < tp) GTEST_SKIP() << "needs " << tp << " GPUs";
     Run one, split, alone;
     {
         auto e = gpu_engine(dir, tp);
@@ -142,7 +140,9 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2
     EXPECT_LT(err, tol) << "relative logit error of --tp " << tp << " against one GPU";
     EXPECT_LT(batch_err, tol) << "relative logit error of --tp " << tp << "'s batch steps against one GPU";
     std::printf("[ tp     ] %-40s relative logit error %.2e, batch steps %.2e\n", dir.c_str(), err, batch_err);
-    if (same_greedy) EXPECT_EQ(split.greedy, one.greedy);
+    if (same_greedy) {
+        EXPECT_EQ(split.greedy, one.greedy);
+    }
     // The batch's greedy tokens on the device are the argmax of the same steps' logits (the same engine, same inputs).
     EXPECT_EQ(argmax_rows(split.batch_logits, split.batch_logits.size() / (k_batch * k_batch_steps)), split.batch_greedy);
 }
@@ -160,7 +160,7 @@ class CudaTensorParallel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaTensorParallel, LogitsEqualOneGpu) {
     const Case & c = GetParam();
-    if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+    if (test::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
     expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : test::synth_quant("cuda-tp-" + c.name, c.preset, c.quant, c.group, c.desc_act, 7), 2, c.tol, c.same_greedy);
 }
 
@@ -189,7 +189,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, CudaTensorParallel, ::testing::ValuesIn(k_case
 
 // Continuous batching over two GPUs: chunked prompts beside decoding rows give each request one GPU's tokens.
 TEST(CudaTensorParallelScheduling, TokensEqualOneGpu) {
-    if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+    if (test::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
     const std::string dir = test::synth_once("cuda-tp", "tiny-qwen2", 7);
     std::vector<std::vector<int>> runs;
     for (int tp : {1, 2}) {
@@ -202,7 +202,7 @@ TEST(CudaTensorParallelScheduling, TokensEqualOneGpu) {
 
 // More ranks than GPUs: a one-line error before any weight is read.
 TEST(CudaTensorParallelInput, MoreRanksThanGpus) {
-    const int n = gpus();
+    const int n = test::gpu_count();
     if (n < 1) GTEST_SKIP() << "no CUDA device";
     const std::string dir = test::synth_once("cuda-tp", "tiny-qwen1.5", 7);  // 6 KV heads: 3 and 6 ranks split them
     const int tp = n < 3 ? 3 : 6;
