@@ -5,6 +5,7 @@
 # then transformers' generate_batch on the same weights and card (HF_TP_SPECS preset:input:output:prompts, default
 # 7B 100/250 with 200 prompts: it runs ~15x slower) for the ratio. TP_ARGS: more options for every qinfer row.
 # TP_TRACE_SPECS (same form, default none): a traced run each first, summed up by scripts/trace_totals.py.
+# TP_RUN_TIMEOUT: seconds each qinfer run may take (default 900).
 # TP_AB_SPECS (same form): each run by the baseline binary of the ab stage (build-base/qinfer) and this tree's,
 # alternated, rows prefixed base / this.
 
@@ -14,7 +15,7 @@ tp_run() {
     shift 2
     IFS=: read -r p i o n mbt mns <<<"$spec"
     # shellcheck disable=SC2086  # TP_ARGS splits into words on purpose
-    "$bin" bench --throughput --preset "$p" --num-prompts "$n" --input-len "$i" --output-len "$o" ${mbt:+--max-batch-tokens "$mbt"} \
+    timeout -k 10 "${TP_RUN_TIMEOUT:-900}" "$bin" bench --throughput --preset "$p" --num-prompts "$n" --input-len "$i" --output-len "$o" ${mbt:+--max-batch-tokens "$mbt"} \
         ${mns:+--max-num-seqs "$mns"} ${TP_ARGS:-} "$@"
 }
 # A spec's part of file names: preset-input-output-prompts[-mbtN][-mnsN].

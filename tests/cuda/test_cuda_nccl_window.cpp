@@ -51,14 +51,27 @@ TEST(CudaNcclWindow, EagerAndGraphAllReducesAlternate) {
             CUDA_CHECK(cudaMalloc(&plain_send, 64 * sizeof(float)));
             CUDA_CHECK(cudaMalloc(&plain_recv, ranks * 64 * sizeof(float)));
             std::vector<float> host(max_count), back(max_count);
-            // One graph per size, holding the collectives only; each round's values are copied in before it runs.
-            std::vector<cudaGraphExec_t> graphs;
+            // Every collective once eagerly first, as the engine's warm-up step does: NCCL connects the peers at a
+            // communicator's first use of a kind, which a stream under capture does not allow.
             for (size_t c : counts) {
-                cudaGraph_t g;
-                cudaGraphExec_t ge;
-                CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
                 NCCL_CHECK(ncclAllReduce(x, x, c, ncclFloat32, ncclSum, comms[r], s));
                 NCCL_CHECK(ncclAllGather(plain_send, plain_recv, 64, ncclFloat32, comms[r], s));
+            }
+            CUDA_CHECK(cudaStreamSynchronize(s));
+            // One graph per size, holding the collectives only; each round's values are copied in before it runs. A
+            // capture that fails is ended before the error leaves (a stream left capturing breaks later tests).
+            std::vector<cudaGraphExec_t> graphs;
+            for (size_t c : counts) {
+                cudaGraph_t g = nullptr;
+                cudaGraphExec_t ge;
+                CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+                try {
+                    NCCL_CHECK(ncclAllReduce(x, x, c, ncclFloat32, ncclSum, comms[r], s));
+                    NCCL_CHECK(ncclAllGather(plain_send, plain_recv, 64, ncclFloat32, comms[r], s));
+                } catch (...) {
+                    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+                    throw;
+                }
                 CUDA_CHECK(cudaStreamEndCapture(s, &g));
                 CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
                 CUDA_CHECK(cudaGraphDestroy(g));

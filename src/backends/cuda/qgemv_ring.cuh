@@ -127,62 +127,9 @@ __device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb
 // then for Lookup4 the pair table (uint32 [256, 32]).
 __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
 
-// Folded zero points (the kernel's FOLD): the MMAs take the codes as the mantissa trick gives them (128 + q for 4-bit
-// codes; 128 + lo and 2048 + 16 hi for 8-bit ones, 2176 + q together), and each unit of U positions subtracts
-// (128 + z) or (2176 + z) times the sum of the unit's inputs when its sums are scaled: no HSUB2 per A register. A unit
-// is 128, 64 or 32 positions, within one group (or anywhere for one group per row), and K parts split on units.
-__host__ __device__ inline int fold_unit(int group, int groups) {
-    if (groups == 1 || group % 128 == 0) return 128;
-    return group % 64 == 0 ? 64 : 32;
-}
-__host__ __device__ inline int fold_units(int k_padded, int group, int groups) {
-    const int u = fold_unit(group, groups);
-    return (k_padded + u - 1) / u;
-}
-
-// The sums of each unit's inputs (FOLD) for tokens 0..m-1 into xsum fp32 [units, 8] (tokens >= m left unset): bf16
-// rows of `stride` values, positions [0, kp) valid, kp a multiple of 8; vec: rows 16-byte aligned (else 2-byte loads).
-// A thread adds 8 consecutive positions, then the U / 8 lanes of a unit add theirs up. Rows staged in b_pair_order
-// keep every position in its 64-wide block, so units of 64 or 128 sum the same values. All threads must call.
-__device__ __forceinline__ void unit_sums(const bf16 * x, int stride, int m, int kp, int U, bool vec, float * xsum) {
-    constexpr int R = 4;  // 16-byte loads in flight per thread
-    const int lpu = U / 8, chunks = kp / 8;
-    for (int tok = 0; tok < m; tok++) {
-        const bf16 * row = x + size_t(tok) * stride;
-        for (int c0 = 0; c0 < chunks; c0 += R * k_threads) {
-            uint32_t v[R][4];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const int c = c0 + r * k_threads + threadIdx.x;
-                if (c < chunks && vec) {
-                    const uint4 q = *reinterpret_cast<const uint4 *>(row + size_t(c) * 8);
-                    v[r][0] = q.x, v[r][1] = q.y, v[r][2] = q.z, v[r][3] = q.w;
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        v[r][i] = c < chunks ? uint32_t(__bfloat16_as_ushort(row[size_t(c) * 8 + 2 * i])) |
-                                                   uint32_t(__bfloat16_as_ushort(row[size_t(c) * 8 + 2 * i + 1])) << 16
-                                             : 0u;
-                    }
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                float sum = 0;
-#pragma unroll
-                for (int i = 0; i < 4; i++) sum += __uint_as_float(v[r][i] << 16) + __uint_as_float(v[r][i] & 0xFFFF0000u);
-                for (int o = lpu / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-                const int c = c0 + r * k_threads + threadIdx.x;
-                if (c < chunks && c % lpu == 0) xsum[(c / lpu) * 8 + tok] = sum;
-            }
-        }
-    }
-}
-
-template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring, bool FOLD = false>
+template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
-    static_assert(!FOLD || C != Codes::Lookup4, "lookup codes have no zero point to fold");
     constexpr int PLANES = planes_of(C);     // 16-byte loads per lane and 64-wide K block
     constexpr int RING = RINGK / PLANES;     // K blocks in flight
     constexpr int TILE = 32 * PLANES;        // uint4 per row block and K block
@@ -200,9 +147,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     const int rb = blockIdx.x * RBB + rbl;
     const bool active = rb < n_rb;
     const int grb = mat == 0 ? rb : rb + n_rb;  // row block in the stacked weight
-    // FOLD: the unit of the zero points' correction; K parts split on whole units.
-    const int U = FOLD ? fold_unit(w.group, G) : 64, kb_step = U > 64 ? U / 64 : 1, steps = (nkb + kb_step - 1) / kb_step;
-    const int kb_begin = min(part * steps / KS * kb_step, nkb), kb_end = min((part + 1) * steps / KS * kb_step, nkb);
+    const int kb_begin = part * nkb / KS, kb_end = (part + 1) * nkb / KS;
     // Plane p of K block kb at src + kb * TILE + p * 32.
     const uint4 * src = reinterpret_cast<const uint4 *>(w.codes) + size_t(grb) * nkb * TILE + lane;
 
@@ -248,7 +193,6 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         }
     }
     uint32_t * lut = sq + RBB * MATS * 16 * gs;  // Lookup4: pair b's copy for lane l at lut[b * 32 + l]
-    float * xsum = reinterpret_cast<float *>(lut);  // FOLD: fp32 [units, 8], each unit's input sums per token
     if constexpr (C == Codes::Lookup4) {
         static_assert(k_threads == 256, "one thread per table pair");
         const int b = threadIdx.x;
@@ -258,9 +202,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         for (int c = 0; c < 32; c++) lut[b * 32 + (c + b) % 32] = bits;  // banks (c + b) % 32: distinct within a warp
     }
 
-    // Normalised inputs in b_pair_order (qstage.cuh) for the fast rounds' 16-byte B loads (FOLD: on units of 64 or
-    // more, as unit_sums needs; the fast rounds take only such groups).
-    const bool pair_order = XS == XSrc::StageNorm && a.ring_fast && (!FOLD || U >= 64);
+    // Normalised inputs in b_pair_order (qstage.cuh) for the fast rounds' 16-byte B loads.
+    const bool pair_order = XS == XSrc::StageNorm && a.ring_fast;
     pdl_wait();  // the inputs come from the kernel ahead
     if constexpr (XS != XSrc::Global) {
         constexpr GemvIn IN = XS == XSrc::StageNorm ? GemvIn::NormF32 : GemvIn::Bf16;
@@ -284,11 +227,6 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         }
     }
     __syncthreads();
-    if constexpr (FOLD) {
-        const bool vec = XS != XSrc::Global || (reinterpret_cast<uintptr_t>(x_global) % 16 == 0 && ldx % 8 == 0);
-        unit_sums(XS == XSrc::Global ? x_global : sx, XS == XSrc::Global ? ldx : kp, m, kp, U, vec, xsum);
-        __syncthreads();
-    }
 
     // B fragments: token min(g, m - 1) (columns beyond m repeat the last token and are not written out).
     const uint32_t * xrow = reinterpret_cast<const uint32_t *>(XS == XSrc::Global ? x_global + size_t(min(g, m - 1)) * ldx
@@ -299,9 +237,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     // only start at j = 0 or j = 2 of a 64-wide block, and positions only move forward: no division in the loop.
     int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
-    // Scales of rows g (s_lo) and g + 8 (s_hi); the bf16x2 pairs subtracted from each plane of each row (FOLD: the
-    // offsets 128 + z or 2176 + z that the unit's input sums are subtracted with, zf_lo and zf_hi).
-    float s_lo, s_hi, zf_lo = 0.0f, zf_hi = 0.0f;
+    // Scales of rows g (s_lo) and g + 8 (s_hi); the bf16x2 pairs subtracted from each plane of each row.
+    float s_lo, s_hi;
     uint32_t zz_lo[PLANES], zz_hi[PLANES];
     auto take = [&]() {
         const uint32_t plo = q_lo[gi], phi = q_hi[gi];
@@ -312,13 +249,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         }
         s_lo = __half2float(__ushort_as_half(uint16_t(plo & 0xFFFFu)));
         s_hi = __half2float(__ushort_as_half(uint16_t(phi & 0xFFFFu)));
-        if constexpr (FOLD && C == Codes::Affine8) {
-            zf_lo = 2176.0f + float(plo >> 16);
-            zf_hi = 2176.0f + float(phi >> 16);
-        } else if constexpr (FOLD) {
-            zf_lo = __uint_as_float(plo & 0xFFFF0000u);  // bf16(128 + zero) in the high half
-            zf_hi = __uint_as_float(phi & 0xFFFF0000u);
-        } else if constexpr (C == Codes::Affine8) {
+        if constexpr (C == Codes::Affine8) {
             const uint32_t zlo = plo >> 16, zhi = phi >> 16;
             zz_lo[0] = (0x4300u | (zlo & 15u)) * 0x10001u;  // 128 + zl
             zz_hi[0] = (0x4300u | (zhi & 15u)) * 0x10001u;
@@ -330,39 +261,19 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         }
     };
     take();
-    // FOLD: the current unit's input sums for tokens 2t, 2t + 1 at xu[t]; the first position past the unit.
-    const float2 * xu = reinterpret_cast<const float2 *>(xsum) + (kb_begin * 64 / U) * 4;
-    int unit_end = (kb_begin * 64 / U + 1) * U;
     auto flush = [&]() {
-        if constexpr (FOLD) {
-            const float2 xs = xu[t];
-            tot[0] = fmaf(s_lo, fmaf(-zf_lo, xs.x, c[0]), tot[0]);
-            tot[1] = fmaf(s_lo, fmaf(-zf_lo, xs.y, c[1]), tot[1]);
-            tot[2] = fmaf(s_hi, fmaf(-zf_hi, xs.x, c[2]), tot[2]);
-            tot[3] = fmaf(s_hi, fmaf(-zf_hi, xs.y, c[3]), tot[3]);
-        } else {
-            tot[0] = fmaf(s_lo, c[0], tot[0]);
-            tot[1] = fmaf(s_lo, c[1], tot[1]);
-            tot[2] = fmaf(s_hi, c[2], tot[2]);
-            tot[3] = fmaf(s_hi, c[3], tot[3]);
-        }
+        tot[0] = fmaf(s_lo, c[0], tot[0]);
+        tot[1] = fmaf(s_lo, c[1], tot[1]);
+        tot[2] = fmaf(s_hi, c[2], tot[2]);
+        tot[3] = fmaf(s_hi, c[3], tot[3]);
         c[0] = c[1] = c[2] = c[3] = 0.0f;
     };
-    // Past a group's end (FOLD: a unit's end, and the group's where the unit ends it): the sums scaled, the next
-    // group's parameters taken.
-    auto advance = [&]() {
+    auto next_group = [&]() {
         flush();
-        if constexpr (FOLD) {
-            xu += 4;
-            const int start = unit_end;
-            unit_end += U;
-            if (start < group_end) return;
-        }
         gi++;
         group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
         take();
     };
-    auto boundary = [&]() { return FOLD ? unit_end : group_end; };
     // One 64-wide K block: xk points at the lane's first B word of the block (input pair kb * 64 + 2t, or in
     // b_pair_order the lane's eight pairs from kb * 64 + 16t), pos0 = kb * 64. group_checks (a constant at each call):
     // whether a group may start inside the block (at j = 0 or 2); the fast rounds below check once per block instead.
@@ -381,7 +292,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            if (group_checks && (j == 0 || j == 2) && pos0 + j * 16 >= boundary()) advance();
+            if (group_checks && (j == 0 || j == 2) && pos0 + j * 16 >= group_end) next_group();
             if constexpr (C == Codes::Lookup4) {
                 const uint32_t word = reinterpret_cast<const uint32_t *>(&codes[0])[j];
                 const uint32_t * lut_lane = lut + lane;
@@ -397,16 +308,10 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
                 const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
                 const uint32_t word = reinterpret_cast<const uint32_t *>(&codes[p])[j];
                 uint32_t fr[4];
-                fr[0] = mma4::lop3_and_or(word, mask, magic);
-                fr[1] = mma4::lop3_and_or(word >> 4, mask, magic);
-                fr[2] = mma4::lop3_and_or(word >> 8, mask, magic);
-                fr[3] = mma4::lop3_and_or(word >> 12, mask, magic);
-                if constexpr (!FOLD) {
-                    fr[0] = mma4::bf16x2_sub(fr[0], zz_lo[p]);
-                    fr[1] = mma4::bf16x2_sub(fr[1], zz_hi[p]);
-                    fr[2] = mma4::bf16x2_sub(fr[2], zz_lo[p]);
-                    fr[3] = mma4::bf16x2_sub(fr[3], zz_hi[p]);
-                }
+                fr[0] = mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), zz_lo[p]);
+                fr[1] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), zz_hi[p]);
+                fr[2] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), zz_lo[p]);
+                fr[3] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), zz_hi[p]);
                 mma4::mma_bf16(c, fr, b[j][0], b[j][1]);
             }
         }
@@ -427,7 +332,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
                 if (l2_ahead > 0) prefetch_blocks(kb0 + RING + l2_ahead, kb0 + 2 * RING + l2_ahead);
 #pragma unroll
                 for (int u = 0; u < RING; u++) {
-                    if (pos0 + 64 * u >= boundary()) advance();
+                    if (pos0 + 64 * u >= group_end) next_group();
                     multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm);
 #pragma unroll
                     for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
@@ -452,7 +357,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
                 pos0 += 64;
             }
         }
-        if (kb_begin < kb_end) flush();  // a part may hold no units (FOLD): its sums stay zero
+        flush();
     }
 
     // The KS parts and MATS matrices of each row block meet in shared memory; the first warp of the row block writes.

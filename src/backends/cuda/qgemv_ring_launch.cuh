@@ -37,14 +37,10 @@ inline ring4::Codes codes_of(const QuantMatrix & w) {
     return w.lut ? ring4::Codes::Lookup4 : w.bits == 8 ? ring4::Codes::Affine8 : ring4::Codes::Affine4;
 }
 
-inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks, bool fold) {
+inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks) {
     return (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4 +
-           (w.lut ? ring4::k_lut_words * 4 : 0) + (fold ? size_t(ring4::fold_units(w.k_padded, w.group, w.groups)) * 8 * sizeof(float) : 0);
+           (w.lut ? ring4::k_lut_words * 4 : 0);
 }
-
-// QINFER_RING_FOLD (an A/B under way, to be removed once it concludes): 1, the affine codes' zero points folded into
-// each unit's scaling (ring4::fold_unit); 0, subtracted from every A register.
-inline bool ring_fold(ring4::Codes c) { return c != ring4::Codes::Lookup4 && env().qgemv_fold; }
 
 // Codes requested into L2 beyond the ring kernel's register ring, in 64-wide K blocks. On an H100 (7B GPTQ-Int4 shapes, m 1): down 29.4 -> 26.1 us with 6 blocks (27.9 with 12), o_proj unchanged,
 // but gate_up 34.9 -> 37.2 and qkv 9.4 -> 9.6: on for kernels reading their input from global memory (o_proj, down)
@@ -63,10 +59,10 @@ inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes
     return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= 3 * (ringk / ring4::planes_of(c)));
 }
 
-template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS, bool FOLD>
+template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
-    auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring, FOLD>;
+    auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS>;
     static PerDevice<size_t> configured;
     allow_dynamic_smem(kernel, smem, configured);
     const int n_rb = (a.n + 15) / 16;
@@ -83,7 +79,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
         if (plain_input && qgemv_ring_deep(C == ring4::Codes::Affine4) && grid <= 2 * sm_count()) {
-            auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep, FOLD>;
+            auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
             static PerDevice<size_t> configured_deep;
             allow_dynamic_smem(deep, smem, configured_deep);
             args.ring_fast = ring_fast_for(w, KS, ring4::k_ring_deep, C);
@@ -99,56 +95,48 @@ constexpr size_t k_ring_max_smem = 160 * 1024;
 // K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
 // split as row blocks x matrices x parts), with at least one 64-wide K block per part; more where the block's group
 // parameters (rows x groups) would not fit in shared memory. 0: no split fits.
-template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged, bool fold) {
+template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
     constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
     int ks = forced_ks() ? std::min(forced_ks(), max_ks) : 1;
     while (!forced_ks() && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
-    while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks, fold) > k_ring_max_smem) ks *= 2;
-    return ring_smem_bytes(w, m, staged, ring4::k_warps / ks, fold) <= k_ring_max_smem ? ks : 0;
+    while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
+    return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
 
-template <ring4::Codes C, GemvOut OUT, ring4::XSrc XS, bool FOLD>
+template <ring4::Codes C, GemvOut OUT, ring4::XSrc XS>
 void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
     constexpr int MATS = mats_of<OUT>();
-    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global, FOLD);
+    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global);
     if (ks == 0) QINFER_FAIL() << "qgemv: " << w.groups << " quantization groups per row do not fit in shared memory";
-    const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks, FOLD);
+    const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks);
     switch (ks) {
-    case 1: return launch_ring<C, OUT, 1, XS, FOLD>(w, x, ldx, a, smem, s);
-    case 2: return launch_ring<C, OUT, 2, XS, FOLD>(w, x, ldx, a, smem, s);
-    case 4: return launch_ring<C, OUT, 4, XS, FOLD>(w, x, ldx, a, smem, s);
+    case 1: return launch_ring<C, OUT, 1, XS>(w, x, ldx, a, smem, s);
+    case 2: return launch_ring<C, OUT, 2, XS>(w, x, ldx, a, smem, s);
+    case 4: return launch_ring<C, OUT, 4, XS>(w, x, ldx, a, smem, s);
     default:
-        if constexpr (MATS == 1) return launch_ring<C, OUT, 8, XS, FOLD>(w, x, ldx, a, smem, s);
-        return launch_ring<C, OUT, 4, XS, FOLD>(w, x, ldx, a, smem, s);
-    }
-}
-
-template <ring4::Codes C, ring4::XSrc XS, bool FOLD>
-void launch_ring_out(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
-    switch (out) {
-    case GemvOut::Bf16: return launch_ring_ks<C, GemvOut::Bf16, XS, FOLD>(w, x, ldx, a, s);
-    case GemvOut::F32: return launch_ring_ks<C, GemvOut::F32, XS, FOLD>(w, x, ldx, a, s);
-    case GemvOut::AddF32: return launch_ring_ks<C, GemvOut::AddF32, XS, FOLD>(w, x, ldx, a, s);
-    case GemvOut::SiluMulBf16: return launch_ring_ks<C, GemvOut::SiluMulBf16, XS, FOLD>(w, x, ldx, a, s);
+        if constexpr (MATS == 1) return launch_ring<C, OUT, 8, XS>(w, x, ldx, a, smem, s);
+        return launch_ring<C, OUT, 4, XS>(w, x, ldx, a, smem, s);
     }
 }
 
 template <ring4::Codes C, ring4::XSrc XS>
-void launch_ring_fold(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
-    if constexpr (C != ring4::Codes::Lookup4) {
-        if (ring_fold(C)) return launch_ring_out<C, XS, true>(w, x, ldx, a, out, s);
+void launch_ring_out(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
+    switch (out) {
+    case GemvOut::Bf16: return launch_ring_ks<C, GemvOut::Bf16, XS>(w, x, ldx, a, s);
+    case GemvOut::F32: return launch_ring_ks<C, GemvOut::F32, XS>(w, x, ldx, a, s);
+    case GemvOut::AddF32: return launch_ring_ks<C, GemvOut::AddF32, XS>(w, x, ldx, a, s);
+    case GemvOut::SiluMulBf16: return launch_ring_ks<C, GemvOut::SiluMulBf16, XS>(w, x, ldx, a, s);
     }
-    launch_ring_out<C, XS, false>(w, x, ldx, a, out, s);
 }
 
 template <ring4::XSrc XS>
 void launch_ring_codes(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s) {
     switch (codes_of(w)) {
-    case ring4::Codes::Affine4: return launch_ring_fold<ring4::Codes::Affine4, XS>(w, x, ldx, a, out, s);
-    case ring4::Codes::Affine8: return launch_ring_fold<ring4::Codes::Affine8, XS>(w, x, ldx, a, out, s);
-    case ring4::Codes::Lookup4: return launch_ring_fold<ring4::Codes::Lookup4, XS>(w, x, ldx, a, out, s);
+    case ring4::Codes::Affine4: return launch_ring_out<ring4::Codes::Affine4, XS>(w, x, ldx, a, out, s);
+    case ring4::Codes::Affine8: return launch_ring_out<ring4::Codes::Affine8, XS>(w, x, ldx, a, out, s);
+    case ring4::Codes::Lookup4: return launch_ring_out<ring4::Codes::Lookup4, XS>(w, x, ldx, a, out, s);
     }
 }
 
