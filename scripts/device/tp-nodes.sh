@@ -9,11 +9,15 @@ d=$(mktemp -d)
 toks=1,7,42,99,5,3,200,17,64,128,11
 "$Q" logits --model "$d/m" --tokens $toks --out "$d/one.npy" --backend cuda 2>&1 | tail -1
 "$Q" logits --model "$d/m" --tokens $toks --out "$d/tp2.npy" --backend cuda --tp 2 2>&1 | tail -1
+node_pids=()
 for r in 0 1; do
     CUDA_VISIBLE_DEVICES=$r timeout -k 10 120 "$Q" logits --model "$d/m" --tokens $toks --out "$d/nodes$r.npy" --backend cuda --tp 2 --nnodes 2 \
         --node-rank $r --master-addr 127.0.0.1:29517 >"$OUT/tp-nodes-$r.log" 2>&1 &
+    node_pids+=($!)
 done
-wait
+# The two nodes only: a bare `wait` here also waited for device.sh's deadline packer (its sleep), so the stage held
+# every call until the deadline (2026-11-30, call 2).
+wait "${node_pids[@]}"
 tail -n 2 "$OUT"/tp-nodes-[01].log
 python3 - "$d" <<'PY' 2>&1 | tee -a "$OUT/tp-nodes.log"
 import sys, numpy as np

@@ -46,7 +46,6 @@ inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int row
 // but gate_up 34.9 -> 37.2 and qkv 9.4 -> 9.6: on for kernels reading their input from global memory (o_proj, down)
 // only (bench/results/2026-11-26-h100-ring-ab).
 // Bf16 inputs staged as they are (vec_bf16, below) count as read from global memory here: the same kernels' inputs.
-// QINFER_RING_L2=1 (an A/B under way on the H200, to be removed once it concludes): normalised inputs too.
 constexpr int k_ring_l2_ahead_global = 6, k_ring_l2_ahead_staged = 0;
 
 // The ring kernel's fast rounds (qgemv_ring.cuh) where every K part holds at least three rounds of RINGK loads, so
@@ -75,8 +74,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
                       reinterpret_cast<uintptr_t>(w.zeros) % 8 == 0;
     args.ring_fast = ring_fast_for(w, KS, ring4::k_ring, C);
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
-    const int staged_ahead = env().qgemv_l2_normed ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged;
-    const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : staged_ahead) / ring4::planes_of(C);
+    const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
     const int grid = (n_rb + RBB - 1) / RBB;
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
