@@ -28,7 +28,6 @@ EnvSettings read_env() {
     s.profile = std::getenv("QINFER_PROFILE") != nullptr;
     const int ks = integer("QINFER_QKS");
     s.qgemv_k_parts = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
-    s.qgemv_ring_async = str("QINFER_RING_ASYNC") == "1";
     const int chunk = integer("QINFER_PREFILL_CHUNK");
     s.prefill_chunk = chunk >= 128 && chunk % 128 == 0 ? chunk : 0;
     if (const char * t = std::getenv("QINFER_TP_TIMEOUT")) {
@@ -46,7 +45,7 @@ const EnvSettings & env() {
 std::string env_knobs_json() {
     const EnvSettings & e = env();
     return "{\"QINFER_PROFILE\": " + std::string(e.profile ? "true" : "false") + ", \"QINFER_QKS\": " + std::to_string(e.qgemv_k_parts) +
-           ", \"QINFER_PREFILL_CHUNK\": " + std::to_string(e.prefill_chunk) + ", \"QINFER_RING_ASYNC\": " + std::string(e.qgemv_ring_async ? "1" : "0") + "}";
+           ", \"QINFER_PREFILL_CHUNK\": " + std::to_string(e.prefill_chunk) + "}";
 }
 
 }  // namespace qinfer

@@ -1,7 +1,7 @@
 // Every QINFER_* environment variable qinfer reads, in one place (docs/tuning.md lists them with their defaults).
 // Kernel selection is not among them: each concluded A/B kept one path, with its evidence in bench/results and git
 // history. What is left: settings a user needs (QINFER_CACHE, QINFER_ASSETS, QINFER_API_KEY, QINFER_COMMIT, QINFER_TP_TIMEOUT) and the
-// few knobs a kernel developer still times (QINFER_PROFILE, QINFER_QKS, QINFER_PREFILL_CHUNK, QINFER_RING_ASYNC).
+// few knobs a kernel developer still times (QINFER_PROFILE, QINFER_QKS, QINFER_PREFILL_CHUNK).
 #pragma once
 
 #include <string>
@@ -15,7 +15,6 @@ struct EnvSettings {
     std::string commit;      // QINFER_COMMIT: the commit bench rows name where the tree travels without .git
     bool profile = false;    // QINFER_PROFILE: per-op GPU times of each prefill and the first decode step after it
     int qgemv_k_parts = 0;   // QINFER_QKS=1|2|4|8: warps per row group of the quantized GEMVs (0: the launch rule)
-    bool qgemv_ring_async = false;  // QINFER_RING_ASYNC=0|1: the ring GEMVs' codes in flight in shared memory (an A/B)
     int prefill_chunk = 0;   // QINFER_PREFILL_CHUNK: tokens per CUDA prefill pass, a multiple of 128 (0: the rule)
     double tp_timeout_s = 600;  // QINFER_TP_TIMEOUT: seconds a tensor-parallel call of the GPUs may take before its
                                 // collectives are aborted (a rank or node that stopped answering)

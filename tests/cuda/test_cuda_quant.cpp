@@ -116,15 +116,6 @@ TEST_P(QuantGemv, MatchesCpu) {
         check_quant_gemv(n, k, true);
         cuda::set_qgemv_ring_fast(-1);
     }
-    // The shared-memory ring (an A/B under way), with and without the fast rounds.
-    cuda::set_qgemv_ring_async(1);
-    check_quant_gemv(n, k);
-    if (k >= 1024) {
-        cuda::set_qgemv_ring_fast(1);
-        check_quant_gemv(n, k);
-        cuda::set_qgemv_ring_fast(-1);
-    }
-    cuda::set_qgemv_ring_async(-1);
 }
 
 // N = rows of the weight (a multiple of 8 for GPTQ packing), K a multiple of 64 but not of 128 where possible.

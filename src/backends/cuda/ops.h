@@ -76,9 +76,6 @@ void reset_qgemv_ring_deep();
 // The ring kernel's fast rounds (unchecked rounds, normalised inputs staged for 16-byte B loads): -1 where every K
 // part holds at least three rounds of loads (the default), 1 wherever the kernel can take them, 0 never.
 void set_qgemv_ring_fast(int mode);
-// The ring kernel's codes in flight in shared memory (QINFER_RING_ASYNC, an A/B under way): -1 as the variable says
-// (the default), 1 wherever two blocks fit an SM, 0 never (tests).
-void set_qgemv_ring_async(int mode);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 // Prefill GEMM with the weights dequantized into shared memory (qgemm_wgmma.cu): y bf16 [m, w.rows] = x bf16 [m, w.k]

@@ -316,15 +316,6 @@ static std::atomic<int> ring_fast_mode{-1};
 int qgemv_ring_fast_mode() { return ring_fast_mode; }
 void set_qgemv_ring_fast(int mode) { ring_fast_mode = mode; }
 
-// The shared-memory ring's mode (qgemv_ring_launch.cuh): -1 as QINFER_RING_ASYNC says, 1 always, 0 never (tests).
-static std::atomic<int> ring_async_mode{-1};
-
-bool qgemv_ring_async() {
-    const int mode = ring_async_mode;
-    return mode == 1 || (mode == -1 && env().qgemv_ring_async);
-}
-void set_qgemv_ring_async(int mode) { ring_async_mode = mode; }
-
 size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
 
 void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream) {

@@ -43,12 +43,7 @@ constexpr int k_blocks_per_sm = 3;    // the launch bound the register budget is
 // for grids of at most two blocks per SM (7B's down and o_proj: 224 blocks), whose warps each stream a long stretch
 // of K with the SMs part-empty; a launch bound of two blocks per SM leaves the registers for it.
 constexpr int k_ring_deep = 12;
-// The shared-memory ring (ASYNC, an A/B under way: QINFER_RING_ASYNC): each lane's slots of codes in shared memory,
-// filled by cp.async (16 bytes, L1 bypassed) and read back by the same lane just before its MMAs, so the loads in
-// flight cost no registers: k_ring_async 16-byte loads a lane (twice the register ring) at three blocks per SM.
-constexpr int k_ring_async = 12;
-template <int RINGK, bool ASYNC = false> constexpr int blocks_per_sm_for() { return RINGK > k_ring && !ASYNC ? 2 : k_blocks_per_sm; }
-__host__ __device__ constexpr size_t async_ring_bytes() { return size_t(k_ring_async) * 256 * 16; }
+template <int RINGK> constexpr int blocks_per_sm_for() { return RINGK > k_ring ? 2 : k_blocks_per_sm; }
 constexpr int k_max_stage_bytes = 48 * 1024;  // largest input staged in shared memory (bf16 [m, k_padded])
 
 static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over qstage::k_threads threads");
@@ -129,14 +124,12 @@ __device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb
 
 // Shared memory: the staged input (bf16 [m, k_padded], StageNorm/StageBf16 only), then the packed group parameters
 // (uint32 [RBB * MATS * 16 rows, gstride]; gstride = groups | 1, so the 8 rows a warp reads fall in different banks),
-// then for Lookup4 the pair table (uint32 [256, 32]); for ASYNC the ring (uint4 [RINGK, k_threads]: slot u, plane p
-// of thread i at (u * PLANES + p) * k_threads + i, so a warp's 16-byte accesses are consecutive).
+// then for Lookup4 the pair table (uint32 [256, 32]).
 __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
 
-template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring, bool ASYNC = false>
-__global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
+template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring>
+__global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
-    static_assert(!ASYNC || (C != Codes::Lookup4 && RINGK == k_ring_async), "the shared-memory ring: affine codes, k_ring_async");
     constexpr int PLANES = planes_of(C);     // 16-byte loads per lane and 64-wide K block
     constexpr int RING = RINGK / PLANES;     // K blocks in flight
     constexpr int TILE = 32 * PLANES;        // uint4 per row block and K block
@@ -158,25 +151,15 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
     // Plane p of K block kb at src + kb * TILE + p * 32.
     const uint4 * src = reinterpret_cast<const uint4 *>(w.codes) + size_t(grb) * nkb * TILE + lane;
 
-    // The ring: registers, or (ASYNC) this thread's slots in shared memory, placed after the group parameters (below).
-    uint4 ring[ASYNC ? 1 : RING][PLANES];
-    uint4 * aslot = smem_raw + (XS == XSrc::Global ? 0 : size_t(m) * kp / 8) + size_t(RBB * MATS * 16 * gs + 3) / 4 + threadIdx.x;
-    // Slot u of the ring from `from` (a pointer to plane 0 of a K block; ok false: zeros, nothing read). ASYNC: one
-    // cp.async group per slot, so that waiting for all but the newest RING - 1 groups leaves the oldest slot filled.
-    auto fill = [&](int u, const uint4 * from, bool ok) {
+    // The first RING blocks of codes, requested before anything else.
+    uint4 ring[RING][PLANES];
+#pragma unroll
+    for (int u = 0; u < RING; u++) {
 #pragma unroll
         for (int p = 0; p < PLANES; p++) {
-            if constexpr (ASYNC) {
-                cp_async16(aslot + (u * PLANES + p) * k_threads, ok ? from + p * 32 : reinterpret_cast<const uint4 *>(w.codes), ok);
-            } else {
-                ring[u][p] = ok ? mma4::load_stream(from + p * 32) : make_uint4(0, 0, 0, 0);
-            }
+            ring[u][p] = active && kb_begin + u < kb_end ? mma4::load_stream(src + size_t(kb_begin + u) * TILE + p * 32) : make_uint4(0, 0, 0, 0);
         }
-        if constexpr (ASYNC) cp_async_commit();
-    };
-    // The first RING blocks of codes, requested before anything else.
-#pragma unroll
-    for (int u = 0; u < RING; u++) fill(u, src + size_t(kb_begin + u) * TILE, active && kb_begin + u < kb_end);
+    }
     // l2_ahead (set by qgemv.cu; 0: none): blocks [kb_begin + RING, + l2_ahead) of codes asked into L2 here, and each
     // round of the loop below moves that window on by RING.
     const uint4 * tile0 = src - lane;  // the row block's first tile
@@ -333,17 +316,6 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
             }
         }
     };
-    // The codes of ring slot u, ready to multiply (ASYNC: the oldest cp.async group waited for, then read back).
-    auto slot = [&](int u) -> const uint4(&)[PLANES] {
-        if constexpr (ASYNC) {
-            cp_async_wait<RING - 1>();
-#pragma unroll
-            for (int p = 0; p < PLANES; p++) ring[0][p] = aslot[(u * PLANES + p) * k_threads];
-            return ring[0];
-        } else {
-            return ring[u];
-        }
-    };
     if (active) {
         // Running pointers (no per-block address arithmetic): the codes RING blocks ahead, the lane's inputs. A ring
         // slot is multiplied first and then refilled (no register copy of the codes).
@@ -355,16 +327,15 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
         // whole K blocks (a group starts only at a block's first position), so no bounds checks and one group check
         // per block, with the round's addresses as offsets from its first block; normalised inputs in two 16-byte
         // loads per block. The rounds after them take the checked loop.
-        // ASYNC: a refill past the part is a zero fill that reads nothing, so a fast round needs only its own blocks
-        // inside the part.
         if (a.ring_fast && w.group % 64 == 0) {
-            for (; kb0 + (ASYNC ? 1 : 2) * RING <= kb_end; kb0 += RING) {
+            for (; kb0 + 2 * RING <= kb_end; kb0 += RING) {
                 if (l2_ahead > 0) prefetch_blocks(kb0 + RING + l2_ahead, kb0 + 2 * RING + l2_ahead);
 #pragma unroll
                 for (int u = 0; u < RING; u++) {
                     if (pos0 + 64 * u >= group_end) next_group();
-                    multiply(slot(u), xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm);
-                    fill(u, ahead + u * TILE, !ASYNC || kb0 + u + RING < kb_end);
+                    multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm);
+#pragma unroll
+                    for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
                 }
                 ahead += RING * TILE;
                 xk += RING * 32;
@@ -376,11 +347,10 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
 #pragma unroll
             for (int u = 0; u < RING; u++) {
                 if (kb0 + u >= kb_end) break;
-                multiply(slot(u), xk, pos0, true, pair_order);
-                if constexpr (ASYNC) {
-                    fill(u, ahead, kb0 + u + RING < kb_end);
-                } else if (kb0 + u + RING < kb_end) {
-                    fill(u, ahead, true);
+                multiply(ring[u], xk, pos0, true, pair_order);
+                if (kb0 + u + RING < kb_end) {
+#pragma unroll
+                    for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + p * 32);
                 }
                 ahead += TILE;
                 xk += 32;
@@ -389,7 +359,6 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK, ASYNC>())
         }
         flush();
     }
-    if constexpr (ASYNC) cp_async_wait<0>();  // the zero fills past the part land before the block can end
 
     // The KS parts and MATS matrices of each row block meet in shared memory; the first warp of the row block writes.
 #pragma unroll

@@ -24,8 +24,6 @@ void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut ou
 bool qgemv_ring_deep(bool affine4);
 // The fast rounds' mode (set_qgemv_ring_fast): -1 the rule of ring_launch::ring_fast_for, 1, 0.
 int qgemv_ring_fast_mode();
-// Whether launches that fit take the shared-memory ring (set_qgemv_ring_async, else QINFER_RING_ASYNC).
-bool qgemv_ring_async();
 
 // QINFER_QKS=1|2|4|8 forces the warps per row group of the quantized GEMVs (an open knob: two K parts made the 4-bit
 // gate_up 7% faster in isolation on an H200, bench/results/2026-11-28-h200-3ca90f2, not yet measured in rows).
@@ -61,9 +59,6 @@ inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes
     return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= 3 * (ringk / ring4::planes_of(c)));
 }
 
-// The largest dynamic shared memory a block of the shared-memory ring takes (two blocks an SM).
-constexpr size_t k_ring_async_max_smem = 100 * 1024;
-
 template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
@@ -81,18 +76,6 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
     const int grid = (n_rb + RBB - 1) / RBB;
-    // The shared-memory ring (QINFER_RING_ASYNC=1, an A/B under way, to be removed once it concludes) where two blocks
-    // still fit an SM.
-    if constexpr (C != ring4::Codes::Lookup4) {
-        const size_t smem_async = smem + ring4::async_ring_bytes();
-        if (qgemv_ring_async() && smem_async <= k_ring_async_max_smem) {
-            auto async = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_async, true>;
-            static PerDevice<size_t> configured_async;
-            allow_dynamic_smem(async, smem_async, configured_async);
-            launch_kernel(async, grid, ring4::k_threads, smem_async, s, w, x, ldx, args, l2_ahead);
-            return;
-        }
-    }
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
         if (plain_input && qgemv_ring_deep(C == ring4::Codes::Affine4) && grid <= 2 * sm_count()) {
