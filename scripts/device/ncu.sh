@@ -4,7 +4,8 @@
 # required), NCU_TEST (the gtest, default CudaQuant.DecodeGemvTimings), NCU_SKIP (launches of that kernel to skip first,
 # default 10), NCU_ENV (VAR=value ... for the test, e.g. QINFER_QGEMV_TIMING_CASE=GPTQ-Int4:gate_up or
 # QINFER_DECODE_TIMING_LEN=129024), NCU_CMD (a qinfer command line instead of the gtest, e.g. "bench --kernels
-# --models 7b --m 16"), NCU_TAG (file names, default ncu). Speed of light, memory, occupancy, stalls,
+# --models 7b --m 16"), NCU_TAG (file names, default ncu), NCU_SECTIONS (more sections, e.g. MemoryWorkloadAnalysis_Tables
+# for DRAM and L2 request efficiency). Speed of light, memory, occupancy, stalls,
 # instruction mix, per-instruction samples: details to $OUT/TAG.txt, SASS samples to $OUT/TAG-sass.csv.gz.
 tag=${NCU_TAG:-ncu}
 if ! command -v ncu >/dev/null; then
@@ -13,7 +14,8 @@ elif [ -z "${NCU_KERNEL:-}" ]; then
     note "ncu: set NCU_KERNEL"
 else
     sections=()
-    for s in SpeedOfLight MemoryWorkloadAnalysis Occupancy WarpStateStats SchedulerStats LaunchStats InstructionStats SourceCounters; do
+    # shellcheck disable=SC2086  # NCU_SECTIONS splits into words on purpose
+    for s in SpeedOfLight MemoryWorkloadAnalysis Occupancy WarpStateStats SchedulerStats LaunchStats InstructionStats SourceCounters ${NCU_SECTIONS:-}; do
         sections+=(--section "$s")
     done
     target=(build-device/tests/qinfer_tests --gtest_filter="${NCU_TEST:-CudaQuant.DecodeGemvTimings}")

@@ -35,7 +35,7 @@ PY
 for r in 0 1; do
     CUDA_VISIBLE_DEVICES=$r QINFER_TP_TIMEOUT=20 timeout -k 10 150 "$Q" bench --model "$d/m" --input-lens 1 --gen 200 --repeat 3000 --tp 2 --nnodes 2 \
         --node-rank $r --master-addr 127.0.0.1:29518 >"$OUT/tp-nodes-kill-$r.log" 2>&1 &
-    pids[$r]=$!
+    pids[r]=$!
 done
 # Node 0 prints its card line once both nodes are connected and loaded; node 1 dies a few seconds into the run.
 for _ in $(seq 60); do
