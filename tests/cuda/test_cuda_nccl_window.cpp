@@ -5,8 +5,10 @@
 //
 // Why it exists: with the decode residual in such a window, the engine's tensor-parallel batch tests failed now and
 // then (bench/results/2026-11-30-h200x2-tp-window; the window was removed). NCCL's symmetric kernels wait for the
-// kernel ahead (cudaGridDependencySynchronize in their entry), so the suspect left is the mix this test makes: graph
-// replays and eager calls of symmetric collectives on one communicator. Skipped with fewer than two GPUs.
+// kernel ahead (cudaGridDependencySynchronize in their entry), so the suspect was the mix this test makes: graph
+// replays and eager calls of symmetric collectives on one communicator. It passes on two H200s
+// (bench/results/2026-11-30-h200x2-ring-fold, call 2): that mix alone does not reproduce the failures. Skipped with
+// fewer than two GPUs.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>

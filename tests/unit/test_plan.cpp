@@ -151,9 +151,6 @@ TEST(Plan, PrefillChunkFollowsTheCache) {
     EXPECT_EQ(prefill_chunk_for_cache(16, false, prefill_bytes_per_token(preset_config("qwen2.5-0.5b", ""))), 4096);
 }
 
-// Decode splits in whole waves of 396 blocks (3 per SM on an H100): with the 2048-key splits 7B (4 KV heads) at
-// 129024 + 2048 keys needs 64 splits, which fit one wave (99);
-// short contexts fill one wave; the cap holds.
 // Tensor parallel over two H200s (--load-format dummy, the embedding in host memory, batch 1, 2048 generated): each
 // GPU's estimate summed against the peak of both GPUs together (bench/results/2026-11-29-h200x2-tp at 136ae6a and
 // 2d40d6d, bench/results/2026-11-30-h200x2-tp-window at d72b2cf): the model is within 0.1% of each.
@@ -188,6 +185,9 @@ TEST(Plan, TensorParallelWeightsAddUp) {
     }
 }
 
+// Decode splits in whole waves of 396 blocks (3 per SM on an H100): with the 2048-key splits 7B (4 KV heads) at
+// 129024 + 2048 keys needs 64 splits, which fit one wave (99);
+// short contexts fill one wave; the cap holds.
 TEST(DecodeSplits, WholeWaves) {
     EXPECT_EQ(decode_splits_for(131072, 4, 1, 396), 99);
     EXPECT_EQ(decode_splits_for(32768, 4, 1, 396), 99);
