@@ -1,6 +1,6 @@
 // The MoE kernels (backends/cuda/moe.cu) against a CPU reference of the model's MoE block (the CPU backend's routing,
 // cpu::moe_route; each projection's output rounded to bf16 as the unfused CUDA path does): routing and grouping exactly, the grouped GEMMs and the combine within bf16
-// tolerance, for 4..128 experts, top-k 1..8, 1..300 tokens (some experts get no rows, some many), both row tiles,
+// tolerance, for 4..128 experts, top-k 1..8, 1..300 tokens (some experts get no rows, some many), every row tile,
 // hidden and intermediate sizes that are not multiples of the 64-wide K steps; a batch's rows equal each row alone.
 // The quantized experts' kernel (moe_quant.cu) against the CPU backend's quantized linears (cpu::linear dequantizes
 // by each format's formula), for 4- and 8-bit GPTQ v1/v2 and AWQ codes, groups 32 / 64 / 128 / whole rows.
@@ -114,7 +114,9 @@ TEST_P(CudaMoe, MatchesCpu) {
     const DeviceBuffer logits_d = upload(logits), xn_d = upload_bf16(xn), gu_d = upload_bf16(gate_up), down_d = upload_bf16(down),
                        shared_d = upload_bf16(shared);
     const cuda::MoeExperts w{gu_d.as<cuda::bf16>(), down_d.as<cuda::bf16>(), E, H, I};
-    for (int tile : {16, 64}) {
+    std::vector<int> tiles_tried = {16, 64};
+    if (cuda::sm90a_device()) tiles_tried.push_back(cuda::k_moe_wgmma_rows);  // the wgmma kernel (moe_wgmma.cu)
+    for (int tile : tiles_tried) {
         SCOPED_TRACE("tile " + std::to_string(tile));
         RoutingBuffers rb(c, E, k);
         cuda::moe_route(logits_d.as<float>(), stride, c, E, k, p.renormalise, tile, rb.r, nullptr);
@@ -185,7 +187,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoe,
                                            MoeCase{8, 2, 17, 200, 72, true, false}, MoeCase{60, 4, 1, 256, 200, false, true},
                                            MoeCase{60, 4, 16, 256, 200, false, true}, MoeCase{64, 8, 5, 136, 88, false, true},
                                            MoeCase{128, 8, 1, 128, 64, true, false}, MoeCase{128, 8, 300, 128, 64, true, false},
-                                           MoeCase{60, 4, 300, 264, 104, false, true}, MoeCase{16, 8, 129, 64, 24, true, false}));
+                                           MoeCase{60, 4, 300, 264, 104, false, true}, MoeCase{16, 8, 129, 64, 24, true, false},
+                                           MoeCase{32, 4, 256, 1024, 320, false, false}));
 
 struct QuantMoeCase {
     const char * name;

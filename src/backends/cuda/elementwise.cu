@@ -160,9 +160,17 @@ __global__ void silu_mul_kernel(const bf16 * gate_up, int inter, bool vec, bf16 
     }
 }
 
-__global__ void gather_rows_kernel(const bf16 * in, const int * rows, int hidden, bf16 * out) {
+// out[i] = in[rows[i]]: a block per row, 16-byte chunks where rows are whole chunks (vec).
+__global__ void gather_rows_kernel(const bf16 * in, const int * rows, int hidden, bool vec, bf16 * out) {
+    pdl_wait();
     const int i = blockIdx.x;
-    for (int j = threadIdx.x; j < hidden; j += blockDim.x) out[int64_t(i) * hidden + j] = in[int64_t(rows[i]) * hidden + j];
+    const bf16 * src = in + int64_t(rows[i]) * hidden;
+    bf16 * dst = out + int64_t(i) * hidden;
+    if (vec) {
+        for (int j = threadIdx.x; j < hidden / 8; j += blockDim.x) reinterpret_cast<uint4 *>(dst)[j] = reinterpret_cast<const uint4 *>(src)[j];
+        return;
+    }
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) dst[j] = src[j];
 }
 
 // One block per token and group of `hpb` heads of q, k and v together (head = blockIdx.y * hpb + the thread's group;
@@ -307,8 +315,8 @@ void silu_mul(const bf16 * gate_up, int n, int inter, bf16 * out, cudaStream_t s
 
 void gather_rows(const bf16 * in, const int * rows, int m, int hidden, bf16 * out, cudaStream_t stream) {
     if (m == 0) return;
-    gather_rows_kernel<<<m, 256, 0, stream>>>(in, rows, hidden, out);
-    CUDA_CHECK(cudaGetLastError());
+    const bool vec = hidden % 8 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    launch_kernel(gather_rows_kernel, dim3(m), dim3(256), 0, stream, in, rows, hidden, vec, out);
 }
 
 void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream) {

@@ -7,7 +7,9 @@
 #include <climits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/moe_wgmma.h"
 #include "backends/cuda/ops.h"
+#include "core/env.h"
 
 namespace qinfer::cuda {
 namespace {
@@ -509,7 +511,12 @@ MoeRouting moe_routing_in(int * ints, float * weights, int max_tokens, int top_k
     return r;
 }
 
-int moe_tile_rows(int tokens, int top_k, int n_experts) { return tokens * top_k >= 16 * n_experts ? 64 : 16; }
+int moe_tile_rows(int tokens, int top_k, int n_experts) {
+    const int64_t assignments = int64_t(tokens) * top_k;
+    const int wgmma_rows = env().moe_wgmma_rows;
+    if (wgmma_rows > 0 && assignments >= int64_t(wgmma_rows) * n_experts && sm90a_device()) return k_moe_wgmma_rows;
+    return assignments >= 16 * n_experts ? 64 : 16;
+}
 
 int moe_max_tiles(int assignments, int tile_rows, int n_experts) {
     return std::min(assignments, (assignments + tile_rows - 1) / tile_rows + std::min(n_experts, assignments));
@@ -534,7 +541,35 @@ void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const 
                  cudaStream_t stream) {
     QINFER_CHECK(w.hidden % 8 == 0 && w.inter % 8 == 0) << "MoE experts: hidden " << w.hidden << " and intermediate " << w.inter
                                                        << " must be multiples of 8";
-    QINFER_CHECK(tile_rows == 16 || tile_rows == 64) << "MoE experts: tile of " << tile_rows << " rows";
+    QINFER_CHECK(tile_rows == 16 || tile_rows == 64 || tile_rows == k_moe_wgmma_rows) << "MoE experts: tile of " << tile_rows << " rows";
+    if (tile_rows == k_moe_wgmma_rows && c > k_moe_gemv_max_tokens) {
+        // The tensor copies need the sorted rows' inputs contiguous: gathered into `out`, free until down writes it.
+        const int rows = c * top_k;
+        gather_rows(xn, r.token_of, rows, w.hidden, out, stream);
+        MoeWgmmaGemm g;
+        g.n_experts = w.n_experts;
+        g.offsets = r.offsets;
+        g.tiles = r.tiles;
+        g.max_tiles = moe_max_tiles(rows, tile_rows, w.n_experts);
+        g.x = out;
+        g.x_rows = rows;
+        g.w = w.gate_up;
+        g.w_rows = 2 * w.inter;
+        g.n = w.inter;
+        g.k = w.hidden;
+        g.swiglu = true;
+        g.y = act;
+        moe_gemm_wgmma(g, stream);
+        g.x = act;
+        g.w = w.down;
+        g.w_rows = w.hidden;
+        g.n = w.hidden;
+        g.k = w.inter;
+        g.swiglu = false;
+        g.y = out;
+        moe_gemm_wgmma(g, stream);
+        return;
+    }
     GemmArgs a;
     a.offsets = r.offsets;
     a.tiles = r.tiles;

@@ -336,7 +336,9 @@ struct MoeRouting {
 // a float array of max_tokens * top_k weights.
 size_t moe_routing_ints(int max_tokens, int top_k, int n_experts);
 MoeRouting moe_routing_in(int * ints, float * weights, int max_tokens, int top_k, int n_experts);
-// The grouped GEMMs' row tile for c tokens: 64 where experts get 16 rows or more on average, else 16.
+// The grouped GEMMs' row tile for c tokens: k_moe_wgmma_rows (the wgmma kernel, moe_wgmma.h; sm_90a devices only)
+// where experts get QINFER_MOE_WGMMA rows or more on average, 64 where they get 16 or more, else 16.
+constexpr int k_moe_wgmma_rows = 128;
 int moe_tile_rows(int tokens, int top_k, int n_experts);
 // The most row tiles `assignments` sorted rows can take in tiles of tile_rows (every expert may end in a part tile):
 // the grids of the launches over tiles, sized for the worst case so that graphs can capture them.
@@ -350,7 +352,7 @@ struct MoeExperts {
     int n_experts = 0, hidden = 0, inter = 0;  // hidden and inter multiples of 8
 };
 // Up to this many tokens the experts run as GEMVs (one warp per few weight rows of one sorted row), beyond it as
-// grouped tensor-core GEMMs in tiles of tile_rows rows.
+// grouped tensor-core GEMMs in tiles of tile_rows rows (k_moe_wgmma_rows: the inputs gathered into `out` first).
 constexpr int k_moe_gemv_max_tokens = 4;
 // act bf16 [c top_k, inter] = silu(gate) * up of each sorted row's token xn bf16 [c, hidden] through its expert;
 // out bf16 [c top_k, hidden] = act W_down^T, in the sorted order.

@@ -1,0 +1,23 @@
+# shellcheck shell=bash
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
+# One forward pass's logits under two settings of the environment, compared: the end-to-end check of a kernel path that
+# an A/B knob switches (the knob's off arm is the reference). LOGITS_AB_SPECS entries preset:layers:tokens:VAR=a:VAR=b
+# (default qwen1.5-moe-a2.7b:4:3000:QINFER_MOE_WGMMA=0:QINFER_MOE_WGMMA=96): a synthesized checkpoint of that many
+# layers, a prompt of that many token ids, `qinfer logits` under each setting; prints the largest absolute difference
+# and the relative L2 difference of the two [tokens, vocab] arrays, and whether each row's argmax agrees.
+for spec in ${LOGITS_AB_SPECS:-qwen1.5-moe-a2.7b:4:3000:QINFER_MOE_WGMMA=0:QINFER_MOE_WGMMA=96}; do
+    IFS=: read -r preset layers n set_a set_b <<<"$spec"
+    dir=/tmp/logits-ab-$preset-$layers
+    [ -f "$dir/config.json" ] || "$Q" synth --preset "$preset" --layers "$layers" --out "$dir" >/dev/null 2>&1
+    toks=$(python3 -c "print(','.join(str((i * 7919) % 150000 + 10) for i in range($n)))")
+    env "$set_a" "$Q" logits --model "$dir" --tokens "$toks" --out /tmp/logits-ab-a.npy 2>&1 | grep -iE "error" | tee -a "$OUT/logits-ab.log"
+    env "$set_b" "$Q" logits --model "$dir" --tokens "$toks" --out /tmp/logits-ab-b.npy 2>&1 | grep -iE "error" | tee -a "$OUT/logits-ab.log"
+    python3 - "$spec" <<'PY' 2>&1 | tee -a "$OUT/logits-ab.log"
+import sys
+import numpy as np
+a, b = np.load("/tmp/logits-ab-a.npy"), np.load("/tmp/logits-ab-b.npy")
+rel = float(np.linalg.norm(a - b) / np.linalg.norm(a))
+agree = float((a.argmax(-1) == b.argmax(-1)).mean())
+print(f"logits-ab {sys.argv[1]}: shape {a.shape}, max |a - b| {abs(a - b).max():.4g}, relative L2 {rel:.3g}, argmax agrees on {100 * agree:.1f}% of rows")
+PY
+done
