@@ -2,10 +2,10 @@
 # A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
 # One forward pass's logits under two settings of the environment, compared: the end-to-end check of a kernel path that
 # an A/B knob switches (the knob's off arm is the reference). LOGITS_AB_SPECS entries preset:layers:tokens:VAR=a:VAR=b
-# (default qwen1.5-moe-a2.7b:4:3000:QINFER_MOE_WGMMA=0:QINFER_MOE_WGMMA=96): a synthesized checkpoint of that many
+# (default qwen1.5-moe-a2.7b:4:3000:QINFER_PREFILL_CHUNK=1024:QINFER_PREFILL_CHUNK=4096: passes of 1024 and 4096 tokens): a synthesized checkpoint of that many
 # layers, a prompt of that many token ids, `qinfer logits` under each setting; prints the largest absolute difference
 # and the relative L2 difference of the two [tokens, vocab] arrays, and whether each row's argmax agrees.
-for spec in ${LOGITS_AB_SPECS:-qwen1.5-moe-a2.7b:4:3000:QINFER_MOE_WGMMA=0:QINFER_MOE_WGMMA=96}; do
+for spec in ${LOGITS_AB_SPECS:-qwen1.5-moe-a2.7b:4:3000:QINFER_PREFILL_CHUNK=1024:QINFER_PREFILL_CHUNK=4096}; do
     IFS=: read -r preset layers n set_a set_b <<<"$spec"
     dir=/tmp/logits-ab-$preset-$layers
     [ -f "$dir/config.json" ] || "$Q" synth --preset "$preset" --layers "$layers" --out "$dir" >/dev/null 2>&1

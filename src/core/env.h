@@ -16,8 +16,6 @@ struct EnvSettings {
     bool profile = false;    // QINFER_PROFILE: per-op GPU times of each prefill and the first decode step after it
     int qgemv_k_parts = 0;   // QINFER_QKS=1|2|4|8: warps per row group of the quantized GEMVs (0: the launch rule)
     int prefill_chunk = 0;   // QINFER_PREFILL_CHUNK: tokens per CUDA prefill pass, a multiple of 128 (0: the rule)
-    int moe_wgmma_rows = 96;  // QINFER_MOE_WGMMA: rows per expert on average from which the routed experts take the
-                              // wgmma grouped GEMM (sm_90a; 0: never) — an A/B knob, removed once it concludes
     double tp_timeout_s = 600;  // QINFER_TP_TIMEOUT: seconds a tensor-parallel call of the GPUs may take before its
                                 // collectives are aborted (a rank or node that stopped answering)
 };

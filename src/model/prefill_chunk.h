@@ -22,7 +22,7 @@ inline double prefill_bytes_per_token(const ModelConfig & c) {
 
 // A longer pass keeps the attention kernel's grid full (on an H100, 7B at 30720 tokens: time to first token 1.92 s
 // with 1024-token passes, 1.77 s with 4096) but holds more activations (7B: ~166 KB per token against 57 KB of bf16
-// KV). The pass is the longer of:
+// KV). The pass is the longest of:
 // - a 32nd of the per-sequence cache, in multiples of 128, within [1024, 4096]: activations stay near a tenth of the
 //   KV cache (30720 + 2048 tokens: 1024; 63488 + 2048: 2048). Quantized weights are dequantized once per pass and
 //   projection, so there it is an 8th of the cache (30720 + 2048: 4096; 7B GPTQ-Int4 at 30720 on an H100: time to
@@ -34,14 +34,19 @@ inline double prefill_bytes_per_token(const ModelConfig & c) {
 //   bench/results/2026-11-27-h100-decode-tma, bench/results/2026-11-27-h100-split-keys);
 // - as many 1024-token blocks (up to 4) as fit 0.2 GB of activations: small models' passes are cheap (0.5B: 42 KB
 //   per token, 4096; 1.5B: 76 KB, 2048; 7B: 1024). 0.5B at 30720: time to first token 0.55-0.60 -> 0.41-0.47 s,
-//   +0.13 GB (bench/results/2026-11-26-h100-chunk-small).
-inline int prefill_chunk_for_cache(int kv_tokens, bool dequantized_weights, double bytes_per_token) {
-    constexpr int k_min = 1024, k_max = 4096, k_long_cache = 65536;
+//   +0.13 GB (bench/results/2026-11-26-h100-chunk-small);
+// - 4096 for models with routed experts (routed_experts): a pass reads every expert's weights once, and the 1024-1280
+//   tokens the first two rules give MoE models (~137 KB of activations a token) leave each of Qwen3-30B-A3B's 128
+//   experts ~80 rows. On an H200 (same call, bench/results/2026-11-30-h200x2-moe-wgmma), Qwen3-30B-A3B 1000 prompts
+//   of 1000 -> 100 tokens: 29.30 -> 40.35 requests/s with the wgmma experts (15.12 -> 20.14 with the mma.sync ones);
+//   Qwen1.5-MoE-A2.7B's time to first token at 30720: 0.622 -> 0.476 s.
+inline int prefill_chunk_for_cache(int kv_tokens, bool dequantized_weights, double bytes_per_token, bool routed_experts = false) {
+    constexpr int k_min = 1024, k_max = 4096, k_long_cache = 65536, k_moe = 4096;
     constexpr double k_activation_budget = 0.2e9;
     const int share = dequantized_weights ? 8 : 32;
     const int by_cache = std::clamp(kv_tokens / share / 128 * 128, k_min, k_max) * (kv_tokens > k_long_cache ? 2 : 1);
     const int by_budget = std::clamp(int(k_activation_budget / bytes_per_token) / 1024 * 1024, k_min, k_max);
-    return std::max(by_cache, by_budget);
+    return std::max({by_cache, by_budget, routed_experts ? k_moe : k_min});
 }
 
 }  // namespace qinfer

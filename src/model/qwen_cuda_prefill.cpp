@@ -42,7 +42,8 @@ int CudaQwenEngine::max_quantized_k() const {
 // pass), or QINFER_PREFILL_CHUNK (a multiple of 128, for timing others).
 int CudaQwenEngine::prefill_chunk() const {
     const int forced = env().prefill_chunk;
-    return forced ? forced : prefill_chunk_for_cache(kv_tokens_, max_quantized_k() > 0, prefill_bytes_per_token(model_->config));
+    const ModelConfig & c = model_->config;
+    return forced ? forced : prefill_chunk_for_cache(kv_tokens_, max_quantized_k() > 0, prefill_bytes_per_token(c), c.num_experts > 0);
 }
 
 void CudaQwenEngine::forward(int seq, const std::vector<int> & tokens, bool all_logits, std::vector<float> & logits) {

@@ -77,7 +77,7 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     // are prefilled one after another) and one decode step of the batch; decode scratch and buffers
     // (model/qwen_cuda.cpp).
     const double per_token_bytes = prefill_bytes_per_token(c);
-    const int chunk = prefill_chunk_for_cache(int(tokens), max_k > 0, per_token_bytes);
+    const int chunk = prefill_chunk_for_cache(int(tokens), max_k > 0, per_token_bytes, c.num_experts > 0);
     const double ch = double(std::max(std::min(prompt, chunk), batch));
     m.workspace = ch * per_token_bytes;
     m.workspace += 4.0 * c.vocab_size * batch + 4.0 * (tokens + 1) * batch;

@@ -149,6 +149,11 @@ TEST(Plan, PrefillChunkFollowsTheCache) {
     EXPECT_EQ(prefill_chunk_for_cache(32768, false, prefill_bytes_per_token(preset_config("qwen2.5-1.5b", ""))), 2048);
     EXPECT_EQ(prefill_chunk_for_cache(32768, false, prefill_bytes_per_token(preset_config("qwen2.5-0.5b", ""))), 4096);
     EXPECT_EQ(prefill_chunk_for_cache(16, false, prefill_bytes_per_token(preset_config("qwen2.5-0.5b", ""))), 4096);
+    // Routed experts: 4096 at least (every expert's weights are read once a pass).
+    const double b30 = prefill_bytes_per_token(preset_config("qwen3-30b-a3b", ""));
+    EXPECT_EQ(prefill_chunk_for_cache(16, false, b30), 1024);
+    EXPECT_EQ(prefill_chunk_for_cache(16, false, b30, true), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(131072, false, b30, true), 8192);
 }
 
 // Tensor parallel over two H200s (--load-format dummy, the embedding in host memory, batch 1, 2048 generated): each

@@ -337,7 +337,7 @@ struct MoeRouting {
 size_t moe_routing_ints(int max_tokens, int top_k, int n_experts);
 MoeRouting moe_routing_in(int * ints, float * weights, int max_tokens, int top_k, int n_experts);
 // The grouped GEMMs' row tile for c tokens: k_moe_wgmma_rows (the wgmma kernel, moe_wgmma.h; sm_90a devices only)
-// where experts get QINFER_MOE_WGMMA rows or more on average, 64 where they get 16 or more, else 16.
+// where experts get 32 rows or more on average, 64 where they get 16 or more, else 16.
 constexpr int k_moe_wgmma_rows = 128;
 int moe_tile_rows(int tokens, int top_k, int n_experts);
 // The most row tiles `assignments` sorted rows can take in tiles of tile_rows (every expert may end in a part tile):
