@@ -7,6 +7,7 @@
 #include <climits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/moe_wgmma.h"
 #include "backends/cuda/ops.h"
 
@@ -247,17 +248,9 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     __shared__ int a_rows[BM];                                   // x's row of each tile row (-1: none)
     __shared__ int b_rows[BN];                                   // weight row of each tile column (-1: none)
     pdl_wait();
-    const int g = blockIdx.y;
-    if (g >= a.tiles[a.E]) return;
-    int lo = 0, hi = a.E;
-    while (lo < hi) {  // the last expert whose first tile is at or before g
-        const int mid = (lo + hi + 1) / 2;
-        if (a.tiles[mid] <= g) lo = mid;
-        else hi = mid - 1;
-    }
-    const int e = lo;
-    const int row0 = a.offsets[e] + (g - a.tiles[e]) * BM;
-    const int rows = min(BM, a.offsets[e + 1] - row0);
+    MoeTile tile;
+    if (!moe_tile_of(a.tiles, a.offsets, a.E, int(blockIdx.y), BM, tile)) return;
+    const int e = tile.expert, row0 = tile.row0, rows = tile.rows;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / WN, wn = warp % WN;
     const int f0 = blockIdx.x * (SWIGLU ? BN / 2 : BN);  // first output feature
     for (int r = tid; r < BM; r += threads) a_rows[r] = r < rows ? (a.token_of ? a.token_of[row0 + r] : row0 + r) : -1;

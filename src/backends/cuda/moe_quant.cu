@@ -14,6 +14,7 @@
 #include <climits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
 #include "backends/cuda/qgemv_ring.cuh"
@@ -60,17 +61,9 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
         s_offsets[i] = a.offsets[i];
     }
     __syncthreads();
-    const int tile = blockIdx.y;
-    if (tile >= s_tiles[a.E]) return;
-    int lo = 0, hi = a.E - 1;
-    while (lo < hi) {  // the last expert whose first tile is at or before this one
-        const int mid = (lo + hi + 1) / 2;
-        if (s_tiles[mid] <= tile) lo = mid;
-        else hi = mid - 1;
-    }
-    const int e = lo;
-    const int row0 = s_offsets[e] + (tile - s_tiles[e]) * k_moe_qtile_rows;
-    const int rows = min(k_moe_qtile_rows, s_offsets[e + 1] - row0);  // <= xrows: a token chooses an expert once
+    MoeTile tile;
+    if (!moe_tile_of(s_tiles, s_offsets, a.E, int(blockIdx.y), k_moe_qtile_rows, tile)) return;
+    const int e = tile.expert, row0 = tile.row0, rows = tile.rows;  // rows <= xrows: a token chooses an expert once
     const QuantMatrix & w = a.w;
     const int kp = w.k_padded, nkb = kp / 64, G = w.groups, gs = ring4::group_stride(G), n_rb = a.n / 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;

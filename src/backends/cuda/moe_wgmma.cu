@@ -18,6 +18,7 @@
 #include <cuda.h>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/moe_wgmma.h"
 #include "backends/cuda/tensor_map.h"
 #include "backends/cuda/wgmma.cuh"
@@ -61,17 +62,9 @@ __global__ void __launch_bounds__(k_threads, 1)
         sm90::prefetch_tensor_map(&x_map);
     }
     pdl_wait();
-    const int g = blockIdx.y;
-    if (g >= a.tiles[a.n_experts]) return;
-    int lo = 0, hi = a.n_experts;
-    while (lo < hi) {  // the last expert whose first tile is at or before g
-        const int mid = (lo + hi + 1) / 2;
-        if (a.tiles[mid] <= g) lo = mid;
-        else hi = mid - 1;
-    }
-    const int e = lo;
-    const int row0 = a.offsets[e] + (g - a.tiles[e]) * k_bn;
-    const int rows = min(k_bn, a.offsets[e + 1] - row0);
+    MoeTile tile;
+    if (!moe_tile_of(a.tiles, a.offsets, a.n_experts, int(blockIdx.y), k_bn, tile)) return;
+    const int e = tile.expert, row0 = tile.row0, rows = tile.rows;
     constexpr int cols = SWIGLU ? k_segs / 2 * k_seg_rows : k_segs * k_seg_rows;  // outputs per row of the tile
     const int f0 = blockIdx.x * cols;
     const int nk = (a.k + 63) / 64;
