@@ -9,7 +9,7 @@ for spec in ${LOGITS_AB_SPECS:-qwen1.5-moe-a2.7b:4:3000:QINFER_PREFILL_CHUNK=102
     IFS=: read -r preset layers n set_a set_b <<<"$spec"
     dir=/tmp/logits-ab-$preset-$layers
     [ -f "$dir/config.json" ] || "$Q" synth --preset "$preset" --layers "$layers" --out "$dir" >/dev/null 2>&1
-    toks=$(python3 -c "print(','.join(str((i * 7919) % 150000 + 10) for i in range($n)))")
+    toks=$(python3 -c "import json; v = json.load(open('$dir/config.json'))['vocab_size']; print(','.join(str((i * 7919) % (v - 10) + 10) for i in range($n)))")
     env "$set_a" "$Q" logits --model "$dir" --tokens "$toks" --out /tmp/logits-ab-a.npy 2>&1 | grep -iE "error" | tee -a "$OUT/logits-ab.log"
     env "$set_b" "$Q" logits --model "$dir" --tokens "$toks" --out /tmp/logits-ab-b.npy 2>&1 | grep -iE "error" | tee -a "$OUT/logits-ab.log"
     python3 - "$spec" <<'PY' 2>&1 | tee -a "$OUT/logits-ab.log"

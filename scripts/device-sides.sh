@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Two runs of scripts/device.sh side by side on the two GPUs of an nvidia-h200-x2 (the two arms of an A/B at the same
+# time, or two unrelated jobs), on the build that is there (run `scripts/device.sh --build-only` or any stage first).
+#
+# usage: SIDE0="VAR=value ..." SIDE1="VAR=value ..." bash scripts/device-sides.sh STAGE...
+# Side N runs the stages on GPU N with its own environment settings (SIDEn, words VAR=value: the A/B knob and any
+# stage variables), its own QINFER_CACHE (two processes writing one synthetic checkpoint or config folder at once had
+# to be kept apart) and its own results folder $OUT/sideN (packed into $OUT/sideN/results.tar by device.sh). Each side's
+# output goes to $OUT/sideN.log; their rows and errors are printed last. SIDES_DEADLINE: seconds from now at which
+# both sides pack what they have (default 540; set it below what is left of the call).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-$PWD/out}
+[ $# -gt 0 ] || { echo "usage: SIDE0=\"VAR=value ...\" SIDE1=\"VAR=value ...\" bash scripts/device-sides.sh STAGE..."; exit 2; }
+for side in 0 1; do
+    mkdir -p "$OUT/side$side"
+    settings=SIDE$side
+    # shellcheck disable=SC2086  # the settings split into words on purpose
+    env CUDA_VISIBLE_DEVICES=$side QINFER_CACHE="/tmp/qinfer-cache-side$side" QINFER_SKIP_BUILD=1 OUT="$OUT/side$side" \
+        DEVICE_DEADLINE="${SIDES_DEADLINE:-540}" ${!settings:-} bash scripts/device.sh "$@" >"$OUT/side$side.log" 2>&1 &
+done
+wait
+for side in 0 1; do
+    settings=SIDE$side
+    echo "== side $side (GPU $side): ${!settings:-no settings}"
+    grep -E "^Throughput|^\| qwen|rror|Failure|gpu tests|logits-ab|^tensor parallel" "$OUT/side$side.log"
+done
