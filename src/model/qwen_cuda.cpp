@@ -86,6 +86,7 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     }
     rope_ = compute_rope_freqs(c, 0);
     upload_weights();
+    any_o_whole_ = std::any_of(layers_.begin(), layers_.end(), [](const DevLayer & L) { return L.o_whole; });
     table_ = std::make_unique<BlockTable>(0, block_size_);
     argmax_scratch_ = DeviceBuffer(cuda::k_argmax_scratch * sizeof(float), "argmax scratch");
     if (split_logits(2)) logits_gather_ = DeviceBuffer(size_t(k_tp_split_logits_rows) * c.vocab_size * sizeof(float), "logits");
@@ -450,7 +451,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
     qkv_ = DeviceBuffer(size_t(c) * qkv * sizeof(bf16), "workspace");
     q_ = DeviceBuffer(size_t(c) * cfg.q_dim() * sizeof(bf16), "workspace");
     attn_ = DeviceBuffer(size_t(c) * cfg.q_dim() * sizeof(bf16), "workspace");
-    if (std::any_of(layers_.begin(), layers_.end(), [](const DevLayer & L) { return L.o_whole; })) {
+    if (any_o_whole_) {
         heads_gather_ = DeviceBuffer(size_t(c) * cfg.q_dim() * place_.ranks * sizeof(bf16), "workspace");
         heads_ = DeviceBuffer(size_t(c) * cfg.q_dim() * place_.ranks * sizeof(bf16), "workspace");
     }
@@ -611,6 +612,11 @@ void CudaQwenEngine::reduce(bf16 * y, size_t n) {
     prof_.mark("all-reduce");
 }
 
+void CudaQwenEngine::add_partials(float * x, int which, size_t n) {
+    place_.link->add_partials(x, which, n, stream_);
+    prof_.mark("peer sum");
+}
+
 // The routing's buffers, laid out for ws_tokens_ tokens (ensure_workspace).
 cuda::MoeRouting CudaQwenEngine::moe_routing() const {
     const ModelConfig & cfg = model_->config;
@@ -626,7 +632,7 @@ bool CudaQwenEngine::experts_on_host(int c) const {
 // the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
 // the device, the routed experts (cuda::moe_experts, cuda::moe_qexperts), the weighted combine. Quantized experts of
 // prefill steps run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
-void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) {
+void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
     const int router_rows = L.router.n;  // E (+ 1)
@@ -705,11 +711,12 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x) 
     }
     prof_.mark("experts");
     if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
-    if (partial_only()) CUDA_CHECK(cudaMemsetAsync(x, 0, size_t(c) * H * sizeof(float), stream_));
-    cuda::moe_combine(x, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
+    float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
+    cuda::moe_combine(part ? part : x, !part && !partial_only(), c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
                       L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
     prof_.mark("combine");
-    reduce(x, size_t(c) * H);
+    if (part) add_partials(x, 1, size_t(c) * H);
+    else reduce(x, size_t(c) * H);
 }
 
 }  // namespace cuda_engine

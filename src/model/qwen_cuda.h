@@ -156,6 +156,11 @@ public:
     // Every rank's `count` values at `send` gathered into recv [ranks, count] (fp32 or bf16); send may be
     // recv + rank * count (in place).
     virtual void all_gather(const void * send, void * recv, size_t count, bool f32, cudaStream_t stream) = 0;
+    // The decode step's sums over peer memory (backends/cuda/peer_sum.h), where the link has them: the buffer `which`
+    // (0 or 1, alternating from one call to the next) this rank writes its partial sum of n fp32 values into, or null
+    // (no such path for n values: all_reduce instead). add_partials: x [n] += every rank's partial, in rank order.
+    virtual float * partial_buffer(int which, size_t n) { return nullptr; }
+    virtual void add_partials(float * x, int which, size_t n, cudaStream_t stream) = 0;
 };
 // Where an engine runs: its GPU and, under tensor parallel, its rank and the link to the other ranks.
 struct RankPlace {
@@ -232,13 +237,19 @@ private:
     // SwiGLU MLP of m rows through linear(): gate_up into gu [m, 2I], silu(gate) * up into act [m, I], down into out.
     void mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out);
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
-    void moe(const DevLayer & L, int c, const bf16 * xn, float * x);
+    // decode: the routed sum may go through peer_partial (decode steps only; prefill's sums stay with NCCL).
+    void moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode = false);
     // Tensor parallel: o_proj, down and the experts of a rank hold partial sums over its heads and intermediate
     // columns; reduce() sums them over the ranks (a no-op on one GPU). The residual is added once: ranks after the
     // first leave it out of the sums they reduce (partial_only()).
     bool partial_only() const { return place_.rank > 0; }
     void reduce(float * x, size_t n);
     void reduce(bf16 * y, size_t n);
+    // In decode steps, a projection's partial sum of n fp32 values goes to the link's peer buffer `which` (o_proj 0,
+    // down or the experts 1: they alternate) where it has one, and add_partials adds every rank's into x; null: into
+    // x itself, then reduce(). Not where an o_proj stays whole (its reduce is skipped, which would break the alternation).
+    float * peer_partial(int which, size_t n) const { return place_.link && !any_o_whole_ ? place_.link->partial_buffer(which, n) : nullptr; }
+    void add_partials(float * x, int which, size_t n);
     // Logits of B decode rows into logits_ (fp32 [B, vocab]) from the final-normed rows (fused: from x, normed in the
     // GEMV); under tensor parallel at up to k_tp_split_logits_rows rows, each rank's vocabulary share, all-gathered.
     void decode_logits(int B, bool fused, const float * x, bf16 * xn);
@@ -261,6 +272,7 @@ private:
     std::unique_ptr<Model> model_;
     EngineOptions opt_;
     RankPlace place_;
+    bool any_o_whole_ = false;  // some layer's o_proj whole on every rank (DevLayer::o_whole)
     cudaStream_t stream_ = nullptr;
     // MoE with a shared expert: its kernels run on side_stream_ beside the routed experts (moe()), forked and joined
     // by these events.

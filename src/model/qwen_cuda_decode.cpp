@@ -104,9 +104,11 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.k = L.o.k;
             a.x = o_input(L, B);
             a.m = B;
-            a.y = x;
-            project(L.o, a, cuda::GemvIn::Bf16, partial_only() && !L.o_whole ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
-            if (!L.o_whole) reduce(x, size_t(B) * H);
+            float * part = peer_partial(0, size_t(B) * H);
+            a.y = part ? part : x;
+            project(L.o, a, cuda::GemvIn::Bf16, part || (partial_only() && !L.o_whole) ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
+            if (part) add_partials(x, 0, size_t(B) * H);
+            else if (!L.o_whole) reduce(x, size_t(B) * H);
             if (L.moe) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         } else {
             linear(o_input(L, B), B, L.o, tmp_.as<bf16>());
@@ -115,7 +117,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         }
         prof_.mark("o_proj gemv");
         if (L.moe) {
-            moe(L, B, xn, x);
+            moe(L, B, xn, x, /*decode=*/true);
         } else if (fused) {
             cuda::GemvArgs a;
             a.n = L.mlp.down.k;
@@ -132,10 +134,12 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.k = L.mlp.down.k;
             a.x = act_.get();
             a.m = B;
-            a.y = x;
-            project(L.mlp.down, a, cuda::GemvIn::Bf16, partial_only() ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
+            float * part = peer_partial(1, size_t(B) * H);
+            a.y = part ? part : x;
+            project(L.mlp.down, a, cuda::GemvIn::Bf16, part || partial_only() ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
             prof_.mark("down gemv");
-            reduce(x, size_t(B) * H);
+            if (part) add_partials(x, 1, size_t(B) * H);
+            else reduce(x, size_t(B) * H);
         } else {
             mlp(L.mlp, xn, B, gu_.as<bf16>(), act_.as<bf16>(), tmp_.as<bf16>());
             reduce(tmp_.as<bf16>(), size_t(B) * H);

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,7 @@
 #include <thread>
 
 #include "backends/cuda/nccl.h"
+#include "backends/cuda/peer_sum.h"
 #include "core/env.h"
 #include "core/process_exit.h"
 #include "model/qwen_cuda.h"
@@ -63,6 +65,15 @@ public:
         check();
         NCCL_CHECK(ncclAllGather(send, recv, count, f32 ? ncclFloat32 : ncclBfloat16, comm_, stream));
     }
+    float * partial_buffer(int which, size_t n) override {
+        return peers_.ranks > 0 && n <= peers_.capacity ? peers_.parts[which][peers_.rank] : nullptr;
+    }
+    void add_partials(float * x, int which, size_t n, cudaStream_t stream) override {
+        check();
+        cuda::peer_add_partials(x, peers_, which, n, stream);
+    }
+    // Every rank's peer buffers, once they all exist (CudaTpEngine::link_peers).
+    void use_peers(const cuda::PeerRanks & p) { peers_ = p; }
 
 private:
     void check() const {
@@ -70,6 +81,7 @@ private:
     }
     ncclComm_t comm_;
     CommGate & gate_;
+    cuda::PeerRanks peers_;  // ranks 0: none
 };
 
 // Act-order GPTQ o_proj: a rank's input channels are its heads', which fall in every quantization group, unevenly;
@@ -130,6 +142,7 @@ public:
             keep_act_order_o_proj_whole(*full_, *shard);
             ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(l), rank, tp_, links_[l].get()});
         }, /*quiet_followers=*/true, /*watched=*/false);
+        link_peers(c);
         const auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
         std::fprintf(stderr, "tensor parallel: weights in host memory in %.1f s, ranks connected in %.1f s, shards split, repacked and uploaded in %.1f s\n",
                      seconds(t0, t1), seconds(t1, t2), seconds(t2, std::chrono::steady_clock::now()));
@@ -145,6 +158,7 @@ public:
             workers_.run_all([&](size_t r) {
                 CUDA_CHECK(cudaSetDevice(int(r)));
                 ranks_[r].reset();
+                if (r < peer_buffers_.size()) peer_buffers_[r].reset();
             }, [] {});
         } catch (const std::exception &) {
         }
@@ -221,6 +235,26 @@ public:
     }
 
 private:
+    // The decode step's sums over peer memory (backends/cuda/peer_sum.h) where every rank is in this process and every
+    // pair of GPUs reaches the other's memory; NCCL's all-reduce otherwise (several nodes, no peer access).
+    // QINFER_TP_PEER=0 keeps NCCL (the A/B of bench/results/2026-11-30-h200x2-peer-sum).
+    void link_peers(const ModelConfig & c) {
+        const char * env = std::getenv("QINFER_TP_PEER");
+        if (local_ != tp_ || local_ > cuda::k_peer_max_ranks || (env && std::strcmp(env, "0") == 0)) return;
+        if (!cuda::enable_peer_access(local_)) {
+            std::fprintf(stderr, "tensor parallel: the GPUs cannot reach each other's memory; NCCL sums every step\n");
+            return;
+        }
+        peer_buffers_.resize(static_cast<size_t>(local_));
+        run_ranks([&](size_t r) { peer_buffers_[r] = std::make_unique<cuda::PeerBuffers>(size_t(k_gemv_max_m) * c.hidden_size); },
+                  false, false);
+        std::vector<const cuda::PeerBuffers *> all;
+        for (const auto & b : peer_buffers_) all.push_back(b.get());
+        std::vector<cuda::PeerRanks> views(static_cast<size_t>(local_));
+        cuda::link_peer_ranks(all.data(), local_, views.data());
+        for (int r = 0; r < local_; r++) links_[size_t(r)]->use_peers(views[size_t(r)]);
+    }
+
     // One host: every rank's communicator at once. Several (--nnodes): node 0 makes NCCL's unique id and the TCP
     // rendezvous at --master-addr hands it to the other nodes; each node then joins its ranks rank0_.. in one group.
     void init_comms(const EngineOptions & opt) {
@@ -336,6 +370,7 @@ private:
     std::vector<ncclComm_t> comms_;
     CommGate gate_;
     std::vector<std::unique_ptr<NcclLink>> links_;
+    std::vector<std::unique_ptr<cuda::PeerBuffers>> peer_buffers_;  // per rank, on its GPU (link_peers)
     std::vector<std::unique_ptr<CudaQwenEngine>> ranks_;
     RankWorkers workers_;
     std::atomic<bool> broken_{false};

@@ -2,12 +2,15 @@
 // parallel sends (one decode row of a model's hidden state, fp32 as the decode step reduces it and bf16 as prefill
 // does, up to many rows), each three ways: issued eagerly, replayed inside a CUDA graph of `reps` calls (as the decode
 // step does), and NCCL's all_reduce_perf-style figure (the eager time as algorithm and bus bandwidth: bytes / time and
-// 2 (n - 1) / n of that). One thread drives each GPU, as in the engine; the GPUs' clocks are not pinned.
+// 2 (n - 1) / n of that). One thread drives each GPU, as in the engine; the GPUs' clocks are not pinned. Beside them, for
+// the fp32 messages of decode steps (up to 4 rows), the engine's own sum over peer memory (backends/cuda/peer_sum.h)
+// replayed in a graph the same way, launched as the engine launches it (programmatic dependent launch on).
 #include <algorithm>
 #include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
@@ -15,6 +18,8 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/nccl.h"
+#include "backends/cuda/ops.h"
+#include "backends/cuda/peer_sum.h"
 #include "core/check.h"
 #include "model/rank_workers.h"
 #include "tools/args.h"
@@ -83,7 +88,7 @@ int cmd_bench_allreduce(int argc, char ** argv) {
     const int tp = int(a.integer("tp", 2));
     const std::vector<int> hiddens = a.has("hidden") ? a.int_list("hidden") : std::vector<int>{3584, 8192};
     const std::vector<int> rows = a.has("rows") ? a.int_list("rows") : std::vector<int>{1, 8, 256};
-    const int reps = int(a.integer("reps", 200));
+    const int reps = (int(a.integer("reps", 200)) + 1) / 2 * 2;  // even: the peer sums' buffers alternate
     const std::string json_path = a.str("json");
     a.check_unused();
     int devices = 0;
@@ -120,16 +125,34 @@ int cmd_bench_allreduce(int argc, char ** argv) {
         CUDA_CHECK(cudaMemset(wbufs[r], 0, wbytes));
     });
     const bool windows = std::all_of(wins.begin(), wins.end(), [](ncclWindow_t w) { return w != nullptr; });
+    // The peer sums' buffers, sized for the largest fp32 message of at most k_peer_rows rows.
+    constexpr int k_peer_rows = 4;
+    size_t peer_capacity = 0;
+    for (const Message & m : msgs) {
+        if (m.f32 && m.count <= size_t(k_peer_rows) * size_t(*std::max_element(hiddens.begin(), hiddens.end()))) peer_capacity = std::max(peer_capacity, m.count);
+    }
+    std::vector<std::unique_ptr<cuda::PeerBuffers>> peer_bufs(static_cast<size_t>(tp));
+    std::vector<cuda::PeerRanks> peer_views(static_cast<size_t>(tp));
+    const bool peers = peer_capacity > 0 && tp <= cuda::k_peer_max_ranks && cuda::enable_peer_access(tp);
+    if (peers) {
+        cuda::set_pdl_default(true);  // as the engine launches its kernels (NCCL's calls are not affected)
+        on_ranks([&](size_t r) { peer_bufs[r] = std::make_unique<cuda::PeerBuffers>(peer_capacity); });
+        std::vector<const cuda::PeerBuffers *> all;
+        for (const auto & b : peer_bufs) all.push_back(b.get());
+        cuda::link_peer_ranks(all.data(), tp, peer_views.data());
+    }
     if (!windows) std::printf("(NCCL left the symmetric windows unregistered: no symmetric kernels between these GPUs)\n");
     const SystemInfo sys = system_info(true);
     std::printf("all-reduce over %d x %s (NCCL %d.%d.%d, NVLS off), %d calls a figure\n\n", tp, sys.card.c_str(), NCCL_MAJOR, NCCL_MINOR,
                 NCCL_PATCH, reps);
-    std::printf("| message | dtype | bytes | eager us | in graph us | window, in graph us | algbw GB/s | busbw GB/s |\n"
-                "|---|---|---:|---:|---:|---:|---:|---:|\n");
+    std::printf("| message | dtype | bytes | eager us | in graph us | window, in graph us | peer sum, in graph us | algbw GB/s | busbw GB/s |\n"
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     json out = json::array();
     for (const Message & m : msgs) {
         const ncclDataType_t type = m.f32 ? ncclFloat32 : ncclBfloat16;
-        std::vector<double> eager(static_cast<size_t>(tp)), graphed(static_cast<size_t>(tp)), windowed(static_cast<size_t>(tp));
+        std::vector<double> eager(static_cast<size_t>(tp)), graphed(static_cast<size_t>(tp)), windowed(static_cast<size_t>(tp)),
+            peered(static_cast<size_t>(tp));
+        const bool peer_row = peers && m.f32 && m.count <= peer_capacity;
         on_ranks([&](size_t r) {
             cudaStream_t s = streams[r];
             std::tie(eager[r], graphed[r]) =
@@ -137,21 +160,33 @@ int cmd_bench_allreduce(int argc, char ** argv) {
             if (windows) {
                 windowed[r] = time_calls([&] { NCCL_CHECK(ncclAllReduce(wbufs[r], wbufs[r], m.count, type, ncclSum, comms[r], s)); }, s, reps).second;
             }
+            if (peer_row) {
+                // The two buffers alternate call by call (reps is even: each graph starts with buffer 0).
+                int which = 0;
+                peered[r] = time_calls([&] {
+                    cuda::peer_add_partials(static_cast<float *>(bufs[r]), peer_views[r], which, m.count, s);
+                    which ^= 1;
+                }, s, reps).second;
+            }
         });
         const size_t bytes = m.count * (m.f32 ? 4 : 2);
         const double us = *std::max_element(eager.begin(), eager.end()), gus = *std::max_element(graphed.begin(), graphed.end());
         const double wus = *std::max_element(windowed.begin(), windowed.end());
         const double algbw = bytes / (us * 1e-6) / 1e9, busbw = algbw * 2.0 * (tp - 1) / tp;
-        char wtext[32] = "-";
+        const double pus = *std::max_element(peered.begin(), peered.end());
+        char wtext[32] = "-", ptext[32] = "-";
         if (windows) std::snprintf(wtext, sizeof wtext, "%.1f", wus);
-        std::printf("| %s | %s | %zu | %.1f | %.1f | %s | %.2f | %.2f |\n", m.what.c_str(), m.f32 ? "fp32" : "bf16", bytes, us, gus, wtext,
-                    algbw, busbw);
+        if (peer_row) std::snprintf(ptext, sizeof ptext, "%.1f", pus);
+        std::printf("| %s | %s | %zu | %.1f | %.1f | %s | %s | %.2f | %.2f |\n", m.what.c_str(), m.f32 ? "fp32" : "bf16", bytes, us, gus, wtext,
+                    ptext, algbw, busbw);
         json row = {{"message", m.what}, {"dtype", m.f32 ? "fp32" : "bf16"}, {"bytes", bytes}, {"eager_us", us}, {"graph_us", gus},
                     {"algbw_gbs", algbw}, {"busbw_gbs", busbw}};
         if (windows) row["window_graph_us"] = wus;
+        if (peer_row) row["peer_sum_graph_us"] = pus;
         out.push_back(row);
     }
     on_ranks([&](size_t r) {
+        peer_bufs[r].reset();
         cudaFree(bufs[r]);
         if (wins[r]) ncclCommWindowDeregister(comms[r], wins[r]);
         ncclMemFree(wbufs[r]);

@@ -150,10 +150,17 @@ TEST_P(CudaMoe, MatchesCpu) {
         std::vector<float> got_out(ck * H);
         for (size_t a = 0; a < ck; a++) std::copy_n(out_sorted.begin() + long(slot_of[a]) * H, H, got_out.begin() + long(a) * H);
         EXPECT_LT(rel_err(got_out, expert_out), 2e-2);
-        cuda::moe_combine(x.as<float>(), c, H, k, rb.r, out.as<cuda::bf16>(), p.shared ? shared_d.as<cuda::bf16>() : nullptr,
+        cuda::moe_combine(x.as<float>(), true, c, H, k, rb.r, out.as<cuda::bf16>(), p.shared ? shared_d.as<cuda::bf16>() : nullptr,
                           p.shared ? logits_d.as<float>() + E : nullptr, stride, nullptr);
         const std::vector<float> got_x = download_f32(x, size_t(c) * H);
         EXPECT_LT(rel_err(got_x, x_want), 2e-2);
+        // Not accumulated (a tensor-parallel rank's partial): the experts' sum alone, whatever x held.
+        DeviceBuffer part = poisoned(size_t(c) * H * 4);
+        cuda::moe_combine(part.as<float>(), false, c, H, k, rb.r, out.as<cuda::bf16>(), p.shared ? shared_d.as<cuda::bf16>() : nullptr,
+                          p.shared ? logits_d.as<float>() + E : nullptr, stride, nullptr);
+        std::vector<float> got_part = download_f32(part, size_t(c) * H);
+        for (size_t i = 0; i < got_part.size(); i++) got_part[i] += x0[i];  // the residual plus the partial, as the ranks' sum adds them
+        EXPECT_LT(rel_err(got_part, x_want), 2e-2);
 
         // A batch's rows equal each row run alone (through the same kernels: beyond k_moe_gemv_max_tokens, "alone" is
         // the row repeated that many times plus one), bit for bit.

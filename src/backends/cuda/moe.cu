@@ -437,16 +437,18 @@ constexpr int k_combine_threads = 256;
 
 // x[t] += sum_j weight[t, j] y[slot_of[t k + j]] (+ sigmoid(gate[t]) shared[t]), in fp32, in a fixed order; eight
 // values per thread (16-byte loads), a block per token and 2048 values.
-__global__ void __launch_bounds__(k_combine_threads) combine_kernel(float * x, int H, int k, const float * weights, const int * slot_of,
+__global__ void __launch_bounds__(k_combine_threads) combine_kernel(float * x, bool accumulate, int H, int k, const float * weights, const int * slot_of,
                                                                     const bf16 * y, const bf16 * shared, const float * shared_gate,
                                                                     int gate_stride) {
     pdl_wait();
     const int t = blockIdx.y, i = (blockIdx.x * k_combine_threads + threadIdx.x) * 8;
     if (i >= H) return;
-    float v[8];
+    float v[8] = {};
     float4 * xp = reinterpret_cast<float4 *>(x + size_t(t) * H + i);
-    const float4 x0 = xp[0], x1 = xp[1];
-    v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+    if (accumulate) {
+        const float4 x0 = xp[0], x1 = xp[1];
+        v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+    }
     auto add = [&](float s, const uint4 & u) {
         const __nv_bfloat162 * h = reinterpret_cast<const __nv_bfloat162 *>(&u);
 #pragma unroll
@@ -591,10 +593,10 @@ void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const 
     else grouped_gemm<false>(a, tile_rows, c * top_k, stream);
 }
 
-void moe_combine(float * x, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,
+void moe_combine(float * x, bool accumulate, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,
                  int gate_stride, cudaStream_t stream) {
     QINFER_CHECK(hidden % 8 == 0) << "MoE combine: hidden " << hidden << " must be a multiple of 8";
-    launch_kernel(combine_kernel, dim3((hidden + 8 * k_combine_threads - 1) / (8 * k_combine_threads), c), dim3(k_combine_threads), 0, stream, x, hidden, top_k, static_cast<const float *>(r.weights),
+    launch_kernel(combine_kernel, dim3((hidden + 8 * k_combine_threads - 1) / (8 * k_combine_threads), c), dim3(k_combine_threads), 0, stream, x, accumulate, hidden, top_k, static_cast<const float *>(r.weights),
                   static_cast<const int *>(r.slot_of), out, shared, shared_gate, gate_stride);
 }
 

@@ -359,8 +359,8 @@ constexpr int k_moe_gemv_max_tokens = 4;
 void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const MoeRouting & r, int tile_rows, bf16 * act, bf16 * out,
                  cudaStream_t stream);
 // x fp32 [c, hidden] += sum_j weights[t, j] out[slot_of[t top_k + j]] (+ sigmoid(shared_gate[t gate_stride]) shared[t]
-// where shared, bf16 [c, hidden], is given).
-void moe_combine(float * x, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,
+// where shared, bf16 [c, hidden], is given); accumulate false: x = that sum alone (a tensor-parallel rank's partial).
+void moe_combine(float * x, bool accumulate, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,
                  int gate_stride, cudaStream_t stream);
 // Quantized routed experts (moe_quant.cu): every expert's 4- or 8-bit affine codes stacked in the tile layout of
 // model/quant_repack.h, gate_up rows [n_experts, gate inter | up inter] over hidden, down rows [n_experts, hidden]
