@@ -4,11 +4,14 @@
 # an A/B knob switches (the knob's off arm is the reference). LOGITS_AB_SPECS entries preset:layers:tokens:VAR=a:VAR=b
 # (default qwen1.5-moe-a2.7b:4:3000:QINFER_PREFILL_CHUNK=1024:QINFER_PREFILL_CHUNK=4096: passes of 1024 and 4096 tokens): a synthesized checkpoint of that many
 # layers, a prompt of that many token ids, `qinfer logits` under each setting; prints the largest absolute difference
-# and the relative L2 difference of the two [tokens, vocab] arrays, and whether each row's argmax agrees.
+# and the relative L2 difference of the two [tokens, vocab] arrays, and whether each row's argmax agrees. A preset
+# written preset@quant (e.g. qwen1.5-moe-a2.7b@gptq-int4) is synthesized in that format.
 for spec in ${LOGITS_AB_SPECS:-qwen1.5-moe-a2.7b:4:3000:QINFER_PREFILL_CHUNK=1024:QINFER_PREFILL_CHUNK=4096}; do
     IFS=: read -r preset layers n set_a set_b <<<"$spec"
-    dir=/tmp/logits-ab-$preset-$layers
-    [ -f "$dir/config.json" ] || "$Q" synth --preset "$preset" --layers "$layers" --out "$dir" >/dev/null 2>&1
+    quant_args=()
+    [[ "$preset" == *@* ]] && quant_args=(--quant "${preset#*@}")
+    dir=/tmp/logits-ab-${preset//@/-}-$layers
+    [ -f "$dir/config.json" ] || "$Q" synth --preset "${preset%@*}" "${quant_args[@]}" --layers "$layers" --out "$dir" >/dev/null 2>&1
     toks=$(python3 -c "import json; v = json.load(open('$dir/config.json'))['vocab_size']; print(','.join(str((i * 7919) % (v - 10) + 10) for i in range($n)))")
     env "$set_a" "$Q" logits --model "$dir" --tokens "$toks" --out /tmp/logits-ab-a.npy 2>&1 | grep -iE "error" | tee -a "$OUT/logits-ab.log"
     env "$set_b" "$Q" logits --model "$dir" --tokens "$toks" --out /tmp/logits-ab-b.npy 2>&1 | grep -iE "error" | tee -a "$OUT/logits-ab.log"

@@ -10,6 +10,7 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -248,6 +249,8 @@ void CudaQwenEngine::upload_quant_experts(const MoeWeights & m, DevLayer & D, ui
         D.experts.push_back(std::move(v));
     }
     D.expert_q_kernel = cuda::moe_qexperts_apply(cuda::MoeQuantExperts{D.expert_q.gate_up.q, D.expert_q.down.q, E, H, I});
+    D.expert_q_gemm = cuda::moe_qgemm_apply(cuda::MoeQuantExperts{D.expert_q.gate_up.q, D.expert_q.down.q, E, H, I}) &&
+                      !(std::getenv("QINFER_MOE_QGEMM") && std::string(std::getenv("QINFER_MOE_QGEMM")) == "0");  // A/B switch, temporary
 }
 
 DevMlp CudaQwenEngine::upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar) {
@@ -630,8 +633,9 @@ bool CudaQwenEngine::experts_on_host(int c) const {
 
 // Sparse MoE block (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock) on c tokens of xn, added into the residual x:
 // the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
-// the device, the routed experts (cuda::moe_experts, cuda::moe_qexperts), the weighted combine. Quantized experts of
-// prefill steps run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
+// the device, the routed experts (cuda::moe_experts; quantized: cuda::moe_qexperts, or cuda::moe_qgemm for many rows
+// an expert), the weighted combine. Quantized experts neither kernel takes (act-order, no sm_90a for prefill steps)
+// run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
 void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
@@ -687,14 +691,17 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     } else {
         cuda::gemm(xn, L.router.ptr(), c, router_rows, H, router_logits_.get(), true, stream_);
     }
-    const bool quantized = !L.experts.empty();
-    const int tile = quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
+    const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
+    const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     const cuda::MoeRouting r = moe_routing();
     cuda::moe_route(router_logits_.as<float>(), router_rows, c, E, k, cfg.norm_topk_prob, tile, r, stream_);
     prof_.mark("router");
     if (!quantized) {
         const cuda::MoeExperts w{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
         cuda::moe_experts(xn, c, k, w, r, tile, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
+    } else if (grouped) {
+        const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
+        cuda::moe_qgemm(xn, c, k, w, r, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
     } else if (!on_host) {
         const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
         cuda::moe_qexperts(xn, c, k, w, r, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);

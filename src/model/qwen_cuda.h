@@ -128,19 +128,25 @@ struct DevLayer {
     // Routed experts: bf16 stacked for the grouped GEMMs (cuda::MoeExperts), or quantized. Quantized experts whose
     // schemes and act-order agree are stacked in one repacked matrix per projection (expert_q) and `experts` views each
     // one's rows; steps of few rows per expert run them all in one launch per projection (cuda::moe_qexperts), others
-    // (prefill) one by one through linear(), their rows counted on the host (a wait per layer, no graph). Experts that
-    // cannot be stacked are uploaded one by one and always take that path.
+    // (prefill) in one grouped GEMM launch per projection on Hopper (cuda::moe_qgemm), elsewhere one by one through
+    // linear(), their rows counted on the host (a wait per layer, no graph). Experts that cannot be stacked are
+    // uploaded one by one and always take that path.
     DeviceBuffer expert_gate_up, expert_down;  // bf16 [n_experts, 2 inter, hidden], [n_experts, hidden, inter]
     DevMlp expert_q;                           // quantized, stacked: gate_up [n_experts (gate inter | up inter), hidden], down [n_experts hidden, inter]
     bool expert_q_kernel = false;              // cuda::moe_qexperts_apply(expert_q)
+    bool expert_q_gemm = false;                // cuda::moe_qgemm_apply(expert_q)
     std::vector<DevMlp> experts;               // quantized experts (views of expert_q where stacked)
     bool has_shared = false;
     DevMlp shared;
-    // Whether c tokens' quantized experts run one by one (counted on the host): where they cannot take the device
-    // kernel, or where they would average more than its tile of rows per expert (its codes are read once per tile).
+    // Whether c tokens' quantized experts take the grouped GEMM: more than the decode kernel's tile of rows per expert
+    // on average (its codes are read once per tile).
+    bool experts_grouped(int c, int top_k) const {
+        return moe && !experts.empty() && expert_q_gemm && int64_t(c) * top_k > int64_t(cuda::k_moe_qtile_rows) * int64_t(experts.size());
+    }
+    // Whether they run one by one (counted on the host): where neither device kernel takes them.
     bool experts_on_host(int c, int top_k) const {
         if (!moe || experts.empty()) return false;
-        return !expert_q_kernel || int64_t(c) * top_k > int64_t(cuda::k_moe_qtile_rows) * int64_t(experts.size());
+        return !expert_q_kernel || (int64_t(c) * top_k > int64_t(cuda::k_moe_qtile_rows) * int64_t(experts.size()) && !expert_q_gemm);
     }
 };
 

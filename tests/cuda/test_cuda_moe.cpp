@@ -206,10 +206,10 @@ void PrintTo(const QuantMoeCase & c, std::ostream * os) { *os << c.name; }
 
 class CudaMoeQuant : public ::testing::TestWithParam<QuantMoeCase> {};
 
-TEST_P(CudaMoeQuant, MatchesCpu) {
-    REQUIRE_GPU();
-    const QuantMoeCase p = GetParam();
-    const int E = p.experts, k = p.top_k, c = p.tokens, H = p.hidden, I = p.inter;
+// c tokens through the quantized experts on the device, against the CPU: the decode kernel (cuda::moe_qexperts) or,
+// grouped, the prefill GEMM (cuda::moe_qgemm; skipped where it does not apply).
+void check_quant_experts(const QuantMoeCase & p, int c, bool grouped) {
+    const int E = p.experts, k = p.top_k, H = p.hidden, I = p.inter;
     std::vector<std::unique_ptr<OwnedLinear>> owned;
     std::vector<const Linear *> gate_up, down;
     for (int e = 0; e < E; e++) {
@@ -227,6 +227,7 @@ TEST_P(CudaMoeQuant, MatchesCpu) {
     const cuda_engine::DevLinear down_d = cuda_engine::upload_repacked(repack_quant(down, true));
     const cuda::MoeQuantExperts w{gu_d.q, down_d.q, E, H, I};
     ASSERT_TRUE(cuda::moe_qexperts_apply(w)) << p.name;
+    if (grouped && !cuda::moe_qgemm_apply(w)) GTEST_SKIP() << p.name << ": the grouped GEMM does not apply (needs sm_90a and groups)";
 
     const std::vector<float> logits = randn(size_t(c) * E, 2.0f), xn = randn(size_t(c) * H);
     const Routed want = route_cpu(logits, c, E, k, false);
@@ -246,10 +247,11 @@ TEST_P(CudaMoeQuant, MatchesCpu) {
     const DeviceBuffer logits_d = upload(logits), xn_d = upload_bf16(xn);
     auto run = [&](const DeviceBuffer & lg, const DeviceBuffer & x, int n_tok, std::vector<int> * slot_of) {
         RoutingBuffers rb(n_tok, E, k);
-        cuda::moe_route(lg.as<float>(), E, n_tok, E, k, false, cuda::k_moe_qtile_rows, rb.r, nullptr);
+        cuda::moe_route(lg.as<float>(), E, n_tok, E, k, false, grouped ? cuda::k_moe_qgemm_rows : cuda::k_moe_qtile_rows, rb.r, nullptr);
         const size_t ck = size_t(n_tok) * k;
         DeviceBuffer act_d = poisoned(ck * I * 2), out_d = poisoned(ck * H * 2);
-        cuda::moe_qexperts(x.as<cuda::bf16>(), n_tok, k, w, rb.r, act_d.as<cuda::bf16>(), out_d.as<cuda::bf16>(), nullptr);
+        if (grouped) cuda::moe_qgemm(x.as<cuda::bf16>(), n_tok, k, w, rb.r, act_d.as<cuda::bf16>(), out_d.as<cuda::bf16>(), nullptr);
+        else cuda::moe_qexperts(x.as<cuda::bf16>(), n_tok, k, w, rb.r, act_d.as<cuda::bf16>(), out_d.as<cuda::bf16>(), nullptr);
         *slot_of = rb.ints(rb.r.slot_of, ck);
         const std::vector<float> sorted = download_bf16(out_d, ck * H);
         std::vector<float> by_assignment(ck * H);
@@ -267,6 +269,17 @@ TEST_P(CudaMoeQuant, MatchesCpu) {
         const std::vector<float> alone = run(upload(lg), upload_bf16(xr), 1, &slot1);
         for (size_t i = 0; i < size_t(k) * H; i++) ASSERT_EQ(alone[i], got[size_t(t) * k * H + i]) << p.name << " token " << t << " value " << i;
     }
+}
+
+TEST_P(CudaMoeQuant, MatchesCpu) {
+    REQUIRE_GPU();
+    check_quant_experts(GetParam(), GetParam().tokens, false);
+}
+
+// Prefill-sized steps: with few experts some get two or more 128-row tiles, with many some get none.
+TEST_P(CudaMoeQuant, GroupedGemmMatchesCpu) {
+    REQUIRE_GPU();
+    check_quant_experts(GetParam(), GetParam().experts <= 16 ? 700 : 300, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -159,8 +159,9 @@ INSTANTIATE_TEST_SUITE_P(Backends, Batch, ::testing::ValuesIn(k_cases), test::ba
 // A quantized model's static batch beyond the fused GEMVs' rows (12 > k_gemv_max_m): the projections go through
 // cuda::quant_linear's GEMM with the scratch prepare_batch sizes (K splits, gathered act-order inputs), and each
 // sequence still gets the logits it gets alone (there through the GEMVs). The MoE preset's quantized experts: the
-// batch's decode steps through cuda::moe_qexperts (24 assignments over 8 experts), its prompts one expert at a time;
-// with act-order, every expert its own g_idx, one by one throughout.
+// batch's decode steps through cuda::moe_qexperts (24 assignments over 8 experts), its prompts through the grouped
+// GEMM (cuda::moe_qgemm) where they give an expert more than 8 rows on average on an sm_90a device, else one expert at
+// a time; with act-order, every expert its own g_idx, one by one throughout.
 TEST(BatchQuantCuda, ManyRowsEqualSequencesAlone) {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
     for (const char * preset : {"tiny-qwen2-k128", "tiny-qwen2-moe-k64"}) {

@@ -376,6 +376,13 @@ bool moe_qexperts_apply(const MoeQuantExperts & w);
 // act bf16 [c top_k, inter] and out bf16 [c top_k, hidden] in the sorted order, as moe_experts.
 void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
                   cudaStream_t stream);
+// The routed experts of steps with many rows per expert (prefill) on Hopper (qgemm_wgmma.cu), the routing built with
+// tile_rows = k_moe_qgemm_rows: the sorted rows' inputs gathered into `out`, then one launch over every expert's row
+// tiles for gate_up with SwiGLU into act bf16 [c top_k, inter] and one for down into out bf16 [c top_k, hidden] (sorted
+// order), the codes dequantized on their way into warpgroup MMAs as in qgemm. Where moe_qgemm_apply (sm_90a).
+constexpr int k_moe_qgemm_rows = 128;
+bool moe_qgemm_apply(const MoeQuantExperts & w);
+void moe_qgemm(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out, cudaStream_t stream);
 
 // ---- prefill GEMM (cuBLASLt) ----
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.

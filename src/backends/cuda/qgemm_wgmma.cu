@@ -36,6 +36,7 @@
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
 #include "backends/cuda/tensor_map.h"
@@ -137,9 +138,19 @@ __device__ __forceinline__ void dequantize_fragments(const uint4 (&codes)[PLANES
 }
 #endif
 
-template <int BN, int PLANES, int STAGES, int BLOCKS>
+// MODE: k_dense (one matrix, y [m, w.rows]); k_grouped (the routed experts of a step, moe_qgemm: block x is the
+// routing's row tile x of BN sorted rows, its expert's rows of the stacked matrix multiplied; y [sorted rows,
+// g.w_rows]); k_grouped_swiglu (the same over gate_up: a block's first four row blocks are 64 gate rows, the last
+// four the same features' up rows, and y [sorted rows, g.w_rows / 2] = silu(bf16(gate)) * bf16(up)).
+constexpr int k_dense = 0, k_grouped = 1, k_grouped_swiglu = 2;
+struct Groups {
+    const int * offsets = nullptr, * tiles = nullptr;  // MoeRouting's, built with tile_rows = BN
+    int n_experts = 0, w_rows = 0;                     // rows of one expert in the stacked matrix
+};
+
+template <int BN, int PLANES, int STAGES, int BLOCKS, int MODE = k_dense>
 __global__ void __launch_bounds__(k_threads, BLOCKS)
-    qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, float * partial, const __grid_constant__ CUtensorMap x_map) {
+    qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, float * partial, const __grid_constant__ CUtensorMap x_map, Groups grp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int k_stages = STAGES;
     using Layout = QgemmSmem<BN, PLANES, STAGES>;
@@ -152,9 +163,32 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
     auto code_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes + Layout::a_bytes; };
 
     // Split K (gridDim.z > 1): block z multiplies K blocks [kb0, kb1) and writes fp32 partial sums to partial[z].
-    const int nkb = w.k_padded / 64, n_rb = w.rows_padded / 16;
+    const int nkb = w.k_padded / 64;
     const int kb0 = int(blockIdx.z) * nkb / int(gridDim.z), kb1 = (int(blockIdx.z) + 1) * nkb / int(gridDim.z), nk = kb1 - kb0;
-    const int tok0 = blockIdx.x * BN, rb0 = blockIdx.y * (k_bm / 16), present = min(k_bm / 16, n_rb - rb0);
+    // The block's tokens (rows of x and y from tok0, tok_rows of them) and its matrix's row blocks (from rb_base, n_rb).
+    int tok0 = blockIdx.x * BN, tok_rows = m - tok0, rb_base = 0, n_rb = w.rows_padded / 16;
+    if constexpr (MODE != k_dense) {
+        MoeTile tl;
+        if (!moe_tile_of(grp.tiles, grp.offsets, grp.n_experts, blockIdx.x, BN, tl)) return;  // past the step's tiles
+        tok0 = tl.row0;
+        tok_rows = tl.rows;
+        n_rb = grp.w_rows / 16;
+        rb_base = tl.expert * n_rb;
+    }
+    // Local row block l's row block of the matrix, -1 past it (SwiGLU: gate blocks 0-3, the up blocks of the same
+    // features 4-7).
+    auto rb_of = [&](int l) {
+        if constexpr (MODE == k_grouped_swiglu) {
+            const int half = n_rb / 2, j = blockIdx.y * 4 + (l & 3);
+            return j < half ? (l < 4 ? j : half + j) : -1;
+        } else {
+            const int j = blockIdx.y * (k_bm / 16) + l;
+            return j < n_rb ? j : -1;
+        }
+    };
+    int present = 0;
+#pragma unroll
+    for (int l = 0; l < k_bm / 16; l++) present += rb_of(l) >= 0;
     const int warp_idx = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);  // uniform for ptxas
     const int lane = threadIdx.x % 32;
 
@@ -171,8 +205,9 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
                 sm90::tma_load_2d(x_tile(s), &x_map, &full[s], kb * 64, tok0);
             }
             __syncwarp();
-            if (lane < present) {
-                const size_t at = (size_t(rb0 + lane) * nkb + kb) * PLANES * 512;
+            const int rb = lane < k_bm / 16 ? rb_of(lane) : -1;
+            if (rb >= 0) {
+                const size_t at = (size_t(rb_base + rb) * nkb + kb) * PLANES * 512;
                 sm90::bulk_load(code_tile(s) + lane * PLANES * 512, codes + at, PLANES * 512, &full[s]);
             }
         }
@@ -180,7 +215,8 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
     }
 
     const int wg = warp_idx / 4, g = lane / 4, t = lane % 4, rbl = warp_idx;
-    const bool mine = rbl < present;  // row blocks past the weight keep stale A rows: their outputs are never stored
+    const int rb_mine = rb_base + rb_of(rbl);
+    const bool mine = rb_of(rbl) >= 0;  // row blocks past the weight keep stale A rows: their outputs are never stored
     auto load_params = [&](int kb, Params & p) {
         if (!mine) return;
 #pragma unroll
@@ -188,7 +224,7 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
             const int gi = min((kb * 64 + 32 * h) / w.group, w.groups - 1);
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const size_t at = size_t((rb0 + rbl) * 16 + g + 8 * e) * w.groups + gi;
+                const size_t at = size_t(rb_mine * 16 + g + 8 * e) * w.groups + gi;
                 p.s[h][e] = w.scales[at];
                 p.z[h][e] = w.zeros ? uint32_t(w.zeros[at]) : uint32_t(w.const_zero);
             }
@@ -257,10 +293,25 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
         }
     }
     sm90::named_barrier(3, k_consumer_threads);
-    const int n = w.rows, row_tile = blockIdx.y * k_bm;
+    if constexpr (MODE == k_grouped_swiglu) {
+        // Staged rows 0-63: gate features f0.., 64-127: the same features' up.
+        const int n = grp.w_rows / 2, f0 = blockIdx.y * (k_bm / 2);
+        for (int c = threadIdx.x; c < BN * (k_bm / 16); c += k_consumer_threads) {
+            const int tok = c / (k_bm / 16), f = (c % (k_bm / 16)) * 8;
+            if (tok >= tok_rows || f0 + f >= n) continue;  // n % 8 == 0
+            const float * gate = so + tok * Layout::out_ld + f, * up = gate + k_bm / 2;
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = silu(__bfloat162float(__float2bfloat16(gate[i]))) * __bfloat162float(__float2bfloat16(up[i]));
+            *reinterpret_cast<uint4 *>(y + size_t(tok0 + tok) * n + f0 + f) =
+                make_uint4(pack_rn(v[0], v[1]), pack_rn(v[2], v[3]), pack_rn(v[4], v[5]), pack_rn(v[6], v[7]));
+        }
+        return;
+    }
+    const int n = MODE == k_dense ? w.rows : grp.w_rows, row_tile = blockIdx.y * k_bm;
     for (int c = threadIdx.x; c < BN * (k_bm / 8); c += k_consumer_threads) {
         const int tok = c / (k_bm / 8), row = row_tile + (c % (k_bm / 8)) * 8;
-        if (tok0 + tok >= m || row >= n) continue;
+        if (tok >= tok_rows || row >= n) continue;
         const float * src = so + tok * Layout::out_ld + (row - row_tile);
         if (partial) {  // this split's fp32 sums, added up by mma4::reduce_splits_kernel
             float * dst = partial + (size_t(blockIdx.z) * m + tok0 + tok) * n + row;
@@ -294,13 +345,29 @@ void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, int 
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS>, smem, configured);
     const dim3 grid((m + BN - 1) / BN, row_tiles(w), splits);
-    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, splits > 1 ? partial : nullptr, x_map);
+    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, splits > 1 ? partial : nullptr, x_map, Groups{});
     CUDA_CHECK(cudaGetLastError());
     if (splits > 1) {
         const size_t mn = size_t(m) * w.rows;
         mma4::reduce_splits_kernel<bf16><<<int(std::min<size_t>((mn + 255) / 256, 4096)), 256, 0, stream>>>(partial, splits, mn, y);
         CUDA_CHECK(cudaGetLastError());
     }
+}
+
+// The grouped kernels (moe_qgemm): a block per (routing row tile, row tile of the expert's matrix), no K split.
+template <int PLANES, int STAGES, int BLOCKS, int MODE>
+void launch_grouped(const QuantMatrix & w, const bf16 * x, int x_rows, int kx, const Groups & grp, int max_tiles, bf16 * y, cudaStream_t stream) {
+    constexpr int BN = k_moe_qgemm_rows;
+    CUtensorMap x_map;
+    if (!cache_tensor_map(&x_map, x, x_rows, kx, BN)) QINFER_FAIL() << "MoE qgemm: the tensor map of the sorted rows [" << x_rows << ", " << kx << "] was refused";
+    constexpr size_t smem = QgemmSmem<BN, PLANES, STAGES>::bytes;
+    static_assert(smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
+    static PerDevice<size_t> configured;
+    allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS, MODE>, smem, configured);
+    const int row_tiles = MODE == k_grouped_swiglu ? (grp.w_rows / 2 + k_bm / 2 - 1) / (k_bm / 2) : (grp.w_rows + k_bm - 1) / k_bm;
+    const dim3 grid(max_tiles, row_tiles, 1);
+    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS, MODE><<<grid, k_threads, smem, stream>>>(w, x_rows, y, nullptr, x_map, grp);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 // A launch's shape: the tile (1 = 256 tokens, 2 = 128, 3 = 128 with two blocks per SM; set_qgemm_tile overrides) and
@@ -378,6 +445,25 @@ bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratc
         else launch<128, 2, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
     }
     return true;
+}
+
+bool moe_qgemm_apply(const MoeQuantExperts & w) {
+    return moe_qexperts_apply(w) && qgemm_applies(w.gate_up) && qgemm_applies(w.down);
+}
+
+void moe_qgemm(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out, cudaStream_t stream) {
+    QINFER_CHECK(moe_qgemm_apply(w)) << "MoE qgemm: the experts' layout or this device does not take the grouped kernel";
+    const int rows = c * top_k;
+    if (rows <= 0) return;
+    // The tensor copies need the sorted rows' inputs contiguous: gathered into `out`, free until down writes it.
+    gather_rows(xn, r.token_of, rows, w.hidden, out, stream);
+    const int max_tiles = moe_max_tiles(rows, k_moe_qgemm_rows, w.n_experts);
+    Groups grp{r.offsets, r.tiles, w.n_experts, 2 * w.inter};
+    if (w.gate_up.bits == 4) launch_grouped<1, 3, 2, k_grouped_swiglu>(w.gate_up, out, rows, w.hidden, grp, max_tiles, act, stream);
+    else launch_grouped<2, 4, 1, k_grouped_swiglu>(w.gate_up, out, rows, w.hidden, grp, max_tiles, act, stream);
+    grp.w_rows = w.hidden;
+    if (w.down.bits == 4) launch_grouped<1, 3, 2, k_grouped>(w.down, act, rows, w.inter, grp, max_tiles, out, stream);
+    else launch_grouped<2, 4, 1, k_grouped>(w.down, act, rows, w.inter, grp, max_tiles, out, stream);
 }
 
 }  // namespace qinfer::cuda
