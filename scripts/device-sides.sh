@@ -12,6 +12,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/out}
 [ $# -gt 0 ] || { echo "usage: SIDE0=\"VAR=value ...\" SIDE1=\"VAR=value ...\" bash scripts/device-sides.sh STAGE..."; exit 2; }
+# The carried libraries unpacked once, here, before both sides start (a call that carries .deps replaces the folder).
+if [ ! -d .deps/root/usr ] && ls .deps/*.deb >/dev/null 2>&1; then
+    mkdir -p .deps/root
+    for f in .deps/*.deb; do
+        if command -v dpkg >/dev/null; then dpkg -x "$f" .deps/root; else (cd .deps/root && ar p "../$(basename "$f")" data.tar.xz | tar xJ); fi
+    done
+fi
 for side in 0 1; do
     mkdir -p "$OUT/side$side"
     settings=SIDE$side

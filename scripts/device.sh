@@ -44,8 +44,11 @@ packer=$!
 trap 'pkill -P "$packer" sleep 2>/dev/null; kill "$packer" 2>/dev/null' EXIT
 
 # Carried .deb files (scripts/fetch-device-deps.sh): unpack into .deps/root, once (stages side by side on several
-# GPUs skip the build and find them there: four unpacking into one folder at once had failed).
-if [ "${QINFER_SKIP_BUILD:-0}" != 1 ] && ls .deps/*.deb >/dev/null 2>&1; then
+# GPUs skip the build and find them there: four unpacking into one folder at once had failed; scripts/device-sides.sh
+# unpacks before it starts them). A call that carries .deps replaces the folder, unpacked files and all: with
+# QINFER_SKIP_BUILD=1 and no .deps/root the binary found no libutf8proc (2026-11-30, call 2), so then they are
+# unpacked too.
+if { [ "${QINFER_SKIP_BUILD:-0}" != 1 ] || [ ! -d .deps/root/usr ]; } && ls .deps/*.deb >/dev/null 2>&1; then
     mkdir -p .deps/root
     for f in .deps/*.deb; do
         if command -v dpkg >/dev/null; then dpkg -x "$f" .deps/root; else (cd .deps/root && ar p "../$(basename "$f")" data.tar.xz | tar xJ); fi
