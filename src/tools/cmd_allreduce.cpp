@@ -79,7 +79,9 @@ int cmd_bench_allreduce(int argc, char ** argv) {
         if (!std::strcmp(argv[i], "--help")) {
             std::printf("usage: qinfer bench --allreduce [--tp 2] [--hidden 3584,8192] [--rows 1,8,256] [--reps 200] [--json FILE]\n"
                         "the time of one NCCL all-reduce over --tp GPUs for each model width x rows, fp32 (decode) and bf16\n"
-                        "(prefill): eager, inside a CUDA graph, and the eager time as all_reduce_perf's algbw / busbw\n");
+                        "(prefill): eager, inside a CUDA graph (plain and over a symmetric window), and the eager time as\n"
+                        "all_reduce_perf's algbw / busbw; beside them, for fp32 messages of up to 4 rows, the engine's own sum\n"
+                        "over peer memory in a CUDA graph (what --tp decode steps use)\n");
             return 0;
         }
     }
