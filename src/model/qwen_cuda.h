@@ -138,15 +138,14 @@ struct DevLayer {
     std::vector<DevMlp> experts;               // quantized experts (views of expert_q where stacked)
     bool has_shared = false;
     DevMlp shared;
-    // Whether c tokens' quantized experts take the grouped GEMM: more than the decode kernel's tile of rows per expert
-    // on average (its codes are read once per tile).
-    bool experts_grouped(int c, int top_k) const {
-        return moe && !experts.empty() && expert_q_gemm && int64_t(c) * top_k > int64_t(cuda::k_moe_qtile_rows) * int64_t(experts.size());
-    }
+    // Whether c tokens give the quantized experts more than the decode kernel's tile of rows each on average (its
+    // codes are read once per tile): then they take the grouped GEMM where it applies.
+    bool beyond_qtile(int c, int top_k) const { return int64_t(c) * top_k > int64_t(cuda::k_moe_qtile_rows) * int64_t(experts.size()); }
+    bool experts_grouped(int c, int top_k) const { return moe && !experts.empty() && expert_q_gemm && beyond_qtile(c, top_k); }
     // Whether they run one by one (counted on the host): where neither device kernel takes them.
     bool experts_on_host(int c, int top_k) const {
         if (!moe || experts.empty()) return false;
-        return !expert_q_kernel || (int64_t(c) * top_k > int64_t(cuda::k_moe_qtile_rows) * int64_t(experts.size()) && !expert_q_gemm);
+        return !expert_q_kernel || (beyond_qtile(c, top_k) && !expert_q_gemm);
     }
 };
 

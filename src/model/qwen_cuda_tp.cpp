@@ -4,9 +4,10 @@
 // (model/qwen_tp.h shard_model, the CPU's tensor parallel's split). The ranks' partial sums after o_proj, down_proj
 // and the experts meet in one NCCL all-reduce each (CudaQwenEngine::reduce), queued on the rank's stream and captured
 // into its decode graphs; in decode steps of up to k_gemv_max_m rows with every rank in this process, in one kernel
-// over peer memory instead (link_peers, backends/cuda/peer_sum.h: 3.3-3.8 us against NCCL's 6.7-7.2 in a graph). The embedding and lm_head stay whole on every rank; decode steps of few rows compute each
-// rank's share of the vocabulary and all-gather the logits (CudaQwenEngine::decode_logits), larger steps and prompts
-// every logit on every rank. Every rank picks the same token from the same logits, which the engine checks after every
+// over peer memory instead (link_peers, backends/cuda/peer_sum.h: 3.3-3.8 us against NCCL's 6.7-7.2 in a graph).
+// The embedding and lm_head stay whole on every rank; decode steps of few rows compute each rank's share of the
+// vocabulary and all-gather the logits (CudaQwenEngine::decode_logits), larger steps and prompts every logit on every
+// rank. Every rank picks the same token from the same logits, which the engine checks after every
 // call.
 //
 // One process drives the GPUs of its host; with --nnodes, one process a host (each running the same command, node 0
