@@ -249,10 +249,7 @@ private:
         peer_buffers_.resize(static_cast<size_t>(local_));
         run_ranks([&](size_t r) { peer_buffers_[r] = std::make_unique<cuda::PeerBuffers>(size_t(k_gemv_max_m) * c.hidden_size); },
                   false, false);
-        std::vector<const cuda::PeerBuffers *> all;
-        for (const auto & b : peer_buffers_) all.push_back(b.get());
-        std::vector<cuda::PeerRanks> views(static_cast<size_t>(local_));
-        cuda::link_peer_ranks(all.data(), local_, views.data());
+        const std::vector<cuda::PeerRanks> views = cuda::link_peer_ranks(peer_buffers_);
         for (int r = 0; r < local_; r++) links_[size_t(r)]->use_peers(views[size_t(r)]);
     }
 

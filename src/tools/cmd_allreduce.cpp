@@ -134,14 +134,12 @@ int cmd_bench_allreduce(int argc, char ** argv) {
         if (m.f32 && m.count <= size_t(k_peer_rows) * size_t(*std::max_element(hiddens.begin(), hiddens.end()))) peer_capacity = std::max(peer_capacity, m.count);
     }
     std::vector<std::unique_ptr<cuda::PeerBuffers>> peer_bufs(static_cast<size_t>(tp));
-    std::vector<cuda::PeerRanks> peer_views(static_cast<size_t>(tp));
+    std::vector<cuda::PeerRanks> peer_views;
     const bool peers = peer_capacity > 0 && tp <= cuda::k_peer_max_ranks && cuda::enable_peer_access(tp);
     if (peers) {
         cuda::set_pdl_default(true);  // as the engine launches its kernels (NCCL's calls are not affected)
         on_ranks([&](size_t r) { peer_bufs[r] = std::make_unique<cuda::PeerBuffers>(peer_capacity); });
-        std::vector<const cuda::PeerBuffers *> all;
-        for (const auto & b : peer_bufs) all.push_back(b.get());
-        cuda::link_peer_ranks(all.data(), tp, peer_views.data());
+        peer_views = cuda::link_peer_ranks(peer_bufs);
     }
     if (!windows) std::printf("(NCCL left the symmetric windows unregistered: no symmetric kernels between these GPUs)\n");
     const SystemInfo sys = system_info(true);

@@ -52,10 +52,7 @@ void run_ranks_on(const std::vector<int> & devices) {
         src[size_t(r)] = test::upload(all);
         CUDA_CHECK(cudaStreamCreateWithFlags(&streams[size_t(r)], cudaStreamNonBlocking));
     }
-    std::vector<const cuda::PeerBuffers *> all;
-    for (const auto & b : bufs) all.push_back(b.get());
-    std::vector<cuda::PeerRanks> views(nr);
-    cuda::link_peer_ranks(all.data(), R, views.data());
+    const std::vector<cuda::PeerRanks> views = cuda::link_peer_ranks(bufs);
     // Rank r's call of round k: its partial copied into buffer k % 2, then the sum.
     auto call = [&](int r, int k, size_t n) {
         const cuda::PeerRanks & v = views[size_t(r)];

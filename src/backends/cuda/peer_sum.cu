@@ -82,11 +82,12 @@ PeerBuffers::PeerBuffers(size_t capacity_floats) : capacity(capacity_floats) {
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-void link_peer_ranks(const PeerBuffers * const * all, int ranks, PeerRanks * views) {
+std::vector<PeerRanks> link_peer_ranks(const std::vector<std::unique_ptr<PeerBuffers>> & all) {
+    const int ranks = int(all.size());
     QINFER_CHECK(ranks >= 1 && ranks <= k_peer_max_ranks) << "peer sums: " << ranks << " ranks (at most " << k_peer_max_ranks << ")";
+    std::vector<PeerRanks> views(all.size());
     for (int r = 0; r < ranks; r++) {
-        PeerRanks & v = views[r];
-        v = PeerRanks{};
+        PeerRanks & v = views[size_t(r)];
         v.rank = r;
         v.ranks = ranks;
         v.capacity = all[r]->capacity;
@@ -97,6 +98,7 @@ void link_peer_ranks(const PeerBuffers * const * all, int ranks, PeerRanks * vie
         }
         v.epochs = all[r]->epochs.as<uint32_t>();
     }
+    return views;
 }
 
 bool enable_peer_access(int n) {

@@ -19,6 +19,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "backends/cuda/allocator.h"
 
@@ -45,8 +47,8 @@ struct PeerBuffers {
     explicit PeerBuffers(size_t capacity_floats);
 };
 
-// Every rank's view of the others' buffers (all[r] is rank r's).
-void link_peer_ranks(const PeerBuffers * const * all, int ranks, PeerRanks * views);
+// Every rank's view of every rank's buffers (all[r]: rank r's; the result's [r]: rank r's view).
+std::vector<PeerRanks> link_peer_ranks(const std::vector<std::unique_ptr<PeerBuffers>> & all);
 
 // Devices 0..n-1 given access to each other's memory (each pair both ways); false, with nothing changed that matters,
 // where some pair cannot. Leaves the current device as it was.
