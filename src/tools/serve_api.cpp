@@ -53,7 +53,9 @@ std::string read_content(const json & c, size_t i) {
     if (!c.is_array()) bad("'" + where + "' must be a string or an array of text parts");
     std::string text;
     for (const json & part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+        // Every member's type checked before it is read: json::value() throws on a "type" that is not a string.
+        const bool text_part = part.is_object() && part.contains("type") && part["type"].is_string() && part["type"].get<std::string>() == "text";
+        if (!text_part || !part.contains("text") || !part["text"].is_string()) {
             bad("'" + where + "' holds a part that is not {\"type\": \"text\", \"text\": string}");
         }
         text += part["text"].get<std::string>();

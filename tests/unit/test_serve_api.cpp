@@ -103,6 +103,8 @@ TEST(ServeApi, RejectsBadRequestsWithOneLine) {
         {R"({"messages": [{"content": "x"}]})", "messages[0].role must be a string"},
         {R"({"messages": [{"role": "robot", "content": "x"}]})", "is not system, user, assistant or tool"},
         {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})", "not {\"type\": \"text\""},
+        // A part whose "type" is not a string (found by fuzz_serve_request, 2026-11-30: it escaped as a JSON type error).
+        {R"({"messages": [{"role": "user", "content": [{"type": [1], "text": "Hi"}]}]})", "not {\"type\": \"text\""},
         {R"({"messages": [{"role": "user", "content": 5}]})", "must be a string or an array"},
     };
     for (const auto & [body, want] : chat_cases) {
