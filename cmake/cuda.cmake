@@ -30,6 +30,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/attention_prefill_tma.cu
   src/backends/cuda/kv_dequant.cu
   src/backends/cuda/moe.cu
+  src/backends/cuda/moe_decode.cu
   src/backends/cuda/moe_quant.cu
   src/backends/cuda/moe_wgmma.cu
   src/backends/cuda/peer_sum.cu

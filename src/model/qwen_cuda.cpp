@@ -10,6 +10,7 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -320,6 +321,9 @@ void CudaQwenEngine::upload_weights() {
         }
         D.expert_gate_up = upload(gate_up, "weights", &done, bar);
         D.expert_down = upload(down, "weights", &done, bar);
+        const int shared_inter = D.has_shared ? D.shared.down.k : 0;
+        D.experts_decode = (!D.has_shared || (!D.shared.gate_up.quantized && !D.shared.down.quantized)) &&
+                           cuda::moe_decode_applies(c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size, shared_inter);
     }
     final_norm_ = upload({&W.norm}, "norm", &done, bar);
     if (c.tie_word_embeddings) {
@@ -475,7 +479,8 @@ void CudaQwenEngine::ensure_workspace(int c) {
         router_logits_ = DeviceBuffer(size_t(c) * E1 * sizeof(float), "workspace");
         moe_idx_ = DeviceBuffer(cuda::moe_routing_ints(c, cfg.num_experts_per_tok, cfg.num_experts) * sizeof(int), "workspace");
         moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
-        moe_act_ = DeviceBuffer(std::max(ck * Ie, size_t(c) * Is) * sizeof(bf16), "workspace");
+        const size_t decode_act = cuda::moe_decode_act_elems(std::min(c, cuda::k_moe_gemv_max_tokens), cfg.num_experts_per_tok, int(Ie), int(Is));
+        moe_act_ = DeviceBuffer(std::max({ck * Ie, size_t(c) * Is, decode_act}) * sizeof(bf16), "workspace");
         moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");
         if (Is > 0) moe_shared_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
         if (Is > 0 || on_host) moe_gu_ = DeviceBuffer(size_t(c) * 2 * std::max(Ie, Is) * sizeof(bf16), "workspace");
@@ -634,6 +639,23 @@ bool CudaQwenEngine::experts_on_host(int c) const {
     return std::any_of(layers_.begin(), layers_.end(), [&](const DevLayer & L) { return L.experts_on_host(c, k); });
 }
 
+// router_logits_ fp32 [c, router rows] = xn W_router^T (the shared expert's gate last, where it has one).
+void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn) {
+    const int H = model_->config.hidden_size;
+    if (c <= k_gemv_max_m) {
+        cuda::GemvArgs a;
+        a.w = L.router.ptr();
+        a.n = L.router.n;
+        a.k = H;
+        a.x = xn;
+        a.m = c;
+        a.y = router_logits_.get();
+        cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::F32, stream_);
+    } else {
+        cuda::gemm(xn, L.router.ptr(), c, L.router.n, H, router_logits_.get(), true, stream_);
+    }
+}
+
 // Sparse MoE block (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock) on c tokens of xn, added into the residual x:
 // the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
 // the device, the routed experts (cuda::moe_experts; quantized: cuda::moe_qexperts, or cuda::moe_qgemm for many rows
@@ -643,6 +665,33 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
     const int router_rows = L.router.n;  // E (+ 1)
+    static const bool fused_decode = [] {
+        const char * v = std::getenv("QINFER_MOE_DECODE");
+        return !v || std::atoi(v) != 0;
+    }();
+    if (fused_decode && L.experts_decode && c <= cuda::k_moe_gemv_max_tokens) {
+        router(L, c, xn);
+        cuda::MoeDecode m;
+        m.logits = router_logits_.as<float>();
+        m.stride = router_rows;
+        m.top_k = k;
+        m.renormalise = cfg.norm_topk_prob;
+        m.experts = cuda::MoeExperts{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
+        if (L.has_shared) {
+            m.shared_gate_up = L.shared.gate_up.ptr();
+            m.shared_down = L.shared.down.ptr();
+            m.shared_inter = L.shared.down.k;
+        }
+        const cuda::MoeRouting r = moe_routing();
+        m.ids = r.ids;
+        m.weights = r.weights;
+        float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
+        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), part ? part : x, !part && !partial_only(), stream_);
+        prof_.mark("experts");
+        if (part) add_partials(x, 1, size_t(c) * H);
+        else reduce(x, size_t(c) * H);
+        return;
+    }
     const bool on_host = L.experts_on_host(c, k);
     // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
     // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
@@ -682,18 +731,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
         else prof_.mark("shared expert");
     }
-    if (c <= k_gemv_max_m) {
-        cuda::GemvArgs a;
-        a.w = L.router.ptr();
-        a.n = router_rows;
-        a.k = H;
-        a.x = xn;
-        a.m = c;
-        a.y = router_logits_.get();
-        cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::F32, stream_);
-    } else {
-        cuda::gemm(xn, L.router.ptr(), c, router_rows, H, router_logits_.get(), true, stream_);
-    }
+    router(L, c, xn);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     const cuda::MoeRouting r = moe_routing();

@@ -132,6 +132,7 @@ struct DevLayer {
     // linear(), their rows counted on the host (a wait per layer, no graph). Experts that cannot be stacked are
     // uploaded one by one and always take that path.
     DeviceBuffer expert_gate_up, expert_down;  // bf16 [n_experts, 2 inter, hidden], [n_experts, hidden, inter]
+    bool experts_decode = false;               // bf16 experts (and shared expert) that cuda::moe_decode takes
     DevMlp expert_q;                           // quantized, stacked: gate_up [n_experts (gate inter | up inter), hidden], down [n_experts hidden, inter]
     bool expert_q_kernel = false;              // cuda::moe_qexperts_apply(expert_q)
     bool expert_q_gemm = false;                // cuda::moe_qgemm_apply(expert_q)
@@ -244,6 +245,7 @@ private:
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     // decode: the routed sum may go through peer_partial (decode steps only; prefill's sums stay with NCCL).
     void moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode = false);
+    void router(const DevLayer & L, int c, const bf16 * xn);
     // Tensor parallel: o_proj, down and the experts of a rank hold partial sums over its heads and intermediate
     // columns; reduce() sums them over the ranks (a no-op on one GPU). The residual is added once: ranks after the
     // first leave it out of the sums they reduce (partial_only()).

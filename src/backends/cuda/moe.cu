@@ -7,6 +7,7 @@
 #include <climits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/moe_route.cuh"
 #include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/moe_wgmma.h"
 #include "backends/cuda/ops.h"
@@ -15,59 +16,6 @@ namespace qinfer::cuda {
 namespace {
 
 constexpr int k_route_warps = 4;
-constexpr int k_per_lane = k_moe_max_experts / 32;
-
-// Token t's routing by one warp: p = softmax(logits) in fp32; top-k by repeated arg-max (largest first, ties to the
-// lower expert: torch.topk's order, as the CPU path's stable sort); weights p, or p / sum of the chosen p
-// (norm_topk_prob).
-__device__ __forceinline__ void route_token(const float * lt, int E, int k, bool renormalise, int * ids, float * weights) {
-    const int lane = threadIdx.x % 32;
-    float p[k_per_lane];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < k_per_lane; i++) {
-        const int e = lane + 32 * i;
-        p[i] = e < E ? lt[e] : -INFINITY;
-        mx = fmaxf(mx, p[i]);
-    }
-    mx = warp_max(mx);
-    float sum = 0;
-#pragma unroll
-    for (int i = 0; i < k_per_lane; i++) {
-        p[i] = lane + 32 * i < E ? expf(p[i] - mx) : 0.0f;
-        sum += p[i];
-    }
-    sum = warp_sum(sum);
-#pragma unroll
-    for (int i = 0; i < k_per_lane; i++) p[i] = lane + 32 * i < E ? p[i] / sum : -1.0f;  // -1: never chosen
-    float chosen = 0, top = 0;
-    for (int j = 0; j < k; j++) {
-        // The lane's best as a key that orders as the probability (non-negative floats order as their bits; + 1
-        // leaves 0 for "none"), then the warp's largest key and, among the lanes holding it, the lowest expert: two
-        // warp reductions instead of ten shuffles a pick.
-        unsigned key = 0;
-        int best_e = INT_MAX;
-#pragma unroll
-        for (int i = 0; i < k_per_lane; i++) {
-            const unsigned ki = p[i] >= 0.0f ? __float_as_uint(p[i]) + 1u : 0u;
-            if (ki > key) {  // strict: this lane's experts rise with i, so ties keep the lower one
-                key = ki;
-                best_e = lane + 32 * i;
-            }
-        }
-        const unsigned best_key = __reduce_max_sync(0xffffffffu, key);
-        best_e = int(__reduce_min_sync(0xffffffffu, key == best_key ? unsigned(best_e) : 0xffffffffu));
-        const float best = __uint_as_float(best_key - 1u);
-#pragma unroll
-        for (int i = 0; i < k_per_lane; i++) {
-            if (lane + 32 * i == best_e) p[i] = -1.0f;
-        }
-        top += best;
-        if (lane == j) chosen = best;
-        if (lane == 0) ids[j] = best_e;
-    }
-    if (lane < k) weights[lane] = renormalise ? chosen / top : chosen;
-}
 
 __global__ void __launch_bounds__(k_route_warps * 32) route_kernel(const float * logits, int stride, int c, int E, int k, bool renormalise,
                                                                    int * ids, float * weights) {
