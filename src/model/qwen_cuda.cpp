@@ -321,9 +321,7 @@ void CudaQwenEngine::upload_weights() {
         }
         D.expert_gate_up = upload(gate_up, "weights", &done, bar);
         D.expert_down = upload(down, "weights", &done, bar);
-        const int shared_inter = D.has_shared ? D.shared.down.k : 0;
-        D.experts_decode = (!D.has_shared || (!D.shared.gate_up.quantized && !D.shared.down.quantized)) &&
-                           cuda::moe_decode_applies(c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size, shared_inter);
+        D.experts_decode = cuda::moe_decode_applies(c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size);
     }
     final_norm_ = upload({&W.norm}, "norm", &done, bar);
     if (c.tie_word_embeddings) {
@@ -344,7 +342,7 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const ModelConfig & c = model_->config;
     ws_tokens_ = 0;
     for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &prefill_k_, &prefill_v_, &router_logits_, &moe_idx_, &moe_w_,
-                             &moe_act_, &moe_out_, &moe_shared_, &moe_gu_, &moe_in_, &sample_seen_, &sample_counts_, &sample_work_}) {
+                             &moe_act_, &moe_out_, &moe_shared_, &moe_gu_, &moe_in_, &moe_arrivals_, &sample_seen_, &sample_counts_, &sample_work_}) {
         *b = DeviceBuffer();
     }
     if (graph_) cudaGraphExecDestroy(graph_);
@@ -479,8 +477,10 @@ void CudaQwenEngine::ensure_workspace(int c) {
         router_logits_ = DeviceBuffer(size_t(c) * E1 * sizeof(float), "workspace");
         moe_idx_ = DeviceBuffer(cuda::moe_routing_ints(c, cfg.num_experts_per_tok, cfg.num_experts) * sizeof(int), "workspace");
         moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
-        const size_t decode_act = cuda::moe_decode_act_elems(std::min(c, cuda::k_moe_gemv_max_tokens), cfg.num_experts_per_tok, int(Ie), int(Is));
-        moe_act_ = DeviceBuffer(std::max({ck * Ie, size_t(c) * Is, decode_act}) * sizeof(bf16), "workspace");
+        moe_act_ = DeviceBuffer(std::max(ck * Ie, size_t(c) * Is) * sizeof(bf16), "workspace");
+        const size_t arrivals = cuda::moe_decode_arrivals(std::min(c, cuda::k_moe_gemv_max_tokens), H);
+        moe_arrivals_ = DeviceBuffer(arrivals * sizeof(int), "workspace");
+        CUDA_CHECK(cudaMemset(moe_arrivals_.get(), 0, arrivals * sizeof(int)));
         moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");
         if (Is > 0) moe_shared_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
         if (Is > 0 || on_host) moe_gu_ = DeviceBuffer(size_t(c) * 2 * std::max(Ie, Is) * sizeof(bf16), "workspace");
@@ -669,29 +669,8 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         const char * v = std::getenv("QINFER_MOE_DECODE");
         return !v || std::atoi(v) != 0;
     }();
-    if (fused_decode && L.experts_decode && c <= cuda::k_moe_gemv_max_tokens) {
-        router(L, c, xn);
-        cuda::MoeDecode m;
-        m.logits = router_logits_.as<float>();
-        m.stride = router_rows;
-        m.top_k = k;
-        m.renormalise = cfg.norm_topk_prob;
-        m.experts = cuda::MoeExperts{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
-        if (L.has_shared) {
-            m.shared_gate_up = L.shared.gate_up.ptr();
-            m.shared_down = L.shared.down.ptr();
-            m.shared_inter = L.shared.down.k;
-        }
-        const cuda::MoeRouting r = moe_routing();
-        m.ids = r.ids;
-        m.weights = r.weights;
-        float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
-        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), part ? part : x, !part && !partial_only(), stream_);
-        prof_.mark("experts");
-        if (part) add_partials(x, 1, size_t(c) * H);
-        else reduce(x, size_t(c) * H);
-        return;
-    }
+    // Decode steps of bf16 experts: routing, experts and (without a shared expert) the combine in two launches.
+    const bool decode_kernels = fused_decode && L.experts_decode && c <= cuda::k_moe_gemv_max_tokens;
     const bool on_host = L.experts_on_host(c, k);
     // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
     // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
@@ -734,10 +713,25 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     router(L, c, xn);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
-    const cuda::MoeRouting r = moe_routing();
-    cuda::moe_route(router_logits_.as<float>(), router_rows, c, E, k, cfg.norm_topk_prob, tile, r, stream_);
+    cuda::MoeRouting r = moe_routing();
+    float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
+    float * sum = part ? part : x;
+    const bool accumulate = !part && !partial_only();
+    if (!decode_kernels) cuda::moe_route(router_logits_.as<float>(), router_rows, c, E, k, cfg.norm_topk_prob, tile, r, stream_);
     prof_.mark("router");
-    if (!quantized) {
+    if (decode_kernels) {
+        cuda::MoeDecode m;
+        m.logits = router_logits_.as<float>();
+        m.stride = router_rows;
+        m.top_k = k;
+        m.renormalise = cfg.norm_topk_prob;
+        m.experts = cuda::MoeExperts{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
+        m.ids = r.ids;
+        m.weights = r.weights;
+        m.arrivals = moe_arrivals_.as<int>();
+        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
+        r.slot_of = nullptr;  // the experts' rows in assignment order
+    } else if (!quantized) {
         const cuda::MoeExperts w{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
         cuda::moe_experts(xn, c, k, w, r, tile, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
     } else if (grouped) {
@@ -759,10 +753,11 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     }
     prof_.mark("experts");
     if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
-    float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
-    cuda::moe_combine(part ? part : x, !part && !partial_only(), c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
-                      L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
-    prof_.mark("combine");
+    if (!decode_kernels || L.has_shared) {
+        cuda::moe_combine(sum, accumulate, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
+                          L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
+        prof_.mark("combine");
+    }
     if (part) add_partials(x, 1, size_t(c) * H);
     else reduce(x, size_t(c) * H);
 }

@@ -132,7 +132,7 @@ struct DevLayer {
     // linear(), their rows counted on the host (a wait per layer, no graph). Experts that cannot be stacked are
     // uploaded one by one and always take that path.
     DeviceBuffer expert_gate_up, expert_down;  // bf16 [n_experts, 2 inter, hidden], [n_experts, hidden, inter]
-    bool experts_decode = false;               // bf16 experts (and shared expert) that cuda::moe_decode takes
+    bool experts_decode = false;               // bf16 experts that cuda::moe_decode takes (decode steps)
     DevMlp expert_q;                           // quantized, stacked: gate_up [n_experts (gate inter | up inter), hidden], down [n_experts hidden, inter]
     bool expert_q_kernel = false;              // cuda::moe_qexperts_apply(expert_q)
     bool expert_q_gemm = false;                // cuda::moe_qgemm_apply(expert_q)
@@ -337,6 +337,7 @@ private:
     // outputs bf16 [c top_k, hidden], the shared expert's output [c, hidden] and gate_up [c, 2 inter] (also the quantized
     // experts'), their gathered inputs [c, hidden], the routing's offsets on the host.
     DeviceBuffer router_logits_, moe_idx_, moe_w_, moe_act_, moe_out_, moe_shared_, moe_gu_, moe_in_;
+    DeviceBuffer moe_arrivals_;  // int, zeros between launches: cuda::moe_decode's combine counters
     cuda::HostMappedBuffer moe_offsets_host_;
     cuda::MoeRouting moe_routing() const;
     bool experts_on_host(int c) const;  // some MoE layer's quantized experts run one by one for c tokens (DevLayer::experts_on_host)

@@ -3,8 +3,8 @@
 // tolerance, for 4..128 experts, top-k 1..8, 1..300 tokens (some experts get no rows, some many), every row tile,
 // hidden and intermediate sizes that are not multiples of the 64-wide K steps; a batch's rows equal each row alone.
 // The quantized experts' kernel (moe_quant.cu) against the CPU backend's quantized linears (cpu::linear dequantizes
-// by each format's formula), for 4- and 8-bit GPTQ v1/v2 and AWQ codes, groups 32 / 64 / 128 / whole rows. The decode
-// step's MoE block in two launches (moe_decode.cu), shared expert included, against the same reference.
+// by each format's formula), for 4- and 8-bit GPTQ v1/v2 and AWQ codes, groups 32 / 64 / 128 / whole rows. The routed
+// experts of decode steps in two launches (moe_decode.cu), against the same reference.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -198,126 +198,132 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoe,
                                            MoeCase{60, 4, 300, 264, 104, false, true}, MoeCase{16, 8, 129, 64, 24, true, false},
                                            MoeCase{32, 4, 256, 1024, 320, false, false}));
 
-// The decode step's MoE block in two launches (cuda::moe_decode, moe_decode.cu): routing, the routed experts, the
-// shared expert as slices of `inter` rows beside them, and the combine, against the CPU reference.
+// The routed experts of decode steps in two launches (cuda::moe_decode, moe_decode.cu): routing, experts in
+// assignment order and the combine by the last block of each tile, against the CPU reference; the combine of models
+// with a shared expert (moe_combine over rows in assignment order).
 struct DecodeCase {
-    int experts, top_k, tokens, hidden, inter, shared_inter;
+    int experts, top_k, tokens, hidden, inter;
     bool renormalise;
 };
-void PrintTo(const DecodeCase & p, std::ostream * os) {
-    *os << p.experts << "x" << p.top_k << "_c" << p.tokens << "_h" << p.hidden << "_i" << p.inter << "_s" << p.shared_inter;
-}
+void PrintTo(const DecodeCase & p, std::ostream * os) { *os << p.experts << "x" << p.top_k << "_c" << p.tokens << "_h" << p.hidden << "_i" << p.inter; }
 
 class CudaMoeDecode : public ::testing::TestWithParam<DecodeCase> {};
 
 TEST_P(CudaMoeDecode, MatchesCpu) {
     REQUIRE_GPU();
     const DecodeCase p = GetParam();
-    const int E = p.experts, k = p.top_k, c = p.tokens, H = p.hidden, I = p.inter, Is = p.shared_inter;
-    ASSERT_TRUE(cuda::moe_decode_applies(E, k, H, I, Is));
-    const int stride = E + (Is > 0 ? 1 : 0);
+    const int E = p.experts, k = p.top_k, c = p.tokens, H = p.hidden, I = p.inter, stride = E + 1;
+    ASSERT_TRUE(cuda::moe_decode_applies(E, k, H, I));
     const std::vector<float> logits = randn(size_t(c) * stride, 2.0f), xn = randn(size_t(c) * H), x0 = randn(size_t(c) * H);
     const std::vector<float> gate_up = randn(size_t(E) * 2 * I * H, 1.0f / std::sqrt(float(H)));
     const std::vector<float> down = randn(size_t(E) * H * I, 1.0f / std::sqrt(float(I)));
-    const std::vector<float> s_gate_up = randn(size_t(2) * Is * H, 1.0f / std::sqrt(float(H)));
-    const std::vector<float> s_down = randn(size_t(H) * Is, 1.0f / std::sqrt(float(std::max(Is, 1))));
+    const std::vector<float> shared = randn(size_t(c) * H, 0.5f);
     std::vector<float> plain(size_t(c) * E);
     for (int t = 0; t < c; t++) std::copy_n(logits.begin() + long(t) * stride, E, plain.begin() + long(t) * E);
     const Routed want = route_cpu(plain, c, E, k, p.renormalise);
-
-    // One SwiGLU MLP on token t (gate rows at `gu`, up rows `inter` rows later; down [H, inter]), rounded as
-    // transformers rounds: the projections' outputs and the activation to bf16.
-    auto mlp = [&](const float * gu, const float * dn, int inter, int t) {
-        std::vector<float> act(static_cast<size_t>(inter)), out(static_cast<size_t>(H));
-        for (int f = 0; f < inter; f++) {
-            double g = 0, u = 0;
-            for (int h = 0; h < H; h++) {
-                g += double(gu[size_t(f) * H + h]) * xn[size_t(t) * H + h];
-                u += double(gu[size_t(inter + f) * H + h]) * xn[size_t(t) * H + h];
-            }
-            act[size_t(f)] = round_bf16(silu_f(round_bf16(float(g))) * round_bf16(float(u)));
-        }
-        for (int h = 0; h < H; h++) {
-            double s = 0;
-            for (int f = 0; f < inter; f++) s += double(dn[size_t(h) * inter + f]) * act[size_t(f)];
-            out[size_t(h)] = round_bf16(float(s));
-        }
-        return out;
-    };
-    std::vector<float> x_want = x0;
+    // Reference: each assignment's expert output, rounded as transformers rounds, then the combine in fp32 (x_shared:
+    // with the shared expert's output and gate as well).
+    std::vector<float> expert_out(size_t(c) * k * H);
     for (int t = 0; t < c; t++) {
-        std::vector<float> v(x_want.begin() + long(t) * H, x_want.begin() + long(t + 1) * H);
         for (int j = 0; j < k; j++) {
             const int e = want.ids[size_t(t) * k + j];
-            const std::vector<float> y = mlp(gate_up.data() + size_t(e) * 2 * I * H, down.data() + size_t(e) * H * I, I, t);
-            for (int h = 0; h < H; h++) v[size_t(h)] += want.weights[size_t(t) * k + j] * y[size_t(h)];
+            std::vector<float> act(static_cast<size_t>(I));
+            for (int f = 0; f < I; f++) {
+                double g = 0, u = 0;
+                for (int h = 0; h < H; h++) {
+                    g += double(gate_up[(size_t(e) * 2 * I + f) * H + h]) * xn[size_t(t) * H + h];
+                    u += double(gate_up[(size_t(e) * 2 * I + I + f) * H + h]) * xn[size_t(t) * H + h];
+                }
+                act[size_t(f)] = round_bf16(silu_f(round_bf16(float(g))) * round_bf16(float(u)));
+            }
+            for (int h = 0; h < H; h++) {
+                double s = 0;
+                for (int f = 0; f < I; f++) s += double(down[(size_t(e) * H + h) * I + f]) * act[size_t(f)];
+                expert_out[(size_t(t) * k + j) * H + h] = round_bf16(float(s));
+            }
         }
-        if (Is > 0) {
-            const std::vector<float> y = mlp(s_gate_up.data(), s_down.data(), Is, t);
-            const float sg = 1.0f / (1.0f + std::exp(-logits[size_t(t) * stride + E]));
-            for (int h = 0; h < H; h++) v[size_t(h)] += sg * y[size_t(h)];
+    }
+    std::vector<float> x_want = x0, x_shared = x0;
+    for (int t = 0; t < c; t++) {
+        const float sg = 1.0f / (1.0f + std::exp(-logits[size_t(t) * stride + E]));
+        for (int h = 0; h < H; h++) {
+            float v = x_want[size_t(t) * H + h];
+            for (int j = 0; j < k; j++) v += want.weights[size_t(t) * k + j] * expert_out[(size_t(t) * k + j) * H + h];
+            x_want[size_t(t) * H + h] = v;
+            x_shared[size_t(t) * H + h] = v + sg * shared[size_t(t) * H + h];
         }
-        std::copy(v.begin(), v.end(), x_want.begin() + long(t) * H);
     }
 
-    const DeviceBuffer gu_d = upload_bf16(gate_up), down_d = upload_bf16(down), sgu_d = upload_bf16(s_gate_up), sdown_d = upload_bf16(s_down);
-    // c tokens (logits, xn) through moe_decode into x (accumulated into x0, or the partial alone); ids and weights out.
-    auto run = [&](const std::vector<float> & lg, const std::vector<float> & xr, const std::vector<float> & xin, int n, bool accumulate,
-                   std::vector<int> * ids, std::vector<float> * weights) {
+    const DeviceBuffer gu_d = upload_bf16(gate_up), down_d = upload_bf16(down), shared_d = upload_bf16(shared);
+    DeviceBuffer arrivals = upload(std::vector<int>(cuda::moe_decode_arrivals(c, H), 0));
+    // n tokens through moe_decode, combined into x (accumulated into xin, or the sum alone; none: x left out).
+    struct Result {
+        std::vector<int> ids;
+        std::vector<float> weights, out, x;
+    };
+    enum class Sum { Accumulate, Alone, None };
+    auto run = [&](const std::vector<float> & lg, const std::vector<float> & xr, const std::vector<float> & xin, int n, Sum sum) {
         const DeviceBuffer lg_d = upload(lg), xn_d = upload_bf16(xr);
-        DeviceBuffer x = accumulate ? upload(xin) : poisoned(size_t(n) * H * 4), ids_d = poisoned(size_t(n) * k * 4),
-                     w_d = poisoned(size_t(n) * k * 4), act = poisoned(cuda::moe_decode_act_elems(n, k, I, Is) * 2);
+        DeviceBuffer x = sum == Sum::Accumulate ? upload(xin) : poisoned(size_t(n) * H * 4), ids_d = poisoned(size_t(n) * k * 4),
+                     w_d = poisoned(size_t(n) * k * 4), act = poisoned(size_t(n) * k * I * 2), out = poisoned(size_t(n) * k * H * 2);
         cuda::MoeDecode m;
         m.logits = lg_d.as<float>();
         m.stride = stride;
         m.top_k = k;
         m.renormalise = p.renormalise;
         m.experts = cuda::MoeExperts{gu_d.as<cuda::bf16>(), down_d.as<cuda::bf16>(), E, H, I};
-        if (Is > 0) {
-            m.shared_gate_up = sgu_d.as<cuda::bf16>();
-            m.shared_down = sdown_d.as<cuda::bf16>();
-            m.shared_inter = Is;
-        }
         m.ids = ids_d.as<int>();
         m.weights = w_d.as<float>();
-        cuda::moe_decode(xn_d.as<cuda::bf16>(), n, m, act.as<cuda::bf16>(), x.as<float>(), accumulate, nullptr);
-        *ids = RoutingBuffers::ints(ids_d.as<int>(), size_t(n) * k);
-        *weights = download_f32(w_d, size_t(n) * k);
-        return download_f32(x, size_t(n) * H);
+        m.arrivals = arrivals.as<int>();
+        cuda::moe_decode(xn_d.as<cuda::bf16>(), n, m, act.as<cuda::bf16>(), out.as<cuda::bf16>(), sum == Sum::None ? nullptr : x.as<float>(),
+                         sum == Sum::Accumulate, nullptr);
+        Result r;
+        r.ids = RoutingBuffers::ints(ids_d.as<int>(), size_t(n) * k);
+        r.weights = download_f32(w_d, size_t(n) * k);
+        r.out = download_bf16(out, size_t(n) * k * H);
+        if (sum == Sum::None) {
+            // A model with a shared expert: moe_combine over the rows in assignment order.
+            cuda::MoeRouting rt;
+            rt.weights = m.weights;
+            cuda::moe_combine(x.as<float>(), false, n, H, k, rt, out.as<cuda::bf16>(), shared_d.as<cuda::bf16>(), lg_d.as<float>() + E, stride, nullptr);
+        }
+        r.x = download_f32(x, size_t(n) * H);
+        return r;
     };
-    std::vector<int> ids;
-    std::vector<float> weights;
-    const std::vector<float> got = run(logits, xn, x0, c, true, &ids, &weights);
-    EXPECT_EQ(ids, want.ids);
-    for (size_t i = 0; i < weights.size(); i++) ASSERT_NEAR(weights[i], want.weights[i], 1e-6f) << "assignment " << i;
-    EXPECT_LT(rel_err(got, x_want), 2e-2);
-    // Not accumulated (a tensor-parallel rank's partial): the block's sum alone, whatever x held.
-    std::vector<float> part = run(logits, xn, x0, c, false, &ids, &weights);
-    for (size_t i = 0; i < part.size(); i++) part[i] += x0[i];
-    EXPECT_LT(rel_err(part, x_want), 2e-2);
+    const Result got = run(logits, xn, x0, c, Sum::Accumulate);
+    EXPECT_EQ(got.ids, want.ids);
+    for (size_t i = 0; i < got.weights.size(); i++) ASSERT_NEAR(got.weights[i], want.weights[i], 1e-6f) << "assignment " << i;
+    EXPECT_LT(rel_err(got.out, expert_out), 2e-2);
+    EXPECT_LT(rel_err(got.x, x_want), 2e-2);
+    // Again: the counters were left at zero, so the combine runs as the first time, bit for bit.
+    EXPECT_EQ(run(logits, xn, x0, c, Sum::Accumulate).x, got.x);
+    // Not accumulated (a tensor-parallel rank's partial), and with a shared expert combined afterwards.
+    for (Sum sum : {Sum::Alone, Sum::None}) {
+        std::vector<float> part = run(logits, xn, x0, c, sum).x;
+        for (size_t i = 0; i < part.size(); i++) part[i] += x0[i];
+        EXPECT_LT(rel_err(part, sum == Sum::Alone ? x_want : x_shared), 2e-2) << (sum == Sum::Alone ? "alone" : "shared");
+    }
     // A batch's rows equal each row alone, bit for bit.
     for (int t = 1; t < c; t++) {
         const std::vector<float> lg(logits.begin() + long(t) * stride, logits.begin() + long(t + 1) * stride);
         const std::vector<float> xr(xn.begin() + long(t) * H, xn.begin() + long(t + 1) * H), xi(x0.begin() + long(t) * H, x0.begin() + long(t + 1) * H);
-        const std::vector<float> alone = run(lg, xr, xi, 1, true, &ids, &weights);
-        for (int h = 0; h < H; h++) ASSERT_EQ(alone[size_t(h)], got[size_t(t) * H + h]) << "token " << t << " feature " << h;
+        const std::vector<float> alone = run(lg, xr, xi, 1, Sum::Accumulate).x;
+        for (int h = 0; h < H; h++) ASSERT_EQ(alone[size_t(h)], got.x[size_t(t) * H + h]) << "token " << t << " feature " << h;
     }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeDecode,
-                         ::testing::Values(DecodeCase{4, 1, 1, 96, 48, 0, false}, DecodeCase{60, 4, 1, 256, 200, 800, false},
-                                           DecodeCase{60, 4, 4, 264, 104, 416, false}, DecodeCase{64, 8, 3, 136, 88, 704, false},
-                                           DecodeCase{128, 8, 4, 128, 64, 0, true}, DecodeCase{8, 2, 2, 200, 72, 72, true},
-                                           DecodeCase{5, 3, 4, 64, 24, 0, false}));
+                         ::testing::Values(DecodeCase{4, 1, 1, 96, 48, false}, DecodeCase{60, 4, 1, 256, 200, false}, DecodeCase{60, 4, 4, 264, 104, false},
+                                           DecodeCase{64, 8, 3, 136, 88, false}, DecodeCase{128, 8, 4, 128, 64, true}, DecodeCase{8, 2, 2, 200, 72, true},
+                                           DecodeCase{5, 3, 4, 64, 24, false}));
 
 TEST(CudaMoeDecode, TakesOnlyWhatItCan) {
-    EXPECT_TRUE(cuda::moe_decode_applies(60, 4, 2048, 1408, 5632));   // Qwen1.5-MoE-A2.7B: 4 + 4 slots
-    EXPECT_TRUE(cuda::moe_decode_applies(64, 8, 3584, 2560, 20480));  // Qwen2-57B-A14B: 8 + 8
-    EXPECT_TRUE(cuda::moe_decode_applies(128, 8, 2048, 768, 0));       // Qwen3-30B-A3B
-    EXPECT_FALSE(cuda::moe_decode_applies(60, 4, 2048, 1408, 5000));   // the shared expert not in slices of inter
-    EXPECT_FALSE(cuda::moe_decode_applies(64, 8, 2048, 256, 4096));    // 8 + 16 slots
-    EXPECT_FALSE(cuda::moe_decode_applies(60, 4, 2052, 1408, 0));      // hidden not a multiple of 8
-    EXPECT_FALSE(cuda::moe_decode_applies(300, 4, 2048, 1408, 0));     // more experts than the routing takes
+    EXPECT_TRUE(cuda::moe_decode_applies(60, 4, 2048, 1408));    // Qwen1.5-MoE-A2.7B
+    EXPECT_TRUE(cuda::moe_decode_applies(128, 8, 2048, 768));    // Qwen3-30B-A3B
+    EXPECT_FALSE(cuda::moe_decode_applies(60, 4, 2052, 1408));   // hidden not a multiple of 8
+    EXPECT_FALSE(cuda::moe_decode_applies(60, 4, 2048, 1404));   // nor the intermediate size
+    EXPECT_FALSE(cuda::moe_decode_applies(300, 4, 2048, 1408));  // more experts than the routing takes
+    EXPECT_FALSE(cuda::moe_decode_applies(4, 8, 2048, 1408));    // top-8 of 4
 }
 
 struct QuantMoeCase {

@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(k_combine_threads) combine_kernel(float * x, b
 #pragma unroll
     for (int j = 0; j < k_moe_max_topk; j++) {
         if (j < k) {
-            slot[j] = slot_of[size_t(t) * k + j];
+            slot[j] = slot_of ? slot_of[size_t(t) * k + j] : t * k + j;
             weight[j] = weights[size_t(t) * k + j];
         }
     }

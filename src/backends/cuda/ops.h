@@ -360,35 +360,29 @@ void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const 
                  cudaStream_t stream);
 // x fp32 [c, hidden] += sum_j weights[t, j] out[slot_of[t top_k + j]] (+ sigmoid(shared_gate[t gate_stride]) shared[t]
 // where shared, bf16 [c, hidden], is given); accumulate false: x = that sum alone (a tensor-parallel rank's partial).
+// slot_of null: out in assignment order (moe_decode).
 void moe_combine(float * x, bool accumulate, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,
                  int gate_stride, cudaStream_t stream);
-// The whole MoE block of a decode step of up to k_moe_gemv_max_tokens tokens with bf16 experts in two launches
-// (moe_decode.cu), its shared expert (if any) taken as shared_inter / inter more experts of every token: the shared
-// expert's intermediate rows cut into slices of inter, the slices' down outputs summed in fp32 and rounded once, as
-// one projection rounds. Launch 1: each token's routing (every block of a routed slot routes its token; the first
-// writes ids and weights [c, top_k]) and act bf16 [c, slots, inter] = silu(gate) * up of every slot; launch 2: each
-// output feature of each token over all its slots, then x fp32 [c, hidden] (+)= sum_j weights[t, j] bf16(down_j) +
-// sigmoid(logits[t, n_experts]) bf16(shared) in moe_combine's order (accumulate false: the sum alone, a tensor-parallel
-// rank's partial).
+// The routed experts of a decode step of up to k_moe_gemv_max_tokens tokens with bf16 experts (moe_decode.cu), in
+// assignment order (row t top_k + j: token t's j-th expert), with no grouping: launch 1 routes each token in the
+// blocks that need it (the first writes ids and weights [c, top_k]) and writes act bf16 [c top_k, inter] =
+// silu(gate) * up; launch 2 writes out bf16 [c top_k, hidden] = act W_down^T and, where `x` is given, the last block
+// of each token's feature tile adds x fp32 [c, hidden] (+)= sum_j weights[t, j] out[t top_k + j] in moe_combine's
+// order (accumulate false: the sum alone). Models with a shared expert leave x null and combine with moe_combine
+// (slot_of null: assignment order) once their shared expert is done.
 struct MoeDecode {
-    const float * logits = nullptr;  // fp32 [c, stride]: the router's n_experts columns, then the shared expert's gate
+    const float * logits = nullptr;  // fp32 [c, stride]: the router's n_experts columns first
     int stride = 0;
     int top_k = 0;
     bool renormalise = false;
     MoeExperts experts;
-    const bf16 * shared_gate_up = nullptr;  // [2 shared_inter, hidden] (gate rows, then up rows), or null
-    const bf16 * shared_down = nullptr;     // [hidden, shared_inter]
-    int shared_inter = 0;
     int * ids = nullptr;        // [c, top_k], written
     float * weights = nullptr;  // [c, top_k], written
+    int * arrivals = nullptr;   // [moe_decode_arrivals(c, hidden)] zeros, left zero: the combine's per-tile counters
 };
-constexpr int k_moe_decode_max_slots = 16;
-// Whether moe_decode takes these experts: hidden and inter multiples of 8, the shared expert's intermediate size a
-// multiple of inter, top_k + its slices at most k_moe_decode_max_slots.
-bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter, int shared_inter);
-// The scratch act needs: c (top_k + shared_inter / inter) inter bf16 values.
-size_t moe_decode_act_elems(int c, int top_k, int inter, int shared_inter);
-void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, float * x, bool accumulate, cudaStream_t stream);
+bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter);
+size_t moe_decode_arrivals(int c, int hidden);
+void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream);
 // Quantized routed experts (moe_quant.cu): every expert's 4- or 8-bit affine codes stacked in the tile layout of
 // model/quant_repack.h, gate_up rows [n_experts, gate inter | up inter] over hidden, down rows [n_experts, hidden]
 // over inter; no act-order. One launch per projection reads each chosen expert's codes once per k_moe_qtile_rows of
