@@ -10,7 +10,6 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -659,18 +658,15 @@ void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn) {
 // Sparse MoE block (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock) on c tokens of xn, added into the residual x:
 // the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
 // the device, the routed experts (cuda::moe_experts; quantized: cuda::moe_qexperts, or cuda::moe_qgemm for many rows
-// an expert), the weighted combine. Quantized experts neither kernel takes (act-order, no sm_90a for prefill steps)
+// an expert), the weighted combine. Decode steps of bf16 experts route, run the experts and (with no shared expert)
+// combine in the two launches of cuda::moe_decode. Quantized experts neither kernel takes (act-order, no sm_90a for prefill steps)
 // run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
 void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
     const int router_rows = L.router.n;  // E (+ 1)
-    static const bool fused_decode = [] {
-        const char * v = std::getenv("QINFER_MOE_DECODE");
-        return !v || std::atoi(v) != 0;
-    }();
     // Decode steps of bf16 experts: routing, experts and (without a shared expert) the combine in two launches.
-    const bool decode_kernels = fused_decode && L.experts_decode && c <= cuda::k_moe_gemv_max_tokens;
+    const bool decode_kernels = L.experts_decode && c <= cuda::k_moe_gemv_max_tokens;
     const bool on_host = L.experts_on_host(c, k);
     // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
     // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
