@@ -10,6 +10,7 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -667,6 +668,12 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     const int router_rows = L.router.n;  // E (+ 1)
     // Decode steps of bf16 experts: routing, experts and (without a shared expert) the combine in two launches.
     const bool decode_kernels = L.experts_decode && c <= cuda::k_moe_gemv_max_tokens;
+    static const bool qroute_knob = [] {
+        const char * v = std::getenv("QINFER_MOE_QROUTE");
+        return !v || std::atoi(v) != 0;
+    }();
+    // One token through quantized experts: the routing inside their gate/up launch.
+    const bool q_routed = qroute_knob && c == 1 && !L.experts.empty() && L.expert_q_kernel && !L.experts_on_host(c, k) && !L.experts_grouped(c, k);
     const bool on_host = L.experts_on_host(c, k);
     // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
     // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
@@ -713,7 +720,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
     float * sum = part ? part : x;
     const bool accumulate = !part && !partial_only();
-    if (!decode_kernels) cuda::moe_route(router_logits_.as<float>(), router_rows, c, E, k, cfg.norm_topk_prob, tile, r, stream_);
+    if (!decode_kernels && !q_routed) cuda::moe_route(router_logits_.as<float>(), router_rows, c, E, k, cfg.norm_topk_prob, tile, r, stream_);
     prof_.mark("router");
     if (decode_kernels) {
         cuda::MoeDecode m;
@@ -726,6 +733,11 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         m.weights = r.weights;
         m.arrivals = moe_arrivals_.as<int>();
         cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
+        r.slot_of = nullptr;  // the experts' rows in assignment order
+    } else if (q_routed) {
+        const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
+        cuda::moe_qexperts_routed(xn, router_logits_.as<float>(), k, cfg.norm_topk_prob, w, r.ids, r.weights, moe_act_.as<bf16>(), moe_out_.as<bf16>(),
+                                  stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (!quantized) {
         const cuda::MoeExperts w{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};

@@ -3,7 +3,8 @@
 // tolerance, for 4..128 experts, top-k 1..8, 1..300 tokens (some experts get no rows, some many), every row tile,
 // hidden and intermediate sizes that are not multiples of the 64-wide K steps; a batch's rows equal each row alone.
 // The quantized experts' kernel (moe_quant.cu) against the CPU backend's quantized linears (cpu::linear dequantizes
-// by each format's formula), for 4- and 8-bit GPTQ v1/v2 and AWQ codes, groups 32 / 64 / 128 / whole rows. The routed
+// by each format's formula), for 4- and 8-bit GPTQ v1/v2 and AWQ codes, groups 32 / 64 / 128 / whole rows, with one
+// token routed inside the launch as well. The routed
 // experts of decode steps in two launches (moe_decode.cu), against the same reference.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -398,6 +399,17 @@ void check_quant_experts(const QuantMoeCase & p, int c, bool grouped) {
         const std::vector<float> alone = run(upload(lg), upload_bf16(xr), 1, &slot1);
         for (size_t i = 0; i < size_t(k) * H; i++) ASSERT_EQ(alone[i], got[size_t(t) * k * H + i]) << p.name << " token " << t << " value " << i;
     }
+    if (grouped) return;
+    // Token 0 routed inside the launch (moe_qexperts_routed, batch-1 decode): its routing, and its rows bit for bit.
+    const DeviceBuffer lg0 = upload(std::vector<float>(logits.begin(), logits.begin() + E));
+    const DeviceBuffer xn0 = upload_bf16(std::vector<float>(xn.begin(), xn.begin() + H));
+    DeviceBuffer ids_d = poisoned(size_t(k) * 4), w_d = poisoned(size_t(k) * 4), act_d = poisoned(size_t(k) * I * 2), out_d = poisoned(size_t(k) * H * 2);
+    cuda::moe_qexperts_routed(xn0.as<cuda::bf16>(), lg0.as<float>(), k, false, w, ids_d.as<int>(), w_d.as<float>(), act_d.as<cuda::bf16>(),
+                              out_d.as<cuda::bf16>(), nullptr);
+    EXPECT_EQ(RoutingBuffers::ints(ids_d.as<int>(), size_t(k)), std::vector<int>(want.ids.begin(), want.ids.begin() + k)) << p.name;
+    const std::vector<float> w0 = download_f32(w_d, size_t(k)), out0 = download_bf16(out_d, size_t(k) * H);
+    for (int j = 0; j < k; j++) ASSERT_NEAR(w0[size_t(j)], want.weights[size_t(j)], 1e-6f) << p.name << " assignment " << j;
+    for (size_t i = 0; i < size_t(k) * H; i++) ASSERT_EQ(out0[i], got[i]) << p.name << " routed in the launch, value " << i;
 }
 
 TEST_P(CudaMoeQuant, MatchesCpu) {

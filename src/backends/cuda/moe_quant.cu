@@ -14,6 +14,7 @@
 #include <climits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/moe_route.cuh"
 #include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
@@ -38,6 +39,13 @@ struct QExpertArgs {
     int E = 0;
     int n = 0;                       // outputs per expert (a multiple of 16)
     bf16 * y = nullptr;              // [assignments, n] by sorted row
+    // One token routed in the launch (moe_qexperts_routed): tile j is the token's j-th assignment alone. The gate/up
+    // launch routes from `logits` (every block; the first writes ids and weights), the down launch reads `ids`.
+    const float * logits = nullptr;
+    int top_k = 0;
+    bool renormalise = false;
+    int * ids = nullptr;
+    float * weights = nullptr;
 };
 
 // Shared memory: the packed group parameters (uint32 [RBB MATS 16 rows, gs], ring4::pack_group), then the tile's input
@@ -55,14 +63,34 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
     __shared__ float red[k_warps][32][4 * MATS];
     __shared__ int s_tiles[k_moe_max_experts + 1], s_offsets[k_moe_max_experts + 1];
     pdl_wait();  // the routing comes from the kernel ahead
-    // The routing's tile and row offsets in one round trip; the tile's expert found in shared memory.
-    for (int i = threadIdx.x; i <= a.E; i += k_warps * 32) {
-        s_tiles[i] = a.tiles[i];
-        s_offsets[i] = a.offsets[i];
-    }
-    __syncthreads();
     MoeTile tile;
-    if (!moe_tile_of(s_tiles, s_offsets, a.E, int(blockIdx.y), k_moe_qtile_rows, tile)) return;
+    const bool routed_here = a.ids != nullptr;
+    if (routed_here) {
+        // One token: its top_k assignments are the tiles, in order.
+        __shared__ int r_ids[k_moe_max_topk];
+        __shared__ float r_weights[k_moe_max_topk];
+        if constexpr (SWIGLU) {
+            if (threadIdx.x < 32) route_token(a.logits, a.E, a.top_k, a.renormalise, r_ids, r_weights);
+            __syncthreads();
+            if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < a.top_k) {
+                a.ids[threadIdx.x] = r_ids[threadIdx.x];
+                a.weights[threadIdx.x] = r_weights[threadIdx.x];
+            }
+            tile.expert = r_ids[blockIdx.y];
+        } else {
+            tile.expert = a.ids[blockIdx.y];
+        }
+        tile.row0 = int(blockIdx.y);
+        tile.rows = 1;
+    } else {
+        // The routing's tile and row offsets in one round trip; the tile's expert found in shared memory.
+        for (int i = threadIdx.x; i <= a.E; i += k_warps * 32) {
+            s_tiles[i] = a.tiles[i];
+            s_offsets[i] = a.offsets[i];
+        }
+        __syncthreads();
+        if (!moe_tile_of(s_tiles, s_offsets, a.E, int(blockIdx.y), k_moe_qtile_rows, tile)) return;
+    }
     const int e = tile.expert, row0 = tile.row0, rows = tile.rows;  // rows <= xrows: a token chooses an expert once
     const QuantMatrix & w = a.w;
     const int kp = w.k_padded, nkb = kp / 64, G = w.groups, gs = ring4::group_stride(G), n_rb = a.n / 16;
@@ -103,7 +131,8 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
         const int r = i / chunks, ch = i - r * chunks;
         const int p = row0 + r;
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (ch * 8 < w.k) v = *reinterpret_cast<const uint4 *>(a.x + size_t(a.token_of ? a.token_of[p] : p) * a.ldx + ch * 8);
+        const int src = a.token_of ? a.token_of[p] : routed_here && SWIGLU ? 0 : p;  // routed here: the one token's row
+        if (ch * 8 < w.k) v = *reinterpret_cast<const uint4 *>(a.x + size_t(src) * a.ldx + ch * 8);
         *reinterpret_cast<uint4 *>(sx + r * xld + ch * 8) = v;
     }
     __syncthreads();
@@ -263,6 +292,32 @@ bool moe_qexperts_apply(const MoeQuantExperts & w) {
                q.rows_padded == q.rows && smem_bytes(q, 2, k_moe_qtile_rows) <= k_max_smem_bytes;
     };
     return E >= 1 && w.hidden % 16 == 0 && w.inter % 16 == 0 && fits(w.gate_up, 2 * w.inter, w.hidden) && fits(w.down, w.hidden, w.inter);
+}
+
+void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
+                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream) {
+    QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
+    QINFER_CHECK(top_k >= 1 && top_k <= std::min(k_moe_max_topk, w.n_experts) && w.n_experts <= k_moe_max_experts)
+        << "MoE: top-" << top_k << " of " << w.n_experts;
+    QExpertArgs a;
+    a.E = w.n_experts;
+    a.logits = logits;
+    a.top_k = top_k;
+    a.renormalise = renormalise;
+    a.ids = ids;
+    a.weights = weights;
+    a.w = w.gate_up;
+    a.x = xn;
+    a.ldx = w.hidden;
+    a.n = w.inter;
+    a.y = act;
+    launch_planes<true>(a, top_k, 1, stream);
+    a.w = w.down;
+    a.x = act;
+    a.ldx = w.inter;
+    a.n = w.hidden;
+    a.y = out;
+    launch_planes<false>(a, top_k, 1, stream);
 }
 
 void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
