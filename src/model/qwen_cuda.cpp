@@ -10,7 +10,6 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -255,6 +254,8 @@ void CudaQwenEngine::upload_quant_experts(const MoeWeights & m, DevLayer & D, ui
     // rows an expert: the grouped kernel 1.33 s of GPU time against 1.24 s for dequantize + cuBLASLt), and the host no
     // longer waits for each layer's routing.
     D.expert_q_gemm = cuda::moe_qgemm_apply(cuda::MoeQuantExperts{D.expert_q.gate_up.q, D.expert_q.down.q, E, H, I});
+    D.expert_q_route = D.expert_q_kernel && cuda::moe_qexperts_route_in_launch(cuda::MoeQuantExperts{D.expert_q.gate_up.q, D.expert_q.down.q, E, H, I},
+                                                                                model_->config.num_experts_per_tok);
 }
 
 DevMlp CudaQwenEngine::upload_mlp(const MlpWeights & m, uint64_t * done, Progress & bar) {
@@ -668,12 +669,8 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     const int router_rows = L.router.n;  // E (+ 1)
     // Decode steps of bf16 experts: routing, experts and (without a shared expert) the combine in two launches.
     const bool decode_kernels = L.experts_decode && c <= cuda::k_moe_gemv_max_tokens;
-    static const bool qroute_knob = [] {
-        const char * v = std::getenv("QINFER_MOE_QROUTE");
-        return !v || std::atoi(v) != 0;
-    }();
-    // One token through quantized experts: the routing inside their gate/up launch.
-    const bool q_routed = qroute_knob && c == 1 && !L.experts.empty() && L.expert_q_kernel && !L.experts_on_host(c, k) && !L.experts_grouped(c, k);
+    // One token through quantized experts: the routing inside their gate/up launch, where that launch is one wave.
+    const bool q_routed = c == 1 && L.expert_q_route && !L.experts_on_host(c, k) && !L.experts_grouped(c, k);
     const bool on_host = L.experts_on_host(c, k);
     // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
     // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside

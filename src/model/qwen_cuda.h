@@ -136,6 +136,7 @@ struct DevLayer {
     DevMlp expert_q;                           // quantized, stacked: gate_up [n_experts (gate inter | up inter), hidden], down [n_experts hidden, inter]
     bool expert_q_kernel = false;              // cuda::moe_qexperts_apply(expert_q)
     bool expert_q_gemm = false;                // cuda::moe_qgemm_apply(expert_q)
+    bool expert_q_route = false;               // cuda::moe_qexperts_route_in_launch(expert_q): batch-1 steps route in the launch
     std::vector<DevMlp> experts;               // quantized experts (views of expert_q where stacked)
     bool has_shared = false;
     DevMlp shared;

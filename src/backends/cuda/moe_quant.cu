@@ -294,6 +294,15 @@ bool moe_qexperts_apply(const MoeQuantExperts & w) {
     return E >= 1 && w.hidden % 16 == 0 && w.inter % 16 == 0 && fits(w.gate_up, 2 * w.inter, w.hidden) && fits(w.down, w.hidden, w.inter);
 }
 
+// Every block of the routed launch routes the token before its first code load, a microsecond or two with its SM slot
+// held: worth it where the gate/up grid is one wave of resident blocks, not beyond. On an H200 (same call, two rounds,
+// bench/results/2026-11-30-h200x2-moe-decode) Qwen1.5-MoE-A2.7B GPTQ-Int4 (352 blocks) decoded 692.32 / 694.82 ->
+// 723.08 / 725.33 tok/s with it, Qwen2-57B-A14B GPTQ-Int4 (1,280 blocks: three waves) 265.59 / 266.10 -> 260.37 / 259.27.
+bool moe_qexperts_route_in_launch(const MoeQuantExperts & w, int top_k) {
+    const int rbb = k_warps / k_parts(w.gate_up.k_padded / 64), n_rb = w.inter / 16;
+    return int64_t((n_rb + rbb - 1) / rbb) * top_k <= int64_t(k_blocks_per_sm) * sm_count();
+}
+
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
                          float * weights, bf16 * act, bf16 * out, cudaStream_t stream) {
     QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";

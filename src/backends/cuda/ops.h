@@ -397,6 +397,8 @@ bool moe_qexperts_apply(const MoeQuantExperts & w);
 // act bf16 [c top_k, inter] and out bf16 [c top_k, hidden] in the sorted order, as moe_experts.
 void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
                   cudaStream_t stream);
+// Whether moe_qexperts_routed pays for these experts: where its gate/up grid is one wave.
+bool moe_qexperts_route_in_launch(const MoeQuantExperts & w, int top_k);
 // One token (a batch-1 decode step) routed inside the gate/up launch from the router's logits fp32 [n_experts...]
 // (ids and weights [top_k] written), then act and out in assignment order (moe_combine with slot_of null).
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
