@@ -1,6 +1,7 @@
 // The MoE kernels (backends/cuda/moe.cu) against a CPU reference of the model's MoE block (the CPU backend's routing,
 // cpu::moe_route; each projection's output rounded to bf16 as the unfused CUDA path does): routing and grouping exactly, the grouped GEMMs and the combine within bf16
-// tolerance, for 4..128 experts, top-k 1..8, 1..300 tokens (some experts get no rows, some many), every row tile,
+// tolerance, for 4..128 experts, top-k 1..8, 1..300 tokens (some experts get no rows, some many; the experts of up to
+// 4 tokens through moe_decode), every row tile,
 // hidden and intermediate sizes that are not multiples of the 64-wide K steps; a batch's rows equal each row alone.
 // The quantized experts' kernel (moe_quant.cu) against the CPU backend's quantized linears (cpu::linear dequantizes
 // by each format's formula), for 4- and 8-bit GPTQ v1/v2 and AWQ codes, groups 32 / 64 / 128 / whole rows, with one
@@ -64,25 +65,11 @@ struct RoutingBuffers {
 
 float silu_f(float v) { return v / (1.0f + std::exp(-v)); }
 
-class CudaMoe : public ::testing::TestWithParam<MoeCase> {};
-
-TEST_P(CudaMoe, MatchesCpu) {
-    REQUIRE_GPU();
-    const MoeCase p = GetParam();
-    const int E = p.experts, k = p.top_k, c = p.tokens, H = p.hidden, I = p.inter;
-    const int stride = E + (p.shared ? 1 : 0);  // the router's rows, the shared expert's gate last
-    std::vector<float> logits = randn(size_t(c) * stride, 2.0f);
-    const std::vector<float> xn = randn(size_t(c) * H);
-    const std::vector<float> gate_up = randn(size_t(E) * 2 * I * H, 1.0f / std::sqrt(float(H)));
-    const std::vector<float> down = randn(size_t(E) * H * I, 1.0f / std::sqrt(float(I)));
-    const std::vector<float> x0 = randn(size_t(c) * H);
-    const std::vector<float> shared = randn(size_t(c) * H, 0.5f);
-    std::vector<float> plain(size_t(c) * E);  // the router's expert columns alone
-    for (int t = 0; t < c; t++) std::copy_n(logits.begin() + long(t) * stride, E, plain.begin() + long(t) * E);
-    const Routed want = route_cpu(plain, c, E, k, p.renormalise);
-
-    // Reference: each assignment's expert output (rounded as the kernels round), then the combine in fp32.
-    std::vector<float> expert_out(size_t(c) * k * H);  // by assignment t * k + j
+// Each assignment's expert output [c k, hidden] (by assignment t k + j) for stacked bf16 experts gate_up [E, 2 inter,
+// hidden] and down [E, hidden, inter], rounded as transformers rounds: the projections' outputs and the activation.
+std::vector<float> experts_cpu(const Routed & want, const std::vector<float> & gate_up, const std::vector<float> & down,
+                               const std::vector<float> & xn, int c, int k, int H, int I) {
+    std::vector<float> expert_out(size_t(c) * k * H);
     for (int t = 0; t < c; t++) {
         for (int j = 0; j < k; j++) {
             const int e = want.ids[size_t(t) * k + j];
@@ -102,6 +89,28 @@ TEST_P(CudaMoe, MatchesCpu) {
             }
         }
     }
+    return expert_out;
+}
+
+class CudaMoe : public ::testing::TestWithParam<MoeCase> {};
+
+TEST_P(CudaMoe, MatchesCpu) {
+    REQUIRE_GPU();
+    const MoeCase p = GetParam();
+    const int E = p.experts, k = p.top_k, c = p.tokens, H = p.hidden, I = p.inter;
+    const int stride = E + (p.shared ? 1 : 0);  // the router's rows, the shared expert's gate last
+    std::vector<float> logits = randn(size_t(c) * stride, 2.0f);
+    const std::vector<float> xn = randn(size_t(c) * H);
+    const std::vector<float> gate_up = randn(size_t(E) * 2 * I * H, 1.0f / std::sqrt(float(H)));
+    const std::vector<float> down = randn(size_t(E) * H * I, 1.0f / std::sqrt(float(I)));
+    const std::vector<float> x0 = randn(size_t(c) * H);
+    const std::vector<float> shared = randn(size_t(c) * H, 0.5f);
+    std::vector<float> plain(size_t(c) * E);  // the router's expert columns alone
+    for (int t = 0; t < c; t++) std::copy_n(logits.begin() + long(t) * stride, E, plain.begin() + long(t) * E);
+    const Routed want = route_cpu(plain, c, E, k, p.renormalise);
+
+    // Reference: each assignment's expert output, then the combine in fp32.
+    const std::vector<float> expert_out = experts_cpu(want, gate_up, down, xn, c, k, H, I);
     std::vector<float> x_want = x0;
     for (int t = 0; t < c; t++) {
         const float sg = 1.0f / (1.0f + std::exp(-logits[size_t(t) * stride + E]));
@@ -145,7 +154,8 @@ TEST_P(CudaMoe, MatchesCpu) {
                 ASSERT_EQ(slot_of[size_t(rows[i])], sorted);
             }
         }
-        // Experts and combine.
+        // Experts and combine (decode steps take moe_decode instead: CudaMoeDecode).
+        if (c <= cuda::k_moe_gemv_max_tokens) continue;
         DeviceBuffer act = poisoned(ck * I * 2), out = poisoned(ck * H * 2), x = upload(x0);
         cuda::moe_experts(xn_d.as<cuda::bf16>(), c, k, w, rb.r, tile, act.as<cuda::bf16>(), out.as<cuda::bf16>(), nullptr);
         const std::vector<float> out_sorted = download_bf16(out, ck * H);
@@ -164,10 +174,10 @@ TEST_P(CudaMoe, MatchesCpu) {
         for (size_t i = 0; i < got_part.size(); i++) got_part[i] += x0[i];  // the residual plus the partial, as the ranks' sum adds them
         EXPECT_LT(rel_err(got_part, x_want), 2e-2);
 
-        // A batch's rows equal each row run alone (through the same kernels: beyond k_moe_gemv_max_tokens, "alone" is
-        // the row repeated that many times plus one), bit for bit.
-        if (c > 1 && c <= 20) {
-            const int reps = c <= cuda::k_moe_gemv_max_tokens ? 1 : cuda::k_moe_gemv_max_tokens + 1;
+        // A batch's rows equal each row run alone, bit for bit ("alone": the row repeated k_moe_gemv_max_tokens + 1
+        // times, as moe_experts takes steps of more tokens than a decode step).
+        if (c <= 20) {
+            const int reps = cuda::k_moe_gemv_max_tokens + 1;
             for (int t = 0; t < c; t += std::max(1, c / 3)) {
                 std::vector<float> lg, xr;
                 for (int i = 0; i < reps; i++) {
@@ -222,28 +232,9 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
     std::vector<float> plain(size_t(c) * E);
     for (int t = 0; t < c; t++) std::copy_n(logits.begin() + long(t) * stride, E, plain.begin() + long(t) * E);
     const Routed want = route_cpu(plain, c, E, k, p.renormalise);
-    // Reference: each assignment's expert output, rounded as transformers rounds, then the combine in fp32 (x_shared:
-    // with the shared expert's output and gate as well).
-    std::vector<float> expert_out(size_t(c) * k * H);
-    for (int t = 0; t < c; t++) {
-        for (int j = 0; j < k; j++) {
-            const int e = want.ids[size_t(t) * k + j];
-            std::vector<float> act(static_cast<size_t>(I));
-            for (int f = 0; f < I; f++) {
-                double g = 0, u = 0;
-                for (int h = 0; h < H; h++) {
-                    g += double(gate_up[(size_t(e) * 2 * I + f) * H + h]) * xn[size_t(t) * H + h];
-                    u += double(gate_up[(size_t(e) * 2 * I + I + f) * H + h]) * xn[size_t(t) * H + h];
-                }
-                act[size_t(f)] = round_bf16(silu_f(round_bf16(float(g))) * round_bf16(float(u)));
-            }
-            for (int h = 0; h < H; h++) {
-                double s = 0;
-                for (int f = 0; f < I; f++) s += double(down[(size_t(e) * H + h) * I + f]) * act[size_t(f)];
-                expert_out[(size_t(t) * k + j) * H + h] = round_bf16(float(s));
-            }
-        }
-    }
+    // Reference: each assignment's expert output, then the combine in fp32 (x_shared: with the shared expert's output
+    // and gate as well).
+    const std::vector<float> expert_out = experts_cpu(want, gate_up, down, xn, c, k, H, I);
     std::vector<float> x_want = x0, x_shared = x0;
     for (int t = 0; t < c; t++) {
         const float sg = 1.0f / (1.0f + std::exp(-logits[size_t(t) * stride + E]));

@@ -1,7 +1,7 @@
 // Mixture-of-experts kernels (ops.h, "mixture of experts"): routing on the device (softmax, top-k, optional
 // renormalisation), the token-expert assignments grouped by expert, the routed experts' SwiGLU MLPs in two launches
-// over all experts (GEMVs up to k_moe_gemv_max_tokens tokens, grouped tensor-core GEMMs beyond; SiLU-mul in the
-// gate/up epilogue), and the weighted combine into the residual stream. Nothing here goes through the host, so a MoE
+// over all experts (grouped tensor-core GEMMs; SiLU-mul in the gate/up epilogue; decode steps take moe_decode.cu's
+// GEMVs instead), and the weighted combine into the residual stream. Nothing here goes through the host, so a MoE
 // decode step can be captured in a graph.
 #include <algorithm>
 #include <climits>
@@ -321,66 +321,6 @@ template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int 
     launch_gemm<64, 128, 2, 2, 3, SWIGLU>(a, max_tiles, stream);
 }
 
-// ---- decode: one warp per R weight rows of one sorted row (c <= k_moe_gemv_max_tokens) ----
-// The grouped GEMM's tiles pay for themselves only with rows to share them: at decode its short K loops (22-32 steps
-// behind block barriers) moved 1.2-2.1 TB/s (trace of Qwen1.5-MoE-A2.7B at batch 1). Here each lane keeps
-// R x 4 streaming 16-byte loads in flight with no barrier, as the dense GEMVs do. SwiGLU: a warp's rows are R / 2
-// gate rows and the matching up rows.
-constexpr int k_gemv_warps = 8;
-constexpr int k_gemv_rows = 4;
-
-template <bool SWIGLU> __global__ void __launch_bounds__(k_gemv_warps * 32) moe_gemv_kernel(GemmArgs a) {
-    pdl_wait();
-    constexpr int R = k_gemv_rows, OUT = SWIGLU ? R / 2 : R;
-    const int p = blockIdx.y;  // the sorted row
-    if (p >= a.offsets[a.E]) return;
-    int lo = 0, hi = a.E - 1;
-    while (lo < hi) {  // the expert holding sorted row p: the last one whose offset is at or before p
-        const int mid = (lo + hi + 1) / 2;
-        if (a.offsets[mid] <= p) lo = mid;
-        else hi = mid - 1;
-    }
-    const int lane = threadIdx.x % 32;
-    const int f0 = (blockIdx.x * k_gemv_warps + threadIdx.x / 32) * OUT;  // the warp's first output feature
-    if (f0 >= a.n) return;
-    const bf16 * w = a.w + int64_t(lo) * a.w_stride;
-    const uint4 * x = reinterpret_cast<const uint4 *>(a.x + int64_t(a.token_of ? a.token_of[p] : p) * a.k);
-    const uint4 * wr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        int row = f0 + r % OUT;
-        row = min(row, a.n - 1);  // rows past n read a valid row, and are not written
-        if (SWIGLU && r >= OUT) row += a.n;
-        wr[r] = reinterpret_cast<const uint4 *>(w + int64_t(row) * a.k);
-    }
-    const int chunks = a.k / 8;
-    float acc[R] = {};
-#pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
-        const uint4 xv = x[c];
-#pragma unroll
-        for (int r = 0; r < R; r++) acc[r] += dot8(load_stream(wr[r] + c), xv);
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
-    if (lane >= OUT || f0 + lane >= a.n) return;
-    float v = acc[0];
-#pragma unroll
-    for (int r = 1; r < OUT; r++) v = lane == r ? acc[r] : v;
-    if constexpr (SWIGLU) {
-        float up = acc[OUT];
-#pragma unroll
-        for (int r = 1; r < OUT; r++) up = lane == r ? acc[OUT + r] : up;
-        v = silu(__bfloat162float(__float2bfloat16(v))) * __bfloat162float(__float2bfloat16(up));
-    }
-    a.y[int64_t(p) * a.n + f0 + lane] = __float2bfloat16(v);
-}
-
-template <bool SWIGLU> void grouped_gemv(const GemmArgs & a, int assignments, cudaStream_t stream) {
-    constexpr int out_per_block = k_gemv_warps * (SWIGLU ? k_gemv_rows / 2 : k_gemv_rows);
-    launch_kernel(moe_gemv_kernel<SWIGLU>, dim3((a.n + out_per_block - 1) / out_per_block, assignments), dim3(k_gemv_warps * 32), 0, stream, a);
-}
-
 constexpr int k_combine_threads = 256;
 
 // x[t] += sum_j weight[t, j] y[slot_of[t k + j]] (+ sigmoid(gate[t]) shared[t]), in fp32, in a fixed order; eight
@@ -488,7 +428,8 @@ void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const 
     QINFER_CHECK(w.hidden % 8 == 0 && w.inter % 8 == 0) << "MoE experts: hidden " << w.hidden << " and intermediate " << w.inter
                                                        << " must be multiples of 8";
     QINFER_CHECK(tile_rows == 16 || tile_rows == 64 || tile_rows == k_moe_wgmma_rows) << "MoE experts: tile of " << tile_rows << " rows";
-    if (tile_rows == k_moe_wgmma_rows && c > k_moe_gemv_max_tokens) {
+    QINFER_CHECK(c > k_moe_gemv_max_tokens) << "MoE experts: " << c << " tokens (decode steps take moe_decode)";
+    if (tile_rows == k_moe_wgmma_rows) {
         // The tensor copies need the sorted rows' inputs contiguous: gathered into `out`, free until down writes it.
         const int rows = c * top_k;
         gather_rows(xn, r.token_of, rows, w.hidden, out, stream);
@@ -527,9 +468,7 @@ void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const 
     a.n = w.inter;
     a.k = w.hidden;
     a.y = act;
-    const bool gemv = c <= k_moe_gemv_max_tokens;
-    if (gemv) grouped_gemv<true>(a, c * top_k, stream);
-    else grouped_gemm<true>(a, tile_rows, c * top_k, stream);
+    grouped_gemm<true>(a, tile_rows, c * top_k, stream);
     a.x = act;
     a.token_of = nullptr;
     a.w = w.down;
@@ -537,8 +476,7 @@ void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const 
     a.n = w.hidden;
     a.k = w.inter;
     a.y = out;
-    if (gemv) grouped_gemv<false>(a, c * top_k, stream);
-    else grouped_gemm<false>(a, tile_rows, c * top_k, stream);
+    grouped_gemm<false>(a, tile_rows, c * top_k, stream);
 }
 
 void moe_combine(float * x, bool accumulate, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,

@@ -303,49 +303,19 @@ bool moe_qexperts_route_in_launch(const MoeQuantExperts & w, int top_k) {
     return int64_t((n_rb + rbb - 1) / rbb) * top_k <= int64_t(k_blocks_per_sm) * sm_count();
 }
 
-void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
-                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream) {
-    QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
-    QINFER_CHECK(top_k >= 1 && top_k <= std::min(k_moe_max_topk, w.n_experts) && w.n_experts <= k_moe_max_experts)
-        << "MoE: top-" << top_k << " of " << w.n_experts;
-    QExpertArgs a;
-    a.E = w.n_experts;
-    a.logits = logits;
-    a.top_k = top_k;
-    a.renormalise = renormalise;
-    a.ids = ids;
-    a.weights = weights;
-    a.w = w.gate_up;
-    a.x = xn;
-    a.ldx = w.hidden;
-    a.n = w.inter;
-    a.y = act;
-    launch_planes<true>(a, top_k, 1, stream);
-    a.w = w.down;
-    a.x = act;
-    a.ldx = w.inter;
-    a.n = w.hidden;
-    a.y = out;
-    launch_planes<false>(a, top_k, 1, stream);
-}
+namespace {
 
-void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
-                  cudaStream_t stream) {
+// The two launches over a step's tiles (`a` holds the routing's side): gate/up with SwiGLU from xn into act, then down
+// from act into out.
+void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16 * act, bf16 * out, int max_tiles, int xrows, cudaStream_t stream) {
     QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
     QINFER_CHECK(reinterpret_cast<uintptr_t>(xn) % 16 == 0 && reinterpret_cast<uintptr_t>(act) % 16 == 0) << "MoE: inputs not 16-byte aligned";
-    const int assignments = c * top_k;
-    const int max_tiles = moe_max_tiles(assignments, k_moe_qtile_rows, w.n_experts);
-    QExpertArgs a;
-    a.offsets = r.offsets;
-    a.tiles = r.tiles;
     a.E = w.n_experts;
     a.w = w.gate_up;
     a.x = xn;
     a.ldx = w.hidden;
-    a.token_of = r.token_of;
     a.n = w.inter;
     a.y = act;
-    const int xrows = std::min(c, k_moe_qtile_rows);
     launch_planes<true>(a, max_tiles, xrows, stream);
     a.w = w.down;
     a.x = act;
@@ -354,6 +324,31 @@ void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, 
     a.n = w.hidden;
     a.y = out;
     launch_planes<false>(a, max_tiles, xrows, stream);
+}
+
+}  // namespace
+
+void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
+                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream) {
+    QINFER_CHECK(top_k >= 1 && top_k <= std::min(k_moe_max_topk, w.n_experts) && w.n_experts <= k_moe_max_experts)
+        << "MoE: top-" << top_k << " of " << w.n_experts;
+    QExpertArgs a;
+    a.logits = logits;
+    a.top_k = top_k;
+    a.renormalise = renormalise;
+    a.ids = ids;
+    a.weights = weights;
+    run_experts(a, w, xn, act, out, top_k, 1, stream);
+}
+
+void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
+                  cudaStream_t stream) {
+    QExpertArgs a;
+    a.offsets = r.offsets;
+    a.tiles = r.tiles;
+    a.token_of = r.token_of;
+    // xrows: the most rows a tile holds (a token chooses an expert once).
+    run_experts(a, w, xn, act, out, moe_max_tiles(c * top_k, k_moe_qtile_rows, w.n_experts), std::min(c, k_moe_qtile_rows), stream);
 }
 
 }  // namespace qinfer::cuda

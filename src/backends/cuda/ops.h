@@ -351,11 +351,11 @@ struct MoeExperts {
     const bf16 * down = nullptr;     // [n_experts, hidden, inter]
     int n_experts = 0, hidden = 0, inter = 0;  // hidden and inter multiples of 8
 };
-// Up to this many tokens the experts run as GEMVs (one warp per few weight rows of one sorted row), beyond it as
-// grouped tensor-core GEMMs in tiles of tile_rows rows (k_moe_wgmma_rows: the inputs gathered into `out` first).
+// Up to this many tokens (decode steps) the bf16 experts run as GEMVs (moe_decode); moe_experts runs grouped
+// tensor-core GEMMs in tiles of tile_rows rows (k_moe_wgmma_rows: the inputs gathered into `out` first).
 constexpr int k_moe_gemv_max_tokens = 4;
 // act bf16 [c top_k, inter] = silu(gate) * up of each sorted row's token xn bf16 [c, hidden] through its expert;
-// out bf16 [c top_k, hidden] = act W_down^T, in the sorted order.
+// out bf16 [c top_k, hidden] = act W_down^T, in the sorted order; c > k_moe_gemv_max_tokens.
 void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const MoeRouting & r, int tile_rows, bf16 * act, bf16 * out,
                  cudaStream_t stream);
 // x fp32 [c, hidden] += sum_j weights[t, j] out[slot_of[t top_k + j]] (+ sigmoid(shared_gate[t gate_stride]) shared[t]
