@@ -6,8 +6,9 @@
 # Side N runs the stages on GPU N with its own environment settings (SIDEn, words VAR=value: the A/B knob and any
 # stage variables), its own QINFER_CACHE (two processes writing one synthetic checkpoint or config folder at once had
 # to be kept apart) and its own results folder $OUT/sideN (packed into $OUT/sideN/results.tar by device.sh). Each side's
-# output goes to $OUT/sideN.log; their rows and errors are printed last. SIDES_DEADLINE: seconds from now at which
-# both sides pack what they have (default 540; set it below what is left of the call).
+# output goes to $OUT/sideN.log; their rows and errors are printed last, then all of it is packed into $OUT/sides.tar.
+# SIDES_DEADLINE: seconds from now at which both sides pack what they have (default 540; set it below what is left of
+# the call).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/out}
@@ -32,3 +33,6 @@ for side in 0 1; do
     echo "== side $side (GPU $side): ${!settings:-no settings}"
     grep -E "^Throughput|^\| qwen|rror|Failure|gpu tests|logits-ab|^tensor parallel" "$OUT/side$side.log"
 done
+# Both sides' logs and archives in one file (the device tool brings back eight files a call: with two rounds of four,
+# the second round's had not come back, 2026-11-30).
+(cd "$OUT" && tar -cf sides.tar side0.log side1.log side0 side1 && rm -rf side0.log side1.log side0 side1)
