@@ -661,16 +661,17 @@ void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn) {
 // the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
 // the device, the routed experts (cuda::moe_experts; quantized: cuda::moe_qexperts, or cuda::moe_qgemm for many rows
 // an expert), the weighted combine. Decode steps of bf16 experts route, run the experts and (with no shared expert)
-// combine in the two launches of cuda::moe_decode. Quantized experts neither kernel takes (act-order, no sm_90a for prefill steps)
-// run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
+// combine in the two launches of cuda::moe_decode. Quantized experts neither kernel takes (act-order, no sm_90a for
+// prefill steps) run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
 void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
     const int router_rows = L.router.n;  // E (+ 1)
     // Decode steps of bf16 experts: routing, experts and (without a shared expert) the combine in two launches.
     const bool decode_kernels = L.experts_decode && c <= cuda::k_moe_gemv_max_tokens;
-    // One token through quantized experts: the routing inside their gate/up launch, where that launch is one wave.
-    const bool q_routed = c == 1 && L.expert_q_route && !L.experts_on_host(c, k) && !L.experts_grouped(c, k);
+    // One token through quantized experts: the routing inside their gate/up launch, where that launch is one wave (one
+    // token is never beyond the decode kernel's tile, so neither the host path nor the grouped GEMM takes it).
+    const bool q_routed = c == 1 && L.expert_q_route;
     const bool on_host = L.experts_on_host(c, k);
     // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
     // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside

@@ -1,5 +1,5 @@
-// The routed bf16 experts of a decode step (ops.h, moe_decode) in two launches and no grouping, instead of the routing
-// and grouping kernel, the two grouped GEMVs and the combine (moe.cu):
+// The routed bf16 experts of a decode step (ops.h, moe_decode) in two launches and no grouping, where they took four:
+// the routing and grouping kernel, two grouped GEMVs (removed) and the combine (moe.cu):
 //   1. gate/up: a block per (assignment, 16 intermediate features); each block routes its token first (one warp, the
 //      routing of moe.cu's kernels), so no kernel runs between the router and the experts. In a trace of
 //      Qwen3-30B-A3B's decode step on an H200 this launch took 15.7 us a layer against 15.0 + 3.5 for the grouped
