@@ -19,6 +19,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/qgemv_ring_stage_bf16.cu
   src/backends/cuda/qgemm_wgmma.cu
   src/backends/cuda/qgemm_mma.cu
+  src/backends/cuda/qgemm_rs.cu
   src/backends/cuda/qlinear.cpp
   src/backends/cuda/elementwise.cu
   src/backends/cuda/sampling.cu

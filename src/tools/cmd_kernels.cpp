@@ -139,8 +139,8 @@ int run_kernels(const Args & a) {
     const int max_m = *std::max_element(ms.begin(), ms.end());
     json rows = json::array();
     std::printf("card: %s, commit %s; weights cycled over >= 256 MB; times are means of %d calls\n\n", sys.card.c_str(), git_commit().c_str(), reps);
-    std::printf("| model | proj | n x k | format | m | bf16 us | step gemv | gemv | mma | wgmma | dequant+cublaslt | rule | us | weight TB/s | TFLOP/s | x bf16 |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| model | proj | n x k | format | m | bf16 us | step gemv | gemv | mma | wgmma-rs | wgmma | dequant+cublaslt | rule | us | weight TB/s | TFLOP/s | x bf16 |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const ProjShape & sh : k_shapes) {
         if (!listed(models, sh.model) || !listed(projs, sh.name)) continue;
         // bf16 weights of this shape, cycled, and the inputs.
@@ -166,7 +166,7 @@ int run_kernels(const Args & a) {
             const double q_bytes = double(code_bytes + q.scales.bytes() + q.zeros.bytes());
             DeviceBuffer gemv_scratch(cuda::qgemv_scratch_bytes(q.q.k_padded, cuda::k_qgemv_max_m), "bench");
             size_t scratch_bytes = size_t(sh.n) * sh.k * sizeof(bf16);  // room for every path
-            scratch_bytes = std::max({scratch_bytes, cuda::qgemm_scratch_bytes(q.q, max_m), cuda::qgemm_mma_scratch_bytes(q.q, max_m)});
+            scratch_bytes = std::max({scratch_bytes, cuda::qgemm_scratch_bytes(q.q, max_m), cuda::qgemm_mma_scratch_bytes(q.q, max_m), cuda::qgemm_rs_scratch_bytes(q.q, max_m)});
             DeviceBuffer scratch(scratch_bytes, "bench");
             for (int m : ms) {
                 int call = 0;
@@ -207,7 +207,7 @@ int run_kernels(const Args & a) {
                 }
                 std::string cells = std::string(step_cell) + " | ";
                 double rule_us = 0;
-                for (cuda::QuantPath p : {cuda::QuantPath::Gemv, cuda::QuantPath::Mma, cuda::QuantPath::Wgmma, cuda::QuantPath::Dequantize}) {
+                for (cuda::QuantPath p : {cuda::QuantPath::Gemv, cuda::QuantPath::Mma, cuda::QuantPath::Rs, cuda::QuantPath::Wgmma, cuda::QuantPath::Dequantize}) {
                     cuda::QuantMatrix qm = q.q;
                     bool ok = true;
                     const double us = time_us(reps, 3, [&] {

@@ -1,7 +1,7 @@
 // Quantized kernels against the CPU reference (cpu::linear dequantizes by each format's formula): the decode GEMV
 // for m = 1, 3 and 8 with every input/output form, dequantization + cuBLASLt for m = 16 and 257, the fused prefill
-// GEMM (sm_90a) for m = 16 to 513, the register-dequantizing GEMM (sm_80 and up) for m = 5 to 512 and the rule that
-// picks among them, on odd shapes
+// GEMM (sm_90a) for m = 16 to 513, the register-dequantizing GEMMs (mma.sync: sm_80 and up; wgmma: sm_90a) for m = 5
+// to 512 and the rule that picks among them, on odd shapes
 // (K and N not multiples of 128 where the format allows) for every format the CUDA backend runs.
 #include <cuda_runtime.h>
 
@@ -188,51 +188,72 @@ TEST(CudaQuant, FusedGemmMatchesCpu) {
     if (checked == 0) GTEST_SKIP() << "no fused prefill GEMM on this build or device (sm_90a only)";
 }
 
-// The register-dequantizing GEMM (qgemm_mma, every m: one and several token tiles of 16 / 32 / 64, K split where the
-// grid is short of the SMs) against the CPU reference and against dequantize + cuBLASLt, which multiplies the same
-// bf16 weights; act-order and x at an odd address go through the gathered inputs. Then every m through
-// cuda::quant_linear as the engine calls it (the path cuda::quant_path picks).
-TEST(CudaQuant, MmaGemmMatchesCpu) {
-    REQUIRE_GPU();
+// The register-dequantizing GEMMs (qgemm_mma, and qgemm_rs where the build and device are sm_90a; every m: one and
+// several token tiles, K split where the grid is short of the SMs) against the CPU reference and against dequantize +
+// cuBLASLt; act-order and x at an odd address go through the gathered inputs.
+struct RegisterGemm {
+    const char * name;
+    bool (*applies)(const cuda::QuantMatrix &);
+    size_t (*scratch_bytes)(const cuda::QuantMatrix &, int);
+    bool (*run)(const cuda::QuantMatrix &, const bf16 *, int, bf16 *, void *, size_t, cudaStream_t);
+};
+
+static int check_register_gemm(const RegisterGemm & kernel) {
     int checked = 0;
     for (const QuantScheme & s : cuda_schemes()) {
         for (auto [n, k, m_list] : {std::tuple{264, 192, std::vector<int>{5, 9, 16, 17}}, std::tuple{1160, 4160, std::vector<int>{33, 64, 129}},
                                     std::tuple{4864, 320, std::vector<int>{24, 512}}, std::tuple{200, 896, std::vector<int>{65, 100}}}) {
             auto ql = make_quant_linear(s, n, k, rng()());
             DevQuant dq = upload_quant(ql->l);
-            if (!cuda::qgemm_mma_applies(dq.q)) continue;
+            if (!kernel.applies(dq.q)) continue;
             for (int m : m_list) {
                 std::vector<float> x = randn(size_t(m) * k);
                 std::vector<float> want(size_t(m) * n);
                 cpu::linear(x.data(), m, ql->l, want.data());
                 const std::vector<uint16_t> xb = to_bf16(x);
+                const std::string what = std::string(kernel.name) + " " + s.describe() + " m " + std::to_string(m) + " n " + std::to_string(n) +
+                                         " k " + std::to_string(k);
                 for (bool odd : {false, true}) {
                     DeviceBuffer dx(size_t(m) * k * 2 + 16, "test"), dy = poisoned(size_t(m) * n * 2 + 16);
                     bf16 * xp = dx.as<bf16>() + (odd ? 1 : 0);
                     cudaMemcpy(xp, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice);
-                    DeviceBuffer scratch(size_t(m) * dq.q.k_padded * 2 + cuda::qgemm_mma_scratch_bytes(dq.q, m), "test");
-                    ASSERT_TRUE(cuda::qgemm_mma(dq.q, xp, m, dy.as<bf16>(), scratch.get(), scratch.bytes(), nullptr)) << s.describe();
+                    DeviceBuffer scratch(size_t(m) * dq.q.k_padded * 2 + kernel.scratch_bytes(dq.q, m), "test");
+                    const bool ran = kernel.run(dq.q, xp, m, dy.as<bf16>(), scratch.get(), scratch.bytes(), nullptr);
+                    EXPECT_TRUE(ran) << what;
+                    if (!ran) continue;
                     const std::vector<float> got = download_bf16(dy, size_t(m) * n);
-                    EXPECT_LT(rel_err(got, want), 1e-2) << s.describe() << " m " << m << " n " << n << " k " << k << " odd " << odd;
+                    EXPECT_LT(rel_err(got, want), 1e-2) << what << " odd " << odd;
                     std::vector<uint16_t> tail(8);
                     cudaMemcpy(tail.data(), dy.as<bf16>() + size_t(m) * n, 16, cudaMemcpyDeviceToHost);
-                    for (uint16_t v : tail) EXPECT_EQ(v, 0xFFFFu) << s.describe() << " wrote past y";
+                    for (uint16_t v : tail) EXPECT_EQ(v, 0xFFFFu) << what << " wrote past y";
                     // A second call gives the same bits (K splits are added in a fixed order).
                     cudaMemset(dy.get(), 0xFF, dy.bytes());
-                    ASSERT_TRUE(cuda::qgemm_mma(dq.q, xp, m, dy.as<bf16>(), scratch.get(), scratch.bytes(), nullptr));
-                    EXPECT_TRUE(download_bf16(dy, size_t(m) * n) == got) << s.describe() << " m " << m << ": second call differs";
+                    EXPECT_TRUE(kernel.run(dq.q, xp, m, dy.as<bf16>(), scratch.get(), scratch.bytes(), nullptr)) << what;
+                    EXPECT_TRUE(download_bf16(dy, size_t(m) * n) == got) << what << ": second call differs";
                     checked++;
                     if (odd) continue;
                     DeviceBuffer w = poisoned(size_t(n) * k * 2), dy2 = poisoned(size_t(m) * n * 2);
                     cuda::dequantize(dq.q, w.as<bf16>(), nullptr);
                     cuda::gemm(xp, w.as<bf16>(), m, n, k, dy2.get(), false, nullptr);
-                    // Not the same bf16 weights: this kernel scales per-group fp32 sums (the GEMV's arithmetic).
-                    EXPECT_LT(rel_err(got, download_bf16(dy2, size_t(m) * n)), 1e-2) << s.describe() << " m " << m << " vs dequantize + GEMM";
+                    // Not the same bf16 weights: qgemm_mma scales per-group fp32 sums (the GEMV's arithmetic), qgemm_rs
+                    // rounds the scale to bf16 before its product.
+                    EXPECT_LT(rel_err(got, download_bf16(dy2, size_t(m) * n)), 1e-2) << what << " vs dequantize + GEMM";
                 }
             }
         }
     }
-    EXPECT_GT(checked, 0);
+    return checked;
+}
+
+TEST(CudaQuant, MmaGemmMatchesCpu) {
+    REQUIRE_GPU();
+    EXPECT_GT(check_register_gemm({"mma", cuda::qgemm_mma_applies, cuda::qgemm_mma_scratch_bytes, cuda::qgemm_mma}), 0);
+}
+
+TEST(CudaQuant, RsGemmMatchesCpu) {
+    REQUIRE_GPU();
+    if (check_register_gemm({"wgmma-rs", cuda::qgemm_rs_applies, cuda::qgemm_rs_scratch_bytes, cuda::qgemm_rs}) == 0)
+        GTEST_SKIP() << "no register-sourced wgmma GEMM on this build or device (sm_90a only)";
 }
 
 // cuda::quant_linear on the path cuda::quant_path picks, for m on both sides of each of the rule's bounds, every format

@@ -103,13 +103,19 @@ void set_qgemm_tile(int tile);
 bool qgemm_mma_applies(const QuantMatrix & w);
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m);
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
+// The same on Hopper (qgemm_rs.cu, sm_90a build and device): the dequantized fragments go from registers straight
+// into warpgroup MMAs over all of a block's tokens. Scratch, K splits and failure as qgemm_mma's.
+bool qgemm_rs_applies(const QuantMatrix & w);
+size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m);
+bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
 
 // ---- quantized projections: the rule (qlinear.cpp) ----
 constexpr int k_qgemv_max_m = 8;        // rows the tiled quantized GEMV takes in one pass
 constexpr int k_qgemv_rowwise_max_m = 4;  // rows the other quantized GEMVs take (one pass per row)
 // Which kernel y = x W^T of m rows (bf16 in, bf16 out) goes to, chosen per shape from measurements (qlinear.cpp says
-// which): the GEMV, the register-dequantizing GEMM (qgemm_mma), the wgmma GEMM (qgemm) or dequantize + cuBLASLt.
-enum class QuantPath { Gemv, Mma, Wgmma, Dequantize };
+// which): the GEMV, the register-dequantizing GEMMs (qgemm_mma; qgemm_rs on Hopper), the wgmma GEMM (qgemm) or
+// dequantize + cuBLASLt.
+enum class QuantPath { Gemv, Mma, Rs, Wgmma, Dequantize };
 QuantPath quant_path(const QuantMatrix & w, int m);
 const char * quant_path_name(QuantPath path);
 // Bytes of `scratch` quant_linear needs for any m' <= m rows (the dequantized weight where a path dequantizes).

@@ -68,24 +68,8 @@ template <int PLANES> struct GroupParams {
     uint32_t zz_lo[PLANES], zz_hi[PLANES];  // bf16x2 pairs subtracted from each plane (128 + zl; 2048 + 16 zh)
 };
 
-// The raw fp16 scales and zero points of rows r and r + 8 for group gi (loaded a group ahead of their use). Through
-// per-lane row pointers instead of this index arithmetic, 16 tokens were 3.5% slower on an H200 (the main loop grew
-// 782 -> 805 instructions; bench/results/2026-11-29-h200-batch1).
-struct RawParams {
-    uint16_t s[2];
-    int z[2];
-};
-
-__device__ __forceinline__ RawParams load_params(const QuantMatrix & w, int64_t row, int gi) {
-    RawParams p;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int64_t gidx = (row + 8 * h) * w.groups + gi;  // scales and zeros cover rows_padded
-        p.s[h] = w.scales[gidx];
-        p.z[h] = w.zeros ? int(w.zeros[gidx]) : w.const_zero;
-    }
-    return p;
-}
+using mma4::RawParams;
+using mma4::load_params;
 
 template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_params(const RawParams & r) {
     GroupParams<PLANES> p;

@@ -100,6 +100,26 @@ template <class Out> __global__ void reduce_splits_kernel(const float * partial,
     }
 }
 
+// The raw fp16 scales and zero points of rows r and r + 8 for group gi, as the register-dequantizing GEMMs load them
+// a group ahead of their use (qgemm_mma.cu, qgemm_rs.cu). Through per-lane row pointers instead of this index
+// arithmetic, 16 tokens were 3.5% slower on an H200 (qgemm_mma's main loop grew 782 -> 805 instructions;
+// bench/results/2026-11-29-h200-batch1).
+struct RawParams {
+    uint16_t s[2];
+    int z[2];
+};
+
+__device__ __forceinline__ RawParams load_params(const QuantMatrix & w, int64_t row, int gi) {
+    RawParams p;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t gidx = (row + 8 * h) * w.groups + gi;  // scales and zeros cover rows_padded
+        p.s[h] = w.scales[gidx];
+        p.z[h] = w.zeros ? int(w.zeros[gidx]) : w.const_zero;
+    }
+    return p;
+}
+
 // Code field f (0..7: A register f % 4, its second element when f >= 4) of one tile word, given that word of each
 // plane (8-bit: the low plane, then the high one). Lookup tiles hold a register's pair in one byte.
 template <int PLANES, bool LUT> __device__ __forceinline__ uint32_t tile_code(const uint32_t (&word)[PLANES], int f) {

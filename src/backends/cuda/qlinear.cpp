@@ -4,6 +4,7 @@
 // GEMM and 183 for dequantize + cuBLASLt, down 47 / 83 / 102, qkv 20 / 28 / 25); from 128 rows it lost to both
 // (gate_up 180 / 129 / 185), so there the wgmma GEMM where it pays (qgemm_pays) and dequantize + cuBLASLt otherwise.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/ops.h"
 
@@ -22,6 +23,12 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     const bool large = int64_t(w.rows_padded) * w.k_padded >= k_mma_large_codes;
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
+    // A/B of the register-sourced wgmma GEMM (QINFER_QGEMM_RS=1: it takes every m from here up to 512).
+    static const bool rs_knob = [] {
+        const char * v = std::getenv("QINFER_QGEMM_RS");
+        return v && std::atoi(v) != 0;
+    }();
+    if (rs_knob && m <= 512 && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;
@@ -31,6 +38,7 @@ const char * quant_path_name(QuantPath path) {
     switch (path) {
         case QuantPath::Gemv: return "gemv";
         case QuantPath::Mma: return "mma";
+        case QuantPath::Rs: return "wgmma-rs";
         case QuantPath::Wgmma: return "wgmma";
         case QuantPath::Dequantize: return "dequantize+cublaslt";
     }
@@ -43,6 +51,7 @@ size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m) {
         switch (quant_path(w, mm)) {
             case QuantPath::Gemv: return 0;
             case QuantPath::Mma: return qgemm_mma_scratch_bytes(w, mm);
+            case QuantPath::Rs: return qgemm_rs_scratch_bytes(w, mm);
             case QuantPath::Wgmma: return qgemm_scratch_bytes(w, mm);
             case QuantPath::Dequantize: return size_t(w.rows) * w.k * sizeof(bf16);
         }
@@ -69,6 +78,7 @@ bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, 
             return true;
         }
         case QuantPath::Mma: return qgemm_mma(w, x, m, y, scratch, scratch_bytes, stream);
+        case QuantPath::Rs: return qgemm_rs(w, x, m, y, scratch, scratch_bytes, stream);
         case QuantPath::Wgmma: return qgemm(w, x, m, y, scratch, scratch_bytes, stream);
         case QuantPath::Dequantize: {
             if (!scratch || scratch_bytes < size_t(w.rows) * w.k * sizeof(bf16)) return false;

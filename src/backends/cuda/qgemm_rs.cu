@@ -1,0 +1,331 @@
+// GEMM for tiled 4- and 8-bit affine weights at decode-step sizes on Hopper (sm_90a): y[m, n] = x[m, k] W^T with the
+// weights dequantized in registers straight into the A operand of warpgroup MMAs (wgmma with A from registers, B =
+// the tokens from shared memory), never written anywhere. The sm_80 kernel of the same job, qgemm_mma.cu, multiplies
+// each dequantized fragment by 8-token column blocks with mma.sync, loading every B fragment by ldmatrix and scaling
+// per-group fp32 sums: at 64 tokens it issued ~200 instructions a warp per K block for ~60 of arithmetic and ran at
+// ~190 TFLOP/s (7B Int4 gate_up at m 64 0.77x bf16 cuBLASLt on an H200, bench/results/2026-11-29-h200-qgemm-mma).
+// Here one wgmma.m64nBTk16 per k16 step covers a warpgroup's 64 rows and all BT tokens, B read by the tensor cores.
+//
+//   block (token tile, row tile, K split): 8 warps, two warpgroups; warp w owns 16-row block w of the 128-row tile
+//     (warpgroup h: rows 64 h .. 64 h + 63, the m64 of its MMAs) over the split's K blocks.
+//   stages: KPS K blocks at a time, the 8 row blocks' codes (512 bytes per plane a row block and K block) and x as
+//     KPS panels of [BT tokens][64 bf16] in the 128-byte swizzle wgmma reads (chunk c of token r at c ^ (r % 8);
+//     tokens past m and positions past k arrive as zeros) go into shared memory by cp.async, STAGES deep, STAGES - 2
+//     ahead: a stage's x is still read by the MMAs of the K block before the wait, so the buffer refilled is the one
+//     two stages back. One block barrier per stage.
+//   dequantization: a lane's 16 bytes per plane and K block are its A fragments of four k16 steps (the GEMV's tile
+//     layout, qgemv_ring.cuh); each register pair becomes q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the
+//     high plane's 16 (hi - zh) added, still exact: |q - z| < 256), then one HMUL2 by the group's scale rounded to
+//     bf16. So each weight is bf16(bf16(s) (q - z)), two roundings where cuda::dequantize rounds s (q - z) once
+//     (vLLM's Marlin also keeps bf16 scales for bf16 activations); the tests bound the difference.
+//   MMAs: the four k16 steps of a K block are issued together and committed as one group; the A registers alternate
+//     between two sets by K block, and the wait for the group before comes after the commit, so the next K block's
+//     dequantization runs while this one's MMAs do.
+//   epilogue: bf16 y, or with K split the split's fp32 sums into the scratch, added in split order by
+//     mma4::reduce_splits_kernel (deterministic).
+// Grid: token tiles fastest, so the token tiles of one row tile run together and read its codes from L2.
+// Act-order weights, k not a multiple of 8 and unaligned x take x gathered into bf16 [m, k_padded] first (the
+// scratch's head), as the other fused GEMMs do.
+#include <algorithm>
+#include <climits>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops.h"
+#include "backends/cuda/qgemv_mma.cuh"
+#include "backends/cuda/wgmma.cuh"
+
+namespace qinfer::cuda {
+
+namespace {
+
+constexpr int k_warps = 8;
+constexpr int k_threads = k_warps * 32;
+constexpr int k_rows = 16 * k_warps;  // weight rows per block
+
+int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_rows; }
+
+// Blocks per SM a kernel is built for: by registers (the accumulators are BT / 2 floats a thread, the A fragments
+// of two K blocks 32) and by shared memory.
+__host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 2 ? 3 : nt <= 8 ? 2 : 1; }
+
+// A kernel's shape for PLANES planes of codes and BT = 8 NT tokens.
+template <int PLANES, int NT> struct RsShape {
+    static constexpr int BT = 8 * NT;
+    static constexpr int KPS = 2;     // K blocks per stage (even: the A registers alternate by K block)
+    static constexpr int STAGES = 4;  // two stages in flight ahead of the one multiplied
+    static constexpr int TILE = 32 * PLANES;                 // uint4 of codes per row block and K block
+    static constexpr int code_chunks = k_warps * KPS * TILE;  // uint4 of codes per stage
+    static constexpr int x_chunks = BT * KPS * 8;             // uint4 of x per stage
+    static constexpr int code_bytes = code_chunks * 16;
+    static constexpr int panel_bytes = BT * 128;  // one K block of x: [BT tokens][64 bf16]
+    static constexpr int stage_bytes = code_bytes + KPS * panel_bytes;
+    static constexpr size_t smem = size_t(STAGES) * stage_bytes + 1024;  // + the base's 1024-byte alignment
+    static constexpr int BLOCKS = std::min<int>(reg_blocks(NT), int((227 * 1024) / (smem + 1024)));
+    static_assert(code_bytes % 1024 == 0 && panel_bytes % 1024 == 0, "panels keep the swizzle's 1024-byte alignment");
+    static_assert(x_chunks % k_threads == 0 && code_chunks % k_threads == 0 && k_threads % (KPS * TILE) == 0);
+    static_assert(BLOCKS >= 1);
+};
+
+// Blocks per SM of the kernel for these codes and tokens (host side of RsShape::BLOCKS).
+int blocks_per_sm(int planes, int nt) {
+    auto pick = [&](auto p) {
+        constexpr int P = decltype(p)::value;
+        switch (nt) {
+            case 2: return RsShape<P, 2>::BLOCKS;
+            case 4: return RsShape<P, 4>::BLOCKS;
+            case 8: return RsShape<P, 8>::BLOCKS;
+            default: return RsShape<P, 16>::BLOCKS;
+        }
+    };
+    return planes == 1 ? pick(std::integral_constant<int, 1>{}) : pick(std::integral_constant<int, 2>{});
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A group's parameters as this lane needs them: rows g (lo) and g + 8 (hi) of its row block, the scale as a bf16 pair.
+template <int PLANES> struct RsParams {
+    uint32_t s_lo, s_hi;
+    uint32_t zz_lo[PLANES], zz_hi[PLANES];  // bf16x2 pairs subtracted from each plane (128 + zl; 2048 + 16 zh)
+};
+
+__device__ __forceinline__ uint32_t bf16_pair(uint16_t half_bits) {
+    return uint32_t(__bfloat16_as_ushort(__float2bfloat16(__half2float(__ushort_as_half(half_bits))))) * 0x10001u;
+}
+
+template <int PLANES> __device__ __forceinline__ RsParams<PLANES> unpack_params(const mma4::RawParams & r) {
+    RsParams<PLANES> p;
+    p.s_lo = bf16_pair(r.s[0]);
+    p.s_hi = bf16_pair(r.s[1]);
+    const uint32_t low_mask = PLANES == 1 ? 0xFFu : 15u;
+    p.zz_lo[0] = (0x4300u + (uint32_t(r.z[0]) & low_mask)) * 0x10001u;  // 128 + z, exact up to 255
+    p.zz_hi[0] = (0x4300u + (uint32_t(r.z[1]) & low_mask)) * 0x10001u;
+    if constexpr (PLANES == 2) {
+        p.zz_lo[1] = (0x4500u + (uint32_t(r.z[0]) >> 4)) * 0x10001u;  // 2048 + 16 zh
+        p.zz_hi[1] = (0x4500u + (uint32_t(r.z[1]) >> 4)) * 0x10001u;
+    }
+    return p;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162 *>(&a), y = *reinterpret_cast<__nv_bfloat162 *>(&b);
+    __nv_bfloat162 d = __hmul2(x, y);
+    return *reinterpret_cast<uint32_t *>(&d);
+}
+
+// A fragments of k16 step j from this lane's code words: registers 0, 2 rows g, 1, 3 rows g + 8.
+template <int PLANES>
+__device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j, const RsParams<PLANES> & p, uint32_t (&a)[4]) {
+    constexpr uint32_t mask = 0x000F000Fu;
+    const uint32_t lo_word = reinterpret_cast<const uint32_t *>(&cw[0])[j];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const bool hi_row = r & 1;
+        uint32_t v = mma4::bf16x2_sub(mma4::lop3_and_or(lo_word >> (4 * r), mask, 0x43004300u), hi_row ? p.zz_hi[0] : p.zz_lo[0]);
+        if constexpr (PLANES == 2) {
+            const uint32_t hi_word = reinterpret_cast<const uint32_t *>(&cw[1])[j];
+            v = mma4::bf16x2_add(v, mma4::bf16x2_sub(mma4::lop3_and_or(hi_word >> (4 * r), mask, 0x45004500u), hi_row ? p.zz_hi[1] : p.zz_lo[1]));
+        }
+        a[r] = bf16x2_mul(v, hi_row ? p.s_hi : p.s_lo);
+    }
+}
+#endif
+
+template <int PLANES, int NT>
+__global__ void __launch_bounds__(k_threads, RsShape<PLANES, NT>::BLOCKS)
+    qgemm_rs_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using Sh = RsShape<PLANES, NT>;
+    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, S = Sh::STAGES;
+    extern __shared__ unsigned char smem_raw[];  // [stage][codes: row block, K block, plane, lane | x: K block, token, chunk]
+    unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
+    const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
+    const int n_stages = (kb_end - kb_begin + KPS - 1) / KPS;
+    const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * k_warps;
+    const int rb = rb0 + warp;
+    const bool active = rb < n_rb;  // row blocks past the weight multiply zeros; their outputs are never stored
+    const uint4 * codes = reinterpret_cast<const uint4 *>(w.codes);
+
+    // Codes: each thread copies the same chunks of every stage (k_threads is whole row blocks' K blocks).
+    constexpr int c_rows = k_threads / (KPS * TILE), n_cc = Sh::code_chunks / k_threads;
+    const int c_r0 = threadIdx.x / (KPS * TILE), c_off = threadIdx.x % (KPS * TILE);
+    const uint4 * c_src = codes + (size_t(min(rb0 + c_r0, n_rb - 1)) * nkb + kb_begin) * TILE + c_off;
+    const size_t c_stride = size_t(c_rows) * nkb * TILE;
+    unsigned c_rows_ok = 0;
+#pragma unroll
+    for (int i = 0; i < n_cc; i++) c_rows_ok |= unsigned(rb0 + c_r0 + i * c_rows < n_rb) << i;
+    auto load_codes = [&](int st) {
+        unsigned char * dst = smem + size_t(st % S) * Sh::stage_bytes + threadIdx.x * 16;
+        const bool kb_ok = kb_begin + st * KPS + c_off / TILE < kb_end;
+        const uint4 * src = c_src + size_t(st) * KPS * TILE;
+#pragma unroll
+        for (int i = 0; i < n_cc; i++) {
+            const bool valid = kb_ok && (c_rows_ok >> i & 1u);
+            cp_async16(dst + i * k_threads * 16, valid ? src + i * c_stride : codes, valid);
+        }
+    };
+    // x: chunk idx = threadIdx.x + i k_threads of the stage is chunk idx % 8 of token (idx / 8) % BT in K block
+    // idx / (8 BT); a thread's chunk column is fixed.
+    constexpr int n_xc = Sh::x_chunks / k_threads;
+    const int xc = threadIdx.x % 8;
+    auto load_x = [&](int st) {
+        unsigned char * panels = smem + size_t(st % S) * Sh::stage_bytes + Sh::code_bytes;
+        const int kb_st = kb_begin + st * KPS;
+#pragma unroll
+        for (int i = 0; i < n_xc; i++) {
+            const int idx = threadIdx.x + i * k_threads, r = (idx / 8) % BT, kbl = idx / (8 * BT);
+            const int tok = tok0 + r, pos = (kb_st + kbl) * 64 + xc * 8;
+            const bool valid = tok < m && pos < ldx;
+            cp_async16(panels + kbl * Sh::panel_bytes + r * 128 + ((xc ^ (r % 8)) * 16), valid ? x + size_t(tok) * ldx + pos : x, valid);
+        }
+    };
+    // The first stages' codes and the first group's parameters do not depend on the kernel ahead.
+#pragma unroll
+    for (int st = 0; st < S - 2; st++) {
+        if (st < n_stages) load_codes(st);
+    }
+    const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
+    // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
+    int gi = min(kb_begin * 64 / w.group, G - 1);
+    int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
+    RsParams<PLANES> par = unpack_params<PLANES>(mma4::load_params(w, row0, gi));
+    mma4::RawParams next = mma4::load_params(w, row0, min(gi + 1, G - 1));
+
+    pdl_wait();  // x comes from the kernel ahead
+#pragma unroll
+    for (int st = 0; st < S - 2; st++) {
+        if (st < n_stages) load_x(st);
+        cp_async_commit();
+    }
+
+    float d[BT / 2];
+#pragma unroll
+    for (int i = 0; i < BT / 2; i++) d[i] = 0.0f;
+    sm90::fence_operands(d);
+    uint32_t af[KPS][4][4];  // [K block of the stage][k16 step][register]
+    for (int st = 0; st < n_stages; st++) {
+        cp_async_wait<S - 3>();
+        sm90::fence_proxy_async_smem();  // this thread's copies of stage st, visible to the MMAs
+        __syncthreads();                 // stage st is complete; the stage refilled next was last read two stages back
+        if (st + S - 2 < n_stages) {
+            load_codes(st + S - 2);
+            load_x(st + S - 2);
+        }
+        cp_async_commit();
+        const unsigned char * stage = smem + size_t(st % S) * Sh::stage_bytes;
+        const uint32_t x_addr = sm90::smem_addr(stage + Sh::code_bytes);
+#pragma unroll
+        for (int kbl = 0; kbl < KPS; kbl++) {
+            const int kb = kb_begin + st * KPS + kbl;
+            if (kb >= kb_end) break;  // the same for the whole block
+            uint4 cw[PLANES];
+#pragma unroll
+            for (int p = 0; p < PLANES; p++) cw[p] = reinterpret_cast<const uint4 *>(stage)[(warp * KPS + kbl) * TILE + p * 32 + lane];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if ((j == 0 || j == 2) && kb * 64 + 16 * j >= group_end) {
+                    gi++;
+                    group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
+                    par = unpack_params<PLANES>(next);
+                    next = mma4::load_params(w, row0, min(gi + 1, G - 1));
+                }
+                dequantize_step<PLANES>(cw, j, par, af[kbl][j]);
+            }
+            sm90::wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < 4; j++) sm90::wgmma_rs_kmajor<BT>(d, af[kbl][j], sm90::desc128(x_addr + kbl * Sh::panel_bytes + 32 * j, 16, 1024));
+            sm90::wgmma_commit();
+            sm90::wgmma_wait<1>();  // the K block before is done: its A registers are free for the next one
+        }
+    }
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(d);
+    cp_async_wait<0>();
+    if (!active) return;
+
+    // Lane (g, t) holds rows g, g + 8 and tokens 2t, 2t + 1 of each 8-token column block: d[4 nt + i].
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int row = rb * 16 + g + (i >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (i & 1);
+            if (row >= n || tok >= m) continue;
+            if (partial) partial[(size_t(blockIdx.z) * m + tok) * n + row] = d[4 * nt + i];
+            else y[size_t(tok) * n + row] = __float2bfloat16(d[4 * nt + i]);
+        }
+    }
+#else
+    __trap();  // launched only where qgemm_rs_applies (an sm_90a build on a compute capability 9.0 device)
+#endif
+}
+
+// A launch's shape: BT tokens per block (16, 32, 64 or 128; more rows take several token tiles) and the K splits, by
+// qgemm_mma's rule: a grid of at least half a wave runs unsplit, a shorter one is split into at most one wave, each
+// split at least two stages long.
+struct Shape {
+    int nt, splits;
+};
+
+Shape shape_for(const QuantMatrix & w, int m) {
+    Shape sh;
+    sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : 16;
+    const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w);
+    const int64_t slots = int64_t(sm_count()) * blocks_per_sm(w.bits / 4, sh.nt);
+    const int most = std::max(1, (w.k_padded / 64) / 4);
+    sh.splits = 2 * blocks >= slots ? 1 : int(std::clamp<int64_t>(slots / blocks, 1, most));
+    return sh;
+}
+
+size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
+    return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
+}
+
+template <int PLANES, int NT>
+void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
+    using Sh = RsShape<PLANES, NT>;
+    const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w), splits);
+    static PerDevice<size_t> configured;  // once per instantiation
+    allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
+    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(k_threads), Sh::smem, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
+    CUDA_CHECK(cudaGetLastError());
+    if (splits > 1) {
+        const size_t mn = size_t(m) * w.rows;
+        launch_kernel(mma4::reduce_splits_kernel<bf16>, dim3(unsigned(std::min<size_t>((mn + 255) / 256, 4096))), dim3(256), 0, stream,
+                      static_cast<const float *>(partial), splits, mn, y);
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+template <int PLANES> void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial,
+                                      cudaStream_t stream) {
+    if (nt == 2) launch<PLANES, 2>(w, x, ldx, m, y, splits, partial, stream);
+    else if (nt == 4) launch<PLANES, 4>(w, x, ldx, m, y, splits, partial, stream);
+    else if (nt == 8) launch<PLANES, 8>(w, x, ldx, m, y, splits, partial, stream);
+    else launch<PLANES, 16>(w, x, ldx, m, y, splits, partial, stream);
+}
+
+}  // namespace
+
+bool qgemm_rs_applies(const QuantMatrix & w) { return sm90a_device() && qgemm_mma_applies(w); }
+
+size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m) {
+    if (!qgemm_rs_applies(w)) return 0;
+    size_t partials = 0;  // the most any m' <= m splits into
+    for (int mm = 1; mm <= m; mm++) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
+    return mma4::gather_scratch_bytes(w, m) + partials;
+}
+
+bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
+    if (!qgemm_rs_applies(w) || m <= 0) return false;
+    const mma4::GemmInput in = mma4::gemm_input(w, x, m, scratch, scratch_bytes, stream);
+    if (!in.x) return false;
+    Shape sh = shape_for(w, m);
+    float * partial = sh.splits > 1 ? mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, partial_bytes(w, m, sh)) : nullptr;
+    if (!partial) sh.splits = 1;
+    if (w.bits == 4) launch_for<1>(sh.nt, w, in.x, in.ldx, m, y, sh.splits, partial, stream);
+    else launch_for<2>(sh.nt, w, in.x, in.ldx, m, y, sh.splits, partial, stream);
+    return true;
+}
+
+}  // namespace qinfer::cuda
