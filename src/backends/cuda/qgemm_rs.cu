@@ -6,13 +6,14 @@
 // ~190 TFLOP/s (7B Int4 gate_up at m 64 0.77x bf16 cuBLASLt on an H200, bench/results/2026-11-29-h200-qgemm-mma).
 // Here one wgmma.m64nBTk16 per k16 step covers a warpgroup's 64 rows and all BT tokens, B read by the tensor cores.
 //
-//   block (token tile, row tile, K split): 8 warps, two warpgroups; warp w owns 16-row block w of the 128-row tile
-//     (warpgroup h: rows 64 h .. 64 h + 63, the m64 of its MMAs) over the split's K blocks.
-//   stages: KPS K blocks at a time, the 8 row blocks' codes (512 bytes per plane a row block and K block) and x as
-//     KPS panels of [BT tokens][64 bf16] in the 128-byte swizzle wgmma reads (chunk c of token r at c ^ (r % 8);
-//     tokens past m and positions past k arrive as zeros) go into shared memory by cp.async, STAGES deep, STAGES - 2
-//     ahead: a stage's x is still read by the MMAs of the K block before the wait, so the buffer refilled is the one
-//     two stages back. One block barrier per stage.
+//   block (token tile, row tile, K split): two consumer warpgroups and a producer warp; consumer warp w owns 16-row
+//     block w of the 128-row tile (warpgroup h: rows 64 h .. 64 h + 63, the m64 of its MMAs), over the split's K
+//     blocks.
+//   producer: per K block one tensor copy of x as a [BT tokens][64 bf16] panel in the 128-byte swizzle wgmma reads
+//     (tokens past m and positions past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes
+//     per plane, into a stage of shared memory guarded by mbarriers (full: landed; empty: both warpgroups' MMAs on it
+//     are done), STAGES deep. (A first form had every thread copy its share of each stage by cp.async, with a block
+//     barrier per stage: 7B Int4 gate_up at m 128 108 us against bf16 cuBLASLt's 72, commit 2bef1a8.)
 //   dequantization: a lane's 16 bytes per plane and K block are its A fragments of four k16 steps (the GEMV's tile
 //     layout, qgemv_ring.cuh); each register pair becomes q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the
 //     high plane's 16 (hi - zh) added, still exact: |q - z| < 256), then one HMUL2 by the group's scale rounded to
@@ -20,65 +21,54 @@
 //     (vLLM's Marlin also keeps bf16 scales for bf16 activations); the tests bound the difference.
 //   MMAs: the four k16 steps of a K block are issued together and committed as one group; the A registers alternate
 //     between two sets by K block, and the wait for the group before comes after the commit, so the next K block's
-//     dequantization runs while this one's MMAs do.
+//     dequantization runs while this one's MMAs do; the stage of the group waited for goes back to the producer.
 //   epilogue: bf16 y, or with K split the split's fp32 sums into the scratch, added in split order by
 //     mma4::reduce_splits_kernel (deterministic).
 // Grid: token tiles fastest, so the token tiles of one row tile run together and read its codes from L2.
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered into bf16 [m, k_padded] first (the
 // scratch's head), as the other fused GEMMs do.
+#include <cuda.h>
+
 #include <algorithm>
 #include <climits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
+#include "backends/cuda/tensor_map.h"
 #include "backends/cuda/wgmma.cuh"
 
 namespace qinfer::cuda {
 
 namespace {
 
-constexpr int k_warps = 8;
-constexpr int k_threads = k_warps * 32;
-constexpr int k_rows = 16 * k_warps;  // weight rows per block
+constexpr int k_consumer_warps = 8;
+constexpr int k_consumer_threads = k_consumer_warps * 32;
+constexpr int k_threads = k_consumer_threads + 32;  // + the producer warp
+constexpr int k_rows = 16 * k_consumer_warps;       // weight rows per block
 
 int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_rows; }
 
-// Blocks per SM a kernel is built for: by registers (the accumulators are BT / 2 floats a thread, the A fragments
-// of two K blocks 32) and by shared memory.
-__host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 2 ? 3 : nt <= 8 ? 2 : 1; }
+// Blocks per SM a kernel is built for, by registers: the accumulators are BT / 2 floats a thread, the A fragments of
+// two K blocks 32.
+__host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 8 ? 2 : 1; }
 
-// A kernel's shape for PLANES planes of codes and BT = 8 NT tokens.
+// A kernel's shape for PLANES planes of codes and BT = 8 NT tokens: a stage is one K block.
 template <int PLANES, int NT> struct RsShape {
     static constexpr int BT = 8 * NT;
-    static constexpr int KPS = 2;     // K blocks per stage (even: the A registers alternate by K block)
-    static constexpr int STAGES = 4;  // two stages in flight ahead of the one multiplied
-    static constexpr int TILE = 32 * PLANES;                 // uint4 of codes per row block and K block
-    static constexpr int code_chunks = k_warps * KPS * TILE;  // uint4 of codes per stage
-    static constexpr int x_chunks = BT * KPS * 8;             // uint4 of x per stage
-    static constexpr int code_bytes = code_chunks * 16;
-    static constexpr int panel_bytes = BT * 128;  // one K block of x: [BT tokens][64 bf16]
-    static constexpr int stage_bytes = code_bytes + KPS * panel_bytes;
-    static constexpr size_t smem = size_t(STAGES) * stage_bytes + 1024;  // + the base's 1024-byte alignment
-    static constexpr int BLOCKS = std::min<int>(reg_blocks(NT), int((227 * 1024) / (smem + 1024)));
+    static constexpr int code_bytes = k_consumer_warps * PLANES * 512;  // the 8 row blocks' codes of one K block
+    static constexpr int panel_bytes = BT * 128;                        // x: [BT tokens][64 bf16]
+    static constexpr int stage_bytes = code_bytes + panel_bytes;
+    static constexpr int BLOCKS = reg_blocks(NT);
+    static constexpr int STAGES = std::min(8, int((227 * 1024 / BLOCKS - 2048) / stage_bytes));
+    static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
+    static constexpr size_t smem = bar_offset + 2 * STAGES * sizeof(uint64_t) + 1024;  // + the base's 1024-byte alignment
     static_assert(code_bytes % 1024 == 0 && panel_bytes % 1024 == 0, "panels keep the swizzle's 1024-byte alignment");
-    static_assert(x_chunks % k_threads == 0 && code_chunks % k_threads == 0 && k_threads % (KPS * TILE) == 0);
-    static_assert(BLOCKS >= 1);
+    static_assert(STAGES >= 3 && smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
 };
 
 // Blocks per SM of the kernel for these codes and tokens (host side of RsShape::BLOCKS).
-int blocks_per_sm(int planes, int nt) {
-    auto pick = [&](auto p) {
-        constexpr int P = decltype(p)::value;
-        switch (nt) {
-            case 2: return RsShape<P, 2>::BLOCKS;
-            case 4: return RsShape<P, 4>::BLOCKS;
-            case 8: return RsShape<P, 8>::BLOCKS;
-            default: return RsShape<P, 16>::BLOCKS;
-        }
-    };
-    return planes == 1 ? pick(std::integral_constant<int, 1>{}) : pick(std::integral_constant<int, 2>{});
-}
+int blocks_per_sm(int nt) { return reg_blocks(nt); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // A group's parameters as this lane needs them: rows g (lo) and g + 8 (hi) of its row block, the scale as a bf16 pair.
@@ -131,60 +121,47 @@ __device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j
 
 template <int PLANES, int NT>
 __global__ void __launch_bounds__(k_threads, RsShape<PLANES, NT>::BLOCKS)
-    qgemm_rs_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial) {
+    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, NT>;
-    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, S = Sh::STAGES;
-    extern __shared__ unsigned char smem_raw[];  // [stage][codes: row block, K block, plane, lane | x: K block, token, chunk]
+    constexpr int BT = Sh::BT, S = Sh::STAGES;
+    extern __shared__ unsigned char smem_raw[];  // [stage][codes: row block, plane, lane | x: token, chunk], barriers
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
+    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Sh::bar_offset), * empty = full + S;
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0), lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
     const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
-    const int n_stages = (kb_end - kb_begin + KPS - 1) / KPS;
-    const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * k_warps;
-    const int rb = rb0 + warp;
-    const bool active = rb < n_rb;  // row blocks past the weight multiply zeros; their outputs are never stored
-    const uint4 * codes = reinterpret_cast<const uint4 *>(w.codes);
+    const int nk = kb_end - kb_begin;
+    const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * k_consumer_warps;
+    const int present = min(k_consumer_warps, n_rb - rb0);  // row blocks of this tile inside the weight
 
-    // Codes: each thread copies the same chunks of every stage (k_threads is whole row blocks' K blocks).
-    constexpr int c_rows = k_threads / (KPS * TILE), n_cc = Sh::code_chunks / k_threads;
-    const int c_r0 = threadIdx.x / (KPS * TILE), c_off = threadIdx.x % (KPS * TILE);
-    const uint4 * c_src = codes + (size_t(min(rb0 + c_r0, n_rb - 1)) * nkb + kb_begin) * TILE + c_off;
-    const size_t c_stride = size_t(c_rows) * nkb * TILE;
-    unsigned c_rows_ok = 0;
-#pragma unroll
-    for (int i = 0; i < n_cc; i++) c_rows_ok |= unsigned(rb0 + c_r0 + i * c_rows < n_rb) << i;
-    auto load_codes = [&](int st) {
-        unsigned char * dst = smem + size_t(st % S) * Sh::stage_bytes + threadIdx.x * 16;
-        const bool kb_ok = kb_begin + st * KPS + c_off / TILE < kb_end;
-        const uint4 * src = c_src + size_t(st) * KPS * TILE;
-#pragma unroll
-        for (int i = 0; i < n_cc; i++) {
-            const bool valid = kb_ok && (c_rows_ok >> i & 1u);
-            cp_async16(dst + i * k_threads * 16, valid ? src + i * c_stride : codes, valid);
+    sm90::init_stage_barriers(full, empty, S, k_consumer_warps);
+
+    if (warp == k_consumer_warps) {  // the producer
+        const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);
+        if (lane == 0) sm90::prefetch_tensor_map(&x_map);
+        pdl_wait();  // x comes from the kernel ahead
+        for (int i = 0; i < nk; i++) {
+            const int kb = kb_begin + i, s = i % S;
+            if (i >= S) sm90::mbar_wait(&empty[s], (i / S - 1) & 1);
+            unsigned char * stage = smem + size_t(s) * Sh::stage_bytes;
+            if (lane == 0) {
+                sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Sh::panel_bytes + present * PLANES * 512));
+                sm90::tma_load_2d(stage + Sh::code_bytes, &x_map, &full[s], kb * 64, tok0);
+            }
+            __syncwarp();
+            if (lane < present) {
+                const size_t at = (size_t(rb0 + lane) * nkb + kb) * PLANES * 512;
+                sm90::bulk_load(stage + lane * PLANES * 512, codes + at, PLANES * 512, &full[s]);
+            }
         }
-    };
-    // x: chunk idx = threadIdx.x + i k_threads of the stage is chunk idx % 8 of token (idx / 8) % BT in K block
-    // idx / (8 BT); a thread's chunk column is fixed.
-    constexpr int n_xc = Sh::x_chunks / k_threads;
-    const int xc = threadIdx.x % 8;
-    auto load_x = [&](int st) {
-        unsigned char * panels = smem + size_t(st % S) * Sh::stage_bytes + Sh::code_bytes;
-        const int kb_st = kb_begin + st * KPS;
-#pragma unroll
-        for (int i = 0; i < n_xc; i++) {
-            const int idx = threadIdx.x + i * k_threads, r = (idx / 8) % BT, kbl = idx / (8 * BT);
-            const int tok = tok0 + r, pos = (kb_st + kbl) * 64 + xc * 8;
-            const bool valid = tok < m && pos < ldx;
-            cp_async16(panels + kbl * Sh::panel_bytes + r * 128 + ((xc ^ (r % 8)) * 16), valid ? x + size_t(tok) * ldx + pos : x, valid);
-        }
-    };
-    // The first stages' codes and the first group's parameters do not depend on the kernel ahead.
-#pragma unroll
-    for (int st = 0; st < S - 2; st++) {
-        if (st < n_stages) load_codes(st);
+        return;
     }
+
+    // Consumers. Row blocks past the weight multiply stale shared memory; their outputs are never stored.
+    const int rb = rb0 + warp;
+    const bool active = warp < present;
     const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
     int gi = min(kb_begin * 64 / w.group, G - 1);
@@ -192,67 +169,57 @@ __global__ void __launch_bounds__(k_threads, RsShape<PLANES, NT>::BLOCKS)
     RsParams<PLANES> par = unpack_params<PLANES>(mma4::load_params(w, row0, gi));
     mma4::RawParams next = mma4::load_params(w, row0, min(gi + 1, G - 1));
 
-    pdl_wait();  // x comes from the kernel ahead
-#pragma unroll
-    for (int st = 0; st < S - 2; st++) {
-        if (st < n_stages) load_x(st);
-        cp_async_commit();
-    }
-
     float d[BT / 2];
 #pragma unroll
     for (int i = 0; i < BT / 2; i++) d[i] = 0.0f;
     sm90::fence_operands(d);
-    uint32_t af[KPS][4][4];  // [K block of the stage][k16 step][register]
-    for (int st = 0; st < n_stages; st++) {
-        cp_async_wait<S - 3>();
-        sm90::fence_proxy_async_smem();  // this thread's copies of stage st, visible to the MMAs
-        __syncthreads();                 // stage st is complete; the stage refilled next was last read two stages back
-        if (st + S - 2 < n_stages) {
-            load_codes(st + S - 2);
-            load_x(st + S - 2);
-        }
-        cp_async_commit();
-        const unsigned char * stage = smem + size_t(st % S) * Sh::stage_bytes;
-        const uint32_t x_addr = sm90::smem_addr(stage + Sh::code_bytes);
+    // The split's i-th K block into d with the A registers af; the stage of the block before goes back to the producer.
+    auto step = [&](int i, uint32_t (&af)[4][4]) {
+        const int s = i % S, kb = kb_begin + i;
+        sm90::mbar_wait(&full[s], (i / S) & 1);
+        const unsigned char * stage = smem + size_t(s) * Sh::stage_bytes;
+        uint4 cw[PLANES];
 #pragma unroll
-        for (int kbl = 0; kbl < KPS; kbl++) {
-            const int kb = kb_begin + st * KPS + kbl;
-            if (kb >= kb_end) break;  // the same for the whole block
-            uint4 cw[PLANES];
+        for (int p = 0; p < PLANES; p++) cw[p] = reinterpret_cast<const uint4 *>(stage)[(warp * PLANES + p) * 32 + lane];
 #pragma unroll
-            for (int p = 0; p < PLANES; p++) cw[p] = reinterpret_cast<const uint4 *>(stage)[(warp * KPS + kbl) * TILE + p * 32 + lane];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if ((j == 0 || j == 2) && kb * 64 + 16 * j >= group_end) {
-                    gi++;
-                    group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
-                    par = unpack_params<PLANES>(next);
-                    next = mma4::load_params(w, row0, min(gi + 1, G - 1));
-                }
-                dequantize_step<PLANES>(cw, j, par, af[kbl][j]);
+        for (int j = 0; j < 4; j++) {
+            if ((j == 0 || j == 2) && kb * 64 + 16 * j >= group_end) {
+                gi++;
+                group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
+                par = unpack_params<PLANES>(next);
+                next = mma4::load_params(w, row0, min(gi + 1, G - 1));
             }
-            sm90::wgmma_fence();
-#pragma unroll
-            for (int j = 0; j < 4; j++) sm90::wgmma_rs_kmajor<BT>(d, af[kbl][j], sm90::desc128(x_addr + kbl * Sh::panel_bytes + 32 * j, 16, 1024));
-            sm90::wgmma_commit();
-            sm90::wgmma_wait<1>();  // the K block before is done: its A registers are free for the next one
+            dequantize_step<PLANES>(cw, j, par, af[j]);
         }
+        const uint32_t x_addr = sm90::smem_addr(stage + Sh::code_bytes);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++) sm90::wgmma_rs_kmajor<BT>(d, af[j], sm90::desc128(x_addr + 32 * j, 16, 1024));
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<1>();  // the K block before is done: its A registers are free, its stage goes back
+        __syncwarp();
+        if (i > 0 && lane == 0) sm90::mbar_arrive(&empty[(i - 1) % S]);
+    };
+    uint32_t af0[4][4], af1[4][4];  // the A fragments of even and odd K blocks
+    int i = 0;
+    for (; i + 1 < nk; i += 2) {
+        step(i, af0);
+        step(i + 1, af1);
     }
+    if (i < nk) step(i, af0);
     sm90::wgmma_wait<0>();
     sm90::fence_operands(d);
-    cp_async_wait<0>();
     if (!active) return;
 
     // Lane (g, t) holds rows g, g + 8 and tokens 2t, 2t + 1 of each 8-token column block: d[4 nt + i].
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int row = rb * 16 + g + (i >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (i & 1);
+        for (int e = 0; e < 4; e++) {
+            const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
             if (row >= n || tok >= m) continue;
-            if (partial) partial[(size_t(blockIdx.z) * m + tok) * n + row] = d[4 * nt + i];
-            else y[size_t(tok) * n + row] = __float2bfloat16(d[4 * nt + i]);
+            if (partial) partial[(size_t(blockIdx.z) * m + tok) * n + row] = d[4 * nt + e];
+            else y[size_t(tok) * n + row] = __float2bfloat16(d[4 * nt + e]);
         }
     }
 #else
@@ -262,7 +229,7 @@ __global__ void __launch_bounds__(k_threads, RsShape<PLANES, NT>::BLOCKS)
 
 // A launch's shape: BT tokens per block (16, 32, 64 or 128; more rows take several token tiles) and the K splits, by
 // qgemm_mma's rule: a grid of at least half a wave runs unsplit, a shorter one is split into at most one wave, each
-// split at least two stages long.
+// split at least four K blocks long.
 struct Shape {
     int nt, splits;
 };
@@ -271,7 +238,7 @@ Shape shape_for(const QuantMatrix & w, int m) {
     Shape sh;
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : 16;
     const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w);
-    const int64_t slots = int64_t(sm_count()) * blocks_per_sm(w.bits / 4, sh.nt);
+    const int64_t slots = int64_t(sm_count()) * blocks_per_sm(sh.nt);
     const int most = std::max(1, (w.k_padded / 64) / 4);
     sh.splits = 2 * blocks >= slots ? 1 : int(std::clamp<int64_t>(slots / blocks, 1, most));
     return sh;
@@ -284,10 +251,12 @@ size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
 template <int PLANES, int NT>
 void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
     using Sh = RsShape<PLANES, NT>;
+    CUtensorMap x_map;
+    if (!cache_tensor_map(&x_map, x, m, ldx, Sh::BT)) QINFER_FAIL() << "qgemm_rs: the tensor map of x [" << m << ", " << ldx << "] was refused";
     const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w), splits);
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
-    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(k_threads), Sh::smem, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
+    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(k_threads), Sh::smem, stream, w, m, y, splits > 1 ? partial : nullptr, x_map);
     CUDA_CHECK(cudaGetLastError());
     if (splits > 1) {
         const size_t mn = size_t(m) * w.rows;
