@@ -42,22 +42,25 @@ namespace qinfer::cuda {
 
 namespace {
 
-constexpr int k_consumer_warps = 8;
-constexpr int k_consumer_threads = k_consumer_warps * 32;
-constexpr int k_threads = k_consumer_threads + 32;  // + the producer warp
-constexpr int k_rows = 16 * k_consumer_warps;       // weight rows per block
+// Consumer warps per block for BT = 8 NT tokens: every consumer warpgroup multiplies the same x panel, so more of them
+// read x fewer times from L2 (7B gate_up at m 128 with two: 0.56 us per K block, x read at ~3.7 TB/s, fe3fcc8), up
+// to what the registers allow: 16 warps (+ the producer: 17, five a scheduler, 96 registers each) for 64 tokens' 32
+// accumulators, 12 (128 registers) for 128 tokens' 64, 8 for fewer tokens (two or three blocks per SM).
+__host__ __device__ constexpr int consumer_warps(int nt) { return nt == 8 ? 16 : nt == 16 ? 12 : 8; }
+__host__ __device__ constexpr int block_threads(int nt) { return 32 * consumer_warps(nt) + 32; }  // + the producer warp
+__host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 2 ? 3 : nt <= 4 ? 2 : 1; }
 
-int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_rows; }
-
-// Blocks per SM a kernel is built for, by registers: the accumulators are BT / 2 floats a thread, the A fragments of
-// two K blocks 32.
-__host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 8 ? 2 : 1; }
+int row_tiles(const QuantMatrix & w, int nt) {
+    const int rows = 16 * consumer_warps(nt);
+    return (w.rows_padded + rows - 1) / rows;
+}
 
 // A kernel's shape for PLANES planes of codes and BT = 8 NT tokens: a stage is one K block.
 template <int PLANES, int NT> struct RsShape {
     static constexpr int BT = 8 * NT;
-    static constexpr int code_bytes = k_consumer_warps * PLANES * 512;  // the 8 row blocks' codes of one K block
-    static constexpr int panel_bytes = BT * 128;                        // x: [BT tokens][64 bf16]
+    static constexpr int CW = consumer_warps(NT);
+    static constexpr int code_bytes = CW * PLANES * 512;  // the row blocks' codes of one K block
+    static constexpr int panel_bytes = BT * 128;          // x: [BT tokens][64 bf16]
     static constexpr int stage_bytes = code_bytes + panel_bytes;
     static constexpr int BLOCKS = reg_blocks(NT);
     static constexpr int STAGES = std::min(8, int((227 * 1024 / BLOCKS - 2048) / stage_bytes));
@@ -66,9 +69,6 @@ template <int PLANES, int NT> struct RsShape {
     static_assert(code_bytes % 1024 == 0 && panel_bytes % 1024 == 0, "panels keep the swizzle's 1024-byte alignment");
     static_assert(STAGES >= 3 && smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
 };
-
-// Blocks per SM of the kernel for these codes and tokens (host side of RsShape::BLOCKS).
-int blocks_per_sm(int nt) { return reg_blocks(nt); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // A group's parameters as this lane needs them: rows g (lo) and g + 8 (hi) of its row block, the scale as a bf16 pair.
@@ -120,11 +120,11 @@ __device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j
 #endif
 
 template <int PLANES, int NT>
-__global__ void __launch_bounds__(k_threads, RsShape<PLANES, NT>::BLOCKS)
+__global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS)
     qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, NT>;
-    constexpr int BT = Sh::BT, S = Sh::STAGES;
+    constexpr int BT = Sh::BT, S = Sh::STAGES, CW = Sh::CW;
     extern __shared__ unsigned char smem_raw[];  // [stage][codes: row block, plane, lane | x: token, chunk], barriers
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
     uint64_t * full = reinterpret_cast<uint64_t *>(smem + Sh::bar_offset), * empty = full + S;
@@ -133,12 +133,12 @@ __global__ void __launch_bounds__(k_threads, RsShape<PLANES, NT>::BLOCKS)
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
     const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
     const int nk = kb_end - kb_begin;
-    const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * k_consumer_warps;
-    const int present = min(k_consumer_warps, n_rb - rb0);  // row blocks of this tile inside the weight
+    const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * CW;
+    const int present = min(CW, n_rb - rb0);  // row blocks of this tile inside the weight
 
-    sm90::init_stage_barriers(full, empty, S, k_consumer_warps);
+    sm90::init_stage_barriers(full, empty, S, CW);
 
-    if (warp == k_consumer_warps) {  // the producer
+    if (warp == CW) {  // the producer
         const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);
         if (lane == 0) sm90::prefetch_tensor_map(&x_map);
         pdl_wait();  // x comes from the kernel ahead
@@ -173,40 +173,39 @@ __global__ void __launch_bounds__(k_threads, RsShape<PLANES, NT>::BLOCKS)
 #pragma unroll
     for (int i = 0; i < BT / 2; i++) d[i] = 0.0f;
     sm90::fence_operands(d);
-    // The split's i-th K block into d with the A registers af; the stage of the block before goes back to the producer.
-    auto step = [&](int i, uint32_t (&af)[4][4]) {
+    // The split's i-th K block into d, in two groups of two k16 steps with their own A registers (af[h]): each group's
+    // dequantization runs while the group before it multiplies; the stage of the K block before goes back to the
+    // producer once its last group is done.
+    uint32_t af[2][2][4];  // [half of the K block][k16 step of the half][register]
+    for (int i = 0; i < nk; i++) {
         const int s = i % S, kb = kb_begin + i;
         sm90::mbar_wait(&full[s], (i / S) & 1);
         const unsigned char * stage = smem + size_t(s) * Sh::stage_bytes;
         uint4 cw[PLANES];
 #pragma unroll
         for (int p = 0; p < PLANES; p++) cw[p] = reinterpret_cast<const uint4 *>(stage)[(warp * PLANES + p) * 32 + lane];
+        const uint32_t x_addr = sm90::smem_addr(stage + Sh::code_bytes);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            if ((j == 0 || j == 2) && kb * 64 + 16 * j >= group_end) {
+        for (int h = 0; h < 2; h++) {
+            if (kb * 64 + 32 * h >= group_end) {
                 gi++;
                 group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
                 par = unpack_params<PLANES>(next);
                 next = mma4::load_params(w, row0, min(gi + 1, G - 1));
             }
-            dequantize_step<PLANES>(cw, j, par, af[j]);
-        }
-        const uint32_t x_addr = sm90::smem_addr(stage + Sh::code_bytes);
-        sm90::wgmma_fence();
 #pragma unroll
-        for (int j = 0; j < 4; j++) sm90::wgmma_rs_kmajor<BT>(d, af[j], sm90::desc128(x_addr + 32 * j, 16, 1024));
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<1>();  // the K block before is done: its A registers are free, its stage goes back
-        __syncwarp();
-        if (i > 0 && lane == 0) sm90::mbar_arrive(&empty[(i - 1) % S]);
-    };
-    uint32_t af0[4][4], af1[4][4];  // the A fragments of even and odd K blocks
-    int i = 0;
-    for (; i + 1 < nk; i += 2) {
-        step(i, af0);
-        step(i + 1, af1);
+            for (int jj = 0; jj < 2; jj++) dequantize_step<PLANES>(cw, 2 * h + jj, par, af[h][jj]);
+            sm90::wgmma_fence();
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++) sm90::wgmma_rs_kmajor<BT>(d, af[h][jj], sm90::desc128(x_addr + 32 * (2 * h + jj), 16, 1024));
+            sm90::wgmma_commit();
+            sm90::wgmma_wait<1>();  // the group before is done: its A registers are free
+            if (h == 0 && i > 0) {  // ... and it was the K block before's last: that stage goes back
+                __syncwarp();
+                if (lane == 0) sm90::mbar_arrive(&empty[(i - 1) % S]);
+            }
+        }
     }
-    if (i < nk) step(i, af0);
     sm90::wgmma_wait<0>();
     sm90::fence_operands(d);
     if (!active) return;
@@ -237,8 +236,8 @@ struct Shape {
 Shape shape_for(const QuantMatrix & w, int m) {
     Shape sh;
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : 16;
-    const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w);
-    const int64_t slots = int64_t(sm_count()) * blocks_per_sm(sh.nt);
+    const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w, sh.nt);
+    const int64_t slots = int64_t(sm_count()) * reg_blocks(sh.nt);
     const int most = std::max(1, (w.k_padded / 64) / 4);
     sh.splits = 2 * blocks >= slots ? 1 : int(std::clamp<int64_t>(slots / blocks, 1, most));
     return sh;
@@ -253,10 +252,10 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int
     using Sh = RsShape<PLANES, NT>;
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, ldx, Sh::BT)) QINFER_FAIL() << "qgemm_rs: the tensor map of x [" << m << ", " << ldx << "] was refused";
-    const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w), splits);
+    const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, NT), splits);
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
-    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(k_threads), Sh::smem, stream, w, m, y, splits > 1 ? partial : nullptr, x_map);
+    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, splits > 1 ? partial : nullptr, x_map);
     CUDA_CHECK(cudaGetLastError());
     if (splits > 1) {
         const size_t mn = size_t(m) * w.rows;

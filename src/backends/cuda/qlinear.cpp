@@ -23,12 +23,12 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     const bool large = int64_t(w.rows_padded) * w.k_padded >= k_mma_large_codes;
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
-    // A/B of the register-sourced wgmma GEMM (QINFER_QGEMM_RS=1: it takes every m from here up to 512).
+    // A/B of the register-sourced wgmma GEMM (QINFER_QGEMM_RS=1: it takes every m from 33 up to 512).
     static const bool rs_knob = [] {
         const char * v = std::getenv("QINFER_QGEMM_RS");
         return v && std::atoi(v) != 0;
     }();
-    if (rs_knob && m <= 512 && qgemm_rs_applies(w)) return QuantPath::Rs;
+    if (rs_knob && m > 32 && m <= 512 && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;
