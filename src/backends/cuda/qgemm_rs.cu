@@ -13,15 +13,15 @@
 //     (tokens past m and positions past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes
 //     per plane, into a stage of shared memory guarded by mbarriers (full: landed; empty: both warpgroups' MMAs on it
 //     are done), STAGES deep. (A first form had every thread copy its share of each stage by cp.async, with a block
-//     barrier per stage: 7B Int4 gate_up at m 128 108 us against bf16 cuBLASLt's 72, commit 2bef1a8.)
+//     barrier per stage: 7B Int4 gate_up at m 128 108 us, 94 this way; bf16 cuBLASLt 72; 2bef1a8, fe3fcc8.)
 //   dequantization: a lane's 16 bytes per plane and K block are its A fragments of four k16 steps (the GEMV's tile
 //     layout, qgemv_ring.cuh); each register pair becomes q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the
 //     high plane's 16 (hi - zh) added, still exact: |q - z| < 256), then one HMUL2 by the group's scale rounded to
 //     bf16. So each weight is bf16(bf16(s) (q - z)), two roundings where cuda::dequantize rounds s (q - z) once
 //     (vLLM's Marlin also keeps bf16 scales for bf16 activations); the tests bound the difference.
-//   MMAs: the four k16 steps of a K block are issued together and committed as one group; the A registers alternate
-//     between two sets by K block, and the wait for the group before comes after the commit, so the next K block's
-//     dequantization runs while this one's MMAs do; the stage of the group waited for goes back to the producer.
+//   MMAs: a K block's four k16 steps go in two groups of two, each with its own A registers (16 a thread in all); the
+//     wait for the group before comes after each commit, so a group's dequantization runs while the one before
+//     multiplies; when the K block before is done its stage goes back to the producer.
 //   epilogue: bf16 y, or with K split the split's fp32 sums into the scratch, added in split order by
 //     mma4::reduce_splits_kernel (deterministic).
 // Grid: token tiles fastest, so the token tiles of one row tile run together and read its codes from L2.
@@ -42,13 +42,14 @@ namespace qinfer::cuda {
 
 namespace {
 
-// Consumer warps per block for BT = 8 NT tokens: every consumer warpgroup multiplies the same x panel, so more of them
-// read x fewer times from L2 (7B gate_up at m 128 with two: 0.56 us per K block, x read at ~3.7 TB/s, fe3fcc8), up
-// to what the registers allow: 16 warps (+ the producer: 17, five a scheduler, 96 registers each) for 64 tokens' 32
-// accumulators, 12 (128 registers) for 128 tokens' 64, 8 for fewer tokens (two or three blocks per SM).
-__host__ __device__ constexpr int consumer_warps(int nt) { return nt == 8 ? 16 : nt == 16 ? 12 : 8; }
+// Consumer warps per block for BT = 8 NT tokens, and blocks per SM (registers: the accumulators are BT / 2 floats a
+// thread). Every consumer warpgroup of a block multiplies the same x panel; 12 warps (+ the producer: 13, four a
+// scheduler, 128 registers) for 128 tokens' 64 accumulators read x from L2 fewer times than 8 (7B Int4 gate_up at m
+// 256 156 -> 139 us, m 128 94 -> 92). For 64 tokens 16 warps lost (gate_up 67 -> 103 us at m 64: 148 blocks, one a
+// SM, a second wave of 16) to 8 warps two blocks an SM (bench/results/2026-11-30-h200x2-qgemm-rs).
+__host__ __device__ constexpr int consumer_warps(int nt) { return nt == 16 ? 12 : 8; }
 __host__ __device__ constexpr int block_threads(int nt) { return 32 * consumer_warps(nt) + 32; }  // + the producer warp
-__host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 2 ? 3 : nt <= 4 ? 2 : 1; }
+__host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 2 ? 3 : nt <= 8 ? 2 : 1; }
 
 int row_tiles(const QuantMatrix & w, int nt) {
     const int rows = 16 * consumer_warps(nt);

@@ -1,8 +1,11 @@
 // Which kernel a quantized projection of m rows goes to. Measured on an H200 with `qinfer bench --kernels`
-// (bench/results/2026-11-29-h200-qgemm-mma, 7B and 0.5B shapes, 4- and 8-bit codes): the tiled GEMV up to its 8 rows;
-// the register-dequantizing GEMM beyond, up to 64 rows (7B Int4 at m 64: gate_up 115 us against 127 for the wgmma
-// GEMM and 183 for dequantize + cuBLASLt, down 47 / 83 / 102, qkv 20 / 28 / 25); from 128 rows it lost to both
-// (gate_up 180 / 129 / 185), so there the wgmma GEMM where it pays (qgemm_pays) and dequantize + cuBLASLt otherwise.
+// (bench/results/2026-11-29-h200-qgemm-mma and 2026-11-30-h200x2-qgemm-rs, 7B and 0.5B shapes, 4- and 8-bit codes):
+// the tiled GEMV up to its 8 rows; beyond, the register-dequantizing GEMM on Hopper's warpgroup MMAs (qgemm_rs) up to
+// 256 rows, from 9 rows for 8-bit codes and from 33 for 4-bit (7B Int4 gate_up at m 64 / 128 / 256: 67 / 92 / 139 us
+// against qgemm_mma's 86 / 138 / 242, the wgmma GEMM's 128 / 129 / 182 and dequantize + cuBLASLt's 184 / 185 / 207;
+// at m 16 qgemm_mma's 38.5 against 46.4); elsewhere (and on sm_80) qgemm_mma up to 64 rows; from 128 rows the wgmma
+// GEMM where it pays (qgemm_pays) and dequantize + cuBLASLt otherwise (at m 512 it beats qgemm_rs on qkv, o_proj
+// and down: 41 / 32 / 151 us against 48 / 46 / 235).
 #include <algorithm>
 #include <cstdlib>
 
@@ -13,6 +16,8 @@ namespace qinfer::cuda {
 namespace {
 // Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over the wgmma GEMM and dequantize + cuBLASLt.
 constexpr int k_mma_max_m = 64;
+// Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies.
+constexpr int k_rs_max_m = 256;
 // Codes from which the GEMM takes over from the tiled GEMV at 5 to 8 rows.
 constexpr int64_t k_mma_large_codes = int64_t(32) << 20;
 }  // namespace
@@ -23,12 +28,12 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     const bool large = int64_t(w.rows_padded) * w.k_padded >= k_mma_large_codes;
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
-    // A/B of the register-sourced wgmma GEMM (QINFER_QGEMM_RS=1: it takes every m from 33 up to 512).
+    // The A/B of the rule's qgemm_rs rows against the rule before it (QINFER_QGEMM_RS=0).
     static const bool rs_knob = [] {
         const char * v = std::getenv("QINFER_QGEMM_RS");
-        return v && std::atoi(v) != 0;
+        return !v || std::atoi(v) != 0;
     }();
-    if (rs_knob && m > 32 && m <= 512 && qgemm_rs_applies(w)) return QuantPath::Rs;
+    if (rs_knob && m <= k_rs_max_m && m >= (w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;
