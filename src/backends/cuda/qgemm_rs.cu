@@ -46,7 +46,7 @@ namespace {
 // thread). Every consumer warpgroup of a block multiplies the same x panel; 12 warps (+ the producer: 13, four a
 // scheduler, 128 registers) for 128 tokens' 64 accumulators read x from L2 fewer times than 8 (7B Int4 gate_up at m
 // 256 156 -> 139 us, m 128 94 -> 92). For 64 tokens 16 warps lost (gate_up 67 -> 103 us at m 64: 148 blocks, one a
-// SM, a second wave of 16) to 8 warps two blocks an SM (bench/results/2026-11-30-h200x2-qgemm-rs).
+// SM, a second wave of 16) to 8 warps two blocks an SM (66 us; bench/results/2026-11-30-h200x2-qgemm-rs).
 __host__ __device__ constexpr int consumer_warps(int nt) { return nt == 16 ? 12 : 8; }
 __host__ __device__ constexpr int block_threads(int nt) { return 32 * consumer_warps(nt) + 32; }  // + the producer warp
 __host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 2 ? 3 : nt <= 8 ? 2 : 1; }

@@ -1,13 +1,13 @@
 // Which kernel a quantized projection of m rows goes to. Measured on an H200 with `qinfer bench --kernels`
 // (bench/results/2026-11-29-h200-qgemm-mma and 2026-11-30-h200x2-qgemm-rs, 7B and 0.5B shapes, 4- and 8-bit codes):
 // the tiled GEMV up to its 8 rows; beyond, the register-dequantizing GEMM on Hopper's warpgroup MMAs (qgemm_rs) up to
-// 256 rows, from 9 rows for 8-bit codes and from 33 for 4-bit (7B Int4 gate_up at m 64 / 128 / 256: 67 / 92 / 139 us
-// against qgemm_mma's 86 / 138 / 242, the wgmma GEMM's 128 / 129 / 182 and dequantize + cuBLASLt's 184 / 185 / 207;
-// at m 16 qgemm_mma's 38.5 against 46.4); elsewhere (and on sm_80) qgemm_mma up to 64 rows; from 128 rows the wgmma
-// GEMM where it pays (qgemm_pays) and dequantize + cuBLASLt otherwise (at m 512 it beats qgemm_rs on qkv, o_proj
-// and down: 41 / 32 / 151 us against 48 / 46 / 235).
+// 256 rows, from 9 rows for 8-bit codes and from 33 for 4-bit (7B Int4 gate_up at m 64 / 128 / 256: 66 / 93 / 140 us
+// against qgemm_mma's 86 / 138 / 243, the wgmma GEMM's 127 / 130 / 181 and dequantize + cuBLASLt's 183 / 186 / 206;
+// at m 16 / 32 4-bit codes keep qgemm_mma: 38.3 / 53.0 us against 46.2 / 48.4 for gate_up, 23.1 / 26.6 against 21.9 /
+// 32.3 for down); elsewhere (and on sm_80) qgemm_mma up to 64 rows; from 128 rows the wgmma GEMM where it pays
+// (qgemm_pays) and dequantize + cuBLASLt otherwise (at m 512 that beats qgemm_rs on qkv, o_proj and down: 41 / 31 /
+// 150 us against 48 / 47 / 228).
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/ops.h"
 
@@ -28,12 +28,7 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     const bool large = int64_t(w.rows_padded) * w.k_padded >= k_mma_large_codes;
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
-    // The A/B of the rule's qgemm_rs rows against the rule before it (QINFER_QGEMM_RS=0).
-    static const bool rs_knob = [] {
-        const char * v = std::getenv("QINFER_QGEMM_RS");
-        return !v || std::atoi(v) != 0;
-    }();
-    if (rs_knob && m <= k_rs_max_m && m >= (w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
+    if (m <= k_rs_max_m && m >= (w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;
