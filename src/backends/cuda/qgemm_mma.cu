@@ -257,11 +257,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     }
 }
 
-// A launch's shape: BT tokens per block (16, 32 or 64) and the K splits. A grid at least half a wave runs unsplit
-// (a split shortens each block, whose pipeline fill and parameter loads then weigh more, and adds partial sums: 7B's
-// Int4 gate_up at m 16, 296 blocks of 396 slots, took 46.4 us split 4 ways by a wave-cost rule, against 27.2 us for
-// the m-1 GEMV; ncu, bench/results/2026-11-29-h200-qgemm-mma); a shorter one is split into at most one wave, each
-// split at least two stages long.
+// A launch's shape: BT tokens per block (16, 32 or 64) and the K splits (mma4::k_splits), each split at least two
+// stages long.
 struct Shape {
     int nt, splits;
 };
@@ -271,14 +268,8 @@ Shape shape_for(const QuantMatrix & w, int m) {
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : 8;
     const int kps = stage_kbs(sh.nt, w.bits / 4);
     const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w);
-    const int64_t slots = int64_t(sm_count()) * blocks_per_sm(sh.nt);
-    const int most = std::max(1, (w.k_padded / 64) / (2 * kps));
-    sh.splits = 2 * blocks >= slots ? 1 : int(std::clamp<int64_t>(slots / blocks, 1, most));
+    sh.splits = mma4::k_splits(blocks, int64_t(sm_count()) * blocks_per_sm(sh.nt), (w.k_padded / 64) / (2 * kps));
     return sh;
-}
-
-size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
-    return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
 }
 
 template <int PLANES, int NT>
@@ -288,14 +279,8 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int
     static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT>, smem, configured);
-    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, splits > 1 ? partial : nullptr);
+    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial);
     CUDA_CHECK(cudaGetLastError());
-    if (splits > 1) {
-        const size_t mn = size_t(m) * w.rows;
-        launch_kernel(mma4::reduce_splits_kernel<bf16>, dim3(unsigned(std::min<size_t>((mn + 255) / 256, 4096))), dim3(256), 0, stream,
-                      static_cast<const float *>(partial), splits, mn, y);
-        CUDA_CHECK(cudaGetLastError());
-    }
 }
 
 }  // namespace
@@ -304,30 +289,23 @@ bool qgemm_mma_applies(const QuantMatrix & w) { return w.tiled && !w.lut && (w.b
 
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_mma_applies(w)) return 0;
-    size_t partials = 0;  // the most any m' <= m splits into
-    for (int mm = 1; mm <= m; mm++) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
-    return mma4::gather_scratch_bytes(w, m) + partials;
+    return mma4::split_gemm_scratch_bytes(w, m, [&](int mm) { return shape_for(w, mm).splits; });
 }
 
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_mma_applies(w) || m <= 0) return false;
-    const mma4::GemmInput in = mma4::gemm_input(w, x, m, scratch, scratch_bytes, stream);
-    if (!in.x) return false;
-    x = in.x;
-    const int ldx = in.ldx;
-    Shape sh = shape_for(w, m);
-    float * partial = sh.splits > 1 ? mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, partial_bytes(w, m, sh)) : nullptr;
-    if (!partial) sh.splits = 1;
-    if (w.bits == 4) {
-        if (sh.nt == 2) launch<1, 2>(w, x, ldx, m, y, sh.splits, partial, stream);
-        else if (sh.nt == 4) launch<1, 4>(w, x, ldx, m, y, sh.splits, partial, stream);
-        else launch<1, 8>(w, x, ldx, m, y, sh.splits, partial, stream);
-    } else {
-        if (sh.nt == 2) launch<2, 2>(w, x, ldx, m, y, sh.splits, partial, stream);
-        else if (sh.nt == 4) launch<2, 4>(w, x, ldx, m, y, sh.splits, partial, stream);
-        else launch<2, 8>(w, x, ldx, m, y, sh.splits, partial, stream);
-    }
-    return true;
+    const Shape sh = shape_for(w, m);
+    return mma4::run_split_gemm(w, x, m, y, sh.splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int splits, float * partial) {
+        if (w.bits == 4) {
+            if (sh.nt == 2) launch<1, 2>(w, xin, ldx, m, y, splits, partial, stream);
+            else if (sh.nt == 4) launch<1, 4>(w, xin, ldx, m, y, splits, partial, stream);
+            else launch<1, 8>(w, xin, ldx, m, y, splits, partial, stream);
+        } else {
+            if (sh.nt == 2) launch<2, 2>(w, xin, ldx, m, y, splits, partial, stream);
+            else if (sh.nt == 4) launch<2, 4>(w, xin, ldx, m, y, splits, partial, stream);
+            else launch<2, 8>(w, xin, ldx, m, y, splits, partial, stream);
+        }
+    });
 }
 
 }  // namespace qinfer::cuda

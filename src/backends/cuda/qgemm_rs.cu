@@ -227,9 +227,8 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
 #endif
 }
 
-// A launch's shape: BT tokens per block (16, 32, 64 or 128; more rows take several token tiles) and the K splits, by
-// qgemm_mma's rule: a grid of at least half a wave runs unsplit, a shorter one is split into at most one wave, each
-// split at least four K blocks long.
+// A launch's shape: BT tokens per block (16, 32, 64 or 128; more rows take several token tiles) and the K splits
+// (mma4::k_splits), each split at least four K blocks long.
 struct Shape {
     int nt, splits;
 };
@@ -238,14 +237,8 @@ Shape shape_for(const QuantMatrix & w, int m) {
     Shape sh;
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : 16;
     const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w, sh.nt);
-    const int64_t slots = int64_t(sm_count()) * reg_blocks(sh.nt);
-    const int most = std::max(1, (w.k_padded / 64) / 4);
-    sh.splits = 2 * blocks >= slots ? 1 : int(std::clamp<int64_t>(slots / blocks, 1, most));
+    sh.splits = mma4::k_splits(blocks, int64_t(sm_count()) * reg_blocks(sh.nt), (w.k_padded / 64) / 4);
     return sh;
-}
-
-size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
-    return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
 }
 
 template <int PLANES, int NT>
@@ -256,14 +249,8 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int
     const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, NT), splits);
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
-    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, splits > 1 ? partial : nullptr, x_map);
+    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, x_map);
     CUDA_CHECK(cudaGetLastError());
-    if (splits > 1) {
-        const size_t mn = size_t(m) * w.rows;
-        launch_kernel(mma4::reduce_splits_kernel<bf16>, dim3(unsigned(std::min<size_t>((mn + 255) / 256, 4096))), dim3(256), 0, stream,
-                      static_cast<const float *>(partial), splits, mn, y);
-        CUDA_CHECK(cudaGetLastError());
-    }
 }
 
 template <int PLANES> void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial,
@@ -280,21 +267,16 @@ bool qgemm_rs_applies(const QuantMatrix & w) { return sm90a_device() && qgemm_mm
 
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_rs_applies(w)) return 0;
-    size_t partials = 0;  // the most any m' <= m splits into
-    for (int mm = 1; mm <= m; mm++) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
-    return mma4::gather_scratch_bytes(w, m) + partials;
+    return mma4::split_gemm_scratch_bytes(w, m, [&](int mm) { return shape_for(w, mm).splits; });
 }
 
 bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_rs_applies(w) || m <= 0) return false;
-    const mma4::GemmInput in = mma4::gemm_input(w, x, m, scratch, scratch_bytes, stream);
-    if (!in.x) return false;
-    Shape sh = shape_for(w, m);
-    float * partial = sh.splits > 1 ? mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, partial_bytes(w, m, sh)) : nullptr;
-    if (!partial) sh.splits = 1;
-    if (w.bits == 4) launch_for<1>(sh.nt, w, in.x, in.ldx, m, y, sh.splits, partial, stream);
-    else launch_for<2>(sh.nt, w, in.x, in.ldx, m, y, sh.splits, partial, stream);
-    return true;
+    const Shape sh = shape_for(w, m);
+    return mma4::run_split_gemm(w, x, m, y, sh.splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int splits, float * partial) {
+        if (w.bits == 4) launch_for<1>(sh.nt, w, xin, ldx, m, y, splits, partial, stream);
+        else launch_for<2>(sh.nt, w, xin, ldx, m, y, splits, partial, stream);
+    });
 }
 
 }  // namespace qinfer::cuda

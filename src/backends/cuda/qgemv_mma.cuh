@@ -9,6 +9,8 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qstage.cuh"
@@ -118,6 +120,44 @@ __device__ __forceinline__ RawParams load_params(const QuantMatrix & w, int64_t 
         p.z[h] = w.zeros ? int(w.zeros[gidx]) : w.const_zero;
     }
     return p;
+}
+
+// The K splits of the register-dequantizing GEMMs (qgemm_mma.cu, qgemm_rs.cu) for a grid of `blocks` with `slots`
+// resident at once: a grid of at least half a wave runs unsplit (a split shortens each block, whose pipeline fill and
+// parameter loads then weigh more, and adds partial sums: 7B's Int4 gate_up at m 16, 296 blocks of 396 slots, took
+// 46.4 us in qgemm_mma split 4 ways by a wave-cost rule, against 27.2 us for the m-1 GEMV; ncu,
+// bench/results/2026-11-29-h200-qgemm-mma); a shorter one is split into at most one wave, `most` splits at most.
+inline int k_splits(int64_t blocks, int64_t slots, int most) {
+    return 2 * blocks >= slots ? 1 : int(std::clamp<int64_t>(slots / blocks, 1, std::max(1, most)));
+}
+// Bytes of the fp32 partial sums of `splits` K splits of y [m, w.rows] (none for one split).
+inline size_t split_sums_bytes(const QuantMatrix & w, int m, int splits) {
+    return splits > 1 ? size_t(splits) * m * w.rows * sizeof(float) : 0;
+}
+// A split GEMM's scratch for any m' <= m: the gathered inputs, then the most partial sums (splits_of(m'): its splits).
+template <class SplitsOf> size_t split_gemm_scratch_bytes(const QuantMatrix & w, int m, SplitsOf && splits_of) {
+    size_t partials = 0;
+    for (int mm = 1; mm <= m; mm++) partials = std::max(partials, split_sums_bytes(w, mm, splits_of(mm)));
+    return gather_scratch_bytes(w, m) + partials;
+}
+// y [m, w.rows] by a split GEMM: its inputs (gemm_input), the partial sums of `splits` K splits in the scratch after
+// them (one split where they do not fit), launch(x, ldx, splits, partial) for the GEMM kernel (partial null for one
+// split), then the splits added in order. False where the inputs cannot be gathered (nothing launched).
+template <class Launch>
+bool run_split_gemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits, void * scratch, size_t scratch_bytes,
+                    cudaStream_t stream, Launch && launch) {
+    const GemmInput in = gemm_input(w, x, m, scratch, scratch_bytes, stream);
+    if (!in.x) return false;
+    float * partial = splits > 1 ? partial_scratch(scratch, scratch_bytes, in.scratch_used, split_sums_bytes(w, m, splits)) : nullptr;
+    if (!partial) splits = 1;
+    launch(in.x, in.ldx, splits, partial);
+    if (splits > 1) {
+        const size_t mn = size_t(m) * w.rows;
+        launch_kernel(reduce_splits_kernel<bf16>, dim3(unsigned(std::min<size_t>((mn + 255) / 256, 4096))), dim3(256), 0, stream,
+                      static_cast<const float *>(partial), splits, mn, y);
+        CUDA_CHECK(cudaGetLastError());
+    }
+    return true;
 }
 
 // Code field f (0..7: A register f % 4, its second element when f >= 4) of one tile word, given that word of each
