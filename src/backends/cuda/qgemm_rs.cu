@@ -31,7 +31,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -121,7 +120,7 @@ __device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j
 }
 #endif
 
-template <int PLANES, int NT, int DEPTH>
+template <int PLANES, int NT>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS)
     qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -175,10 +174,14 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
 #pragma unroll
     for (int i = 0; i < BT / 2; i++) d[i] = 0.0f;
     sm90::fence_operands(d);
-    // The split's i-th K block into d, in two groups of two k16 steps with their own A registers (afk[h]): each group's
-    // dequantization runs while the DEPTH groups before it multiply; the stage of the K block before goes back to the
-    // producer once its last group is done. DEPTH 2 alternates two sets of A registers by K block.
-    auto block = [&](int i, uint32_t (&afk)[2][2][4]) {
+    // The split's i-th K block into d, in two groups of two k16 steps with their own A registers (af[h]): each group's
+    // dequantization runs while the group before it multiplies; the stage of the K block before goes back to the
+    // producer once its last group is done. (Two groups in flight with two sets of A registers alternating by K
+    // block: ptxas serialised every MMA of that form (C7513, a wait after each), and it measured within -5% / +3% of
+    // this one (7B Int4 gate_up m 128 92.3 -> 87.7 us, m 64 65.8 -> 65.0, down m 64 27.7 -> 28.6; a674f7c): the
+    // overlap of dequantization and MMAs is not what bounds this kernel.)
+    uint32_t af[2][2][4];  // [half of the K block][k16 step of the half][register]
+    for (int i = 0; i < nk; i++) {
         const int s = i % S, kb = kb_begin + i;
         sm90::mbar_wait(&full[s], (i / S) & 1);
         const unsigned char * stage = smem + size_t(s) * Sh::stage_bytes;
@@ -195,27 +198,18 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
                 next = mma4::load_params(w, row0, min(gi + 1, G - 1));
             }
 #pragma unroll
-            for (int jj = 0; jj < 2; jj++) dequantize_step<PLANES>(cw, 2 * h + jj, par, afk[h][jj]);
+            for (int jj = 0; jj < 2; jj++) dequantize_step<PLANES>(cw, 2 * h + jj, par, af[h][jj]);
             sm90::wgmma_fence();
 #pragma unroll
-            for (int jj = 0; jj < 2; jj++) sm90::wgmma_rs_kmajor<BT>(d, afk[h][jj], sm90::desc128(x_addr + 32 * (2 * h + jj), 16, 1024));
+            for (int jj = 0; jj < 2; jj++) sm90::wgmma_rs_kmajor<BT>(d, af[h][jj], sm90::desc128(x_addr + 32 * (2 * h + jj), 16, 1024));
             sm90::wgmma_commit();
-            sm90::wgmma_wait<DEPTH>();  // the group DEPTH back is done: its A registers are free
-            if (h == DEPTH - 1 && i > 0) {  // ... and with it the K block before: that stage goes back
+            sm90::wgmma_wait<1>();  // the group before is done: its A registers are free
+            if (h == 0 && i > 0) {  // ... and it was the K block before's last: that stage goes back
                 __syncwarp();
                 if (lane == 0) sm90::mbar_arrive(&empty[(i - 1) % S]);
             }
         }
-    };
-    uint32_t af[DEPTH][2][2][4];  // [K block parity][half of the K block][k16 step of the half][register]
-    int i = 0;
-    if constexpr (DEPTH == 2) {
-        for (; i + 1 < nk; i += 2) {
-            block(i, af[0]);
-            block(i + 1, af[DEPTH - 1]);
-        }
     }
-    for (; i < nk; i++) block(i, af[0]);
     sm90::wgmma_wait<0>();
     sm90::fence_operands(d);
     if (!active) return;
@@ -250,39 +244,24 @@ Shape shape_for(const QuantMatrix & w, int m) {
     return sh;
 }
 
-template <int PLANES, int NT, int DEPTH>
+template <int PLANES, int NT>
 void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
     using Sh = RsShape<PLANES, NT>;
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, ldx, Sh::BT)) QINFER_FAIL() << "qgemm_rs: the tensor map of x [" << m << ", " << ldx << "] was refused";
     const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, NT), splits);
     static PerDevice<size_t> configured;  // once per instantiation
-    allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT, DEPTH>, Sh::smem, configured);
-    launch_kernel(qgemm_rs_kernel<PLANES, NT, DEPTH>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, x_map);
+    allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
+    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, x_map);
     CUDA_CHECK(cudaGetLastError());
-}
-
-// MMA groups in flight while the next is dequantized: 1, or 2 with QINFER_RS_DEPTH=2 (the A/B).
-int rs_depth() {
-    static const int depth = [] {
-        const char * v = std::getenv("QINFER_RS_DEPTH");
-        return v && std::atoi(v) == 2 ? 2 : 1;
-    }();
-    return depth;
-}
-
-template <int PLANES, int DEPTH> void launch_nt(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial,
-                                                cudaStream_t stream) {
-    if (nt == 2) launch<PLANES, 2, DEPTH>(w, x, ldx, m, y, splits, partial, stream);
-    else if (nt == 4) launch<PLANES, 4, DEPTH>(w, x, ldx, m, y, splits, partial, stream);
-    else if (nt == 8) launch<PLANES, 8, DEPTH>(w, x, ldx, m, y, splits, partial, stream);
-    else launch<PLANES, 16, DEPTH>(w, x, ldx, m, y, splits, partial, stream);
 }
 
 template <int PLANES> void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial,
                                       cudaStream_t stream) {
-    if (rs_depth() == 2) launch_nt<PLANES, 2>(nt, w, x, ldx, m, y, splits, partial, stream);
-    else launch_nt<PLANES, 1>(nt, w, x, ldx, m, y, splits, partial, stream);
+    if (nt == 2) launch<PLANES, 2>(w, x, ldx, m, y, splits, partial, stream);
+    else if (nt == 4) launch<PLANES, 4>(w, x, ldx, m, y, splits, partial, stream);
+    else if (nt == 8) launch<PLANES, 8>(w, x, ldx, m, y, splits, partial, stream);
+    else launch<PLANES, 16>(w, x, ldx, m, y, splits, partial, stream);
 }
 
 }  // namespace
