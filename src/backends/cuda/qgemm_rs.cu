@@ -13,7 +13,8 @@
 //     (tokens past m and positions past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes
 //     per plane, into a stage of shared memory guarded by mbarriers (full: landed; empty: both warpgroups' MMAs on it
 //     are done), STAGES deep. (A first form had every thread copy its share of each stage by cp.async, with a block
-//     barrier per stage: 7B Int4 gate_up at m 128 108 us, 94 this way; bf16 cuBLASLt 72; 2bef1a8, fe3fcc8.)
+//     barrier per stage: 7B Int4 gate_up at m 128 108 us, 94 this way; bf16 cuBLASLt 72; 2bef1a8, fe3fcc8.) ncu of
+//     gate_up at m 128 (fa4ea6b): most stalls are consumers waiting on a stage's full barrier, the data late.
 //   dequantization: a lane's 16 bytes per plane and K block are its A fragments of four k16 steps (the GEMV's tile
 //     layout, qgemv_ring.cuh); each register pair becomes q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the
 //     high plane's 16 (hi - zh) added, still exact: |q - z| < 256), then one HMUL2 by the group's scale rounded to
