@@ -6,13 +6,13 @@
 // ~190 TFLOP/s (7B Int4 gate_up at m 64 0.77x bf16 cuBLASLt on an H200, bench/results/2026-11-29-h200-qgemm-mma).
 // Here one wgmma.m64nBTk16 per k16 step covers a warpgroup's 64 rows and all BT tokens, B read by the tensor cores.
 //
-//   block (token tile, row tile, K split): two consumer warpgroups and a producer warp; consumer warp w owns 16-row
-//     block w of the 128-row tile (warpgroup h: rows 64 h .. 64 h + 63, the m64 of its MMAs), over the split's K
-//     blocks.
+//   block (token tile, row tile, K split): two or three consumer warpgroups (consumer_warps) and a producer warp;
+//     consumer warp w owns 16-row block w of the 128- or 192-row tile (warpgroup h: rows 64 h .. 64 h + 63, the m64 of
+//     its MMAs), over the split's K blocks.
 //   producer: per K block one tensor copy of x as a [BT tokens][64 bf16] panel in the 128-byte swizzle wgmma reads
 //     (tokens past m and positions past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes
-//     per plane, into a stage of shared memory guarded by mbarriers (full: landed; empty: both warpgroups' MMAs on it
-//     are done), STAGES deep. (A first form had every thread copy its share of each stage by cp.async, with a block
+//     per plane, into a stage of shared memory guarded by mbarriers (full: landed; empty: every consumer warp's MMAs on
+//     it are done), STAGES deep. (A first form had every thread copy its share of each stage by cp.async, with a block
 //     barrier per stage: 7B Int4 gate_up at m 128 108 us, 94 this way; bf16 cuBLASLt 72; 2bef1a8, fe3fcc8.) ncu of
 //     gate_up at m 128 (fa4ea6b): most stalls are consumers waiting on a stage's full barrier, the data late.
 //   dequantization: a lane's 16 bytes per plane and K block are its A fragments of four k16 steps (the GEMV's tile
