@@ -18,7 +18,7 @@ if [ "${TP_ABORT:-1}" != 0 ]; then
     bash tests/cli/tp_abort.sh "$Q" 2>&1 | tee -a "$OUT/tp.log"
 fi
 if [ "${TP_ALLREDUCE:-1}" != 0 ]; then
-    timeout -k 10 120 "$Q" bench --allreduce --tp 2 --hidden 3584,8192 --rows 1,8,256 --json "$OUT/allreduce.json" 2>&1 | tee -a "$OUT/tp.log"
+    timeout -k 10 120 "$Q" bench --allreduce --tp "${TP_ALLREDUCE_RANKS:-2}" --hidden 3584,8192 --rows 1,8,256 --json "$OUT/allreduce.json" 2>&1 | tee -a "$OUT/tp.log"
 fi
 for spec in ${TPAR_SPECS:-qwen2.5-7b:bf16:1:1:dummy qwen2.5-7b:bf16:1:2:dummy}; do
     IFS=: read -r p q lens ranks load vars <<<"$spec"

@@ -21,20 +21,18 @@ namespace cuda_engine {
 namespace {
 
 // Weight bytes as bf16, converting fp16/fp32 checkpoints on the host.
-std::vector<uint16_t> to_bf16_host(const Weight & w) {
-    std::vector<uint16_t> out(static_cast<size_t>(w.numel()));
-    const int64_t n = w.numel();
+// Elements [first, first + n) of w as bf16 into out.
+void to_bf16(const Weight & w, size_t first, size_t n, uint16_t * out) {
     switch (w.dtype) {
-    case DType::BF16: std::memcpy(out.data(), w.data, size_t(n) * 2); break;
+    case DType::BF16: std::memcpy(out, static_cast<const uint16_t *>(w.data) + first, n * 2); break;
     case DType::F16:
-        for (int64_t i = 0; i < n; i++) out[size_t(i)] = f32_to_bf16(f16_to_f32(static_cast<const uint16_t *>(w.data)[i]));
+        for (size_t i = 0; i < n; i++) out[i] = f32_to_bf16(f16_to_f32(static_cast<const uint16_t *>(w.data)[first + i]));
         break;
     case DType::F32:
-        for (int64_t i = 0; i < n; i++) out[size_t(i)] = f32_to_bf16(static_cast<const float *>(w.data)[i]);
+        for (size_t i = 0; i < n; i++) out[i] = f32_to_bf16(static_cast<const float *>(w.data)[first + i]);
         break;
     default: QINFER_FAIL() << w.name << ": unsupported dtype " << dtype_name(w.dtype);
     }
-    return out;
 }
 
 }  // namespace
@@ -102,19 +100,19 @@ CudaQwenEngine::~CudaQwenEngine() {
     }
 }
 
-// The parts as bf16, one after another at dst (device memory or mapped host memory: cudaMemcpyDefault).
+// Bytes of the parts as bf16.
 static size_t bf16_bytes(const std::vector<const Weight *> & parts) {
     size_t total = 0;
     for (const Weight * w : parts) total += size_t(w->numel()) * 2;
     return total;
 }
 
-static void copy_bf16(const std::vector<const Weight *> & parts, void * dst, uint64_t * done, Progress & bar) {
+void CudaQwenEngine::copy_bf16(const std::vector<const Weight *> & parts, void * dst, uint64_t * done, Progress & bar) {
     size_t off = 0;
     for (const Weight * w : parts) {
-        std::vector<uint16_t> host = to_bf16_host(*w);
-        CUDA_CHECK(cudaMemcpy(static_cast<uint8_t *>(dst) + off, host.data(), host.size() * 2, cudaMemcpyDefault));
-        off += host.size() * 2;
+        const size_t bytes = size_t(w->numel()) * 2;
+        staging_->copy(static_cast<uint8_t *>(dst) + off, bytes, [w](uint8_t * chunk, size_t at, size_t n) { to_bf16(*w, at / 2, n / 2, reinterpret_cast<uint16_t *>(chunk)); });
+        off += bytes;
         *done += w->nbytes();
         bar.update(int64_t(*done));
     }
@@ -272,6 +270,7 @@ void CudaQwenEngine::upload_weights() {
     if (c.o_bias) QINFER_FAIL() << "CUDA backend: o_proj biases are not supported";
     Progress bar("loading", int64_t(stored_bytes(*model_)));
     uint64_t done = 0;
+    staging_ = std::make_unique<cuda::HostStaging>();
     if (!c.tie_word_embeddings && !opt_.embedding_on_gpu) {
         // Read one row per token: the table stays in pinned host memory, read over PCIe (EngineOptions).
         embed_host_ = HostMappedBuffer(bf16_bytes({&W.embed_tokens}), "embedding");
@@ -332,6 +331,7 @@ void CudaQwenEngine::upload_weights() {
         lm_head_ = lm_head_storage_.as<bf16>();
     }
     bar.finish();
+    staging_.reset();
     repack_memo_.clear();
     inv_freq_ = DeviceBuffer(rope_.inv_freq.size() * sizeof(float), "rope");
     CUDA_CHECK(cudaMemcpy(inv_freq_.get(), rope_.inv_freq.data(), rope_.inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));

@@ -200,6 +200,8 @@ public:
 
 private:
     void upload_weights();
+    // The parts as bf16, one after another at dst (device memory or mapped host memory), through staging_.
+    void copy_bf16(const std::vector<const Weight *> & parts, void * dst, uint64_t * done, Progress & bar);
     DeviceBuffer upload(const std::vector<const Weight *> & parts, const char * what, uint64_t * done, Progress & bar);
     DevLinear upload_dense(const std::vector<const Weight *> & parts, uint64_t * done, Progress & bar);
     DevLinear upload_linear(const std::vector<const Linear *> & parts, uint64_t * done, Progress & bar);
@@ -369,6 +371,7 @@ private:
     DeviceBuffer row_picks_;            // cuda::RowPick [2 * pool_rows_]: decode rows from 0, prompt chunks from pool_rows_
     DeviceBuffer slot_tokens_;          // int [2 * pool_rows_]: tokens picked in prefill passes (PrefillSegment::pick_slot)
     DeviceBuffer pick_history_;         // int: the step's penalised rows' prompts and outputs, one after another
+    std::unique_ptr<cuda::HostStaging> staging_;  // while the weights load (upload_weights)
     cuda::HostMappedBuffer history_host_;  // their pinned staging
     cuda::HostMappedBuffer step_host_;  // pinned staging of a step: tables, decode state, picks, picked tokens
     std::map<std::tuple<int, int, bool>, cudaGraphExec_t> pool_graphs_;

@@ -145,19 +145,22 @@ std::vector<Preset> make_presets() {
                   {"temperature", 0.6}, {"top_k", 20}, {"top_p", 0.95}};
     p.push_back({"qwen3-0.6b", qwen3_config(1024, 3072, 16, 8, 128, 28, true), q3gen, "qwen3-tokenizer", 0});
     p.push_back({"qwen3-8b", qwen3_config(4096, 12288, 32, 8, 128, 36, false), q3gen, "qwen3-tokenizer", 0});
-    {
-        json c = qwen3_config(2048, 6144, 32, 4, 128, 48, false);
+    // Qwen3's MoE models: 128 experts, 8 a token, renormalised top-k, every layer sparse.
+    auto qwen3_moe = [&](const char * name, int hidden, int inter, int heads, int layers, int moe_inter) {
+        json c = qwen3_config(hidden, inter, heads, 4, 128, layers, false);
         c["architectures"] = {"Qwen3MoeForCausalLM"};
         c["model_type"] = "qwen3_moe";
         c["num_experts"] = 128;
         c["num_experts_per_tok"] = 8;
-        c["moe_intermediate_size"] = 768;
+        c["moe_intermediate_size"] = moe_inter;
         c["decoder_sparse_step"] = 1;
         c["mlp_only_layers"] = json::array();
         c["norm_topk_prob"] = true;
         c["router_aux_loss_coef"] = 0.001;
-        p.push_back({"qwen3-30b-a3b", c, q3gen, "qwen3-tokenizer", 0});
-    }
+        p.push_back({name, c, q3gen, "qwen3-tokenizer", 0});
+    };
+    qwen3_moe("qwen3-30b-a3b", 2048, 6144, 32, 48, 768);
+    qwen3_moe("qwen3-235b-a22b", 4096, 12288, 64, 94, 1536);
     json llama = {
         {"architectures", {"LlamaForCausalLM"}}, {"attention_bias", false}, {"attention_dropout", 0.0},
         {"bos_token_id", 128000}, {"eos_token_id", 128001}, {"head_dim", 128}, {"hidden_act", "silu"},
@@ -179,6 +182,9 @@ std::vector<Preset> make_presets() {
     p.push_back({"tiny-qwen2", t2, tiny_gen(), "", 0});
     // Sizes that are multiples of 64 (bitsandbytes' blocks on the CUDA backend), untied lm_head.
     p.push_back({"tiny-qwen2-k128", tiny(qwen2_config(128, 192, 4, 2, 3, 256, false, 256)), tiny_gen(), "", 0});
+    // 8 query heads over 4 KV heads (Qwen2.5-72B's 8 a group, fewer): 3 ranks take 1 / 1 / 2 groups, as 72B's 8 KV
+    // heads go 2 / 3 / 3; sizes in whole groups of 32 and 64-wide blocks as tiny-qwen2-k128.
+    p.push_back({"tiny-qwen2-kv4", tiny(qwen2_config(128, 192, 8, 4, 3, 256, false, 256)), tiny_gen(), "", 0});
     json t2u = t2;
     t2u["tie_word_embeddings"] = false;
     t2u["num_key_value_heads"] = 6;  // Qwen1.5-style MHA
@@ -213,6 +219,14 @@ std::vector<Preset> make_presets() {
     t3m.update(json{{"num_experts", 5}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 48},
                     {"decoder_sparse_step", 2}, {"mlp_only_layers", json::array()}, {"norm_topk_prob", true}});
     p.push_back({"tiny-qwen3-moe", t3m, tiny_gen(), "", 0});
+    // Qwen3-235B-A22B's shape in small: 4 KV heads (one a rank at --tp 4), 16 query heads, every layer sparse, expert
+    // sizes whole 64-wide blocks on each of 4 ranks (the quantized experts' kernel).
+    json t3m4 = tiny(qwen3_config(128, 192, 16, 4, 16, 3, false));
+    t3m4["architectures"] = {"Qwen3MoeForCausalLM"};
+    t3m4["model_type"] = "qwen3_moe";
+    t3m4.update(json{{"num_experts", 8}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 256},
+                     {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()}, {"norm_topk_prob", true}});
+    p.push_back({"tiny-qwen3-moe-kv4", t3m4, tiny_gen(), "", 0});
     return p;
 }
 

@@ -135,4 +135,10 @@ TEST(CudaPeerSum, TwoGpus) {
     run_ranks_on({0, 1});
 }
 
+TEST(CudaPeerSum, FourGpus) {
+    if (test::gpu_count() < 4) GTEST_SKIP() << "needs 4 GPUs";
+    if (!cuda::enable_peer_access(4)) GTEST_SKIP() << "GPUs 0-3 cannot all reach each other's memory";
+    run_ranks_on({0, 1, 2, 3});
+}
+
 }  // namespace

@@ -3,8 +3,9 @@
 // rounded and added in another order), for dense models (Qwen2 with KV heads split, Qwen1.5's multi-head attention,
 // Qwen3's q/k norms), MoE with a shared expert, GPTQ and AWQ weights split in their packing, act-order GPTQ (down_proj by
 // whole groups, o_proj whole over the gathered heads), quantized experts on the device; device greedy decoding and
-// continuous batching give the one GPU's tokens; --tp beyond the GPUs present is a one-line error. Skipped with fewer
-// than two GPUs.
+// continuous batching give the one GPU's tokens; --tp beyond the GPUs present is a one-line error. Three- and
+// four-rank cases (heads in uneven whole groups, KV heads shared by ranks, Qwen3 MoE with a KV head a rank) run where
+// that many GPUs are present. Skipped with fewer than two GPUs.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -153,6 +154,7 @@ struct Case {
     bool desc_act = false;
     double tol = 1e-2;
     bool same_greedy = true;  // the two engines' free-running greedy tokens are compared (see gptq4_act_moe_k64)
+    int tp = 2;
 };
 void PrintTo(const Case & c, std::ostream * os) { *os << c.name; }
 
@@ -160,8 +162,8 @@ class CudaTensorParallel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaTensorParallel, LogitsEqualOneGpu) {
     const Case & c = GetParam();
-    if (test::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
-    expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : test::synth_quant("cuda-tp-" + c.name, c.preset, c.quant, c.group, c.desc_act, 7), 2, c.tol, c.same_greedy);
+    if (test::gpu_count() < c.tp) GTEST_SKIP() << "needs " << c.tp << " GPUs";
+    expect_tp_equals_one_gpu(c.quant.empty() ? test::synth_once("cuda-tp", c.preset, 7) : test::synth_quant("cuda-tp-" + c.name, c.preset, c.quant, c.group, c.desc_act, 7), c.tp, c.tol, c.same_greedy);
 }
 
 const Case k_cases[] = {
@@ -184,20 +186,34 @@ const Case k_cases[] = {
     // to flip the tiny random model's first free-running greedy token, so only the batch's tokens, fed to both
     // engines alike, are compared for it.
     {"gptq4_act_moe_k64", "tiny-qwen2-moe-k64", "gptq-int4", 32, true, 2e-2, false},
+    // Three and four GPUs (skipped on fewer). 8 query heads over 4 KV heads on 3 ranks: 1 / 1 / 2 whole groups, so the
+    // ranks hold 2 / 2 / 4 query heads (Qwen2.5-72B's 8 KV heads go 2 / 3 / 3); on 4 ranks a group each.
+    {"qwen2_kv4_tp3", "tiny-qwen2-kv4", "", 0, false, 1e-2, true, 3},
+    {"qwen2_kv4_tp4", "tiny-qwen2-kv4", "", 0, false, 1e-2, true, 4},
+    {"gptq4_kv4_tp3", "tiny-qwen2-kv4", "gptq-int4", 32, false, 1e-2, true, 3},
+    {"gptq4_kv4_tp4", "tiny-qwen2-kv4", "gptq-int4", 32, false, 1e-2, true, 4},
+    {"qwen2_tp4", "tiny-qwen2", "", 0, false, 1e-2, true, 4},  // 2 KV heads on 4 ranks: each held by two, its 3 query heads as 1 / 2
+    // Qwen3-235B-A22B's shape in small: 4 KV heads, one a rank at --tp 4; experts split 4 ways (bf16 and GPTQ on the device)
+    {"qwen3_moe_kv4_tp4", "tiny-qwen3-moe-kv4", "", 0, false, 1e-2, true, 4},
+    {"gptq4_qwen3_moe_kv4_tp4", "tiny-qwen3-moe-kv4", "gptq-int4", 32, false, 1e-2, true, 4},
+    {"qwen3_moe_kv4_tp3", "tiny-qwen3-moe-kv4", "", 0, false, 1e-2, true, 3},
 };
 INSTANTIATE_TEST_SUITE_P(Presets, CudaTensorParallel, ::testing::ValuesIn(k_cases), [](const auto & info) { return info.param.name; });
 
-// Continuous batching over two GPUs: chunked prompts beside decoding rows give each request one GPU's tokens.
+// Continuous batching over two GPUs (and three and four where present): chunked prompts beside decoding rows give
+// each request one GPU's tokens.
 TEST(CudaTensorParallelScheduling, TokensEqualOneGpu) {
     if (test::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
-    const std::string dir = test::synth_once("cuda-tp", "tiny-qwen2", 7);
-    std::vector<std::vector<int>> runs;
-    for (int tp : {1, 2}) {
+    const std::string dir = test::synth_once("cuda-tp", "tiny-qwen2-kv4", 7);
+    std::vector<int> one;
+    for (int tp : {1, 2, 3, 4}) {
+        if (tp > test::gpu_count()) break;
         auto e = gpu_engine(dir, tp);
-        runs.push_back(test::scheduled_tokens(*e));
+        const std::vector<int> tokens = test::scheduled_tokens(*e);
+        if (tp == 1) one = tokens;
+        EXPECT_EQ(tokens.size(), 30u) << "--tp " << tp;
+        EXPECT_EQ(tokens, one) << "--tp " << tp;
     }
-    EXPECT_EQ(runs[0].size(), 30u);
-    EXPECT_EQ(runs[0], runs[1]);
 }
 
 // More ranks than GPUs: a one-line error before any weight is read.

@@ -74,6 +74,7 @@ TEST_P(TensorParallelCpu, LogitsEqualOneRank) { expect_logits_equal_one_rank(tes
 const TpCase k_tp_cases[] = {
     {"tiny-qwen2", 2}, {"tiny-qwen2", 4},  // 6 query heads on 2 KV heads: whole groups, then KV heads shared by two ranks
     {"tiny-qwen3", 2},  {"tiny-qwen2-moe", 2}, {"tiny-qwen3-moe", 2}, {"tiny-llama3", 2}, {"tiny-qwen1.5", 3},
+    {"tiny-qwen2-kv4", 3}, {"tiny-qwen3-moe-kv4", 4}, {"tiny-qwen3-moe-kv4", 3},
 };
 INSTANTIATE_TEST_SUITE_P(Presets, TensorParallelCpu, ::testing::ValuesIn(k_tp_cases), [](const auto & info) {
     std::string n = info.param.preset + "_tp" + std::to_string(info.param.tp);

@@ -56,6 +56,7 @@ TEST(TensorParallelPlan, CoversEveryHeadColumnAndRow) {
     for (int tp : {1, 2, 3, 4, 8}) check_cover("qwen2.5-7b", tp, 128, 64);
     for (int tp : {1, 2, 4}) check_cover("qwen2.5-0.5b", tp, 128, 64);
     for (int tp : {1, 2, 4}) check_cover("qwen3-30b-a3b", tp, 128, 64);
+    for (int tp : {1, 2, 4, 8}) check_cover("qwen3-235b-a22b", tp, 128, 64);
 }
 
 TEST(TensorParallelPlan, UnevenHeadsSplitByWholeGroups) {

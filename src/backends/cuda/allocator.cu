@@ -1,5 +1,6 @@
 #include "backends/cuda/allocator.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "backends/cuda/common.cuh"
@@ -102,6 +103,39 @@ HostMappedBuffer & HostMappedBuffer::operator=(HostMappedBuffer && o) noexcept {
         o.bytes_ = 0;
     }
     return *this;
+}
+
+HostStaging::HostStaging() {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (int i = 0; i < 2; i++) {
+        if (cudaHostAlloc(reinterpret_cast<void **>(&chunk_[i]), k_chunk_bytes, cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();
+            chunk_[i] = nullptr;
+            throw OutOfMemory("out of pinned host memory allocating the weights' staging buffers");
+        }
+        CUDA_CHECK(cudaEventCreateWithFlags(&drained_[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(drained_[i], stream_));
+    }
+}
+
+HostStaging::~HostStaging() {
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (int i = 0; i < 2; i++) {
+        if (chunk_[i]) cudaFreeHost(chunk_[i]);
+        if (drained_[i]) cudaEventDestroy(drained_[i]);
+    }
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+void HostStaging::copy(void * dst, size_t bytes, const std::function<void(uint8_t *, size_t, size_t)> & fill) {
+    for (size_t off = 0, i = 0; off < bytes; off += k_chunk_bytes, i ^= 1) {
+        const size_t n = std::min(k_chunk_bytes, bytes - off);
+        CUDA_CHECK(cudaEventSynchronize(drained_[i]));  // the DMA that read this chunk two steps ago is done
+        fill(chunk_[i], off, n);
+        CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t *>(dst) + off, chunk_[i], n, cudaMemcpyDefault, stream_));
+        CUDA_CHECK(cudaEventRecord(drained_[i], stream_));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void DeviceBuffer::ensure(size_t bytes, const char * what) {

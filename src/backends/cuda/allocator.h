@@ -3,8 +3,11 @@
 // allocates on its current device, and a buffer is returned to the allocator of the device it came from.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace qinfer::cuda {
@@ -70,6 +73,27 @@ private:
     void * host_ = nullptr;
     void * device_ = nullptr;
     size_t bytes_ = 0;
+};
+
+// Host data to device (or mapped host) memory through two pinned buffers on a stream of its own: producing one chunk
+// into pinned memory (a copy, or a dtype conversion) overlaps the DMA of the chunk before, and no host copy of a whole
+// tensor is made. Loading weights uses one per GPU (on the thread that drives it).
+class HostStaging {
+public:
+    HostStaging();  // on the current device
+    ~HostStaging();
+    HostStaging(const HostStaging &) = delete;
+    HostStaging & operator=(const HostStaging &) = delete;
+    // `bytes` bytes to dst: fill(chunk, offset, n) writes bytes [offset, offset + n) of the data into chunk (offset a
+    // multiple of k_chunk_bytes). Returns once dst holds them.
+    void copy(void * dst, size_t bytes, const std::function<void(uint8_t * chunk, size_t offset, size_t n)> & fill);
+
+    static constexpr size_t k_chunk_bytes = size_t(32) << 20;
+
+private:
+    uint8_t * chunk_[2] = {};
+    cudaEvent_t drained_[2] = {};  // chunk i's DMA done
+    cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace qinfer::cuda
