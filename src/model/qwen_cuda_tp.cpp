@@ -137,16 +137,19 @@ public:
         for (ncclComm_t comm : comms_) links_.push_back(std::make_unique<NcclLink>(comm, gate_));
         owned_.resize(static_cast<size_t>(local_));
         ranks_.resize(static_cast<size_t>(local_));
+        const auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+        double split_s = 0;  // rank 0's
         run_ranks([&](size_t l) {
             const int rank = rank0_ + int(l);
+            const auto s0 = std::chrono::steady_clock::now();
             std::unique_ptr<Model> shard = shard_model(*full_, plan[size_t(rank)], tp_, owned_[l], align);
             keep_act_order_o_proj_whole(*full_, *shard);
+            if (l == 0) split_s = seconds(s0, std::chrono::steady_clock::now());
             ranks_[l] = std::make_unique<CudaQwenEngine>(std::move(shard), opt, RankPlace{int(l), rank, tp_, links_[l].get()});
         }, /*quiet_followers=*/true, /*watched=*/false);
         link_peers(c);
-        const auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-        std::fprintf(stderr, "tensor parallel: weights in host memory in %.1f s, ranks connected in %.1f s, shards split, repacked and uploaded in %.1f s\n",
-                     seconds(t0, t1), seconds(t1, t2), seconds(t2, std::chrono::steady_clock::now()));
+        std::fprintf(stderr, "tensor parallel: weights in host memory in %.1f s, ranks connected in %.1f s, shards split (rank 0: %.1f s), repacked and uploaded in %.1f s\n",
+                     seconds(t0, t1), seconds(t1, t2), split_s, seconds(t2, std::chrono::steady_clock::now()));
     }
     ~CudaTpEngine() override {
         watchdog_.reset();

@@ -38,10 +38,13 @@ Weight cols(const Weight & w, int64_t c0, int64_t n, ShardBuffers & owned) {
         s.data = it->second;
         return s;
     }
-    std::vector<uint8_t> & buf = owned.copies.emplace_back(R * size_t(n) * e);
-    for (size_t r = 0; r < R; r++) std::memcpy(buf.data() + r * size_t(n) * e, static_cast<const uint8_t *>(w.data) + (r * C + size_t(c0)) * e, size_t(n) * e);
-    s.data = buf.data();
-    owned.cols_memo.emplace(key, buf.data());
+    uint8_t * buf = owned.uninitialized(R * size_t(n) * e);
+    // On the rank's threads: the copy's fresh pages are touched (faulted in) in parallel.
+    parallel_for(int64_t(R), [&](int64_t r) {
+        std::memcpy(buf + size_t(r) * size_t(n) * e, static_cast<const uint8_t *>(w.data) + (size_t(r) * C + size_t(c0)) * e, size_t(n) * e);
+    });
+    s.data = buf;
+    owned.cols_memo.emplace(key, buf);
     return s;
 }
 
@@ -150,16 +153,16 @@ Linear select_out(const Linear & l, const std::vector<int> & pick, ShardBuffers 
         if (!w.present()) return w;
         const size_t e = dtype_size(w.dtype), R = size_t(w.shape[0]), C = w.shape.size() > 1 ? size_t(w.shape[1]) : 1;
         const uint8_t * src = static_cast<const uint8_t *>(w.data);
-        std::vector<uint8_t> & buf = owned.copies.emplace_back((by_rows ? C : R) * size_t(n) * e);
+        uint8_t * buf = owned.uninitialized((by_rows ? C : R) * size_t(n) * e);
         for (size_t i = 0; i < size_t(n); i++) {
             if (by_rows) {
-                std::memcpy(buf.data() + i * C * e, src + size_t(pick[i]) * C * e, C * e);
+                std::memcpy(buf + i * C * e, src + size_t(pick[i]) * C * e, C * e);
             } else {
-                for (size_t r = 0; r < R; r++) std::memcpy(buf.data() + (r * size_t(n) + i) * e, src + (r * C + size_t(pick[i])) * e, e);
+                for (size_t r = 0; r < R; r++) std::memcpy(buf + (r * size_t(n) + i) * e, src + (r * C + size_t(pick[i])) * e, e);
             }
         }
         Weight s = w;
-        s.data = buf.data();
+        s.data = buf;
         s.shape[by_rows ? 0 : 1] = n;
         return s;
     };
@@ -178,8 +181,8 @@ Linear select_out(const Linear & l, const std::vector<int> & pick, ShardBuffers 
     // qzeros [groups, N / per_word]: fields along N.
     const int bits = l.scheme.bits, per_word = 32 / bits, groups = int(l.qzeros.shape[0]);
     const int64_t words_in = l.qzeros.shape[1];
-    std::vector<uint8_t> & buf = owned.copies.emplace_back(size_t(groups) * size_t(n / per_word) * 4);
-    uint32_t * out = reinterpret_cast<uint32_t *>(buf.data());
+    uint8_t * buf = owned.zeroed(size_t(groups) * size_t(n / per_word) * 4);
+    uint32_t * out = reinterpret_cast<uint32_t *>(buf);
     const uint32_t * z = static_cast<const uint32_t *>(l.qzeros.data);
     for (int g = 0; g < groups; g++) {
         const uint32_t * row = z + size_t(g) * size_t(words_in);
@@ -189,7 +192,7 @@ Linear select_out(const Linear & l, const std::vector<int> & pick, ShardBuffers 
         }
     }
     s.qzeros = l.qzeros;
-    s.qzeros.data = buf.data();
+    s.qzeros.data = buf;
     s.qzeros.shape[1] = n / per_word;
     return s;
 }
@@ -202,8 +205,8 @@ Linear select_in(const Linear & l, const std::vector<int> & pick, int g0, int ra
     if (rank != 0) s.bias = Weight();
     s.in_features = n;
     const int64_t N = l.qweight.shape[1];
-    std::vector<uint8_t> & buf = owned.copies.emplace_back(size_t(n / per_word) * size_t(N) * 4);
-    uint32_t * out = reinterpret_cast<uint32_t *>(buf.data());
+    uint8_t * buf = owned.zeroed(size_t(n / per_word) * size_t(N) * 4);
+    uint32_t * out = reinterpret_cast<uint32_t *>(buf);
     const uint32_t * q = static_cast<const uint32_t *>(l.qweight.data);
     parallel_for(N, [&](int64_t c) {
         for (int j = 0; j < n; j++) {
@@ -211,7 +214,7 @@ Linear select_in(const Linear & l, const std::vector<int> & pick, int g0, int ra
             out[size_t(j / per_word) * size_t(N) + size_t(c)] |= v << (bits * (j % per_word));
         }
     });
-    s.qweight.data = buf.data();
+    s.qweight.data = buf;
     s.qweight.shape[0] = n / per_word;
     s.g_idx = Weight();
     s.scales = rows(l.scales, g0, (n + G - 1) / G);

@@ -22,8 +22,11 @@ namespace qinfer {
 // copied once and the shard's layers then share them too. Copies keep their address as more are added.
 struct ShardBuffers {
     using Key = std::tuple<const void *, int64_t, int64_t, int64_t, int64_t>;  // data, rows, row bytes, first byte, bytes
-    std::vector<std::vector<uint8_t>> copies;
+    std::vector<std::unique_ptr<uint8_t[]>> copies;
     std::map<Key, const uint8_t *> cols_memo;
+    // A new copy's memory: zeroed, or left as it is for one that is written whole.
+    uint8_t * zeroed(size_t bytes) { return copies.emplace_back(std::make_unique<uint8_t[]>(bytes)).get(); }
+    uint8_t * uninitialized(size_t bytes) { return copies.emplace_back(std::make_unique_for_overwrite<uint8_t[]>(bytes)).get(); }
 };
 
 // A rank's model: its config (heads and intermediate sizes of the shard; the vocabulary stays whole) and its slices
