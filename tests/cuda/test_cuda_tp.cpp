@@ -64,19 +64,27 @@ bool greedy_steps(Engine & e, const std::vector<int> & seqs, std::vector<int> fi
     return false;
 }
 
+// The prompt of run_of's first sequence, then its four decode steps' tokens, then the first token of its greedy run.
+std::vector<int> greedy_context(int V) {
+    std::vector<int> tokens;
+    for (int i = 0; i < 40; i++) tokens.push_back((i * 37 + 11) % V);
+    for (int t : {5, 77, 3, 140, 9}) tokens.push_back(t % V);
+    return tokens;
+}
+
 Run run_of(Engine & e, const std::vector<int> * forced) {
     const int V = e.config().vocab_size;
-    std::vector<int> prompt;
-    for (int i = 0; i < 40; i++) prompt.push_back((i * 37 + 11) % V);
+    const std::vector<int> context = greedy_context(V);
+    const std::vector<int> prompt(context.begin(), context.begin() + 40);
     Run r;
     const int seq = e.new_sequence(64);
     std::vector<float> step;
     e.forward(seq, prompt, true, r.logits);
-    for (int t : {5, 77, 3, 140}) {
-        e.forward(seq, {t % V}, false, step);
+    for (size_t i = 40; i + 1 < context.size(); i++) {
+        e.forward(seq, {context[i]}, false, step);
         r.logits.insert(r.logits.end(), step.begin(), step.end());
     }
-    r.device_greedy = greedy_steps(e, {seq}, {9 % V}, 6, r.greedy);
+    r.device_greedy = greedy_steps(e, {seq}, {context.back()}, 6, r.greedy);
     e.free_sequence(seq);
     e.plan_batch(2 * k_batch, 64);
     std::vector<int> a, b;
@@ -118,6 +126,27 @@ double rel_error(const std::vector<float> & a, const std::vector<float> & b) {
     return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// The two engines' free-running greedy tokens are equal, or where they first part, the one GPU's own logits at that
+// step (greedy_context, then the tokens both chose) hold a near tie between the two choices: less than 2e-2 of the
+// row's largest logit apart, a rounding flip (logits within 1e-2 relative of each other) rather than a wrong token.
+void expect_same_greedy_or_near_tie(Engine & one_gpu, const std::vector<int> & split, const std::vector<int> & one) {
+    ASSERT_EQ(split.size(), one.size());
+    size_t d = 0;
+    while (d < split.size() && split[d] == one[d]) d++;
+    if (d == split.size()) return;
+    std::vector<int> context = greedy_context(one_gpu.config().vocab_size);
+    context.insert(context.end(), one.begin(), one.begin() + long(d));
+    const int seq = one_gpu.new_sequence(int(context.size()));
+    std::vector<float> logits;
+    one_gpu.forward(seq, context, false, logits);
+    one_gpu.free_sequence(seq);
+    float largest = 0;
+    for (float v : logits) largest = std::max(largest, std::fabs(v));
+    const double gap = std::fabs(double(logits[size_t(split[d])]) - logits[size_t(one[d])]) / std::max(largest, 1e-30f);
+    std::printf("[ tp     ] greedy tokens part at step %zu (%d against one GPU's %d): %.2e of the largest logit apart\n", d, split[d], one[d], gap);
+    EXPECT_LT(gap, 2e-2) << "greedy step " << d << ": token " << split[d] << " against one GPU's " << one[d] << " is no near tie";
+}
+
 void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2, bool same_greedy = true) {
     if (test::gpu_count() < tp) GTEST_SKIP() << "needs " << tp << " GPUs";
     Run one, split, alone;
@@ -126,11 +155,9 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2
         EXPECT_EQ(e->backend_name(), "cuda-tp" + std::to_string(tp));
         split = run_of(*e, nullptr);
     }
-    {
-        auto e = gpu_engine(dir, 1);
-        one = run_of(*e, &split.batch_greedy);
-        alone = run_of(*e, nullptr);
-    }
+    auto one_gpu = gpu_engine(dir, 1);
+    one = run_of(*one_gpu, &split.batch_greedy);
+    alone = run_of(*one_gpu, nullptr);
     EXPECT_EQ(split.device_greedy, one.device_greedy) << "one engine decoded on the device, the other did not";
     // One GPU alone: its device greedy tokens are the argmax of its own steps' logits given them.
     EXPECT_EQ(argmax_rows(alone.batch_logits, alone.batch_logits.size() / (k_batch * k_batch_steps)), alone.batch_greedy) << "one GPU";
@@ -141,9 +168,7 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2
     EXPECT_LT(err, tol) << "relative logit error of --tp " << tp << " against one GPU";
     EXPECT_LT(batch_err, tol) << "relative logit error of --tp " << tp << "'s batch steps against one GPU";
     std::printf("[ tp     ] %-40s relative logit error %.2e, batch steps %.2e\n", dir.c_str(), err, batch_err);
-    if (same_greedy) {
-        EXPECT_EQ(split.greedy, one.greedy);
-    }
+    if (same_greedy) expect_same_greedy_or_near_tie(*one_gpu, split.greedy, one.greedy);
     // The batch's greedy tokens on the device are the argmax of the same steps' logits (the same engine, same inputs).
     EXPECT_EQ(argmax_rows(split.batch_logits, split.batch_logits.size() / (k_batch * k_batch_steps)), split.batch_greedy);
 }
@@ -200,13 +225,13 @@ const Case k_cases[] = {
 };
 INSTANTIATE_TEST_SUITE_P(Presets, CudaTensorParallel, ::testing::ValuesIn(k_cases), [](const auto & info) { return info.param.name; });
 
-// Continuous batching over two GPUs (and three and four where present): chunked prompts beside decoding rows give
-// each request one GPU's tokens.
+// Continuous batching over two GPUs (and four where present: KV heads shared by two ranks): chunked prompts beside
+// decoding rows give each request one GPU's tokens.
 TEST(CudaTensorParallelScheduling, TokensEqualOneGpu) {
     if (test::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
-    const std::string dir = test::synth_once("cuda-tp", "tiny-qwen2-kv4", 7);
+    const std::string dir = test::synth_once("cuda-tp", "tiny-qwen2", 7);
     std::vector<int> one;
-    for (int tp : {1, 2, 3, 4}) {
+    for (int tp : {1, 2, 4}) {
         if (tp > test::gpu_count()) break;
         auto e = gpu_engine(dir, tp);
         const std::vector<int> tokens = test::scheduled_tokens(*e);
