@@ -291,7 +291,10 @@ private:
     // is also aborted by the watchdog: on NCCL's asynchronous errors (a node whose process went away, a broken
     // connection) or past QINFER_TP_TIMEOUT.
     void run_ranks(const std::function<void(size_t)> & fn, bool quiet_followers = false, bool watched = true) {
-        if (broken_) QINFER_FAIL() << "tensor parallel: the engine stopped after a rank failed" << (abort_reason_.empty() ? "" : ": " + abort_reason_);
+        if (broken_) {
+            const std::string & why = abort_reason_.empty() ? first_failure_ : abort_reason_;
+            QINFER_FAIL() << "tensor parallel: the engine stopped after a rank failed" << (why.empty() ? "" : ": " + why);
+        }
         if (watched) watchdog_->begin("a call of the ranks", timeout_s_, "QINFER_TP_TIMEOUT");
         try {
             workers_.run_all(
@@ -302,6 +305,11 @@ private:
                     Progress::quiet_on_this_thread(false);
                 },
                 [&] { abort_comms(""); });
+        } catch (const std::exception & e) {
+            watchdog_->end();
+            if (first_failure_.empty()) first_failure_ = e.what();  // a caller that catches it (bench's out-of-memory probes) leaves it unseen
+            fail_if_aborted();
+            throw;
         } catch (...) {
             watchdog_->end();
             fail_if_aborted();
@@ -367,6 +375,7 @@ private:
     const int local_;   // ranks (GPUs 0..local_ - 1) of this node
     const int rank0_;   // this node's first rank
     std::unique_ptr<Model> full_;
+    std::string first_failure_;  // the first rank failure's message, said again by every later call
     std::vector<ShardBuffers> owned_;  // per rank: column slices of its weights
     std::vector<ncclComm_t> comms_;
     CommGate gate_;

@@ -25,6 +25,11 @@ void * DeviceAllocator::alloc(size_t bytes, const char * what) {
     if (bytes == 0) return nullptr;
     void * p = nullptr;
     cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess && err != cudaErrorMemoryAllocation) {
+        // A sticky error of an earlier kernel (an illegal address) fails every allocation after it: not out of memory.
+        QINFER_FAIL() << "CUDA error " << cudaGetErrorName(err) << " allocating " << double(bytes) / 1e9 << " GB for " << what << ": "
+                      << cudaGetErrorString(err);
+    }
     if (err != cudaSuccess) {
         cudaGetLastError();
         size_t free_b = 0, total_b = 0;
