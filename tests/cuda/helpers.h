@@ -169,12 +169,13 @@ inline std::vector<cuda::PrefillKernel> prefill_kernels(int head_dim) {
     return {cuda::PrefillKernel::Tiled};
 }
 
-// The decode attention kernels that take this cache and head_dim: the SIMT one always, the tensor-core one at 64 and
-// 128, its tensor-copy form where cuda::decode_tma_applies.
-inline std::vector<cuda::DecodeKernel> decode_kernels(int head_dim, const cuda::KVLayer & cache) {
-    std::vector<cuda::DecodeKernel> kernels{cuda::DecodeKernel::Simt};
+// The decode attention kernels that take this cache, head_dim and GQA group (n_rep query heads a KV head): the SIMT
+// one up to 8 a group, the tensor-core one at 64 and 128, its tensor-copy form where cuda::decode_tma_applies.
+inline std::vector<cuda::DecodeKernel> decode_kernels(int head_dim, const cuda::KVLayer & cache, int n_rep = 1) {
+    std::vector<cuda::DecodeKernel> kernels;
+    if (n_rep <= 8) kernels.push_back(cuda::DecodeKernel::Simt);
     if (head_dim == 64 || head_dim == 128) kernels.push_back(cuda::DecodeKernel::TensorCore);
-    if (cuda::decode_tma_applies(cache, head_dim)) kernels.push_back(cuda::DecodeKernel::TensorCoreTma);
+    if (cuda::decode_tma_applies(cache, head_dim, n_rep)) kernels.push_back(cuda::DecodeKernel::TensorCoreTma);
     return kernels;
 }
 inline const char * decode_kernel_name(cuda::DecodeKernel kernel) {
@@ -197,9 +198,9 @@ struct DecodeCase {
         cuda::reset_decode_early_kv();
     }
 };
-inline std::vector<DecodeCase> decode_cases(int head_dim, const cuda::KVLayer & cache) {
+inline std::vector<DecodeCase> decode_cases(int head_dim, const cuda::KVLayer & cache, int n_rep = 1) {
     std::vector<DecodeCase> cases;
-    for (cuda::DecodeKernel kernel : decode_kernels(head_dim, cache)) {
+    for (cuda::DecodeKernel kernel : decode_kernels(head_dim, cache, n_rep)) {
         cases.push_back({kernel, false});
         if (kernel != cuda::DecodeKernel::Simt) cases.push_back({kernel, true});
     }

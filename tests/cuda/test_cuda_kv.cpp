@@ -123,7 +123,7 @@ TEST_P(QuantAttention, PrefillAndDecodeMatchCpu) {
     std::vector<float> want(size_t(n_head) * d), want16(size_t(n_head) * d);
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row16, v_row16, want16.data());
-    for (const DecodeCase & c : decode_cases(d, cache.layer())) {
+    for (const DecodeCase & c : decode_cases(d, cache.layer(), n_rep)) {
         cudaMemset(dout.get(), 0xff, dout.bytes());
         c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, c.kernel); });
         // The tensor-copy kernel of int8 and fp8 caches (attention_decode_q8.cu) multiplies the codes as they are (exact
@@ -225,6 +225,10 @@ INSTANTIATE_TEST_SUITE_P(Kinds, QuantAttention,
 INSTANTIATE_TEST_SUITE_P(LongContext, QuantAttention,
                          ::testing::Combine(::testing::Values(KVDType::FP8, KVDType::INT8, KVDType::INT4), ::testing::Values(129024),
                                             ::testing::Values(128), ::testing::Values(7)));
+// 16 query heads a KV head: the tensor-core kernel (cp.async, codes dequantized in shared memory) with both rows.
+INSTANTIATE_TEST_SUITE_P(WideGroups, QuantAttention,
+                         ::testing::Combine(::testing::Values(KVDType::FP8, KVDType::INT8, KVDType::INT4), ::testing::Values(17, 4097),
+                                            ::testing::Values(128), ::testing::Values(16)));
 INSTANTIATE_TEST_SUITE_P(TinyHeads, QuantAttention,
                          ::testing::Combine(::testing::Values(KVDType::FP8, KVDType::INT8, KVDType::INT4), ::testing::Values(70),
                                             ::testing::Values(16, 32), ::testing::Values(3)));

@@ -289,7 +289,7 @@ TEST_P(Attention, PrefillAndDecodeMatchCpu) {
     cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
     std::vector<float> want(size_t(n_head) * d);
     cpu::attention(q.data(), 1, len - 1, n_head, n_kv, d, k_row, v_row, want.data());
-    for (const DecodeCase & c : decode_cases(d, cache.layer())) {
+    for (const DecodeCase & c : decode_cases(d, cache.layer(), n_rep)) {
         cudaMemset(dout.get(), 0xff, dout.bytes());
         c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, 1, c.kernel); });
         EXPECT_LT(rel_err(download_bf16(dout, want.size()), want), 2e-2)
@@ -337,6 +337,9 @@ INSTANTIATE_TEST_SUITE_P(Lengths, Attention,
 INSTANTIATE_TEST_SUITE_P(LongContext, Attention, ::testing::Combine(::testing::Values(129024), ::testing::Values(128), ::testing::Values(7)));
 INSTANTIATE_TEST_SUITE_P(TinyHeads, Attention,
                          ::testing::Combine(::testing::Values(1, 70), ::testing::Values(16, 24), ::testing::Values(3)));
+// More than 8 query heads a KV head (Qwen3-235B-A22B: 16): both rows of each lane in the tensor-core decode kernels.
+INSTANTIATE_TEST_SUITE_P(WideGroups, Attention,
+                         ::testing::Combine(::testing::Values(1, 70, 4097), ::testing::Values(64, 128), ::testing::Values(12, 16)));
 
 // Chunks of several sequences in one cache layer, each over its own block table: attention_prefill_pieces equals
 // each chunk's attention_prefill exactly and the CPU's attention within bf16; beyond k_prefill_pieces the pieces
@@ -678,7 +681,7 @@ struct BatchCache {
 TEST(CudaOps, AttentionDecodeBatch) {
     REQUIRE_GPU();
     for (int d : {64, 128}) {
-        for (int n_rep : {1, 7}) {
+        for (int n_rep : {1, 7, 16}) {
             for (bool one_split : {false, true}) {
                 const int n_kv = 2, n_head = n_kv * n_rep;
                 BatchCache cache(one_split ? std::vector<int>{1, 257, 70, k_decode_max_split_keys, 17} : std::vector<int>{1, 257, 70, 4097, 17}, n_kv, d);
@@ -694,7 +697,7 @@ TEST(CudaOps, AttentionDecodeBatch) {
                 const int splits = one_split ? 1 : cuda::decode_splits(4097, n_kv, d, B);
                 DeviceBuffer po(size_t(B) * n_head * splits * d * 4, "test"), pml(size_t(B) * n_head * splits * 2 * 4, "test");
                 cuda::DecodeScratch scratch{po.as<float>(), pml.as<float>(), splits};
-                for (const DecodeCase & c : decode_cases(d, cache.layer())) {
+                for (const DecodeCase & c : decode_cases(d, cache.layer(), n_rep)) {
                     cudaMemset(dout.get(), 0xff, dout.bytes());
                     c.run([&] { cuda::attention_decode(dq.as<bf16>(), cache.layer(), dlen.as<int>(), n_head, n_kv, d, scratch, dout.as<bf16>(), nullptr, B, c.kernel); });
                     const std::vector<float> got = download_bf16(dout, q.size());

@@ -512,13 +512,18 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
                       const DecodeScratch & scratch, bf16 * out, cudaStream_t stream, int batch, DecodeKernel kernel,
                       bool short_context) {
     if (batch < 1 || batch > 65535) QINFER_FAIL() << "attention_decode: batch " << batch;
-    if (n_head / n_kv > k_max_rep) QINFER_FAIL() << "attention_decode: " << n_head / n_kv << " query heads per KV head (max " << k_max_rep << ")";
+    const int n_rep = n_head / n_kv;
+    if (n_rep > k_max_rep_tc) QINFER_FAIL() << "attention_decode: " << n_rep << " query heads per KV head (max " << k_max_rep_tc << ")";
     if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, 16};
     dim3 grid(scratch.max_splits, n_kv, batch);
     if (kernel == DecodeKernel::Auto) {
         kernel = head_dim == 64 || head_dim == 128 ? DecodeKernel::TensorCore : DecodeKernel::Simt;
-        if (kernel == DecodeKernel::TensorCore && decode_tma_applies(cache, head_dim)) kernel = DecodeKernel::TensorCoreTma;
+        if (kernel == DecodeKernel::TensorCore && decode_tma_applies(cache, head_dim, n_rep)) kernel = DecodeKernel::TensorCoreTma;
+    }
+    if (kernel == DecodeKernel::Simt && n_rep > k_max_rep) {
+        QINFER_FAIL() << "attention_decode: " << n_rep << " query heads per KV head need the tensor-core kernel (head_dim 64 or 128; the SIMT one takes "
+                      << k_max_rep << ")";
     }
     if (kernel == DecodeKernel::TensorCore || kernel == DecodeKernel::TensorCoreTma) {
         a.early_kv = decode_early_kv_on;

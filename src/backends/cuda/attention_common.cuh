@@ -241,7 +241,8 @@ template <int D, KVKind K, int THREADS, int KEYS, bool SWIZZLE = false, int STAG
 
 constexpr int k_decode_threads = 128;
 constexpr int k_decode_warps = k_decode_threads / 32;
-constexpr int k_max_rep = 8;  // query heads per KV head (7 for Qwen2.5-7B, 8 for 3B/72B and Qwen3-30B-A3B)
+constexpr int k_max_rep = 8;      // query heads per KV head, SIMT kernel (7 for Qwen2.5-7B, 8 for 3B/72B and Qwen3-30B-A3B)
+constexpr int k_max_rep_tc = 16;  // the tensor-core kernels: the 16 rows of an mma tile (16 for Qwen3-235B-A22B)
 
 struct DecodeArgs {
     const bf16 * q;  // [batch, n_head, d]

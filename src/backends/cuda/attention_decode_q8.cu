@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(k_decode_threads)
         o[dt][1] = (o[dt][1] - z_sum) * v_scale;
     }
     // o[dt][e] of lane (g, tq) is dim 16 (2 tq + e) + dt.
-    merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, [](int dt, int e) { return 16 * (2 * int(threadIdx.x % 4) + e) + dt; });
+    merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, -INFINITY, 0.f, [](int dt, int e) { return 16 * (2 * int(threadIdx.x % 4) + e) + dt; });
 #else
     __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)
 #endif

@@ -1,7 +1,8 @@
 // Decode attention on tensor cores (flash-decoding with GQA packing), for head_dim 64 and 128.
 //
-// grid (max_splits, n_kv, batch), 4 warps per block. The n_rep query heads sharing KV head h are the rows of one
-// m16n8k16 tile (padded to 16 with zeros), so a key is read once for all of them and multiplied on tensor cores. The
+// grid (max_splits, n_kv, batch), 4 warps per block. The n_rep query heads sharing KV head h (up to 16: Qwen3-235B-A22B's
+// 64 over 4) are the rows of one m16n8k16 tile (padded to 16 with zeros), so a key is read once for all of them and
+// multiplied on tensor cores; each lane keeps the softmax state of its rows g and, past 8 heads, g + 8. The
 // split's keys stream through shared memory 64 at a time in STAGES resident tiles; warp w takes keys [16w, 16w + 16)
 // of each tile: S = Q K^T (two n-tiles), online softmax per row in the log2 domain, O += P V with V fragments from
 // ldmatrix.trans (the prefill kernel's fragments, attention.cu). The warps' (m, l, O) merge through shared memory into
@@ -40,14 +41,39 @@ struct SwizzledTile {  // panels of 64 columns, 128-byte swizzle (wgmma.cuh); th
 };
 #endif
 
+// The online softmax of one row (m in the log2 domain, l this lane's partial sum) over the warp's 16 keys, whose
+// scaled scores this lane holds as x0, x1 (keys 2 tq, 2 tq + 1) and y0, y1 (keys 8 + 2 tq, 8 + 2 tq + 1), all -inf
+// where masked; rescales this row's part of O (o[dt][e0], o[dt][e0 + 1]) when its maximum moves (alpha is otherwise
+// exactly 1, so the result is the same bit for bit: 32 of the int8 kernel's ~430 instructions per warp and tile,
+// kernels 0.1-1.1% faster on an H100, bench/results/2026-11-27-h100-lazy-fold) and returns the row's probabilities
+// packed as the two A-fragment registers of P (keys 2 tq.. and 8 + 2 tq..).
+template <int D>
+__device__ __forceinline__ uint2 softmax_row(float x0, float x1, float y0, float y1, float (&o)[D / 8][4], int e0, float & m, float & l) {
+    const float mx = quad_max(fmaxf(fmaxf(x0, x1), fmaxf(y0, y1)));
+    const float new_m = fmaxf(m, mx);
+    const float ref = new_m == -INFINITY ? 0.f : new_m;  // a row with no key yet keeps exp2 finite
+    if (__any_sync(0xffffffffu, new_m != m)) {
+        const float alpha = exp2f(m - ref);
+        l *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; dt++) {
+            o[dt][e0] *= alpha;
+            o[dt][e0 + 1] *= alpha;
+        }
+    }
+    m = new_m;
+    const float p00 = exp2f(x0 - ref), p01 = exp2f(x1 - ref), p10 = exp2f(y0 - ref), p11 = exp2f(y1 - ref);
+    l += p00 + p01 + p10 + p11;
+    return make_uint2(pack_bf16(p00, p01), pack_bf16(p10, p11));
+}
+
 // This warp's 16 keys of one tile (K at ks, V at vs, layout Tile), the first one `key0`; keys from `end` on are masked.
-// S = Q K^T, the online softmax of row g (m0, l0 in the log2 domain, l0 this lane's partial sum), O += P V.
-// O and l0 are rescaled only when some row of the warp has a new maximum (alpha is otherwise exactly 1, so the result
-// is the same bit for bit): 32 of the int8 kernel's ~430 instructions per warp and tile, kernels 0.1-1.1% faster on an
-// H100 (bench/results/2026-11-27-h100-lazy-fold).
+// S = Q K^T, the online softmax of row g (m0, l0) and, where more than 8 query heads share the KV head (two_rows),
+// of row g + 8 (m1, l1); O += P V. Without two_rows row g + 8 of P is zero and its state is never touched.
 template <int D, class Tile>
 __device__ __forceinline__ void attend_tile(const unsigned char * ks, const unsigned char * vs, const uint32_t (&qf)[D / 16][4], int key0, int end,
-                                            float scale_log2, float (&o)[D / 8][4], float & m0, float & l0) {
+                                            float scale_log2, float (&o)[D / 8][4], float & m0, float & l0, float & m1, float & l1,
+                                            bool two_rows) {
     const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4, kw = threadIdx.x / 32 * 16;
     float s[2][4];
 #pragma unroll
@@ -61,33 +87,21 @@ __device__ __forceinline__ void attend_tile(const unsigned char * ks, const unsi
                       *reinterpret_cast<const uint32_t *>(kr + Tile::at(row, 2 * kc + 1)));
         }
     }
-    float mx = -INFINITY;
+    // s[nt][e] is row g's score of key 8 nt + 2 tq + e, s[nt][2 + e] row g + 8's.
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) {
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            const int key = key0 + nt * 8 + 2 * tq + e;
-            s[nt][e] = key < end ? s[nt][e] * scale_log2 : -INFINITY;
-            mx = fmaxf(mx, s[nt][e]);
+            const bool in = key0 + nt * 8 + 2 * tq + e < end;
+            s[nt][e] = in ? s[nt][e] * scale_log2 : -INFINITY;
+            s[nt][2 + e] = in ? s[nt][2 + e] * scale_log2 : -INFINITY;
         }
     }
-    mx = quad_max(mx);
-    const float new_m = fmaxf(m0, mx);
-    const float ref = new_m == -INFINITY ? 0.f : new_m;  // a row with no key yet keeps exp2 finite
-    if (__any_sync(0xffffffffu, new_m != m0)) {
-        const float alpha = exp2f(m0 - ref);
-        l0 *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) {
-            o[dt][0] *= alpha;
-            o[dt][1] *= alpha;
-        }
-    }
-    m0 = new_m;
-    // P as one A fragment over the warp's 16 keys: row g in registers 0 and 2, the padding row g + 8 zero.
-    const float p00 = exp2f(s[0][0] - ref), p01 = exp2f(s[0][1] - ref), p10 = exp2f(s[1][0] - ref), p11 = exp2f(s[1][1] - ref);
-    l0 += p00 + p01 + p10 + p11;
-    const uint32_t pf[4] = {pack_bf16(p00, p01), 0u, pack_bf16(p10, p11), 0u};
+    // P as one A fragment over the warp's 16 keys: row g in registers 0 and 2, row g + 8 in 1 and 3.
+    const uint2 p0 = softmax_row<D>(s[0][0], s[0][1], s[1][0], s[1][1], o, 0, m0, l0);
+    uint2 p1 = make_uint2(0u, 0u);
+    if (two_rows) p1 = softmax_row<D>(s[0][2], s[0][3], s[1][2], s[1][3], o, 2, m1, l1);
+    const uint32_t pf[4] = {p0.x, p1.x, p0.y, p1.y};
     const uint32_t v_base = uint32_t(__cvta_generic_to_shared(vs));
 #pragma unroll
     for (int dt = 0; dt < D / 8; dt++) {
@@ -98,8 +112,7 @@ __device__ __forceinline__ void attend_tile(const unsigned char * ks, const unsi
     }
 }
 
-// Q fragments (A operand) of KV head kvh's query heads: row r is query head kvh * n_rep + r; rows n_rep..15 are zero
-// (row g + 8 always is).
+// Q fragments (A operand) of KV head kvh's query heads: row r is query head kvh * n_rep + r; rows n_rep..15 are zero.
 template <int D> __device__ __forceinline__ void load_q_fragments(const DecodeArgs & a, int b, int kvh, uint32_t (&qf)[D / 16][4]) {
     const int n_rep = a.n_head / a.n_kv, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const bf16 * q = a.q + (int64_t(b) * a.n_head + int64_t(kvh) * n_rep) * D;
@@ -107,9 +120,9 @@ template <int D> __device__ __forceinline__ void load_q_fragments(const DecodeAr
     for (int kc = 0; kc < D / 16; kc++) {
         const int c0 = kc * 16 + 2 * tq, c1 = c0 + 8;
         qf[kc][0] = g < n_rep ? load_pair(q + g * D + c0) : 0u;
-        qf[kc][1] = 0u;
+        qf[kc][1] = g + 8 < n_rep ? load_pair(q + (g + 8) * D + c0) : 0u;
         qf[kc][2] = g < n_rep ? load_pair(q + g * D + c1) : 0u;
-        qf[kc][3] = 0u;
+        qf[kc][3] = g + 8 < n_rep ? load_pair(q + (g + 8) * D + c1) : 0u;
     }
 }
 
@@ -142,17 +155,18 @@ template <int D, KVKind K, int STAGES> __global__ void __launch_bounds__(k_decod
 
     const float scale_log2 = a.scale * float(M_LOG2E);
     float o[D / 8][4] = {};
-    float m0 = -INFINITY, l0 = 0;  // row g; row g + 8 is padding and never read
+    float m0 = -INFINITY, l0 = 0, m1 = -INFINITY, l1 = 0;  // rows g and g + 8 (used where n_rep > 8)
+    const bool two_rows = a.n_head / a.n_kv > 8;
     // Tiles 0 .. STAGES - 2 first; tile t + STAGES - 1 goes into the stage tile t - 1 left (free after its barrier).
     for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
         if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
         const bf16 * ks = Pipe::ready(smem_raw, a.cache, t, min(STAGES - 1, n_tiles - 1 - t)), * vs = ks + Pipe::tile_elems;
         attend_tile<D, PaddedTile<D>>(reinterpret_cast<const unsigned char *>(ks), reinterpret_cast<const unsigned char *>(vs), qf,
-                                      begin + t * k_tile + threadIdx.x / 32 * 16, end, scale_log2, o, m0, l0);
+                                      begin + t * k_tile + threadIdx.x / 32 * 16, end, scale_log2, o, m0, l0, m1, l1, two_rows);
         __syncthreads();  // the tile (and its stage) are overwritten next
     }
-    merge_warps<D>(smem_raw, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
+    merge_warps<D>(smem_raw, a, b, kvh, split_id, o, m0, l0, m1, l1, MmaColumns{});
 }
 
 template <int D, int STAGES> struct TmaDecodeSmem {
@@ -206,7 +220,8 @@ __global__ void __launch_bounds__(k_decode_threads)
 
     const float scale_log2 = a.scale * float(M_LOG2E);
     float o[D / 8][4] = {};
-    float m0 = -INFINITY, l0 = 0;
+    float m0 = -INFINITY, l0 = 0, m1 = -INFINITY, l1 = 0;
+    const bool two_rows = a.n_head / a.n_kv > 8;
     for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
         if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
@@ -223,10 +238,10 @@ __global__ void __launch_bounds__(k_decode_threads)
             }
             __syncthreads();
         }
-        attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0);
+        attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0, m1, l1, two_rows);
         __syncthreads();  // the stage is refilled next
     }
-    merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, MmaColumns{});
+    merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, m1, l1, MmaColumns{});
 #else
     __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)
 #endif
@@ -256,15 +271,16 @@ template <int D, int STAGES> bool launch_tma(DecodeArgs a, dim3 grid, cudaStream
 
 }  // namespace
 
-bool decode_tma_applies(const KVLayer & cache, int head_dim) {
+bool decode_tma_applies(const KVLayer & cache, int head_dim, int n_rep) {
     const int bs = cache.block_size;
     const bool pages = prefill_wgmma_available(head_dim) && cache.rows > 0 && cache.rows <= INT32_MAX && bs >= k_copy_rows && bs % k_copy_rows == 0;
-    if (cache.quant.kind == KVKind::BF16) return pages;
-    return pages && (cache.quant.kind == KVKind::INT8 || cache.quant.kind == KVKind::FP8) && head_dim == 128;  // attention_decode_q8.cu
+    if (cache.quant.kind == KVKind::BF16) return pages && n_rep <= k_max_rep_tc;
+    // attention_decode_q8.cu: head_dim 128, up to 8 query heads a KV head
+    return pages && (cache.quant.kind == KVKind::INT8 || cache.quant.kind == KVKind::FP8) && head_dim == 128 && n_rep <= k_max_rep;
 }
 
 bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
-    if (a.n_head / a.n_kv > 8 || (head_dim != 64 && head_dim != 128)) return false;
+    if (a.n_head / a.n_kv > k_max_rep_tc || (head_dim != 64 && head_dim != 128)) return false;
     const bool three = decode_tc_stages(head_dim) == 3;
     for_kv_kind(a.cache.quant.kind, [&](auto kind) {
         constexpr KVKind K = decltype(kind)::value;
@@ -275,7 +291,7 @@ bool launch_attention_decode_tc(const DecodeArgs & a, int head_dim, dim3 grid, c
 }
 
 bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, cudaStream_t stream) {
-    if (a.n_head / a.n_kv > 8 || !decode_tma_applies(a.cache, head_dim)) return false;
+    if (!decode_tma_applies(a.cache, head_dim, a.n_head / a.n_kv)) return false;
     if (a.cache.quant.kind != KVKind::BF16) return launch_attention_decode_q8(a, grid, stream);
     const bool three = decode_tc_stages(head_dim) == 3;
     if (head_dim == 64) return three ? launch_tma<64, 3>(a, grid, stream) : launch_tma<64, 2>(a, grid, stream);

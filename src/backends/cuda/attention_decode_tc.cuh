@@ -68,25 +68,32 @@ __device__ __forceinline__ int request_early_tiles(const DecodeArgs & a, const D
 }
 
 // After the last tile (its shared memory free, every warp past the barrier): the warps' (m, l, O) of each row merged
-// into the split's partial result; col(dt, e) is the column of this lane's o[dt][e].
+// into the split's partial result; col(dt, e) is the column of this lane's o[dt][e]. A lane holds rows g (m0, l0,
+// o[dt][0..1]) and g + 8 (m1, l1, o[dt][2..3]; only where more than 8 query heads share the KV head).
 template <int D, class Col>
 __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeArgs & a, int b, int kvh, int split_id, const float (&o)[D / 8][4],
-                                            float m0, float l0, Col col) {
+                                            float m0, float l0, float m1, float l1, Col col) {
+    constexpr int R = k_max_rep_tc;
     const int n_rep = a.n_head / a.n_kv, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    float * wm = reinterpret_cast<float *>(smem);  // [warps][8]
-    float * wl = wm + k_decode_warps * 8;          // [warps][8]
-    float * wo = wl + k_decode_warps * 8;          // [warps][8][D]
-    if (g < n_rep) {
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float * wm = reinterpret_cast<float *>(smem);  // [warps][R]
+    float * wl = wm + k_decode_warps * R;          // [warps][R]
+    float * wo = wl + k_decode_warps * R;          // [warps][R][D]
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        if (r >= n_rep) continue;
         if (tq == 0) {
-            wm[warp * 8 + g] = m0;
-            wl[warp * 8 + g] = l0;
+            wm[warp * R + r] = h ? m1 : m0;
+            wl[warp * R + r] = h ? l1 : l0;
         }
 #pragma unroll
         for (int dt = 0; dt < D / 8; dt++) {
-            wo[(warp * 8 + g) * D + col(dt, 0)] = o[dt][0];
-            wo[(warp * 8 + g) * D + col(dt, 1)] = o[dt][1];
+            wo[(warp * R + r) * D + col(dt, 0)] = o[dt][2 * h];
+            wo[(warp * R + r) * D + col(dt, 1)] = o[dt][2 * h + 1];
         }
     }
     __syncthreads();
@@ -94,13 +101,13 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
         const int r = i / D, c = i % D;
         float mx = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < k_decode_warps; w++) mx = fmaxf(mx, wm[w * 8 + r]);
+        for (int w = 0; w < k_decode_warps; w++) mx = fmaxf(mx, wm[w * R + r]);
         float lsum = 0, osum = 0;
 #pragma unroll
         for (int w = 0; w < k_decode_warps; w++) {
-            const float cw = wm[w * 8 + r] == -INFINITY ? 0.f : exp2f(wm[w * 8 + r] - mx);
-            lsum += wl[w * 8 + r] * cw;
-            osum += wo[(w * 8 + r) * D + c] * cw;
+            const float cw = wm[w * R + r] == -INFINITY ? 0.f : exp2f(wm[w * R + r] - mx);
+            lsum += wl[w * R + r] * cw;
+            osum += wo[(w * R + r) * D + c] * cw;
         }
         if (a.out) {  // the only split: the combine's result (weight e^0 = 1) written here
             a.out[(int64_t(b) * a.n_head + kvh * n_rep + r) * D + c] = __float2bfloat16(osum / lsum);
@@ -115,6 +122,6 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
     }
 }
 
-constexpr size_t k_merge_bytes(int d) { return (2 * k_decode_warps * 8 + k_decode_warps * 8 * size_t(d)) * sizeof(float); }
+constexpr size_t k_merge_bytes(int d) { return (2 * k_decode_warps * k_max_rep_tc + k_decode_warps * k_max_rep_tc * size_t(d)) * sizeof(float); }
 
 }  // namespace qinfer::cuda::decode_tc

@@ -259,10 +259,11 @@ int decode_splits(int max_len, int n_kv, int head_dim, int batch = 1);
 // kernel where it applies (2-2.4x faster on an H100, perf-log). TensorCoreTma: the tensor-core kernel with its K/V
 // tiles brought by the tensor copy engine, where decode_tma_applies (the default there).
 enum class DecodeKernel { Auto, Simt, TensorCore, TensorCoreTma };
-// Whether the tensor-copy decode kernel takes this cache: a bf16 cache (head_dim 64 or 128) or an int8 or fp8 one
-// (head_dim 128) with its rows known (KVLayer::rows), block size a multiple of 16, on an sm_90a build running on a compute
-// capability 9.0 device.
-bool decode_tma_applies(const KVLayer & cache, int head_dim);
+// Whether the tensor-copy decode kernel takes this cache and GQA group: a bf16 cache (head_dim 64 or 128, up to 16
+// query heads a KV head) or an int8 or fp8 one (head_dim 128, up to 8) with its rows known (KVLayer::rows), block size
+// a multiple of 16, on an sm_90a build running on a compute capability 9.0 device. The SIMT kernel takes up to 8 query
+// heads a KV head, the tensor-core ones up to 16.
+bool decode_tma_applies(const KVLayer & cache, int head_dim, int n_rep = 1);
 // The tensor-core kernel requests the block table and its first tiles of keys before the new key's (the ones written
 // by earlier steps) ahead of pdl_wait, so they overlap the end of the kernel ahead under programmatic dependent launch
 // (attention_decode_tc.cu). On by default; tests turn it off to check both orders; reset_decode_early_kv puts it
