@@ -175,12 +175,13 @@ public:
     const ModelConfig & config() const override { return full_->config; }
     std::string backend_name() const override { return "cuda-tp" + std::to_string(tp_); }
 
+    // Allocations only, no collective: a rank out of memory leaves the engine usable (bench --max-batch probes so).
     void plan_batch(int n_sequences, int max_tokens) override {
-        run_ranks([&](size_t r) { ranks_[r]->plan_batch(n_sequences, max_tokens); });
+        run_ranks([&](size_t r) { ranks_[r]->plan_batch(n_sequences, max_tokens); }, false, true, /*collectives=*/false);
     }
     uint64_t reserve_batch(int n_sequences, int max_tokens, int prompt_tokens) override {
         std::vector<uint64_t> bytes(static_cast<size_t>(local_));
-        run_ranks([&](size_t r) { bytes[r] = ranks_[r]->reserve_batch(n_sequences, max_tokens, prompt_tokens); });
+        run_ranks([&](size_t r) { bytes[r] = ranks_[r]->reserve_batch(n_sequences, max_tokens, prompt_tokens); }, false, true, /*collectives=*/false);
         return std::accumulate(bytes.begin(), bytes.end(), uint64_t(0));
     }
     int new_sequence(int max_tokens) override {
@@ -286,11 +287,12 @@ private:
         return comms;
     }
 
-    // fn(r) on every rank, each on its own thread with its GPU current. A failing rank aborts the communicators, so
-    // that ranks waiting in a collective for it return instead of hanging; the engine is then unusable. A watched call
-    // is also aborted by the watchdog: on NCCL's asynchronous errors (a node whose process went away, a broken
-    // connection) or past QINFER_TP_TIMEOUT.
-    void run_ranks(const std::function<void(size_t)> & fn, bool quiet_followers = false, bool watched = true) {
+    // fn(r) on every rank, each on its own thread with its GPU current. Where fn makes collectives, a failing rank
+    // aborts the communicators, so that ranks waiting in a collective for it return instead of hanging; the engine is
+    // then unusable. Without collectives (allocations) the first failure is rethrown once every rank has returned and
+    // the engine goes on. A watched call is also aborted by the watchdog: on NCCL's asynchronous errors (a node whose
+    // process went away, a broken connection) or past QINFER_TP_TIMEOUT.
+    void run_ranks(const std::function<void(size_t)> & fn, bool quiet_followers = false, bool watched = true, bool collectives = true) {
         if (broken_) {
             const std::string & why = abort_reason_.empty() ? first_failure_ : abort_reason_;
             QINFER_FAIL() << "tensor parallel: the engine stopped after a rank failed" << (why.empty() ? "" : ": " + why);
@@ -304,10 +306,12 @@ private:
                     fn(r);
                     Progress::quiet_on_this_thread(false);
                 },
-                [&] { abort_comms(""); });
+                [&] {
+                    if (collectives) abort_comms("");
+                });
         } catch (const std::exception & e) {
             watchdog_->end();
-            if (first_failure_.empty()) first_failure_ = e.what();  // a caller that catches it (bench's out-of-memory probes) leaves it unseen
+            if (broken_ && first_failure_.empty()) first_failure_ = e.what();  // a caller that catches it (bench's warm-up) leaves it unseen
             fail_if_aborted();
             throw;
         } catch (...) {
