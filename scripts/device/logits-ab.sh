@@ -7,9 +7,12 @@
 # and the relative L2 difference of the two [tokens, vocab] arrays, and whether each row's argmax agrees. A preset
 # written preset@quant (e.g. qwen1.5-moe-a2.7b@gptq-int4) is synthesized in that format. A setting written --opt=value
 # is an option of `qinfer logits` instead (e.g. --tp=1 against --tp=3: the ranks' split against the whole model).
-# setting_env / setting_opt SETTING: the environment variable to set (a harmless one for an option), the option's words.
-setting_env() { [[ "$1" == --* ]] && echo "QINFER_LOGITS_AB=1" || echo "$1"; }
-setting_opt() { [[ "$1" == --* ]] && echo "${1%%=*} ${1#*=}"; }
+# logits_with SETTING OUT: `qinfer logits` of the spec's prompt to OUT under SETTING (an environment variable or an option).
+logits_with() {
+    local vars=() opts=()
+    if [[ "$1" == --* ]]; then opts=("${1%%=*}" "${1#*=}"); else vars=("$1"); fi
+    env "${vars[@]}" "$Q" logits --model "$dir" --tokens "$toks" --out "$2" "${opts[@]}" 2>&1 | grep -iE "error" | tee -a "$OUT/logits-ab.log"
+}
 for spec in ${LOGITS_AB_SPECS:-qwen1.5-moe-a2.7b:4:3000:QINFER_PREFILL_CHUNK=1024:QINFER_PREFILL_CHUNK=4096}; do
     IFS=: read -r preset layers n set_a set_b <<<"$spec"
     quant_args=()
@@ -17,10 +20,8 @@ for spec in ${LOGITS_AB_SPECS:-qwen1.5-moe-a2.7b:4:3000:QINFER_PREFILL_CHUNK=102
     dir=/tmp/logits-ab-${preset//@/-}-$layers
     [ -f "$dir/config.json" ] || "$Q" synth --preset "${preset%@*}" "${quant_args[@]}" --layers "$layers" --out "$dir" >/dev/null 2>&1
     toks=$(python3 -c "import json; v = json.load(open('$dir/config.json'))['vocab_size']; print(','.join(str((i * 7919) % (v - 10) + 10) for i in range($n)))")
-    # shellcheck disable=SC2046
-    env "$(setting_env "$set_a")" "$Q" logits --model "$dir" --tokens "$toks" --out /tmp/logits-ab-a.npy $(setting_opt "$set_a") 2>&1 | grep -iE "error" | tee -a "$OUT/logits-ab.log"
-    # shellcheck disable=SC2046
-    env "$(setting_env "$set_b")" "$Q" logits --model "$dir" --tokens "$toks" --out /tmp/logits-ab-b.npy $(setting_opt "$set_b") 2>&1 | grep -iE "error" | tee -a "$OUT/logits-ab.log"
+    logits_with "$set_a" /tmp/logits-ab-a.npy
+    logits_with "$set_b" /tmp/logits-ab-b.npy
     python3 - "$spec" <<'PY' 2>&1 | tee -a "$OUT/logits-ab.log"
 import sys
 import numpy as np

@@ -20,8 +20,7 @@ namespace cuda_engine {
 
 namespace {
 
-// Weight bytes as bf16, converting fp16/fp32 checkpoints on the host.
-// Elements [first, first + n) of w as bf16 into out.
+// Elements [first, first + n) of w as bf16 into out, converting fp16/fp32 checkpoints on the host.
 void to_bf16(const Weight & w, size_t first, size_t n, uint16_t * out) {
     switch (w.dtype) {
     case DType::BF16: std::memcpy(out, static_cast<const uint16_t *>(w.data) + first, n * 2); break;
