@@ -414,6 +414,24 @@ TEST_P(CudaMoeQuant, GroupedGemmMatchesCpu) {
     check_quant_experts(GetParam(), GetParam().experts <= 16 ? 700 : 300, true);
 }
 
+// Every split of K the launch rule can choose (1, 2, 4 or 8 parts of a row block), forced in turn, on experts deep
+// enough for each (gate/up 2048 deep: 32 K blocks; down 512 / 1280 deep), batch-1 (routed in the launch too) and a
+// small batch.
+TEST(CudaMoeQuant, EveryKSplitMatchesCpu) {
+    REQUIRE_GPU();
+    const QuantMoeCase cases[] = {{"gptq4_g128_deep", gptq_scheme(4, 128, true, QuantPacking::GptqV1), 16, 4, 1, 2048, 512},
+                                  {"gptq8_asym_g64_deep", gptq_scheme(8, 64, false, QuantPacking::GptqV2), 8, 2, 1, 1024, 1280}};
+    for (int ks : {1, 2, 4, 8}) {
+        cuda::set_moe_qexperts_parts(ks);
+        for (const QuantMoeCase & p : cases) {
+            SCOPED_TRACE(std::string(p.name) + ", " + std::to_string(ks) + " K parts");
+            check_quant_experts(p, 1, false);
+            check_quant_experts(p, 5, false);
+        }
+    }
+    cuda::set_moe_qexperts_parts(0);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Formats, CudaMoeQuant,
     ::testing::Values(QuantMoeCase{"gptq4_g128", gptq_scheme(4, 128, true, QuantPacking::GptqV1), 60, 4, 1, 256, 128},

@@ -11,7 +11,12 @@
 // rows of a block share its warps and meet in the epilogue: silu(bf16(gate)) * bf16(up), as transformers rounds.
 // Nothing goes through the host: graphs can capture it.
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_route.cuh"
@@ -248,21 +253,83 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
     }
 }
 
-// K parts per row block: each part at least four 64-wide K blocks, at most the block's 8 warps.
-int k_parts(int nkb) { return nkb >= 32 ? 8 : nkb >= 16 ? 4 : nkb >= 8 ? 2 : 1; }
+// The most K parts a row block may take: each at least four 64-wide K blocks, at most the block's 8 warps.
+int max_parts(int nkb) { return nkb >= 32 ? 8 : nkb >= 16 ? 4 : nkb >= 8 ? 2 : 1; }
 
-// The block's shared memory: group parameters, then xrows staged input rows.
-size_t smem_bytes(const QuantMatrix & w, int mats, int xrows) {
-    return size_t(params_words(k_warps / k_parts(w.k_padded / 64), mats, w.groups)) * sizeof(uint32_t) +
-           size_t(xrows) * (w.k_padded + 8) * sizeof(bf16);
+// The block's shared memory at `ks` K parts: group parameters of its k_warps / ks row blocks, then xrows staged input
+// rows.
+size_t smem_bytes(const QuantMatrix & w, int mats, int xrows, int ks) {
+    return size_t(params_words(k_warps / ks, mats, w.groups)) * sizeof(uint32_t) + size_t(xrows) * (w.k_padded + 8) * sizeof(bf16);
 }
 constexpr size_t k_max_smem_bytes = 200 * 1024;
+
+std::atomic<int> forced_parts{0};  // set_moe_qexperts_parts (tests): 0 the rule
+
+// The A/B switch of the parts rule (removed when it concludes): QINFER_MOE_QKS_RULE=0 takes the most parts, as before.
+bool moe_qks_rule_old() {
+    static const bool old = [] {
+        const char * v = std::getenv("QINFER_MOE_QKS_RULE");
+        return v && std::string(v) == "0";
+    }();
+    return old;
+}
+
+// Blocks of `kernel` an SM holds with `smem` bytes of dynamic shared memory (asked once per kernel, size and device).
+int resident_blocks(void (*kernel)(QExpertArgs), size_t smem) {
+    static std::mutex mu;
+    static std::map<std::tuple<int, const void *, size_t>, int> known;
+    const auto key = std::make_tuple(current_device(), reinterpret_cast<const void *>(kernel), smem);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = known.find(key);
+    if (it != known.end()) return it->second;
+    // The occupancy of a size above the kernel's limit is 0: raise the limit to the most any launch takes (it only grows:
+    // launch_ks raises it as far as it needs).
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k_max_smem_bytes)));
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, k_warps * 32, smem));
+    return known[key] = n;
+}
+
+struct Parts {
+    int ks = 0;     // K parts per row block (0: none fits the shared memory)
+    int waves = 0;  // waves of resident blocks the grid takes
+};
+
+// K parts for a launch of `tiles` tiles of up to xrows rows over n outputs: the fewest waves of resident blocks, then
+// the most parts (warps in flight) among those. A block's fixed work (group parameters, staged rows, for the routed
+// launch the routing) comes once a wave, and an expert's rows are short: Qwen3-235B-A22B's gate/up at batch 1 (96 row
+// blocks x 8 experts, 4096 deep) took two waves of 768 blocks with eight parts of 8 K blocks a warp, one wave of 384
+// with four parts.
+template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n, int tiles, int xrows) {
+    constexpr int MATS = SWIGLU ? 2 : 1;
+    const int n_rb = n / 16, most = max_parts(w.k_padded / 64);
+    auto resident = [&](int ks, size_t smem) {
+        switch (ks) {
+            case 8: return resident_blocks(moe_qgemv_kernel<PLANES, SWIGLU, 8>, smem);
+            case 4: return resident_blocks(moe_qgemv_kernel<PLANES, SWIGLU, 4>, smem);
+            case 2: return resident_blocks(moe_qgemv_kernel<PLANES, SWIGLU, 2>, smem);
+            default: return resident_blocks(moe_qgemv_kernel<PLANES, SWIGLU, 1>, smem);
+        }
+    };
+    Parts best;
+    for (int ks = most; ks >= 1; ks /= 2) {
+        if (forced_parts && ks != std::min(int(forced_parts), most)) continue;
+        const size_t smem = smem_bytes(w, MATS, xrows, ks);
+        const int per_sm = smem <= k_max_smem_bytes ? resident(ks, smem) : 0;
+        if (per_sm == 0) continue;
+        const int64_t blocks = int64_t((n_rb + k_warps / ks - 1) / (k_warps / ks)) * tiles, slots = int64_t(per_sm) * sm_count();
+        const int waves = int((blocks + slots - 1) / slots);
+        if (best.ks == 0 || waves < best.waves) best = Parts{ks, waves};
+        if (moe_qks_rule_old()) break;
+    }
+    return best;
+}
 
 // xrows: the most rows a tile holds (k_moe_qtile_rows, or fewer tokens: a token chooses an expert once).
 template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
     constexpr int RBB = k_warps / KS;
     auto kernel = moe_qgemv_kernel<PLANES, SWIGLU, KS>;
-    const size_t smem = smem_bytes(a.w, SWIGLU ? 2 : 1, xrows);
+    const size_t smem = smem_bytes(a.w, SWIGLU ? 2 : 1, xrows, KS);
     static PerDevice<size_t> configured(48 * 1024);
     allow_dynamic_smem(kernel, smem, configured);
     const int n_rb = a.n / 16;
@@ -270,11 +337,13 @@ template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a,
 }
 
 template <int PLANES, bool SWIGLU> void launch(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
-    switch (k_parts(a.w.k_padded / 64)) {
+    const Parts parts = parts_for<PLANES, SWIGLU>(a.w, a.n, max_tiles, xrows);
+    switch (parts.ks) {
     case 8: return launch_ks<PLANES, SWIGLU, 8>(a, max_tiles, xrows, stream);
     case 4: return launch_ks<PLANES, SWIGLU, 4>(a, max_tiles, xrows, stream);
     case 2: return launch_ks<PLANES, SWIGLU, 2>(a, max_tiles, xrows, stream);
-    default: return launch_ks<PLANES, SWIGLU, 1>(a, max_tiles, xrows, stream);
+    case 1: return launch_ks<PLANES, SWIGLU, 1>(a, max_tiles, xrows, stream);
+    default: QINFER_FAIL() << "MoE: the quantized experts' group parameters do not fit in shared memory";
     }
 }
 
@@ -289,7 +358,7 @@ bool moe_qexperts_apply(const MoeQuantExperts & w) {
     const int E = w.n_experts;
     auto fits = [&](const QuantMatrix & q, int rows, int k) {
         return q.codes && q.tiled && !q.lut && !q.perm && (q.bits == 4 || q.bits == 8) && q.rows == int64_t(E) * rows && q.k == k &&
-               q.rows_padded == q.rows && smem_bytes(q, 2, k_moe_qtile_rows) <= k_max_smem_bytes;
+               q.rows_padded == q.rows && smem_bytes(q, 2, k_moe_qtile_rows, max_parts(q.k_padded / 64)) <= k_max_smem_bytes;
     };
     return E >= 1 && w.hidden % 16 == 0 && w.inter % 16 == 0 && fits(w.gate_up, 2 * w.inter, w.hidden) && fits(w.down, w.hidden, w.inter);
 }
@@ -299,9 +368,11 @@ bool moe_qexperts_apply(const MoeQuantExperts & w) {
 // bench/results/2026-11-30-h200x2-moe-decode) Qwen1.5-MoE-A2.7B GPTQ-Int4 (352 blocks) decoded 692.32 / 694.82 ->
 // 723.08 / 725.33 tok/s with it, Qwen2-57B-A14B GPTQ-Int4 (1,280 blocks: three waves) 265.59 / 266.10 -> 260.37 / 259.27.
 bool moe_qexperts_route_in_launch(const MoeQuantExperts & w, int top_k) {
-    const int rbb = k_warps / k_parts(w.gate_up.k_padded / 64), n_rb = w.inter / 16;
-    return int64_t((n_rb + rbb - 1) / rbb) * top_k <= int64_t(k_blocks_per_sm) * sm_count();
+    const Parts p = w.gate_up.bits == 8 ? parts_for<2, true>(w.gate_up, w.inter, top_k, 1) : parts_for<1, true>(w.gate_up, w.inter, top_k, 1);
+    return p.ks > 0 && p.waves == 1;
 }
+
+void set_moe_qexperts_parts(int ks) { forced_parts = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0; }
 
 namespace {
 

@@ -406,6 +406,9 @@ void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, 
                   cudaStream_t stream);
 // Whether moe_qexperts_routed pays for these experts: where its gate/up grid is one wave.
 bool moe_qexperts_route_in_launch(const MoeQuantExperts & w, int top_k);
+// Tests: every launch of moe_qexperts / moe_qexperts_routed splits K into `ks` parts (1, 2, 4 or 8, at most what K
+// allows); 0 puts back the rule (the fewest waves of resident blocks, then the most parts).
+void set_moe_qexperts_parts(int ks);
 // One token (a batch-1 decode step) routed inside the gate/up launch from the router's logits fp32 [n_experts...]
 // (ids and weights [top_k] written), then act and out in assignment order (moe_combine with slot_of null).
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
