@@ -419,8 +419,8 @@ TEST_P(CudaMoeQuant, GroupedGemmMatchesCpu) {
 // small batch.
 TEST(CudaMoeQuant, EveryKSplitMatchesCpu) {
     REQUIRE_GPU();
-    const QuantMoeCase cases[] = {{"gptq4_g128_deep", gptq_scheme(4, 128, true, QuantPacking::GptqV1), 16, 4, 1, 2048, 512},
-                                  {"gptq8_asym_g64_deep", gptq_scheme(8, 64, false, QuantPacking::GptqV2), 8, 2, 1, 1024, 1280}};
+    const QuantMoeCase cases[] = {{"gptq4_g128_deep", gptq_scheme(4, 128, true, QuantPacking::GptqV1), 6, 2, 1, 2048, 512},
+                                  {"gptq8_asym_g64_deep", gptq_scheme(8, 64, false, QuantPacking::GptqV2), 4, 2, 1, 1024, 1280}};
     for (int ks : {1, 2, 4, 8}) {
         cuda::set_moe_qexperts_parts(ks);
         for (const QuantMoeCase & p : cases) {

@@ -15,7 +15,6 @@
 #include <climits>
 #include <map>
 #include <mutex>
-#include <string>
 #include <tuple>
 
 #include "backends/cuda/common.cuh"
@@ -265,15 +264,6 @@ constexpr size_t k_max_smem_bytes = 200 * 1024;
 
 std::atomic<int> forced_parts{0};  // set_moe_qexperts_parts (tests): 0 the rule
 
-// The A/B switch of the parts rule (removed when it concludes): QINFER_MOE_QKS_RULE=0 takes the most parts, as before.
-bool moe_qks_rule_old() {
-    static const bool old = [] {
-        const char * v = std::getenv("QINFER_MOE_QKS_RULE");
-        return v && std::string(v) == "0";
-    }();
-    return old;
-}
-
 // Blocks of `kernel` an SM holds with `smem` bytes of dynamic shared memory (asked once per kernel, size and device).
 int resident_blocks(void (*kernel)(QExpertArgs), size_t smem) {
     static std::mutex mu;
@@ -297,9 +287,11 @@ struct Parts {
 
 // K parts for a launch of `tiles` tiles of up to xrows rows over n outputs: the fewest waves of resident blocks, then
 // the most parts (warps in flight) among those. A block's fixed work (group parameters, staged rows, for the routed
-// launch the routing) comes once a wave, and an expert's rows are short: Qwen3-235B-A22B's gate/up at batch 1 (96 row
-// blocks x 8 experts, 4096 deep) took two waves of 768 blocks with eight parts of 8 K blocks a warp, one wave of 384
-// with four parts.
+// launch the routing) comes once a wave, and an expert's rows are short. Against the most parts always (one H200,
+// arms alternated in one call, bench/results/2026-11-30-h200-moe-parts): Qwen3-235B-A22B GPTQ-Int4 at batch 1 117.88
+// -> 128.56 tok/s (gate/up 768 blocks in two waves -> 384 in one, routed in the launch; down 1,024 -> 512),
+// Qwen2-57B-A14B GPTQ-Int4 266.17 -> 271.62 at input 1 and 182.85 -> 185.83 at 30720 (3.2 / 3.4 waves -> one),
+// Qwen1.5-MoE-A2.7B GPTQ-Int4 level (one wave either way: the same launches).
 template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n, int tiles, int xrows) {
     constexpr int MATS = SWIGLU ? 2 : 1;
     const int n_rb = n / 16, most = max_parts(w.k_padded / 64);
@@ -320,7 +312,6 @@ template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n,
         const int64_t blocks = int64_t((n_rb + k_warps / ks - 1) / (k_warps / ks)) * tiles, slots = int64_t(per_sm) * sm_count();
         const int waves = int((blocks + slots - 1) / slots);
         if (best.ks == 0 || waves < best.waves) best = Parts{ks, waves};
-        if (moe_qks_rule_old()) break;
     }
     return best;
 }
