@@ -640,18 +640,29 @@ bool CudaQwenEngine::experts_on_host(int c) const {
 }
 
 // router_logits_ fp32 [c, router rows] = xn W_router^T (the shared expert's gate last, where it has one).
-void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn) {
+bool CudaQwenEngine::moe_norm_inside(const DevLayer & L, int c) const {
+    static const bool on = [] {
+        const char * v = std::getenv("QINFER_MOE_NORM_IN");
+        return !v || std::string(v) != "0";
+    }();
+    return on && L.moe_normalises(c, model_->config.num_experts_per_tok);
+}
+
+void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn, const cuda::MoeNormIn & norm) {
     const int H = model_->config.hidden_size;
     if (c <= k_gemv_max_m) {
         cuda::GemvArgs a;
         a.w = L.router.ptr();
         a.n = L.router.n;
         a.k = H;
-        a.x = xn;
+        a.x = norm.x ? static_cast<const void *>(norm.x) : xn;
+        a.norm_w = norm.norm_w;
+        a.eps = norm.eps;
         a.m = c;
         a.y = router_logits_.get();
-        cuda::gemv(a, cuda::GemvIn::Bf16, cuda::GemvOut::F32, stream_);
+        cuda::gemv(a, norm.x ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut::F32, stream_);
     } else {
+        QINFER_CHECK(!norm.x) << "MoE: a step of " << c << " tokens needs its input normalised ahead";
         cuda::gemm(xn, L.router.ptr(), c, L.router.n, H, router_logits_.get(), true, stream_);
     }
 }
@@ -662,7 +673,7 @@ void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn) {
 // an expert), the weighted combine. Decode steps of bf16 experts route, run the experts and (with no shared expert)
 // combine in the two launches of cuda::moe_decode. Quantized experts neither kernel takes (act-order, no sm_90a for
 // prefill steps) run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
-void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode) {
+void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode, const cuda::MoeNormIn & norm) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
     const int router_rows = L.router.n;  // E (+ 1)
@@ -672,6 +683,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // token is never beyond the decode kernel's tile, so neither the host path nor the grouped GEMM takes it).
     const bool q_routed = c == 1 && L.expert_q_route;
     const bool on_host = L.experts_on_host(c, k);
+    QINFER_CHECK(!norm.x || L.moe_normalises(c, k)) << "MoE: this step's experts read a normalised input";
     // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
     // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
     // the router and the routed experts, a branch of the decode graph joined before the combine: those kernels are
@@ -693,10 +705,12 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
             cuda::GemvArgs a;
             a.n = L.shared.down.k;
             a.k = H;
-            a.x = xn;
+            a.x = norm.x ? static_cast<const void *>(norm.x) : xn;
+            a.norm_w = norm.norm_w;
+            a.eps = norm.eps;
             a.m = c;
             a.y = moe_gu_.get();  // not moe_act_, which the routed experts write meanwhile
-            project(L.shared.gate_up, a, cuda::GemvIn::Bf16, cuda::GemvOut::SiluMulBf16);
+            project(L.shared.gate_up, a, norm.x ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut::SiluMulBf16);
             a = cuda::GemvArgs{};
             a.n = H;
             a.k = L.shared.down.k;
@@ -710,7 +724,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
         else prof_.mark("shared expert");
     }
-    router(L, c, xn);
+    router(L, c, xn, norm);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     cuda::MoeRouting r = moe_routing();
@@ -729,12 +743,13 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         m.ids = r.ids;
         m.weights = r.weights;
         m.arrivals = moe_arrivals_.as<int>();
+        m.norm = norm;
         cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (q_routed) {
         const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
         cuda::moe_qexperts_routed(xn, router_logits_.as<float>(), k, cfg.norm_topk_prob, w, r.ids, r.weights, moe_act_.as<bf16>(), moe_out_.as<bf16>(),
-                                  stream_);
+                                  stream_, norm);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (!quantized) {
         const cuda::MoeExperts w{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
@@ -744,7 +759,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         cuda::moe_qgemm(xn, c, k, w, r, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
     } else if (!on_host) {
         const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
-        cuda::moe_qexperts(xn, c, k, w, r, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
+        cuda::moe_qexperts(xn, c, k, w, r, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_, norm);
     } else {
         int * offsets = static_cast<int *>(moe_offsets_host_.host());
         CUDA_CHECK(cudaMemcpyAsync(offsets, r.offsets, size_t(E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));

@@ -149,6 +149,13 @@ struct DevLayer {
         if (!moe || experts.empty()) return false;
         return !expert_q_kernel || (beyond_qtile(c, top_k) && !expert_q_gemm);
     }
+    // Whether a decode step of c tokens normalises the MoE block's input inside the block's own launches (the router
+    // and shared expert GEMVs, the routed experts' gate/up: cuda::MoeNormIn), with no RMSNorm kernel ahead of them.
+    bool moe_normalises(int c, int top_k) const {
+        if (!moe || c > k_gemv_max_m) return false;
+        if (experts.empty()) return experts_decode && c <= cuda::k_moe_gemv_max_tokens;
+        return expert_q_kernel && !experts_grouped(c, top_k) && !experts_on_host(c, top_k);
+    }
 };
 
 // The decode rows' bucket: the rows a captured decode step is padded to (qwen_cuda_paged.cpp).
@@ -247,8 +254,12 @@ private:
     void mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out);
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     // decode: the routed sum may go through peer_partial (decode steps only; prefill's sums stay with NCCL).
-    void moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode = false);
-    void router(const DevLayer & L, int c, const bf16 * xn);
+    // norm.x set (decode steps where L.moe_normalises): xn is not computed, every launch of the block normalises x.
+    void moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode = false, const cuda::MoeNormIn & norm = {});
+    void router(const DevLayer & L, int c, const bf16 * xn, const cuda::MoeNormIn & norm = {});
+    // Whether this decode step of c tokens leaves L's MoE input to the block's launches (L.moe_normalises; the A/B
+    // switch QINFER_MOE_NORM_IN=0 keeps the RMSNorm kernel, until the A/B concludes).
+    bool moe_norm_inside(const DevLayer & L, int c) const;
     // Tensor parallel: o_proj, down and the experts of a rank hold partial sums over its heads and intermediate
     // columns; reduce() sums them over the ranks (a no-op on one GPU). The residual is added once: ranks after the
     // first leave it out of the sums they reduce (partial_only()).

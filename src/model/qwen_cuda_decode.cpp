@@ -109,7 +109,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             project(L.o, a, cuda::GemvIn::Bf16, part || (partial_only() && !L.o_whole) ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
             if (part) add_partials(x, 0, size_t(B) * H);
             else if (!L.o_whole) reduce(x, size_t(B) * H);
-            if (L.moe) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
+            if (L.moe && !moe_norm_inside(L, B)) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         } else {
             linear(o_input(L, B), B, L.o, tmp_.as<bf16>());
             if (!L.o_whole) reduce(tmp_.as<bf16>(), size_t(B) * H);
@@ -117,7 +117,10 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         }
         prof_.mark("o_proj gemv");
         if (L.moe) {
-            moe(L, B, xn, x, /*decode=*/true);
+            // Decode steps the block's launches take normalise x themselves (no RMSNorm kernel on the chain).
+            cuda::MoeNormIn norm;
+            if (fused && moe_norm_inside(L, B)) norm = cuda::MoeNormIn{x, L.post_norm.as<bf16>(), eps};
+            moe(L, B, xn, x, /*decode=*/true, norm);
         } else if (fused) {
             cuda::GemvArgs a;
             a.n = L.mlp.down.k;

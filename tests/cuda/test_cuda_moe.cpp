@@ -254,7 +254,8 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         std::vector<float> weights, out, x;
     };
     enum class Sum { Accumulate, Alone, None };
-    auto run = [&](const std::vector<float> & lg, const std::vector<float> & xr, const std::vector<float> & xin, int n, Sum sum) {
+    auto run = [&](const std::vector<float> & lg, const std::vector<float> & xr, const std::vector<float> & xin, int n, Sum sum,
+                   const cuda::MoeNormIn & norm = {}) {
         const DeviceBuffer lg_d = upload(lg), xn_d = upload_bf16(xr);
         DeviceBuffer x = sum == Sum::Accumulate ? upload(xin) : poisoned(size_t(n) * H * 4), ids_d = poisoned(size_t(n) * k * 4),
                      w_d = poisoned(size_t(n) * k * 4), act = poisoned(size_t(n) * k * I * 2), out = poisoned(size_t(n) * k * H * 2);
@@ -267,7 +268,8 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         m.ids = ids_d.as<int>();
         m.weights = w_d.as<float>();
         m.arrivals = arrivals.as<int>();
-        cuda::moe_decode(xn_d.as<cuda::bf16>(), n, m, act.as<cuda::bf16>(), out.as<cuda::bf16>(), sum == Sum::None ? nullptr : x.as<float>(),
+        m.norm = norm;
+        cuda::moe_decode(norm.x ? nullptr : xn_d.as<cuda::bf16>(), n, m, act.as<cuda::bf16>(), out.as<cuda::bf16>(), sum == Sum::None ? nullptr : x.as<float>(),
                          sum == Sum::Accumulate, nullptr);
         Result r;
         r.ids = RoutingBuffers::ints(ids_d.as<int>(), size_t(n) * k);
@@ -302,6 +304,15 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         const std::vector<float> alone = run(lg, xr, xi, 1, Sum::Accumulate).x;
         for (int h = 0; h < H; h++) ASSERT_EQ(alone[size_t(h)], got.x[size_t(t) * H + h]) << "token " << t << " feature " << h;
     }
+    // The input normalised by the gate/up launch itself (MoeNormIn: no RMSNorm kernel ahead), x0 as the residual:
+    // the same as given the CPU's RMSNorm of x0 as xn (a value may round the other way in bf16: within 1e-3).
+    const std::vector<float> norm_w = randn(size_t(H), 0.3f), xn_of_x0 = norm_rows(x0, norm_w, c, H, 1e-6f);
+    const DeviceBuffer x0_d = upload(x0), norm_w_d = upload_bf16(norm_w);
+    const Result given = run(logits, xn_of_x0, x0, c, Sum::Alone);
+    const Result normed = run(logits, xn_of_x0, x0, c, Sum::Alone, cuda::MoeNormIn{x0_d.as<float>(), norm_w_d.as<cuda::bf16>(), 1e-6f});
+    EXPECT_EQ(normed.ids, given.ids);
+    EXPECT_LT(rel_err(normed.out, given.out), 1e-3);
+    EXPECT_LT(rel_err(normed.x, given.x), 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeDecode,
@@ -366,13 +377,13 @@ void check_quant_experts(const QuantMoeCase & p, int c, bool grouped) {
         }
     }
     const DeviceBuffer logits_d = upload(logits), xn_d = upload_bf16(xn);
-    auto run = [&](const DeviceBuffer & lg, const DeviceBuffer & x, int n_tok, std::vector<int> * slot_of) {
+    auto run = [&](const DeviceBuffer & lg, const DeviceBuffer & x, int n_tok, std::vector<int> * slot_of, const cuda::MoeNormIn & norm = {}) {
         RoutingBuffers rb(n_tok, E, k);
         cuda::moe_route(lg.as<float>(), E, n_tok, E, k, false, grouped ? cuda::k_moe_qgemm_rows : cuda::k_moe_qtile_rows, rb.r, nullptr);
         const size_t ck = size_t(n_tok) * k;
         DeviceBuffer act_d = poisoned(ck * I * 2), out_d = poisoned(ck * H * 2);
         if (grouped) cuda::moe_qgemm(x.as<cuda::bf16>(), n_tok, k, w, rb.r, act_d.as<cuda::bf16>(), out_d.as<cuda::bf16>(), nullptr);
-        else cuda::moe_qexperts(x.as<cuda::bf16>(), n_tok, k, w, rb.r, act_d.as<cuda::bf16>(), out_d.as<cuda::bf16>(), nullptr);
+        else cuda::moe_qexperts(norm.x ? nullptr : x.as<cuda::bf16>(), n_tok, k, w, rb.r, act_d.as<cuda::bf16>(), out_d.as<cuda::bf16>(), nullptr, norm);
         *slot_of = rb.ints(rb.r.slot_of, ck);
         const std::vector<float> sorted = download_bf16(out_d, ck * H);
         std::vector<float> by_assignment(ck * H);
@@ -401,6 +412,19 @@ void check_quant_experts(const QuantMoeCase & p, int c, bool grouped) {
     const std::vector<float> w0 = download_f32(w_d, size_t(k)), out0 = download_bf16(out_d, size_t(k) * H);
     for (int j = 0; j < k; j++) ASSERT_NEAR(w0[size_t(j)], want.weights[size_t(j)], 1e-6f) << p.name << " assignment " << j;
     for (size_t i = 0; i < size_t(k) * H; i++) ASSERT_EQ(out0[i], got[i]) << p.name << " routed in the launch, value " << i;
+    // The input normalised by the gate/up launch itself (MoeNormIn), a residual as x: the same as given the CPU's
+    // RMSNorm of it (a value may round the other way in bf16: within 1e-3), grouped and routed in the launch.
+    const std::vector<float> resid = randn(size_t(c) * H), norm_w = randn(size_t(H), 0.3f), xn_r = norm_rows(resid, norm_w, c, H, 1e-6f);
+    const DeviceBuffer resid_d = upload(resid), norm_w_d = upload_bf16(norm_w), xn_r_d = upload_bf16(xn_r);
+    const cuda::MoeNormIn norm{resid_d.as<float>(), norm_w_d.as<cuda::bf16>(), 1e-6f};
+    std::vector<int> slot_given, slot_normed;
+    const std::vector<float> given = run(logits_d, xn_r_d, c, &slot_given), normed = run(logits_d, xn_r_d, c, &slot_normed, norm);
+    EXPECT_LT(rel_err(normed, given), 1e-3) << p.name << " normalised in the launch";
+    DeviceBuffer out_n = poisoned(size_t(k) * H * 2);
+    cuda::moe_qexperts_routed(nullptr, lg0.as<float>(), k, false, w, ids_d.as<int>(), w_d.as<float>(), act_d.as<cuda::bf16>(), out_n.as<cuda::bf16>(),
+                              nullptr, norm);
+    const std::vector<float> routed_n = download_bf16(out_n, size_t(k) * H), given0(given.begin(), given.begin() + long(k) * H);
+    EXPECT_LT(rel_err(routed_n, given0), 1e-3) << p.name << " routed and normalised in the launch";
 }
 
 TEST_P(CudaMoeQuant, MatchesCpu) {

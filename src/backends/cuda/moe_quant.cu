@@ -6,7 +6,8 @@
 // quantized GEMV (qgemv_mma.cuh): (w & 0x000F000F) | 0x43004300 is the bf16 pair 128 + q, one HSUB2 subtracts
 // 128 + zero exactly, products accumulate in fp32 per quantization group, each group's sums are scaled in fp32. The
 // tile's rows are the MMA's 8 columns (a token's normalised input for gate/up, its activation row for down), staged in
-// shared memory once per block, so an expert's codes are read once per 8 rows and no K block waits for its inputs.
+// shared memory once per block, so an expert's codes are read once per 8 rows and no K block waits for its inputs
+// (decode steps: the gate/up blocks stage the RMSNorm of each row's residual themselves, MoeNormIn).
 // The routing's tile and row offsets are read into shared memory in one round trip and searched there. Gate and up
 // rows of a block share its warps and meet in the epilogue: silu(bf16(gate)) * bf16(up), as transformers rounds.
 // Nothing goes through the host: graphs can capture it.
@@ -23,6 +24,7 @@
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
 #include "backends/cuda/qgemv_ring.cuh"
+#include "backends/cuda/qstage.cuh"
 
 namespace qinfer::cuda {
 namespace {
@@ -50,6 +52,7 @@ struct QExpertArgs {
     bool renormalise = false;
     int * ids = nullptr;
     float * weights = nullptr;
+    MoeNormIn norm;  // SwiGLU: norm.x set, a row's input is RMSNorm(norm.x) of its token (x unused)
 };
 
 // Shared memory: the packed group parameters (uint32 [RBB MATS 16 rows, gs], ring4::pack_group), then the tile's input
@@ -131,12 +134,18 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
     const int xld = kp + 8;
     bf16 * sx = reinterpret_cast<bf16 *>(smem + params_words(RBB, MATS, G));
     const int chunks = kp / 8;  // 16-byte chunks of a staged row
-    for (int i = threadIdx.x; i < rows * chunks; i += k_warps * 32) {
+    auto token = [&](int p) { return a.token_of ? a.token_of[p] : routed_here && SWIGLU ? 0 : p; };  // routed here: the one token
+    if (SWIGLU && a.norm.x) {
+        __shared__ float norm_red[k_warps];
+        for (int r = 0; r < rows; r++) {
+            qstage::stage_rms_norm_row(a.norm.x + size_t(token(row0 + r)) * w.k, a.norm.norm_w, a.norm.eps, w.k, kp, sx + r * xld, norm_red);
+        }
+    }
+    for (int i = threadIdx.x; i < (SWIGLU && a.norm.x ? 0 : rows * chunks); i += k_warps * 32) {
         const int r = i / chunks, ch = i - r * chunks;
         const int p = row0 + r;
         uint4 v = make_uint4(0, 0, 0, 0);
-        const int src = a.token_of ? a.token_of[p] : routed_here && SWIGLU ? 0 : p;  // routed here: the one token's row
-        if (ch * 8 < w.k) v = *reinterpret_cast<const uint4 *>(a.x + size_t(src) * a.ldx + ch * 8);
+        if (ch * 8 < w.k) v = *reinterpret_cast<const uint4 *>(a.x + size_t(token(p)) * a.ldx + ch * 8);
         *reinterpret_cast<uint4 *>(sx + r * xld + ch * 8) = v;
     }
     __syncthreads();
@@ -371,7 +380,7 @@ namespace {
 // from act into out.
 void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16 * act, bf16 * out, int max_tiles, int xrows, cudaStream_t stream) {
     QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
-    QINFER_CHECK(reinterpret_cast<uintptr_t>(xn) % 16 == 0 && reinterpret_cast<uintptr_t>(act) % 16 == 0) << "MoE: inputs not 16-byte aligned";
+    QINFER_CHECK((a.norm.x || reinterpret_cast<uintptr_t>(xn) % 16 == 0) && reinterpret_cast<uintptr_t>(act) % 16 == 0) << "MoE: inputs not 16-byte aligned";
     a.E = w.n_experts;
     a.w = w.gate_up;
     a.x = xn;
@@ -380,6 +389,7 @@ void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16
     a.y = act;
     launch_planes<true>(a, max_tiles, xrows, stream);
     a.w = w.down;
+    a.norm = MoeNormIn{};
     a.x = act;
     a.ldx = w.inter;
     a.token_of = nullptr;
@@ -391,7 +401,7 @@ void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16
 }  // namespace
 
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
-                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream) {
+                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm) {
     QINFER_CHECK(top_k >= 1 && top_k <= std::min(k_moe_max_topk, w.n_experts) && w.n_experts <= k_moe_max_experts)
         << "MoE: top-" << top_k << " of " << w.n_experts;
     QExpertArgs a;
@@ -400,12 +410,14 @@ void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool 
     a.renormalise = renormalise;
     a.ids = ids;
     a.weights = weights;
+    a.norm = norm;
     run_experts(a, w, xn, act, out, top_k, 1, stream);
 }
 
 void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const MoeNormIn & norm) {
     QExpertArgs a;
+    a.norm = norm;
     a.offsets = r.offsets;
     a.tiles = r.tiles;
     a.token_of = r.token_of;

@@ -377,6 +377,14 @@ void moe_combine(float * x, bool accumulate, int c, int hidden, int top_k, const
 // of each token's feature tile adds x fp32 [c, hidden] (+)= sum_j weights[t, j] out[t top_k + j] in moe_combine's
 // order (accumulate false: the sum alone). Models with a shared expert leave x null and combine with moe_combine
 // (slot_of null: assignment order) once their shared expert is done.
+// A decode step's MoE input normalised by the experts' own gate/up launches instead of a separate RMSNorm kernel:
+// each block stages xn = bf16(norm_w * (x * rsqrt(mean(x^2) + eps))) of its token's row of x fp32 [c, hidden] (as
+// rms_norm rounds it). x null: the launches read xn as given.
+struct MoeNormIn {
+    const float * x = nullptr;
+    const bf16 * norm_w = nullptr;
+    float eps = 0;
+};
 struct MoeDecode {
     const float * logits = nullptr;  // fp32 [c, stride]: the router's n_experts columns first
     int stride = 0;
@@ -386,6 +394,7 @@ struct MoeDecode {
     int * ids = nullptr;        // [c, top_k], written
     float * weights = nullptr;  // [c, top_k], written
     int * arrivals = nullptr;   // [moe_decode_arrivals(c, hidden)] zeros, left zero: the combine's per-tile counters
+    MoeNormIn norm;             // norm.x set: xn is RMSNorm(norm.x), computed by the gate/up blocks (xn unused)
 };
 bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter);
 size_t moe_decode_arrivals(int c, int hidden);
@@ -402,8 +411,9 @@ struct MoeQuantExperts {
 };
 bool moe_qexperts_apply(const MoeQuantExperts & w);
 // act bf16 [c top_k, inter] and out bf16 [c top_k, hidden] in the sorted order, as moe_experts.
+// norm.x set: xn is RMSNorm(norm.x) (MoeNormIn), staged by the gate/up blocks (xn unused).
 void moe_qexperts(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const MoeNormIn & norm = {});
 // Whether moe_qexperts_routed pays for these experts: where its gate/up grid is one wave.
 bool moe_qexperts_route_in_launch(const MoeQuantExperts & w, int top_k);
 // Tests: every launch of moe_qexperts / moe_qexperts_routed splits K into `ks` parts (1, 2, 4 or 8, at most what K
@@ -412,7 +422,7 @@ void set_moe_qexperts_parts(int ks);
 // One token (a batch-1 decode step) routed inside the gate/up launch from the router's logits fp32 [n_experts...]
 // (ids and weights [top_k] written), then act and out in assignment order (moe_combine with slot_of null).
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
-                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream);
+                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm = {});
 // The routed experts of steps with many rows per expert (prefill) on Hopper (qgemm_wgmma.cu), the routing built with
 // tile_rows = k_moe_qgemm_rows: the sorted rows' inputs gathered into `out`, then one launch over every expert's row
 // tiles for gate_up with SwiGLU into act bf16 [c top_k, inter] and one for down into out bf16 [c top_k, hidden] (sorted

@@ -62,6 +62,16 @@ __device__ __forceinline__ void for_each_input(const GemvArgs & a, const int * p
     }
 }
 
+// RMSNorm of one fp32 row x [K] into bf16 dst [n_pos] (zero at positions >= K), rounded as for_each_input rounds:
+// the row read twice (the second time from L1), few registers (the MoE experts' gate/up launches, MoeNormIn). All
+// k_threads threads must call; red: shared float [k_threads / 32].
+__device__ __forceinline__ void stage_rms_norm_row(const float * x, const bf16 * w, float eps, int K, int n_pos, bf16 * dst, float * red) {
+    float sq = 0;
+    for (int i = threadIdx.x; i < K; i += k_threads) sq += x[i] * x[i];
+    const float inv = rsqrtf(block_sum<k_threads / 32>(sq, red) / K + eps);
+    for (int i = threadIdx.x; i < n_pos; i += k_threads) dst[i] = __float2bfloat16(i < K ? __bfloat162float(w[i]) * (x[i] * inv) : 0.0f);
+}
+
 // Host: whether stage_norm_vec may stage a.x (fp32 rows 16-byte aligned, norm weights 8-byte aligned, K % 4 == 0).
 inline bool vec_norm_ok(const GemvArgs & a) {
     return a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
