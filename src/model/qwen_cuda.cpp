@@ -640,14 +640,6 @@ bool CudaQwenEngine::experts_on_host(int c) const {
 }
 
 // router_logits_ fp32 [c, router rows] = xn W_router^T (the shared expert's gate last, where it has one).
-bool CudaQwenEngine::moe_norm_inside(const DevLayer & L, int c) const {
-    static const bool on = [] {
-        const char * v = std::getenv("QINFER_MOE_NORM_IN");
-        return !v || std::string(v) != "0";
-    }();
-    return on && L.moe_normalises(c, model_->config.num_experts_per_tok);
-}
-
 void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn, const cuda::MoeNormIn & norm) {
     const int H = model_->config.hidden_size;
     if (c <= k_gemv_max_m) {

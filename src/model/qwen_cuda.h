@@ -151,9 +151,14 @@ struct DevLayer {
     }
     // Whether a decode step of c tokens normalises the MoE block's input inside the block's own launches (the router
     // and shared expert GEMVs, the routed experts' gate/up: cuda::MoeNormIn), with no RMSNorm kernel ahead of them.
+    // On one H200 (same call, bench/results/2026-11-30-h200-moe-parts, call 3) that took Qwen1.5-MoE-A2.7B BF16 from
+    // 560.71 / 561.50 to 593.28 / 593.52 tok/s (its shared expert now starts beside the router at once), A2.7B
+    // GPTQ-Int4 723.89 -> 741.37, Qwen2-57B-A14B GPTQ-Int4 271.48 -> 281.24, Qwen3-235B-A22B GPTQ-Int4 128.53 -> 129.48;
+    // but Qwen3-30B-A3B BF16 369.21 / 368.87 -> 367.50 / 367.49 (no shared expert, and each of its 384 bf16 gate/up
+    // blocks waits for its norm before its first weight load): bf16 experts without a shared expert keep the kernel.
     bool moe_normalises(int c, int top_k) const {
         if (!moe || c > k_gemv_max_m) return false;
-        if (experts.empty()) return experts_decode && c <= cuda::k_moe_gemv_max_tokens;
+        if (experts.empty()) return has_shared && experts_decode && c <= cuda::k_moe_gemv_max_tokens;
         return expert_q_kernel && !experts_grouped(c, top_k) && !experts_on_host(c, top_k);
     }
 };
@@ -257,9 +262,6 @@ private:
     // norm.x set (decode steps where L.moe_normalises): xn is not computed, every launch of the block normalises x.
     void moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode = false, const cuda::MoeNormIn & norm = {});
     void router(const DevLayer & L, int c, const bf16 * xn, const cuda::MoeNormIn & norm = {});
-    // Whether this decode step of c tokens leaves L's MoE input to the block's launches (L.moe_normalises; the A/B
-    // switch QINFER_MOE_NORM_IN=0 keeps the RMSNorm kernel, until the A/B concludes).
-    bool moe_norm_inside(const DevLayer & L, int c) const;
     // Tensor parallel: o_proj, down and the experts of a rank hold partial sums over its heads and intermediate
     // columns; reduce() sums them over the ranks (a no-op on one GPU). The residual is added once: ranks after the
     // first leave it out of the sums they reduce (partial_only()).

@@ -109,7 +109,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             project(L.o, a, cuda::GemvIn::Bf16, part || (partial_only() && !L.o_whole) ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
             if (part) add_partials(x, 0, size_t(B) * H);
             else if (!L.o_whole) reduce(x, size_t(B) * H);
-            if (L.moe && !moe_norm_inside(L, B)) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
+            if (L.moe && !L.moe_normalises(B, cfg.num_experts_per_tok)) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         } else {
             linear(o_input(L, B), B, L.o, tmp_.as<bf16>());
             if (!L.o_whole) reduce(tmp_.as<bf16>(), size_t(B) * H);
@@ -119,7 +119,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         if (L.moe) {
             // Decode steps the block's launches take normalise x themselves (no RMSNorm kernel on the chain).
             cuda::MoeNormIn norm;
-            if (fused && moe_norm_inside(L, B)) norm = cuda::MoeNormIn{x, L.post_norm.as<bf16>(), eps};
+            if (fused && L.moe_normalises(B, cfg.num_experts_per_tok)) norm = cuda::MoeNormIn{x, L.post_norm.as<bf16>(), eps};
             moe(L, B, xn, x, /*decode=*/true, norm);
         } else if (fused) {
             cuda::GemvArgs a;
