@@ -253,7 +253,7 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         std::vector<int> ids;
         std::vector<float> weights, out, x;
     };
-    enum class Sum { Accumulate, Alone, None };
+    enum class Sum { Accumulate, Alone, None, SharedInside };
     auto run = [&](const std::vector<float> & lg, const std::vector<float> & xr, const std::vector<float> & xin, int n, Sum sum,
                    const cuda::MoeNormIn & norm = {}) {
         const DeviceBuffer lg_d = upload(lg), xn_d = upload_bf16(xr);
@@ -269,8 +269,10 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         m.weights = w_d.as<float>();
         m.arrivals = arrivals.as<int>();
         m.norm = norm;
+        cuda::MoeSharedOut shared_out;  // SharedInside: the shared expert's gated row added by moe_decode's combine
+        if (sum == Sum::SharedInside) shared_out = cuda::MoeSharedOut{shared_d.as<cuda::bf16>(), lg_d.as<float>() + E, stride, nullptr};
         cuda::moe_decode(norm.x ? nullptr : xn_d.as<cuda::bf16>(), n, m, act.as<cuda::bf16>(), out.as<cuda::bf16>(), sum == Sum::None ? nullptr : x.as<float>(),
-                         sum == Sum::Accumulate, nullptr);
+                         sum == Sum::Accumulate, nullptr, shared_out);
         Result r;
         r.ids = RoutingBuffers::ints(ids_d.as<int>(), size_t(n) * k);
         r.weights = download_f32(w_d, size_t(n) * k);
@@ -297,6 +299,8 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         for (size_t i = 0; i < part.size(); i++) part[i] += x0[i];
         EXPECT_LT(rel_err(part, sum == Sum::Alone ? x_want : x_shared), 2e-2) << (sum == Sum::Alone ? "alone" : "shared");
     }
+    // The shared expert's row added by moe_decode's own combine: bit for bit what moe_combine gives after it.
+    EXPECT_EQ(run(logits, xn, x0, c, Sum::SharedInside).x, run(logits, xn, x0, c, Sum::None).x);
     // A batch's rows equal each row alone, bit for bit.
     for (int t = 1; t < c; t++) {
         const std::vector<float> lg(logits.begin() + long(t) * stride, logits.begin() + long(t + 1) * stride);
