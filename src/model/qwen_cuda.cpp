@@ -681,13 +681,6 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // the router and the routed experts, a branch of the decode graph joined before the combine: those kernels are
     // short and latency-bound, so the two chains overlap.
     const bool beside = L.has_shared && !on_host && c <= k_gemv_max_m;
-    // bf16 decode kernels: the shared expert's gated row is added by moe_decode's combine (its stream joined before the
-    // down launch) rather than by a combine kernel after it. A/B switch QINFER_MOE_SHARED_FOLD=0 (until it concludes).
-    static const bool shared_fold = [] {
-        const char * v = std::getenv("QINFER_MOE_SHARED_FOLD");
-        return !v || std::string(v) != "0";
-    }();
-    const bool shared_in_decode = decode_kernels && shared_fold;
     if (L.has_shared) {
         struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
             cudaStream_t & cur;
@@ -743,12 +736,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         m.weights = r.weights;
         m.arrivals = moe_arrivals_.as<int>();
         m.norm = norm;
-        cuda::MoeSharedOut shared;
-        if (L.has_shared && shared_in_decode) {
-            shared = cuda::MoeSharedOut{moe_shared_.as<bf16>(), router_logits_.as<float>() + E, router_rows, beside ? moe_join_ : nullptr};
-        }
-        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared && !shared_in_decode ? nullptr : sum, accumulate, stream_,
-                         shared);
+        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (q_routed) {
         const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
@@ -777,7 +765,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     }
     prof_.mark("experts");
     if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
-    if (!decode_kernels || (L.has_shared && !shared_in_decode)) {
+    if (!decode_kernels || L.has_shared) {
         cuda::moe_combine(sum, accumulate, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
                           L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
         prof_.mark("combine");

@@ -253,7 +253,7 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         std::vector<int> ids;
         std::vector<float> weights, out, x;
     };
-    enum class Sum { Accumulate, Alone, None, SharedInside };
+    enum class Sum { Accumulate, Alone, None };
     auto run = [&](const std::vector<float> & lg, const std::vector<float> & xr, const std::vector<float> & xin, int n, Sum sum,
                    const cuda::MoeNormIn & norm = {}) {
         const DeviceBuffer lg_d = upload(lg), xn_d = upload_bf16(xr);
@@ -269,10 +269,8 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         m.weights = w_d.as<float>();
         m.arrivals = arrivals.as<int>();
         m.norm = norm;
-        cuda::MoeSharedOut shared_out;  // SharedInside: the shared expert's gated row added by moe_decode's combine
-        if (sum == Sum::SharedInside) shared_out = cuda::MoeSharedOut{shared_d.as<cuda::bf16>(), lg_d.as<float>() + E, stride, nullptr};
         cuda::moe_decode(norm.x ? nullptr : xn_d.as<cuda::bf16>(), n, m, act.as<cuda::bf16>(), out.as<cuda::bf16>(), sum == Sum::None ? nullptr : x.as<float>(),
-                         sum == Sum::Accumulate, nullptr, shared_out);
+                         sum == Sum::Accumulate, nullptr);
         Result r;
         r.ids = RoutingBuffers::ints(ids_d.as<int>(), size_t(n) * k);
         r.weights = download_f32(w_d, size_t(n) * k);
@@ -299,8 +297,6 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         for (size_t i = 0; i < part.size(); i++) part[i] += x0[i];
         EXPECT_LT(rel_err(part, sum == Sum::Alone ? x_want : x_shared), 2e-2) << (sum == Sum::Alone ? "alone" : "shared");
     }
-    // The shared expert's row added by moe_decode's own combine: bit for bit what moe_combine gives after it.
-    EXPECT_EQ(run(logits, xn, x0, c, Sum::SharedInside).x, run(logits, xn, x0, c, Sum::None).x);
     // A batch's rows equal each row alone, bit for bit.
     for (int t = 1; t < c; t++) {
         const std::vector<float> lg(logits.begin() + long(t) * stride, logits.begin() + long(t + 1) * stride);
@@ -309,14 +305,15 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         for (int h = 0; h < H; h++) ASSERT_EQ(alone[size_t(h)], got.x[size_t(t) * H + h]) << "token " << t << " feature " << h;
     }
     // The input normalised by the gate/up launch itself (MoeNormIn: no RMSNorm kernel ahead), x0 as the residual:
-    // the same as given the CPU's RMSNorm of x0 as xn (a value may round the other way in bf16: within 1e-3).
+    // the same as given the CPU's RMSNorm of x0 as xn (rsqrtf against the CPU's 1 / sqrt: an input may round the other
+    // way in bf16, and an output with it, by one bf16 step).
     const std::vector<float> norm_w = randn(size_t(H), 0.3f), xn_of_x0 = norm_rows(x0, norm_w, c, H, 1e-6f);
     const DeviceBuffer x0_d = upload(x0), norm_w_d = upload_bf16(norm_w);
     const Result given = run(logits, xn_of_x0, x0, c, Sum::Alone);
     const Result normed = run(logits, xn_of_x0, x0, c, Sum::Alone, cuda::MoeNormIn{x0_d.as<float>(), norm_w_d.as<cuda::bf16>(), 1e-6f});
     EXPECT_EQ(normed.ids, given.ids);
-    EXPECT_LT(rel_err(normed.out, given.out), 1e-3);
-    EXPECT_LT(rel_err(normed.x, given.x), 1e-3);
+    EXPECT_LT(rel_err(normed.out, given.out), 1e-2);
+    EXPECT_LT(rel_err(normed.x, given.x), 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeDecode,
@@ -417,18 +414,19 @@ void check_quant_experts(const QuantMoeCase & p, int c, bool grouped) {
     for (int j = 0; j < k; j++) ASSERT_NEAR(w0[size_t(j)], want.weights[size_t(j)], 1e-6f) << p.name << " assignment " << j;
     for (size_t i = 0; i < size_t(k) * H; i++) ASSERT_EQ(out0[i], got[i]) << p.name << " routed in the launch, value " << i;
     // The input normalised by the gate/up launch itself (MoeNormIn), a residual as x: the same as given the CPU's
-    // RMSNorm of it (a value may round the other way in bf16: within 1e-3), grouped and routed in the launch.
+    // RMSNorm of it (an input may round the other way in bf16, and an output with it, by one bf16 step: rsqrtf against
+    // the CPU's 1 / sqrt; call 5 of bench/results/2026-11-30-h200-moe-parts saw 2^-9), grouped and routed in the launch.
     const std::vector<float> resid = randn(size_t(c) * H), norm_w = randn(size_t(H), 0.3f), xn_r = norm_rows(resid, norm_w, c, H, 1e-6f);
     const DeviceBuffer resid_d = upload(resid), norm_w_d = upload_bf16(norm_w), xn_r_d = upload_bf16(xn_r);
     const cuda::MoeNormIn norm{resid_d.as<float>(), norm_w_d.as<cuda::bf16>(), 1e-6f};
     std::vector<int> slot_given, slot_normed;
     const std::vector<float> given = run(logits_d, xn_r_d, c, &slot_given), normed = run(logits_d, xn_r_d, c, &slot_normed, norm);
-    EXPECT_LT(rel_err(normed, given), 1e-3) << p.name << " normalised in the launch";
+    EXPECT_LT(rel_err(normed, given), 1e-2) << p.name << " normalised in the launch";
     DeviceBuffer out_n = poisoned(size_t(k) * H * 2);
     cuda::moe_qexperts_routed(nullptr, lg0.as<float>(), k, false, w, ids_d.as<int>(), w_d.as<float>(), act_d.as<cuda::bf16>(), out_n.as<cuda::bf16>(),
                               nullptr, norm);
     const std::vector<float> routed_n = download_bf16(out_n, size_t(k) * H), given0(given.begin(), given.begin() + long(k) * H);
-    EXPECT_LT(rel_err(routed_n, given0), 1e-3) << p.name << " routed and normalised in the launch";
+    EXPECT_LT(rel_err(routed_n, given0), 1e-2) << p.name << " routed and normalised in the launch";
 }
 
 TEST_P(CudaMoeQuant, MatchesCpu) {

@@ -6,9 +6,8 @@
 //      Qwen3-30B-A3B's decode step on an H200 this launch took 15.7 us a layer against 15.0 + 3.5 for the grouped
 //      GEMV and the routing kernel.
 //   2. down: a block per (assignment, 32 output features), each warp four rows with every load in flight; where the
-//      caller gives x, the block of a token's feature tile that finishes last adds the token's top_k rows (and a
-//      shared expert's gated row, its stream joined before this launch) into x in moe_combine's order, so no combine
-//      kernel.
+//      caller gives x (no shared expert to wait for), the block of a token's feature tile that finishes last adds the
+//      token's top_k rows into x in moe_combine's order, so no combine kernel.
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
@@ -33,7 +32,6 @@ struct DecodeArgs {
     bf16 * out = nullptr;       // [c top_k, hidden]
     float * x = nullptr;        // [c, hidden], or null: no combine here
     bool accumulate = false;
-    MoeSharedOut shared;        // shared.out: the combine adds the shared expert's gated row too
 };
 
 // R weight rows (pointers at the row's first chunk) dotted with one input row over `chunks` 16-byte chunks, the lanes
@@ -133,10 +131,6 @@ __global__ void __launch_bounds__(k_warps * 32) down_kernel(DecodeArgs a) {
     for (int jj = 0; jj < k; jj++) {
         v += m.weights[size_t(t) * k + jj] * __bfloat162float(__ldcg(a.out + (size_t(t) * k + jj) * H + f));
     }
-    if (a.shared.out) {
-        const float gate = a.shared.gate[size_t(t) * a.shared.gate_stride];
-        v += 1.0f / (1.0f + expf(-gate)) * __bfloat162float(a.shared.out[size_t(t) * H + f]);
-    }
     *xp = v;
 }
 
@@ -149,8 +143,7 @@ bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter) {
 
 size_t moe_decode_arrivals(int c, int hidden) { return size_t(c) * ((hidden + k_dn_per_block - 1) / k_dn_per_block); }
 
-void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream,
-                const MoeSharedOut & shared) {
+void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream) {
     const MoeExperts & w = m.experts;
     QINFER_CHECK(moe_decode_applies(w.n_experts, m.top_k, w.hidden, w.inter))
         << "MoE decode: " << w.n_experts << " experts, top-" << m.top_k << ", hidden " << w.hidden << ", intermediate " << w.inter;
@@ -163,15 +156,12 @@ void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * 
     a.out = out;
     a.x = x;
     a.accumulate = accumulate;
-    a.shared = shared;
-    QINFER_CHECK(!shared.out || (x && shared.gate)) << "MoE decode: a shared expert's output is combined into x, with its gate";
     const int assignments = c * m.top_k;
     const size_t xs_bytes = m.norm.x ? size_t(w.hidden) * sizeof(bf16) : 0;
     if (m.norm.x) {
         QINFER_CHECK(xs_bytes <= 48 * 1024) << "MoE decode: a normalised row of " << w.hidden << " values does not fit in shared memory";
     }
     launch_kernel(gate_up_kernel, dim3((w.inter + k_gu_per_block - 1) / k_gu_per_block, assignments), dim3(k_warps * 32), xs_bytes, stream, a);
-    if (shared.ready) CUDA_CHECK(cudaStreamWaitEvent(stream, shared.ready, 0));  // the shared expert's stream joins here
     launch_kernel(down_kernel, dim3((w.hidden + k_dn_per_block - 1) / k_dn_per_block, assignments), dim3(k_warps * 32), 0, stream, a);
 }
 

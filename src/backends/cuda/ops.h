@@ -398,16 +398,7 @@ struct MoeDecode {
 };
 bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter);
 size_t moe_decode_arrivals(int c, int hidden);
-// A shared expert's output for moe_decode's combine: x += ... + sigmoid(gate[t gate_stride]) out[t] after the routed
-// rows, as moe_combine adds it; `ready` (if any) is waited for before the down launch (the shared expert's stream).
-struct MoeSharedOut {
-    const bf16 * out = nullptr;     // bf16 [c, hidden]
-    const float * gate = nullptr;   // the router's gate logit of token t at gate[t gate_stride]
-    int gate_stride = 0;
-    cudaEvent_t ready = nullptr;
-};
-void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream,
-                const MoeSharedOut & shared = {});
+void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream);
 // Quantized routed experts (moe_quant.cu): every expert's 4- or 8-bit affine codes stacked in the tile layout of
 // model/quant_repack.h, gate_up rows [n_experts, gate inter | up inter] over hidden, down rows [n_experts, hidden]
 // over inter; no act-order. One launch per projection reads each chosen expert's codes once per k_moe_qtile_rows of
