@@ -370,13 +370,6 @@ void moe_experts(const bf16 * xn, int c, int top_k, const MoeExperts & w, const 
 // slot_of null: out in assignment order (moe_decode).
 void moe_combine(float * x, bool accumulate, int c, int hidden, int top_k, const MoeRouting & r, const bf16 * out, const bf16 * shared, const float * shared_gate,
                  int gate_stride, cudaStream_t stream);
-// The routed experts of a decode step of up to k_moe_gemv_max_tokens tokens with bf16 experts (moe_decode.cu), in
-// assignment order (row t top_k + j: token t's j-th expert), with no grouping: launch 1 routes each token in the
-// blocks that need it (the first writes ids and weights [c, top_k]) and writes act bf16 [c top_k, inter] =
-// silu(gate) * up; launch 2 writes out bf16 [c top_k, hidden] = act W_down^T and, where `x` is given, the last block
-// of each token's feature tile adds x fp32 [c, hidden] (+)= sum_j weights[t, j] out[t top_k + j] in moe_combine's
-// order (accumulate false: the sum alone). Models with a shared expert leave x null and combine with moe_combine
-// (slot_of null: assignment order) once their shared expert is done.
 // A decode step's MoE input normalised by the experts' own gate/up launches instead of a separate RMSNorm kernel:
 // each block stages xn = bf16(norm_w * (x * rsqrt(mean(x^2) + eps))) of its token's row of x fp32 [c, hidden] (as
 // rms_norm rounds it). x null: the launches read xn as given.
@@ -385,6 +378,13 @@ struct MoeNormIn {
     const bf16 * norm_w = nullptr;
     float eps = 0;
 };
+// The routed experts of a decode step of up to k_moe_gemv_max_tokens tokens with bf16 experts (moe_decode.cu), in
+// assignment order (row t top_k + j: token t's j-th expert), with no grouping: launch 1 routes each token in the
+// blocks that need it (the first writes ids and weights [c, top_k]) and writes act bf16 [c top_k, inter] =
+// silu(gate) * up; launch 2 writes out bf16 [c top_k, hidden] = act W_down^T and, where `x` is given, the last block
+// of each token's feature tile adds x fp32 [c, hidden] (+)= sum_j weights[t, j] out[t top_k + j] in moe_combine's
+// order (accumulate false: the sum alone). Models with a shared expert leave x null and combine with moe_combine
+// (slot_of null: assignment order) once their shared expert is done.
 struct MoeDecode {
     const float * logits = nullptr;  // fp32 [c, stride]: the router's n_experts columns first
     int stride = 0;
