@@ -14,11 +14,9 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/moe_route.cuh"
 #include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/ops.h"
@@ -140,13 +138,13 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
         for (int r = 0; r < rows; r++) {
             qstage::stage_rms_norm_row(a.norm.x + size_t(token(row0 + r)) * w.k, a.norm.norm_w, a.norm.eps, w.k, kp, sx + r * xld, norm_red);
         }
-    }
-    for (int i = threadIdx.x; i < (SWIGLU && a.norm.x ? 0 : rows * chunks); i += k_warps * 32) {
-        const int r = i / chunks, ch = i - r * chunks;
-        const int p = row0 + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (ch * 8 < w.k) v = *reinterpret_cast<const uint4 *>(a.x + size_t(token(p)) * a.ldx + ch * 8);
-        *reinterpret_cast<uint4 *>(sx + r * xld + ch * 8) = v;
+    } else {
+        for (int i = threadIdx.x; i < rows * chunks; i += k_warps * 32) {
+            const int r = i / chunks, ch = i - r * chunks;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (ch * 8 < w.k) v = *reinterpret_cast<const uint4 *>(a.x + size_t(token(row0 + r)) * a.ldx + ch * 8);
+            *reinterpret_cast<uint4 *>(sx + r * xld + ch * 8) = v;
+        }
     }
     __syncthreads();
 
@@ -273,20 +271,15 @@ constexpr size_t k_max_smem_bytes = 200 * 1024;
 
 std::atomic<int> forced_parts{0};  // set_moe_qexperts_parts (tests): 0 the rule
 
-// Blocks of `kernel` an SM holds with `smem` bytes of dynamic shared memory (asked once per kernel, size and device).
-int resident_blocks(void (*kernel)(QExpertArgs), size_t smem) {
-    static std::mutex mu;
-    static std::map<std::tuple<int, const void *, size_t>, int> known;
-    const auto key = std::make_tuple(current_device(), reinterpret_cast<const void *>(kernel), smem);
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = known.find(key);
-    if (it != known.end()) return it->second;
-    // The occupancy of a size above the kernel's limit is 0: raise the limit to the most any launch takes (it only grows:
-    // launch_ks raises it as far as it needs).
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k_max_smem_bytes)));
-    int n = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, k_warps * 32, smem));
-    return known[key] = n;
+// The kernel of K parts KS allowed `smem` bytes of dynamic shared memory, and how many of its blocks an SM then holds
+// (gemv_common.cuh's resident_blocks, asked again when the size changes).
+template <int PLANES, bool SWIGLU, int KS> int prepare_kernel(size_t smem) {
+    auto kernel = moe_qgemv_kernel<PLANES, SWIGLU, KS>;
+    static PerDevice<size_t> configured(48 * 1024);
+    static size_t cached_smem = size_t(-1);
+    static int cached_blocks = 0;
+    allow_dynamic_smem(kernel, smem, configured);
+    return resident_blocks(kernel, k_warps * 32, smem, cached_smem, cached_blocks);
 }
 
 struct Parts {
@@ -306,10 +299,10 @@ template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n,
     const int n_rb = n / 16, most = max_parts(w.k_padded / 64);
     auto resident = [&](int ks, size_t smem) {
         switch (ks) {
-            case 8: return resident_blocks(moe_qgemv_kernel<PLANES, SWIGLU, 8>, smem);
-            case 4: return resident_blocks(moe_qgemv_kernel<PLANES, SWIGLU, 4>, smem);
-            case 2: return resident_blocks(moe_qgemv_kernel<PLANES, SWIGLU, 2>, smem);
-            default: return resident_blocks(moe_qgemv_kernel<PLANES, SWIGLU, 1>, smem);
+            case 8: return prepare_kernel<PLANES, SWIGLU, 8>(smem);
+            case 4: return prepare_kernel<PLANES, SWIGLU, 4>(smem);
+            case 2: return prepare_kernel<PLANES, SWIGLU, 2>(smem);
+            default: return prepare_kernel<PLANES, SWIGLU, 1>(smem);
         }
     };
     Parts best;
@@ -328,12 +321,10 @@ template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n,
 // xrows: the most rows a tile holds (k_moe_qtile_rows, or fewer tokens: a token chooses an expert once).
 template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
     constexpr int RBB = k_warps / KS;
-    auto kernel = moe_qgemv_kernel<PLANES, SWIGLU, KS>;
     const size_t smem = smem_bytes(a.w, SWIGLU ? 2 : 1, xrows, KS);
-    static PerDevice<size_t> configured(48 * 1024);
-    allow_dynamic_smem(kernel, smem, configured);
+    prepare_kernel<PLANES, SWIGLU, KS>(smem);
     const int n_rb = a.n / 16;
-    launch_kernel(kernel, dim3((n_rb + RBB - 1) / RBB, max_tiles), dim3(k_warps * 32), smem, stream, a);
+    launch_kernel(moe_qgemv_kernel<PLANES, SWIGLU, KS>, dim3((n_rb + RBB - 1) / RBB, max_tiles), dim3(k_warps * 32), smem, stream, a);
 }
 
 template <int PLANES, bool SWIGLU> void launch(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
