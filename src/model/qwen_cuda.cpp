@@ -639,6 +639,20 @@ bool CudaQwenEngine::experts_on_host(int c) const {
     return std::any_of(layers_.begin(), layers_.end(), [&](const DevLayer & L) { return L.experts_on_host(c, k); });
 }
 
+namespace {
+// A GEMV's input in the MoE block: xn, or the residual with the norm fused (norm.x set); returns its kind.
+cuda::GemvIn moe_input(cuda::GemvArgs & a, const bf16 * xn, const cuda::MoeNormIn & norm) {
+    if (!norm.x) {
+        a.x = xn;
+        return cuda::GemvIn::Bf16;
+    }
+    a.x = norm.x;
+    a.norm_w = norm.norm_w;
+    a.eps = norm.eps;
+    return cuda::GemvIn::NormF32;
+}
+}  // namespace
+
 // router_logits_ fp32 [c, router rows] = xn W_router^T (the shared expert's gate last, where it has one).
 void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn, const cuda::MoeNormIn & norm) {
     const int H = model_->config.hidden_size;
@@ -647,12 +661,10 @@ void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn, const cu
         a.w = L.router.ptr();
         a.n = L.router.n;
         a.k = H;
-        a.x = norm.x ? static_cast<const void *>(norm.x) : xn;
-        a.norm_w = norm.norm_w;
-        a.eps = norm.eps;
+        const cuda::GemvIn in = moe_input(a, xn, norm);
         a.m = c;
         a.y = router_logits_.get();
-        cuda::gemv(a, norm.x ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut::F32, stream_);
+        cuda::gemv(a, in, cuda::GemvOut::F32, stream_);
     } else {
         QINFER_CHECK(!norm.x) << "MoE: a step of " << c << " tokens needs its input normalised ahead";
         cuda::gemm(xn, L.router.ptr(), c, L.router.n, H, router_logits_.get(), true, stream_);
@@ -697,12 +709,10 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
             cuda::GemvArgs a;
             a.n = L.shared.down.k;
             a.k = H;
-            a.x = norm.x ? static_cast<const void *>(norm.x) : xn;
-            a.norm_w = norm.norm_w;
-            a.eps = norm.eps;
+            const cuda::GemvIn in = moe_input(a, xn, norm);
             a.m = c;
             a.y = moe_gu_.get();  // not moe_act_, which the routed experts write meanwhile
-            project(L.shared.gate_up, a, norm.x ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16, cuda::GemvOut::SiluMulBf16);
+            project(L.shared.gate_up, a, in, cuda::GemvOut::SiluMulBf16);
             a = cuda::GemvArgs{};
             a.n = H;
             a.k = L.shared.down.k;

@@ -98,6 +98,9 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         cuda::attention_decode(q_.as<bf16>(), r.cache, len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
                                attn_.as<bf16>(), stream_, B, cuda::DecodeKernel::Auto, decode_short_);
         prof_.mark("attention");
+        // MoE decode steps the block's launches take normalise x themselves (no RMSNorm kernel on the chain).
+        cuda::MoeNormIn moe_norm;
+        if (fused && L.moe_normalises(B, cfg.num_experts_per_tok)) moe_norm = cuda::MoeNormIn{x, L.post_norm.as<bf16>(), eps};
         if (fused) {
             cuda::GemvArgs a;
             a.n = L.o.n;
@@ -109,7 +112,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             project(L.o, a, cuda::GemvIn::Bf16, part || (partial_only() && !L.o_whole) ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);
             if (part) add_partials(x, 0, size_t(B) * H);
             else if (!L.o_whole) reduce(x, size_t(B) * H);
-            if (L.moe && !L.moe_normalises(B, cfg.num_experts_per_tok)) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
+            if (L.moe && !moe_norm.x) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         } else {
             linear(o_input(L, B), B, L.o, tmp_.as<bf16>());
             if (!L.o_whole) reduce(tmp_.as<bf16>(), size_t(B) * H);
@@ -117,10 +120,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         }
         prof_.mark("o_proj gemv");
         if (L.moe) {
-            // Decode steps the block's launches take normalise x themselves (no RMSNorm kernel on the chain).
-            cuda::MoeNormIn norm;
-            if (fused && L.moe_normalises(B, cfg.num_experts_per_tok)) norm = cuda::MoeNormIn{x, L.post_norm.as<bf16>(), eps};
-            moe(L, B, xn, x, /*decode=*/true, norm);
+            moe(L, B, xn, x, /*decode=*/true, moe_norm);
         } else if (fused) {
             cuda::GemvArgs a;
             a.n = L.mlp.down.k;
