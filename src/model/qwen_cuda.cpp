@@ -10,7 +10,6 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -76,17 +75,9 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     // (launch_combine, attention.cu): then, against PDL off, 7B BF16 181.6 -> 187.0 tok/s at input 1, 174.8 -> 179.9 at
     // 6144, 145.6 -> 149.2 at 30720 (bench/results/2026-11-27-h100-pdl-matrix). On for every checkpoint.
     cuda::set_pdl_default(true);
-    // With a shared expert the decode graph has two branches; the main one (router, routed experts) is captured on a
-    // stream of the highest priority and the shared expert's on one of the lowest, and graphs keep those priorities
-    // per kernel (graph_instantiate_flags), so that blocks of the routed chain are placed first wherever both wait.
-    const bool branches = c.num_experts > 0 && c.shared_expert_intermediate_size > 0;
-    const char * prio_ab = std::getenv("QINFER_MOE_PRIO");  // A/B switch, removed once measured
-    node_priorities_ = branches && !(prio_ab && prio_ab[0] == '0');
-    int least = 0, greatest = 0;
-    if (node_priorities_) CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
-    if (branches) {
-        CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, least));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (c.num_experts > 0 && c.shared_expert_intermediate_size > 0) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_fork_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_join_, cudaEventDisableTiming));
     }

@@ -69,7 +69,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         const DevLayer & L = layers_[size_t(l)];
         cuda::QkvRopeArgs r = rope_args(l, kv_layer_batch(l), B);
         r.pos_dev = pos;
-        bool roped = false;  // bias, RoPE and the cache store done by the fused projection call (epilogue or kernel after)
+        bool roped = false;  // bias, RoPE and the cache store done by the projection's epilogue
         if (fused) {
             cuda::GemvArgs a;
             a.n = L.qkv.n;
@@ -80,12 +80,12 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.eps = eps;
             a.y = qkv_.get();
             if (L.qkv.quantized) {
-                cuda::qgemv_qkv_rope(L.qkv.q, a, cuda::GemvIn::NormF32, r, qscratch_.get(), stream_);
+                project(L.qkv, a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16);
             } else {
                 a.w = L.qkv.ptr();
                 cuda::gemv_qkv_rope(a, cuda::GemvIn::NormF32, r, stream_);
+                roped = true;
             }
-            roped = true;
         } else {
             if (pending) cuda::add_rms_norm(x, tmp_.as<bf16>(), L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
             else cuda::rms_norm(x, L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
@@ -282,7 +282,7 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         decode_step(B, end);
         CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-        CUDA_CHECK(cudaGraphInstantiate(&graph_, g, graph_instantiate_flags()));
+        CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
         CUDA_CHECK(cudaGraphDestroy(g));
         graph_seqs_ = seqs;
     }

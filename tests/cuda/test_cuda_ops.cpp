@@ -14,10 +14,7 @@
 #include "backends/cuda/ops.h"
 #include "core/dtype.h"
 #include "cuda/helpers.h"
-#include "model/quant_repack.h"
-#include "model/qwen_cuda.h"
 #include "model/rope.h"
-#include "unit/quant_helpers.h"
 
 using namespace qinfer;
 using namespace qinfer::test;
@@ -508,13 +505,12 @@ TEST(CudaOps, QkvRopeCache) {
     }
 }
 
-// The QKV GEMV with bias, RoPE and the cache store in its epilogue (gemv_qkv_rope; qgemv_qkv_rope with quantized
-// weights), as the decode step of a batch runs it (RMSNorm of fp32 rows fused in, positions and block-table rows per
-// token), against the CPU: norm, matmul (the format's dequantized weights), bf16 output, bias, RoPE, and the q / K / V
-// rows where they belong. One case: head_dim d, m tokens of a decode batch, with or without bias, under fused-RoPE
-// mode `mode` (already set with set_fused_rope); quant: the weights' format (null: bf16).
-static void check_qkv_rope(int d, int m, bool with_bias, int mode, const QuantScheme * quant = nullptr) {
-    const int n_head = 6, n_kv = 2, k = quant ? 4160 : 200, rows = (n_head + 2 * n_kv) * d, bs = 16, stride = 4, pool = 13;
+// The QKV GEMV with bias, RoPE and the cache store in its epilogue (gemv_qkv_rope), as the decode step of a batch
+// runs it (RMSNorm of fp32 rows fused in, positions and block-table rows per token), against the CPU: norm, matmul,
+// bf16 output, bias, RoPE, and the q / K / V rows where they belong. One case: head_dim d, m tokens of a decode
+// batch, with or without bias, under fused-RoPE mode `mode` (already set with set_fused_rope).
+static void check_qkv_rope(int d, int m, bool with_bias, int mode) {
+    const int n_head = 6, n_kv = 2, k = 200, rows = (n_head + 2 * n_kv) * d, bs = 16, stride = 4, pool = 13;
     const std::vector<int> positions = {37, 5, 50};
     std::vector<float> x = randn(size_t(m) * k), nw = randn(size_t(k), 0.2f), w = randn(size_t(rows) * k, 0.1f);
     std::vector<float> bias = randn(size_t(rows), 0.3f);
@@ -555,30 +551,16 @@ static void check_qkv_rope(int d, int m, bool with_bias, int mode, const QuantSc
     r.pos_dev = dpos.as<int>();
     r.cache = {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), bs, stride, {}};
     r.q_out = dq.as<bf16>();
-    const std::vector<float> xn = norm_rows(x, nw, m, k, 1e-6f);
-    std::vector<float> proj(size_t(m) * rows);  // fp32 [m, rows]: the projection before its bf16 rounding
-    if (quant) {
-        auto ql = make_quant_linear(*quant, rows, k, rng()());
-        cuda_engine::DevLinear dq = cuda_engine::upload_repacked(repack_quant({&ql->l}, true));
-        DeviceBuffer scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
-        cuda::qgemv_qkv_rope(dq.q, a, cuda::GemvIn::NormF32, r, scratch.get(), nullptr);
-        cpu::linear(xn.data(), m, ql->l, proj.data());
-    } else {
-        cuda::gemv_qkv_rope(a, cuda::GemvIn::NormF32, r, nullptr);
-        for (int t = 0; t < m; t++) {
-            for (int i = 0; i < rows; i++) {
-                double acc = 0;
-                for (int j = 0; j < k; j++) acc += double(xn[size_t(t) * k + j]) * w[size_t(i) * k + j];
-                proj[size_t(t) * rows + i] = float(acc);
-            }
-        }
-    }
+    cuda::gemv_qkv_rope(a, cuda::GemvIn::NormF32, r, nullptr);
 
     // CPU: RMSNorm (bf16), projection rounded to bf16, bias, RoPE of q and k at each token's position.
+    const std::vector<float> xn = norm_rows(x, nw, m, k, 1e-6f);
     std::vector<float> q(size_t(m) * n_head * d), kk(size_t(m) * n_kv * d), vv(size_t(m) * n_kv * d);
     for (int t = 0; t < m; t++) {
         for (int i = 0; i < rows; i++) {
-            float y = round_bf16(proj[size_t(t) * rows + i]);
+            double acc = 0;
+            for (int j = 0; j < k; j++) acc += double(xn[size_t(t) * k + j]) * w[size_t(i) * k + j];
+            float y = round_bf16(float(acc));
             if (with_bias) y = round_bf16(y + bias[size_t(i)]);
             if (i < n_head * d) q[size_t(t) * n_head * d + i] = y;
             else if (i < (n_head + n_kv) * d) kk[size_t(t) * n_kv * d + i - n_head * d] = y;
@@ -589,8 +571,7 @@ static void check_qkv_rope(int d, int m, bool with_bias, int mode, const QuantSc
         cpu::rope(q.data() + size_t(t) * n_head * d, 1, n_head, d, cs.data(), sn.data());
         cpu::rope(kk.data() + size_t(t) * n_kv * d, 1, n_kv, d, cs.data(), sn.data());
     }
-    std::string what = "d " + std::to_string(d) + " m " + std::to_string(m) + (with_bias ? " bias" : "") + " mode " + std::to_string(mode);
-    if (quant) what.append(1, ' ').append(quant->describe());
+    const std::string what = "d " + std::to_string(d) + " m " + std::to_string(m) + (with_bias ? " bias" : "") + " mode " + std::to_string(mode);
     EXPECT_LT(rel_err(download_bf16(dq, q.size()), q), 1e-2) << what;
     const std::vector<float> kc = download_bf16(dk, cache_elems), vc = download_bf16(dv, cache_elems);
     std::vector<float> got_k, got_v;
@@ -617,27 +598,6 @@ TEST(CudaOps, GemvQkvRopeFused) {
         }
     }
     cuda::set_fused_rope(-1);
-}
-
-// The same with quantized weights: the ring kernel's RoPE epilogue (modes 1 and -1 at head_dim 128) and the two kernels
-// (mode 0), for 4- and 8-bit affine codes and lookup codes, with its fast rounds forced and by the default rule.
-TEST(CudaOps, QuantQkvRopeFused) {
-    REQUIRE_GPU();
-    const QuantScheme schemes[] = {gptq_scheme(4, 128, true, QuantPacking::GptqV1), gptq_scheme(8, 32, false, QuantPacking::GptqV2, true),
-                                   gptq_scheme(4, 64, false, QuantPacking::AwqGemm), bnb_scheme(QuantPacking::Nf4, false)};
-    for (int fast : {-1, 1}) {
-        cuda::set_qgemv_ring_fast(fast);
-        for (int mode : {1, 0, -1}) {
-            cuda::set_fused_rope(mode);
-            for (const QuantScheme & s : schemes) {
-                for (int d : {64, 128}) {
-                    for (int m : {1, 3}) check_qkv_rope(d, m, m == 1, mode, &s);
-                }
-            }
-        }
-    }
-    cuda::set_fused_rope(-1);
-    cuda::set_qgemv_ring_fast(-1);
 }
 
 TEST(CudaOps, ArgmaxAdvanceAndGatherRows) {

@@ -79,15 +79,12 @@ static std::atomic<int> fused_rope_mode{-1};
 
 void set_fused_rope(int mode) { fused_rope_mode = mode; }
 
-bool qkv_rope_fusable(const GemvArgs & a, const QkvRopeArgs & r) {
+void gemv_qkv_rope(const GemvArgs & args, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream) {
     const int mode = fused_rope_mode;
     const bool fuse = mode == 1 || (mode == -1 && r.head_dim == 128);
-    return fuse && r.cache.quant.kind == KVKind::BF16 && !r.q_norm && !r.k_norm && !r.fp8_amax && r.head_dim % 2 == 0 && r.n == a.m &&
-           a.n == (r.n_head + 2 * r.n_kv) * r.head_dim && r.q_out;
-}
-
-void gemv_qkv_rope(const GemvArgs & args, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream) {
-    if (qkv_rope_fusable(args, r)) {
+    const bool fits = fuse && r.cache.quant.kind == KVKind::BF16 && !r.q_norm && !r.k_norm && !r.fp8_amax && r.head_dim % 2 == 0 &&
+                      r.n == args.m && args.n == (r.n_head + 2 * r.n_kv) * r.head_dim && r.q_out;
+    if (fits) {
         GemvArgs a = launch_args(args, in, "gemv_qkv_rope");
         a.n = args.n / 2;  // RoPE pairs
         if (gemv_balanced_qkv_rope(a, in, r, stream)) return;

@@ -194,16 +194,9 @@ void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
 // a bf16 cache, no q/k norms, no fp8 range pass (gemv_balanced.cu); nothing is then written to r.qkv. Elsewhere the
 // two kernels.
 void gemv_qkv_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream);
-// The same with quantized weights (the qgemv above): fused into the tiled layout's ring kernel where the input is
-// normalised and staged in the kernel (qgemv_ring.cuh, ROPE) and the rule below allows it, with head_dim a multiple of
-// 32; elsewhere qgemv, then qkv_rope_cache.
-void qgemv_qkv_rope(const QuantMatrix & w, const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, void * scratch, cudaStream_t stream);
-// gemv_qkv_rope's and qgemv_qkv_rope's choice from now on: -1 the default rule (fused at head_dim 128), 0 never fused,
-// 1 fused wherever it applies.
+// gemv_qkv_rope's choice from now on: -1 the default rule (fused at head_dim 128), 0 never fused, 1 fused wherever it
+// applies.
 void set_fused_rope(int mode);
-// Whether that choice fuses the QKV projection a (all (n_head + 2 n_kv) d rows) with r's epilogue: the mode, a bf16
-// cache, no q/k norms, no fp8 range pass, one token a row of a.
-bool qkv_rope_fusable(const GemvArgs & a, const QkvRopeArgs & r);
 // scale[i] = amax[i] / 448 (1 where amax is 0), i = 0 (K), 1 (V): the fp8 rule of the CPU cache. A scale already
 // set (> 0, from the checkpoint) is kept.
 void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream);

@@ -339,19 +339,6 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, vo
     QINFER_FAIL() << "qgemv: " << w.bits << "-bit codes with k " << a.k << " and group " << w.group << " are not supported";
 }
 
-void qgemv_qkv_rope(const QuantMatrix & w, const GemvArgs & args, GemvIn in, const QkvRopeArgs & r, void * scratch, cudaStream_t stream) {
-    const bool fits = w.tiled && in == GemvIn::NormF32 && args.norm_w && w.rows == args.n && w.k == args.k && args.m >= 1 && args.m <= 8 &&
-                      r.head_dim % 32 == 0 && size_t(args.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes && qkv_rope_fusable(args, r);
-    const char * ab = std::getenv("QINFER_QRING_ROPE");  // A/B switch, removed once measured
-    if (fits && !(ab && ab[0] == '0')) {
-        GemvArgs a = args;
-        a.n = args.n / 2;  // RoPE pairs
-        return qgemv_ring_stage_norm_rope(w, a, r, stream);
-    }
-    qgemv(w, args, in, GemvOut::Bf16, scratch, stream);
-    qkv_rope_cache(r, stream);
-}
-
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream) {
     const int threads = 256;
     if (w.tiled) {

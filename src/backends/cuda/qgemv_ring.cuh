@@ -26,14 +26,12 @@
 #pragma once
 
 #include <climits>
-#include <type_traits>
 #include <cuda_bf16.h>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
 #include "backends/cuda/qstage.cuh"
-#include "backends/cuda/rope_common.cuh"
 
 namespace qinfer::cuda::ring4 {
 
@@ -67,19 +65,6 @@ __device__ __forceinline__ void prefetch_l2(const void * p, uint32_t bytes) {
 #endif
 }
 
-// The row block of the stacked weight that row block rb's matrix `mat` reads. hb == 0: two matrices stacked (gate's
-// row blocks, then up's: matrix 1 at rb + n_rb). hb > 0 (the QKV projection with RoPE in the epilogue): rb counts
-// blocks of 16 RoPE pairs, hb = head_dim / 32 of them a head; matrix 0 is rows (h d + 16 j', + 16) of head h =
-// rb / hb, j' = rb % hb, and matrix 1 their partners d / 2 further on (rows h d + d / 2 + 16 j', + 16), so a warp pair
-// ends with both rows of each pair it rotates.
-__host__ __device__ __forceinline__ int stacked_block(int rb, int mat, int n_rb, int hb) {
-    if (hb > 0) return (rb / hb) * 2 * hb + rb % hb + mat * hb;
-    return mat == 0 ? rb : rb + n_rb;
-}
-
-struct NoRope {};  // the kernel parameter of the variants without the RoPE epilogue
-template <bool ROPE> using RopeParam = std::conditional_t<ROPE, QkvRopeArgs, NoRope>;
-
 // A group's parameters as the kernel keeps them: fp16 scale | bf16(128 + zero) << 16 (Affine4), fp16 scale | zero << 16
 // (Affine8), the fp32 absmax (Lookup4).
 template <Codes C> __device__ __forceinline__ uint32_t pack_group(const QuantMatrix & w, size_t gidx) {
@@ -95,7 +80,7 @@ template <Codes C> __device__ __forceinline__ uint32_t pack_group(const QuantMat
 // zero bytes at once, every load of the block in one batch (two per thread for 7B's gate_up). Needs 16-byte aligned
 // scales and 8-byte aligned zeros (checked by the launch).
 template <Codes C, int RBB, int MATS>
-__device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb, int hb, int G, int gs, uint32_t * sq) {
+__device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb, int G, int gs, uint32_t * sq) {
     constexpr int k_batch = 2;
     const int per_rb = 2 * G;  // 16 G parameters in loads of 8
     const int n8 = RBB * MATS * per_rb;
@@ -108,7 +93,7 @@ __device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb
             sc[u] = make_uint4(0, 0, 0, 0);
             zb[u] = make_uint2(0, 0);
             if (i >= n8 || rb_c >= n_rb) continue;
-            const size_t at = (size_t(stacked_block(rb_c, c % MATS, n_rb, hb)) * 16) * G + size_t(i % per_rb) * 8;
+            const size_t at = (size_t(c % MATS == 0 ? rb_c : rb_c + n_rb) * 16) * G + size_t(i % per_rb) * 8;
             sc[u] = *reinterpret_cast<const uint4 *>(w.scales + at);
             if (w.zeros) zb[u] = *reinterpret_cast<const uint2 *>(w.zeros + at);
         }
@@ -139,23 +124,16 @@ __device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb
 
 // Shared memory: the staged input (bf16 [m, k_padded], StageNorm/StageBf16 only), then the packed group parameters
 // (uint32 [RBB * MATS * 16 rows, gstride]; gstride = groups | 1, so the 8 rows a warp reads fall in different banks),
-// then for Lookup4 the pair table (uint32 [256, 32]), then with ROPE each pair's target (rope::PairTarget
-// [RBB * 16 pairs, m], 8-byte aligned).
+// then for Lookup4 the pair table (uint32 [256, 32]).
 __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
-__host__ __device__ constexpr int mats_for(GemvOut out, bool rope) { return out == GemvOut::SiluMulBf16 || rope ? 2 : 1; }
 
-// ROPE (the QKV projection of a bf16 cache without q/k norms, a.n = its rows / 2): row block pairs as stacked_block
-// gives them; each (pair, token)'s position, cos / sin, bias and destination are worked out (rope::pair_target) while
-// the first codes are in flight, and the epilogue rounds, biases, rotates and stores q or the cache row as
-// qkv_rope_cache does, so no qkv buffer and no second kernel.
-template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring, bool ROPE = false>
+template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
-    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead, RopeParam<ROPE> rope) {
+    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
     constexpr int PLANES = planes_of(C);     // 16-byte loads per lane and 64-wide K block
     constexpr int RING = RINGK / PLANES;     // K blocks in flight
     constexpr int TILE = 32 * PLANES;        // uint4 per row block and K block
-    constexpr int MATS = mats_for(OUT, ROPE);
-    static_assert(!ROPE || OUT == GemvOut::Bf16, "the RoPE epilogue replaces the bf16 store");
+    constexpr int MATS = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     constexpr int RBB = k_warps / (MATS * KS);
     static_assert(RBB >= 1 && RBB * MATS * KS == k_warps);
     extern __shared__ uint4 smem_raw[];
@@ -164,13 +142,11 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
 
     const int kp = w.k_padded, nkb = kp / 64, m = a.m, G = w.groups, gs = group_stride(G);
     const int n_rb = (a.n + 15) / 16;
-    int hb = 0;  // row blocks of RoPE pairs a head (ROPE), else 0
-    if constexpr (ROPE) hb = rope.head_dim / 32;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int part = warp % KS, mat = (warp / KS) % MATS, rbl = warp / (KS * MATS);
     const int rb = blockIdx.x * RBB + rbl;
     const bool active = rb < n_rb;
-    const int grb = stacked_block(rb, mat, n_rb, hb);  // row block in the stacked weight
+    const int grb = mat == 0 ? rb : rb + n_rb;  // row block in the stacked weight
     const int kb_begin = part * nkb / KS, kb_end = (part + 1) * nkb / KS;
     // Plane p of K block kb at src + kb * TILE + p * 32.
     const uint4 * src = reinterpret_cast<const uint4 *>(w.codes) + size_t(grb) * nkb * TILE + lane;
@@ -199,7 +175,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     // waits for memory once per batch, not once per parameter; affine ones 8 at a time where aligned (a.vec_params).
     const int n_params = RBB * MATS * 16 * G;
     if constexpr (C != Codes::Lookup4) {
-        if (a.vec_params) stage_params_vec<C, RBB, MATS>(w, n_rb, hb, G, gs, sq);
+        if (a.vec_params) stage_params_vec<C, RBB, MATS>(w, n_rb, G, gs, sq);
     }
     for (int i0 = threadIdx.x; i0 < (C != Codes::Lookup4 && a.vec_params ? 0 : n_params); i0 += k_param_batch * k_threads) {
         uint32_t v[k_param_batch];
@@ -209,7 +185,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
             const int i = i0 + u * k_threads, lr = i / G, gi = i % G;
             const int rb_i = blockIdx.x * RBB + lr / (MATS * 16), mat_i = (lr / 16) % MATS;
             at[u] = i < n_params && rb_i < n_rb ? lr * gs + gi : -1;
-            if (at[u] >= 0) v[u] = pack_group<C>(w, (size_t(stacked_block(rb_i, mat_i, n_rb, hb)) * 16 + lr % 16) * G + gi);
+            if (at[u] >= 0) v[u] = pack_group<C>(w, (size_t(mat_i == 0 ? rb_i : rb_i + n_rb) * 16 + lr % 16) * G + gi);
         }
 #pragma unroll
         for (int u = 0; u < k_param_batch; u++) {
@@ -224,16 +200,6 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         const uint32_t bits = *reinterpret_cast<const uint32_t *>(&pair);
 #pragma unroll 8
         for (int c = 0; c < 32; c++) lut[b * 32 + (c + b) % 32] = bits;  // banks (c + b) % 32: distinct within a warp
-    }
-    // ROPE: the block's pair targets, [16 rbl + pair row, token]. Positions and block tables are written before the
-    // kernel ahead began (its pdl_wait), as in gemv_balanced.cu.
-    [[maybe_unused]] rope::PairTarget * targets = reinterpret_cast<rope::PairTarget *>(
-        sq + ((size_t(RBB) * MATS * 16 * gs + (C == Codes::Lookup4 ? k_lut_words : 0) + 1) & ~size_t(1)));
-    if constexpr (ROPE) {
-        for (int i = threadIdx.x; i < RBB * 16 * m; i += k_threads) {
-            const int tok = i % m, lr = i / m, rb_i = blockIdx.x * RBB + lr / 16;
-            if (rb_i < n_rb) targets[i] = rope::pair_target(rope, tok, rb_i / hb, (rb_i % hb) * 16 + lr % 16);
-        }
     }
 
     // Normalised inputs in b_pair_order (qstage.cuh) for the fast rounds' 16-byte B loads.
@@ -413,9 +379,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         const int o = rb * 16 + g + (i >= 2 ? 8 : 0), tok = 2 * t + (i & 1);
         if (o >= a.n || tok >= m) continue;
         const size_t dst = size_t(tok) * a.n + o;
-        if constexpr (ROPE) {
-            rope::store_pair(targets[(rbl * 16 + g + (i >= 2 ? 8 : 0)) * m + tok], rope.head_dim / 2, sum[0][i], sum[1][i]);
-        } else if constexpr (OUT == GemvOut::Bf16) {
+        if constexpr (OUT == GemvOut::Bf16) {
             static_cast<bf16 *>(a.y)[dst] = __float2bfloat16(sum[0][i]);
         } else if constexpr (OUT == GemvOut::F32) {
             static_cast<float *>(a.y)[dst] = sum[0][i];

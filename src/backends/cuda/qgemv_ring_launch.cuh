@@ -18,9 +18,6 @@ namespace qinfer::cuda {
 void qgemv_ring_global(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s);
 void qgemv_ring_stage_norm(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
-// The QKV projection normalised in the kernel with bias, RoPE and the cache store in its epilogue (a.n: RoPE pairs, half
-// the weight's rows; qgemv_qkv_rope checks where it applies).
-void qgemv_ring_stage_norm_rope(const QuantMatrix & w, const GemvArgs & a, const QkvRopeArgs & r, cudaStream_t s);
 
 // Whether launches that qualify use the deep ring (ring4::k_ring_deep) for this code kind (by default 4-bit affine
 // codes only; set_qgemv_ring_deep).
@@ -34,16 +31,15 @@ inline int forced_ks() { return env().qgemv_k_parts; }
 
 namespace ring_launch {
 
+template <GemvOut OUT> constexpr int mats_of() { return OUT == GemvOut::SiluMulBf16 ? 2 : 1; }
 
 inline ring4::Codes codes_of(const QuantMatrix & w) {
     return w.lut ? ring4::Codes::Lookup4 : w.bits == 8 ? ring4::Codes::Affine8 : ring4::Codes::Affine4;
 }
 
-// rows_blocks: the block's row blocks over its matrices; rope_blocks: its blocks of RoPE pairs (ROPE), else 0.
-inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks, int rope_blocks = 0) {
-    const size_t before_targets = (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) +
-                                  size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4 + (w.lut ? ring4::k_lut_words * 4 : 0);
-    return rope_blocks ? (before_targets + 7) / 8 * 8 + size_t(rope_blocks) * 16 * m * sizeof(rope::PairTarget) : before_targets;
+inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks) {
+    return (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4 +
+           (w.lut ? ring4::k_lut_words * 4 : 0);
 }
 
 // Codes requested into L2 beyond the ring kernel's register ring, in 64-wide K blocks. On an H100 (7B GPTQ-Int4 shapes, m 1): down 29.4 -> 26.1 us with 6 blocks (27.9 with 12), o_proj unchanged,
@@ -63,11 +59,10 @@ inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes
     return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= 3 * (ringk / ring4::planes_of(c)));
 }
 
-template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS, bool ROPE = false>
-void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s,
-                 const ring4::RopeParam<ROPE> & rope = {}) {
-    constexpr int RBB = ring4::k_warps / (ring4::mats_for(OUT, ROPE) * KS);
-    auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring, ROPE>;
+template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
+void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
+    constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
+    auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS>;
     static PerDevice<size_t> configured;
     allow_dynamic_smem(kernel, smem, configured);
     const int n_rb = (a.n + 15) / 16;
@@ -88,11 +83,11 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
             static PerDevice<size_t> configured_deep;
             allow_dynamic_smem(deep, smem, configured_deep);
             args.ring_fast = ring_fast_for(w, KS, ring4::k_ring_deep, C);
-            launch_kernel(deep, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead, ring4::NoRope{});
+            launch_kernel(deep, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
             return;
         }
     }
-    launch_kernel(kernel, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead, rope);
+    launch_kernel(kernel, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
 }
 
 constexpr size_t k_ring_max_smem = 160 * 1024;
@@ -100,31 +95,29 @@ constexpr size_t k_ring_max_smem = 160 * 1024;
 // K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
 // split as row blocks x matrices x parts), with at least one 64-wide K block per part; more where the block's group
 // parameters (rows x groups) would not fit in shared memory. 0: no split fits.
-template <GemvOut OUT, bool ROPE = false> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
-    constexpr int MATS = ring4::mats_for(OUT, ROPE);
+template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
+    constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
     int ks = forced_ks() ? std::min(forced_ks(), max_ks) : 1;
     while (!forced_ks() && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
-    auto bytes = [&](int parts) { return ring_smem_bytes(w, m, staged, ring4::k_warps / parts, ROPE ? ring4::k_warps / (MATS * parts) : 0); };
-    while (ks < max_ks && bytes(ks) > k_ring_max_smem) ks *= 2;
-    return bytes(ks) <= k_ring_max_smem ? ks : 0;
+    while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
+    return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
 
-template <ring4::Codes C, GemvOut OUT, ring4::XSrc XS, bool ROPE = false>
-void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s,
-                    const ring4::RopeParam<ROPE> & rope = {}) {
-    constexpr int MATS = ring4::mats_for(OUT, ROPE);
-    const int ks = ring_parts<OUT, ROPE>(w, a.n, a.m, XS != ring4::XSrc::Global);
+template <ring4::Codes C, GemvOut OUT, ring4::XSrc XS>
+void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
+    constexpr int MATS = mats_of<OUT>();
+    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global);
     if (ks == 0) QINFER_FAIL() << "qgemv: " << w.groups << " quantization groups per row do not fit in shared memory";
-    const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks, ROPE ? ring4::k_warps / (MATS * ks) : 0);
+    const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks);
     switch (ks) {
-    case 1: return launch_ring<C, OUT, 1, XS, ROPE>(w, x, ldx, a, smem, s, rope);
-    case 2: return launch_ring<C, OUT, 2, XS, ROPE>(w, x, ldx, a, smem, s, rope);
-    case 4: return launch_ring<C, OUT, 4, XS, ROPE>(w, x, ldx, a, smem, s, rope);
+    case 1: return launch_ring<C, OUT, 1, XS>(w, x, ldx, a, smem, s);
+    case 2: return launch_ring<C, OUT, 2, XS>(w, x, ldx, a, smem, s);
+    case 4: return launch_ring<C, OUT, 4, XS>(w, x, ldx, a, smem, s);
     default:
-        if constexpr (MATS == 1) return launch_ring<C, OUT, 8, XS, ROPE>(w, x, ldx, a, smem, s, rope);
-        return launch_ring<C, OUT, 4, XS, ROPE>(w, x, ldx, a, smem, s, rope);
+        if constexpr (MATS == 1) return launch_ring<C, OUT, 8, XS>(w, x, ldx, a, smem, s);
+        return launch_ring<C, OUT, 4, XS>(w, x, ldx, a, smem, s);
     }
 }
 
@@ -144,16 +137,6 @@ void launch_ring_codes(const QuantMatrix & w, const bf16 * x, int ldx, const Gem
     case ring4::Codes::Affine4: return launch_ring_out<ring4::Codes::Affine4, XS>(w, x, ldx, a, out, s);
     case ring4::Codes::Affine8: return launch_ring_out<ring4::Codes::Affine8, XS>(w, x, ldx, a, out, s);
     case ring4::Codes::Lookup4: return launch_ring_out<ring4::Codes::Lookup4, XS>(w, x, ldx, a, out, s);
-    }
-}
-
-// The QKV projection with the RoPE epilogue (ROPE), bf16 output replaced by the stores.
-template <ring4::XSrc XS>
-void launch_ring_codes_rope(const QuantMatrix & w, const GemvArgs & a, const QkvRopeArgs & r, cudaStream_t s) {
-    switch (codes_of(w)) {
-    case ring4::Codes::Affine4: return launch_ring_ks<ring4::Codes::Affine4, GemvOut::Bf16, XS, true>(w, nullptr, 0, a, s, r);
-    case ring4::Codes::Affine8: return launch_ring_ks<ring4::Codes::Affine8, GemvOut::Bf16, XS, true>(w, nullptr, 0, a, s, r);
-    case ring4::Codes::Lookup4: return launch_ring_ks<ring4::Codes::Lookup4, GemvOut::Bf16, XS, true>(w, nullptr, 0, a, s, r);
     }
 }
 

@@ -7,8 +7,4 @@ void qgemv_ring_stage_norm(const QuantMatrix & w, const GemvArgs & a, GemvOut ou
     ring_launch::launch_ring_codes<ring4::XSrc::StageNorm>(w, nullptr, 0, a, out, s);
 }
 
-void qgemv_ring_stage_norm_rope(const QuantMatrix & w, const GemvArgs & a, const QkvRopeArgs & r, cudaStream_t s) {
-    ring_launch::launch_ring_codes_rope<ring4::XSrc::StageNorm>(w, a, r, s);
-}
-
 }  // namespace qinfer::cuda
