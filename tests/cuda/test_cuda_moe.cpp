@@ -466,7 +466,9 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantMoeCase{"gptq4_rows_b64", gptq_scheme(4, -1, true, QuantPacking::GptqV1), 8, 2, 64, 288, 96},
                       QuantMoeCase{"gptq8_rows", gptq_scheme(8, -1, true, QuantPacking::GptqV1), 64, 8, 3, 256, 160},
                       QuantMoeCase{"gptq8_asym_g32_pad", gptq_scheme(8, 32, false, QuantPacking::GptqV2), 5, 2, 9, 160, 96},
-                      QuantMoeCase{"awq_g64_e128", gptq_scheme(4, 64, false, QuantPacking::AwqGemm), 128, 8, 2, 192, 128}),
+                      QuantMoeCase{"awq_g64_e128", gptq_scheme(4, 64, false, QuantPacking::AwqGemm), 128, 8, 2, 192, 128},
+                      // One rank's experts of tiny-qwen3-moe-kv4 at --tp 4: down's K one 64-wide block, 40 tokens.
+                      QuantMoeCase{"gptq4_asym_g32_i64_b40", gptq_scheme(4, 32, false, QuantPacking::GptqV2), 8, 2, 40, 128, 64}),
     [](const ::testing::TestParamInfo<QuantMoeCase> & info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -126,6 +126,24 @@ double rel_error(const std::vector<float> & a, const std::vector<float> & b) {
     return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// Where the rows' errors lie (a failure message): the median row's relative error and the worst rows'. One row far
+// off with the rest near the median is a token routed to other experts (a near tie flipped by rounding); every row off
+// is a kernel's error.
+std::string row_errors(const std::vector<float> & a, const std::vector<float> & b, int V) {
+    std::vector<std::pair<double, size_t>> rows;
+    for (size_t r = 0; (r + 1) * size_t(V) <= b.size(); r++) {
+        const std::vector<float> ra(a.begin() + long(r * V), a.begin() + long((r + 1) * V)), rb(b.begin() + long(r * V), b.begin() + long((r + 1) * V));
+        rows.emplace_back(rel_error(ra, rb), r);
+    }
+    if (rows.empty()) return "";
+    std::sort(rows.begin(), rows.end());
+    std::string out = "; rows: median " + std::to_string(rows[rows.size() / 2].first) + ", worst";
+    for (size_t i = rows.size(); i-- > rows.size() - std::min<size_t>(4, rows.size());) {
+        out += " row " + std::to_string(rows[i].second) + " " + std::to_string(rows[i].first);
+    }
+    return out;
+}
+
 // The two engines' free-running greedy tokens are equal, or where they first part, the one GPU's own logits at that
 // step (greedy_context, then the tokens both chose) hold a near tie between the two choices: less than 2e-2 of the
 // row's largest logit apart, a rounding flip (logits within 1e-2 relative of each other) rather than a wrong token.
@@ -165,7 +183,7 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2
     ASSERT_EQ(one.batch_logits.size(), split.batch_logits.size());
     const double err = rel_error(split.logits, one.logits), batch_err = rel_error(split.batch_logits, one.batch_logits);
     // bf16 activations: o_proj's and down's partial sums are rounded to bf16 before they are added in prefill.
-    EXPECT_LT(err, tol) << "relative logit error of --tp " << tp << " against one GPU";
+    EXPECT_LT(err, tol) << "relative logit error of --tp " << tp << " against one GPU" << row_errors(split.logits, one.logits, one_gpu->config().vocab_size);
     EXPECT_LT(batch_err, tol) << "relative logit error of --tp " << tp << "'s batch steps against one GPU";
     std::printf("[ tp     ] %-40s relative logit error %.2e, batch steps %.2e\n", dir.c_str(), err, batch_err);
     if (same_greedy) expect_same_greedy_or_near_tie(*one_gpu, split.greedy, one.greedy);
