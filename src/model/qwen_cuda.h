@@ -300,8 +300,6 @@ private:
     // MoE with a shared expert: its kernels run on side_stream_ beside the routed experts (moe()), forked and joined
     // by these events.
     cudaStream_t side_stream_ = nullptr;
-    bool node_priorities_ = false;  // the side stream's priority above the main one's, kept by the decode graphs
-    unsigned long long graph_instantiate_flags() const { return node_priorities_ ? cudaGraphInstantiateFlagUseNodePriority : 0; }
     cudaEvent_t moe_fork_ = nullptr, moe_join_ = nullptr;
     DeviceBuffer embed_, final_norm_, lm_head_storage_;
     HostMappedBuffer embed_host_;      // the token embedding in pinned host memory (EngineOptions::embedding_on_gpu)
