@@ -478,8 +478,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
         moe_idx_ = DeviceBuffer(cuda::moe_routing_ints(c, cfg.num_experts_per_tok, cfg.num_experts) * sizeof(int), "workspace");
         moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
         moe_act_ = DeviceBuffer(std::max(ck * Ie, size_t(c) * Is) * sizeof(bf16), "workspace");
-        // The combine's per-tile counters, then the shared expert's ready count (cuda::MoeSharedOut::ready).
-        const size_t arrivals = cuda::moe_decode_arrivals(std::min(c, cuda::k_moe_gemv_max_tokens), H) + 1;
+        const size_t arrivals = cuda::moe_decode_arrivals(std::min(c, cuda::k_moe_gemv_max_tokens), H);
         moe_arrivals_ = DeviceBuffer(arrivals * sizeof(int), "workspace");
         CUDA_CHECK(cudaMemset(moe_arrivals_.get(), 0, arrivals * sizeof(int)));
         moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");
@@ -694,15 +693,6 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // the router and the routed experts, a branch of the decode graph joined before the combine: those kernels are
     // short and latency-bound, so the two chains overlap.
     const bool beside = L.has_shared && !on_host && c <= k_gemv_max_m;
-    // bf16 decode kernels: the shared expert's gated row is added by moe_decode's combine, whose combining blocks wait
-    // for it on a device count (cuda::MoeSharedOut) rather than for the whole stream. A/B switch QINFER_MOE_SHARED_READY=0
-    // (the combine kernel after the join), removed once measured.
-    static const bool shared_ready_on = [] {
-        const char * v = std::getenv("QINFER_MOE_SHARED_READY");
-        return !v || v[0] != '0';
-    }();
-    const bool shared_in_decode = decode_kernels && L.has_shared && shared_ready_on;
-    int * shared_ready = shared_in_decode && beside ? moe_arrivals_.as<int>() + moe_arrivals_.bytes() / sizeof(int) - 1 : nullptr;
     if (L.has_shared) {
         struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
             cudaStream_t & cur;
@@ -733,7 +723,6 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         } else {
             mlp(L.shared, xn, c, moe_gu_.as<bf16>(), moe_act_.as<bf16>(), moe_shared_.as<bf16>());
         }
-        if (shared_ready) cuda::moe_shared_ready(shared_ready, c, H, stream_);
         if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
         else prof_.mark("shared expert");
     }
@@ -757,10 +746,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         m.weights = r.weights;
         m.arrivals = moe_arrivals_.as<int>();
         m.norm = norm;
-        cuda::MoeSharedOut shared;
-        if (shared_in_decode) shared = cuda::MoeSharedOut{moe_shared_.as<bf16>(), router_logits_.as<float>() + E, router_rows, shared_ready};
-        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared && !shared_in_decode ? nullptr : sum, accumulate,
-                         stream_, shared);
+        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (q_routed) {
         const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
@@ -789,7 +775,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     }
     prof_.mark("experts");
     if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
-    if (!decode_kernels || (L.has_shared && !shared_in_decode)) {
+    if (!decode_kernels || L.has_shared) {
         cuda::moe_combine(sum, accumulate, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
                           L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
         prof_.mark("combine");

@@ -6,11 +6,8 @@
 //      GEMV and the routing kernel. Given the residual (MoeDecode::norm), the block also stages its token's RMSNorm in
 //      shared memory, so no RMSNorm kernel runs ahead of the router.
 //   2. down: a block per (assignment, 32 output features), each warp four rows with every load in flight; where the
-//      caller gives x, the block of a token's feature tile that finishes last adds the token's top_k rows (and a
-//      shared expert's gated row) into x in moe_combine's order, so no combine kernel. The shared expert runs on its
-//      own stream beside the routed chain; only those last blocks wait for it, on a device counter (MoeSharedOut::
-//      ready): joining its stream before the down launch instead made the whole launch wait and cost Qwen1.5-MoE-A2.7B
-//      6.8% on an H200 (bench/results/2026-11-30-h200-moe-parts, call 5).
+//      caller gives x (no shared expert to wait for), the block of a token's feature tile that finishes last adds the
+//      token's top_k rows into x in moe_combine's order, so no combine kernel.
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
@@ -28,12 +25,6 @@ constexpr int k_dn_out = k_rows;                     // down: four output featur
 constexpr int k_gu_per_block = k_warps * k_gu_out;   // 16 intermediate features
 constexpr int k_dn_per_block = k_warps * k_dn_out;   // 32 output features: a combine tile
 
-__device__ __forceinline__ int ld_acquire_gpu(const int * p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 struct DecodeArgs {
     MoeDecode m;
     const bf16 * xn = nullptr;  // [c, hidden]
@@ -41,7 +32,6 @@ struct DecodeArgs {
     bf16 * out = nullptr;       // [c top_k, hidden]
     float * x = nullptr;        // [c, hidden], or null: no combine here
     bool accumulate = false;
-    MoeSharedOut shared;        // shared.out: the combine adds the shared expert's gated row too
 };
 
 // R weight rows (pointers at the row's first chunk) dotted with one input row over `chunks` 16-byte chunks, the lanes
@@ -133,13 +123,6 @@ __global__ void __launch_bounds__(k_warps * 32) down_kernel(DecodeArgs a) {
     }
     __syncthreads();
     if (!last) return;
-    if (a.shared.ready) {  // the shared expert's row, written on the other stream
-        if (threadIdx.x == 0) {
-            while (ld_acquire_gpu(a.shared.ready) <= 0) __nanosleep(64);
-            atomicSub(a.shared.ready, 1);
-        }
-        __syncthreads();
-    }
     __threadfence();
     const int f = blockIdx.x * k_dn_per_block + threadIdx.x;
     if (threadIdx.x >= k_dn_per_block || f >= H) return;
@@ -148,19 +131,7 @@ __global__ void __launch_bounds__(k_warps * 32) down_kernel(DecodeArgs a) {
     for (int jj = 0; jj < k; jj++) {
         v += m.weights[size_t(t) * k + jj] * __bfloat162float(__ldcg(a.out + (size_t(t) * k + jj) * H + f));
     }
-    if (a.shared.out) {
-        const float gate = a.shared.gate[size_t(t) * a.shared.gate_stride];
-        v += 1.0f / (1.0f + expf(-gate)) * __bfloat162float(__ldcg(a.shared.out + size_t(t) * H + f));
-    }
     *xp = v;
-}
-
-__global__ void shared_ready_kernel(int * ready, int n) {
-    pdl_wait();  // the shared expert's down projection has completed and its row is visible
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(ready, n);
-    }
 }
 
 }  // namespace
@@ -172,12 +143,7 @@ bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter) {
 
 size_t moe_decode_arrivals(int c, int hidden) { return size_t(c) * ((hidden + k_dn_per_block - 1) / k_dn_per_block); }
 
-void moe_shared_ready(int * ready, int c, int hidden, cudaStream_t stream) {
-    launch_kernel(shared_ready_kernel, 1, 32, 0, stream, ready, int(moe_decode_arrivals(c, hidden)));
-}
-
-void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream,
-                const MoeSharedOut & shared) {
+void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream) {
     const MoeExperts & w = m.experts;
     QINFER_CHECK(moe_decode_applies(w.n_experts, m.top_k, w.hidden, w.inter))
         << "MoE decode: " << w.n_experts << " experts, top-" << m.top_k << ", hidden " << w.hidden << ", intermediate " << w.inter;
@@ -190,8 +156,6 @@ void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * 
     a.out = out;
     a.x = x;
     a.accumulate = accumulate;
-    a.shared = shared;
-    QINFER_CHECK(!shared.out || (x && shared.gate)) << "MoE decode: a shared expert's output is combined into x, with its gate";
     const int assignments = c * m.top_k;
     const size_t xs_bytes = m.norm.x ? size_t(w.hidden) * sizeof(bf16) : 0;
     if (m.norm.x) {

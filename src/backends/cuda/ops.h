@@ -398,21 +398,7 @@ struct MoeDecode {
 };
 bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter);
 size_t moe_decode_arrivals(int c, int hidden);
-// A shared expert's output for moe_decode's combine: x += ... + sigmoid(gate[t gate_stride]) out[t] after the routed
-// rows, as moe_combine adds it. With `ready` the shared expert runs on another stream, unordered with the down launch:
-// each block that combines (moe_decode_arrivals(c, hidden) of them) waits until *ready is positive, then takes one off,
-// and moe_shared_ready, launched after the shared expert's down projection, adds them all (the count is zero between
-// steps, so a positive count means this step's shared row is written). Without it, stream order must make `out` ready.
-struct MoeSharedOut {
-    const bf16 * out = nullptr;    // bf16 [c, hidden]
-    const float * gate = nullptr;  // the router's gate logit of token t at gate[t gate_stride]
-    int gate_stride = 0;
-    int * ready = nullptr;         // a device int, zero between steps, or null
-};
-void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream,
-                const MoeSharedOut & shared = {});
-// After the kernels that write a MoeSharedOut's out (same stream): *ready += moe_decode_arrivals(c, hidden).
-void moe_shared_ready(int * ready, int c, int hidden, cudaStream_t stream);
+void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream);
 // Quantized routed experts (moe_quant.cu): every expert's 4- or 8-bit affine codes stacked in the tile layout of
 // model/quant_repack.h, gate_up rows [n_experts, gate inter | up inter] over hidden, down rows [n_experts, hidden]
 // over inter; no act-order. One launch per projection reads each chosen expert's codes once per k_moe_qtile_rows of
