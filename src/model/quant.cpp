@@ -46,6 +46,47 @@ uint32_t QuantReader::code(int64_t n, int64_t k) const {
     return 0;
 }
 
+void QuantReader::codes_row(int64_t n, uint8_t * out) const {
+    switch (l_.scheme.packing) {
+    case QuantPacking::GptqV1:
+    case QuantPacking::GptqV2: {
+        const int bits = l_.scheme.bits;
+        if (32 % bits != 0) break;  // 3-bit fields straddle words: code() below
+        // qweight [K bits / 32, N]: column n, one word of 32 / bits codes per row of qweight.
+        const int per_word = 32 / bits;
+        const uint32_t mask = (1u << bits) - 1u;
+        for (int64_t k0 = 0; k0 < K_; k0 += per_word) {
+            uint32_t w = qweight_[(k0 / per_word) * N_ + n];
+            for (int i = 0; i < per_word && k0 + i < K_; i++, w >>= bits) out[k0 + i] = uint8_t(w & mask);
+        }
+        return;
+    }
+    case QuantPacking::AwqGemm: {
+        const uint32_t * col = qweight_ + n / 8;
+        const int shift = 4 * k_awq_rev[n % 8];
+        for (int64_t k = 0; k < K_; k++) out[k] = uint8_t((col[k * (N_ / 8)] >> shift) & 0xFu);
+        return;
+    }
+    case QuantPacking::AwqGemv: {
+        const uint32_t * words = qweight_ + n * (K_ / 8);
+        for (int64_t k = 0; k < K_; k++) out[k] = uint8_t((words[k / 8] >> (4 * (k % 8))) & 0xFu);
+        return;
+    }
+    case QuantPacking::Nf4:
+    case QuantPacking::Fp4:
+        if (K_ % 2 == 0) {  // row n starts on a byte: element 2j in the high nibble
+            const uint8_t * b = codes_ + n * K_ / 2;
+            for (int64_t j = 0; j < K_ / 2; j++) {
+                out[2 * j] = uint8_t(b[j] >> 4);
+                out[2 * j + 1] = uint8_t(b[j] & 0xFu);
+            }
+            return;
+        }
+        break;
+    }
+    for (int64_t k = 0; k < K_; k++) out[k] = uint8_t(code(n, k));
+}
+
 float QuantReader::scale(int64_t g, int64_t n) const {
     if (l_.scheme.packing == QuantPacking::AwqGemv) return cpu::weight_at(l_.scales, n * 8 * gemv_zeros_width_ + g);
     return cpu::weight_at(l_.scales, g * N_ + n);

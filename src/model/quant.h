@@ -27,6 +27,8 @@ public:
     int64_t groups() const { return groups_; }
     // Stored integer code of weight [n, k] (n < out_features, k < in_features).
     uint32_t code(int64_t n, int64_t k) const;
+    // Row n's codes, uint8 [K] in input-channel order: code(n, k) for every k, unpacked a stored word at a time.
+    void codes_row(int64_t n, uint8_t * out) const;
     // GPTQ/AWQ: w = scale(g, n) * (code - zero(g, n)), g = group(k).
     int64_t group(int64_t k) const { return g_idx_ ? g_idx_[k] : k / group_size_; }
     float scale(int64_t g, int64_t n) const;

@@ -64,6 +64,39 @@ size_t RepackedQuant::word_index(int64_t row, int64_t pos, int * shift, int plan
     return size_t((((rb * (k_padded / 64) + kb) * planes + plane) * 32 + (g * 4 + t)) * 4 + j);
 }
 
+void RepackedQuant::put_row(int64_t row, const uint8_t * q) {
+    if (!tiled) {
+        const int per_word = 32 / bits;
+        uint32_t * words = codes.data() + size_t(row) * words_per_row();
+        for (int64_t i = 0; i < k; i++) words[i / per_word] |= uint32_t(q[i]) << (bits * (i % per_word));
+        return;
+    }
+    // word_index's arithmetic, hoisted: a 16-position step j of K block kb starts at word ((row_block * (K/64) + kb)
+    // * planes * 32 + g * 4) * 4 + j, and its position kk sits in lane t = (kk % 8) / 2 of the row's quad (4 words
+    // apart) at the field of A register 2 (kk >= 8) + (row % 16 >= 8), odd element kk % 2.
+    const int planes = bits / 4, hi_row = row % 16 >= 8;
+    int lane_word[16], shift[16];
+    for (int kk = 0; kk < 16; kk++) {
+        const int reg = 2 * (kk >= 8) + hi_row, odd = kk % 2;
+        lane_word[kk] = 4 * ((kk % 8) / 2);
+        shift[kk] = lut ? 8 * reg + 4 * odd : 4 * (reg + 4 * odd);
+    }
+    uint32_t * const block0 = codes.data() + size_t(row / 16) * (k_padded / 64) * planes * 128 + size_t(row % 8) * 16;
+    for (int64_t p0 = 0; p0 < k; p0 += 16) {
+        uint32_t * step = block0 + size_t(p0 / 64) * planes * 128 + (p0 % 64) / 16;
+        const int n = int(std::min<int64_t>(16, k - p0));
+        for (int kk = 0; kk < n; kk++) {
+            const uint32_t v = q[p0 + kk];
+            if (planes == 2) {
+                step[lane_word[kk]] |= (v & 15u) << shift[kk];
+                step[128 + lane_word[kk]] |= (v >> 4) << shift[kk];
+            } else {
+                step[lane_word[kk]] |= v << shift[kk];
+            }
+        }
+    }
+}
+
 uint32_t RepackedQuant::code(int64_t row, int64_t pos) const {
     int shift = 0;
     if (tiled && bits == 8) {
@@ -182,22 +215,16 @@ RepackedQuant repack_quant(const std::vector<const Linear *> & parts, bool tile)
         // Rows own disjoint words in both layouts (a tiled word holds rows g and g + 8: two passes, even then odd).
         const auto fill_row = [&](int64_t n) {
             const int64_t row = row0 + n;
-            for (int64_t i = 0; i < r.k; i++) {
-                const int64_t channel = r.perm.empty() ? i : r.perm[size_t(i)];
-                // The word's index first, then the shift it set: in `codes[word_index(&shift)] |= q << shift` C++17
-                // evaluates the right side first, with the shift still unset (a build with sanitizers did).
-                int shift = 0;
-                const uint32_t q = reader.code(n, channel);
-                if (r.tiled && r.bits == 8) {
-                    const size_t lo = r.word_index(row, i, &shift, 0);
-                    r.codes[lo] |= (q & 15u) << shift;
-                    const size_t hi = r.word_index(row, i, &shift, 1);
-                    r.codes[hi] |= (q >> 4) << shift;
-                } else {
-                    const size_t w = r.word_index(row, i, &shift);
-                    r.codes[w] |= q << shift;
-                }
+            thread_local std::vector<uint8_t> by_channel, by_pos;
+            by_channel.resize(size_t(r.k));
+            reader.codes_row(n, by_channel.data());
+            const uint8_t * q = by_channel.data();
+            if (!r.perm.empty()) {
+                by_pos.resize(size_t(r.k));
+                for (int64_t i = 0; i < r.k; i++) by_pos[size_t(i)] = by_channel[size_t(r.perm[size_t(i)])];
+                q = by_pos.data();
             }
+            r.put_row(row, q);
             for (int64_t g = 0; g < r.groups; g++) {
                 if (r.lut) {
                     r.absmax[size_t(row * r.groups + g)] = reader.absmax((n * r.k) / 64 + g);

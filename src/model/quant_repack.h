@@ -38,6 +38,9 @@ struct RepackedQuant {
     std::vector<int32_t> perm;     // [k]: position i holds input channel perm[i]; empty: identity
 
     int words_per_row() const { return k * bits / 32; }
+    // Stores row `row`'s codes, uint8 [k] in position order (perm applied), into `codes` (its fields zero before; rows
+    // g and g + 8 of a tiled block share words, so they are not stored at once).
+    void put_row(int64_t row, const uint8_t * q);
     // Where code (row, pos) lives (tiled 8-bit: its low (plane 0) or high (plane 1) nibble).
     size_t word_index(int64_t row, int64_t pos, int * shift, int plane = 0) const;
     // Reads back what the kernels will see (round-trip tests).
