@@ -200,6 +200,10 @@ std::map<std::string, std::vector<uint8_t>> quantize_gptq(const Linear & l, cons
             q[size_t(n * K + k)] = uint8_t(std::clamp(int(std::lround(row[k] / sc)) + zero[size_t(g * N + n)], 0, maxq));
         }
     });
+    // As the loader requires (model/weights.cpp): the packed rows hold whole words (else the fields below would run
+    // past them).
+    QINFER_CHECK((K * s.bits) % 32 == 0 && (N * s.bits) % 32 == 0)
+        << l.qweight.name << ": " << s.bits << "-bit GPTQ packing needs in and out features (" << K << ", " << N << ") times the bits to be multiples of 32";
     std::vector<uint32_t> qweight(size_t(K * s.bits / 32 * N), 0u), qzeros(size_t(groups * (N * s.bits / 32)), 0u);
     parallel_for(N, [&](int64_t n) {
         for (int64_t k = 0; k < K; k++) put_field(s.bits, k, q[size_t(n * K + k)], [&](int64_t r) -> uint32_t & { return qweight[size_t(r * N + n)]; });

@@ -43,6 +43,25 @@ TEST(QuantRepack, EveryFormatRoundTripsBitExactly) {
     }
 }
 
+// A row's codes unpacked a word at a time (what repack_quant reads) equal the reader's codes one by one, in every
+// packing and bit width (GPTQ 3-bit fields straddle words: the per-code path; 32 rows, as 3-bit packing needs).
+TEST(QuantRepack, CodesRowEqualsCodeByCode) {
+    for (const QuantScheme & s : {test::gptq_scheme(2, 32, true, QuantPacking::GptqV1), test::gptq_scheme(3, 32, false, QuantPacking::GptqV2),
+                                  test::gptq_scheme(4, 64, true, QuantPacking::GptqV1, true), test::gptq_scheme(8, 32, false, QuantPacking::GptqV2),
+                                  test::gptq_scheme(4, 32, false, QuantPacking::AwqGemm), test::gptq_scheme(4, 64, false, QuantPacking::AwqGemv),
+                                  test::bnb_scheme(QuantPacking::Nf4, false), test::bnb_scheme(QuantPacking::Fp4, true)}) {
+        for (int k : {192, 320}) {
+            auto a = test::make_quant_linear(s, 32, k, 5);
+            const QuantReader reader(a->l);
+            std::vector<uint8_t> row(static_cast<size_t>(k));
+            for (int n = 0; n < 32; n++) {
+                reader.codes_row(n, row.data());
+                for (int i = 0; i < k; i++) ASSERT_EQ(row[size_t(i)], reader.code(n, i)) << s.describe() << " k " << k << " row " << n << " channel " << i;
+            }
+        }
+    }
+}
+
 TEST(QuantRepack, RowDecoderEqualsTheReader) {
     for (const QuantScheme & s : {test::gptq_scheme(4, 32, false, QuantPacking::GptqV2, true), test::gptq_scheme(8, -1, true, QuantPacking::GptqV1),
                                   test::gptq_scheme(4, 64, false, QuantPacking::AwqGemm), test::gptq_scheme(4, 32, false, QuantPacking::AwqGemv),
