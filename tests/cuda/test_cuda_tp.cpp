@@ -126,17 +126,22 @@ double rel_error(const std::vector<float> & a, const std::vector<float> & b) {
     return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// Where the rows' errors lie (a failure message): the median row's relative error and the worst rows'. One row far
-// off with the rest near the median is a token routed to other experts (a near tie flipped by rounding); every row off
-// is a kernel's error.
-std::string row_errors(const std::vector<float> & a, const std::vector<float> & b, int V) {
+// Each row's relative error (rows of V logits), sorted: the worst last.
+std::vector<std::pair<double, size_t>> errors_by_row(const std::vector<float> & a, const std::vector<float> & b, int V) {
     std::vector<std::pair<double, size_t>> rows;
     for (size_t r = 0; (r + 1) * size_t(V) <= b.size(); r++) {
         const std::vector<float> ra(a.begin() + long(r * V), a.begin() + long((r + 1) * V)), rb(b.begin() + long(r * V), b.begin() + long((r + 1) * V));
         rows.emplace_back(rel_error(ra, rb), r);
     }
-    if (rows.empty()) return "";
     std::sort(rows.begin(), rows.end());
+    return rows;
+}
+
+// Where the rows' errors lie (a failure message): the median row's relative error and the worst rows'. One row far
+// off with the rest near the median is a token routed to other experts (a near tie flipped by rounding); every row off
+// is a kernel's error.
+std::string row_errors(const std::vector<std::pair<double, size_t>> & rows) {
+    if (rows.empty()) return "";
     std::string out = "; rows: median " + std::to_string(rows[rows.size() / 2].first) + ", worst";
     for (size_t i = rows.size(); i-- > rows.size() - std::min<size_t>(4, rows.size());) {
         out += " row " + std::to_string(rows[i].second) + " " + std::to_string(rows[i].first);
@@ -184,12 +189,7 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2
     const double batch_err = rel_error(split.batch_logits, one.batch_logits);
     // The prompt's rows, less the `flipped_rows` worst (tokens whose top-k experts a rounding difference may flip).
     const int V = one_gpu->config().vocab_size;
-    std::vector<std::pair<double, size_t>> by_row;
-    for (size_t r = 0; (r + 1) * size_t(V) <= one.logits.size(); r++) {
-        const auto row = [&](const std::vector<float> & l) { return std::vector<float>(l.begin() + long(r * V), l.begin() + long((r + 1) * V)); };
-        by_row.emplace_back(rel_error(row(split.logits), row(one.logits)), r);
-    }
-    std::sort(by_row.begin(), by_row.end());
+    const std::vector<std::pair<double, size_t>> by_row = errors_by_row(split.logits, one.logits, V);
     std::vector<float> kept_split, kept_one;
     for (size_t i = 0; i + size_t(flipped_rows) < by_row.size(); i++) {
         const size_t r = by_row[i].second;
@@ -198,7 +198,7 @@ void expect_tp_equals_one_gpu(const std::string & dir, int tp, double tol = 1e-2
     }
     const double err = rel_error(kept_split, kept_one);
     // bf16 activations: o_proj's and down's partial sums are rounded to bf16 before they are added in prefill.
-    EXPECT_LT(err, tol) << "relative logit error of --tp " << tp << " against one GPU" << row_errors(split.logits, one.logits, V);
+    EXPECT_LT(err, tol) << "relative logit error of --tp " << tp << " against one GPU" << row_errors(by_row);
     EXPECT_LT(batch_err, tol) << "relative logit error of --tp " << tp << "'s batch steps against one GPU";
     std::printf("[ tp     ] %-40s relative logit error %.2e, batch steps %.2e\n", dir.c_str(), err, batch_err);
     if (same_greedy) expect_same_greedy_or_near_tie(*one_gpu, split.greedy, one.greedy);
