@@ -154,11 +154,10 @@ bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rop
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
     static PerDevice<size_t> configured;
-    static size_t cached_smem = size_t(-1);
-    static int cached_blocks = 0;
+    static PerDevice<Occupancy> occupancy;
     allow_dynamic_smem(kernel, table_max_bytes + xs_bytes, configured);
     // One wave at the largest table: a smaller table can only let more blocks in.
-    const int per_sm = resident_blocks(kernel, k_threads, table_max_bytes + xs_bytes, cached_smem, cached_blocks);
+    const int per_sm = resident_blocks(kernel, k_threads, table_max_bytes + xs_bytes, occupancy);
     if (per_sm < 1) return false;
     const int grid = std::min(per_sm * sm_count(), a.n);
     const int table_rows = (a.n + grid - 1) / grid * n_mats;

@@ -7,14 +7,21 @@
 
 namespace qinfer::cuda {
 
-// Blocks of `kernel` resident per SM with `threads` threads and `smem` bytes, queried again only when smem changes
-// (the caller keeps cached_smem, starting at size_t(-1), and cached_blocks per kernel instance).
-template <class Kernel> int resident_blocks(Kernel kernel, int threads, size_t smem, size_t & cached_smem, int & cached_blocks) {
-    if (smem != cached_smem) {
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cached_blocks, kernel, threads, smem));
-        cached_smem = smem;
+// The last occupancy query of one kernel instance on one device.
+struct Occupancy {
+    size_t smem = size_t(-1);
+    int blocks = 0;
+};
+
+// Blocks of `kernel` resident per SM with `threads` threads and `smem` bytes, queried again only when smem changes.
+// `cache` is the caller's record for this kernel, one a device (tensor-parallel ranks launch from threads of their own).
+template <class Kernel> int resident_blocks(Kernel kernel, int threads, size_t smem, PerDevice<Occupancy> & cache) {
+    Occupancy & o = cache.here();
+    if (smem != o.smem) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.blocks, kernel, threads, smem));
+        o.smem = smem;
     }
-    return cached_blocks;
+    return o.blocks;
 }
 
 // Writes output row `row` of token m from its fp32 sums (s1: the up projection's sum with SiluMulBf16).

@@ -182,9 +182,8 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(co
     // blocks, resident early, would otherwise take the slots of this kernel's later waves. On an H100 (PDL on, decode
     // tok/s, bench/results/2026-11-27-h100-wave-pdl): 1.5B +1.8%, 7B +0.2% (-0.3% without PDL), 0.5B -0.5% (noise).
     const int needed = (a.n + rows_per_block - 1) / rows_per_block;
-    static size_t cached_smem[4] = {size_t(-1), size_t(-1), size_t(-1), size_t(-1)};  // per kernel
-    static int per_sm[4] = {0, 0, 0, 0};
-    int blocks = std::min(needed, std::max(1, resident_blocks(kernel, k_threads, smem, cached_smem[variant], per_sm[variant])) * sm_count());
+    static PerDevice<Occupancy> occupancy[4];  // per kernel
+    int blocks = std::min(needed, std::max(1, resident_blocks(kernel, k_threads, smem, occupancy[variant])) * sm_count());
     // As few blocks as take the same number of rounds, so that the last round is as full as the others: 1.5B's
     // gate_up (1120 row groups) over 224 blocks in five full rounds instead of 264 with a fifth a quarter full.
     // H100, alternated in one call: 1.5B 652.3 -> 662.4 tok/s, 0.5B 1362.4 -> 1386.4, 7B level (264 either way;

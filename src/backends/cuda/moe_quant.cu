@@ -276,10 +276,9 @@ std::atomic<int> forced_parts{0};  // set_moe_qexperts_parts (tests): 0 the rule
 template <int PLANES, bool SWIGLU, int KS> int prepare_kernel(size_t smem) {
     auto kernel = moe_qgemv_kernel<PLANES, SWIGLU, KS>;
     static PerDevice<size_t> configured(48 * 1024);
-    static size_t cached_smem = size_t(-1);
-    static int cached_blocks = 0;
+    static PerDevice<Occupancy> occupancy;
     allow_dynamic_smem(kernel, smem, configured);
-    return resident_blocks(kernel, k_warps * 32, smem, cached_smem, cached_blocks);
+    return resident_blocks(kernel, k_warps * 32, smem, occupancy);
 }
 
 struct Parts {
