@@ -124,11 +124,13 @@ float QuantReader::weight(int64_t n, int64_t k) const {
 }
 
 void QuantReader::row(int64_t n, float * out) const {
+    // The same formulas as weight(), with the row's codes unpacked once (codes_row) and its scales and zeros read once.
+    std::vector<uint8_t> q(static_cast<size_t>(K_));
+    codes_row(n, q.data());
     if (l_.scheme.method == QuantMethod::Bnb4) {
-        for (int64_t k = 0; k < K_; k++) out[k] = weight(n, k);
+        for (int64_t k = 0; k < K_; k++) out[k] = table(q[size_t(k)]) * absmax((n * K_ + k) / l_.scheme.block_size);
         return;
     }
-    // The same formula as weight(), with the row's scales and zeros read once.
     std::vector<float> s(static_cast<size_t>(groups_));
     std::vector<int> z(static_cast<size_t>(groups_));
     for (int64_t g = 0; g < groups_; g++) {
@@ -137,7 +139,7 @@ void QuantReader::row(int64_t n, float * out) const {
     }
     for (int64_t k = 0; k < K_; k++) {
         const size_t g = size_t(group(k));
-        out[k] = s[g] * float(int(code(n, k)) - z[g]);
+        out[k] = s[g] * float(int(q[size_t(k)]) - z[g]);
     }
 }
 
