@@ -130,6 +130,9 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.norm_w = L.post_norm.as<bf16>();
             a.eps = eps;
             a.y = act_.get();
+            // The activations between the two quantized GEMVs in the order down's B fragments read them.
+            const bool pair_io = L.mlp.gate_up.quantized && L.mlp.down.quantized && cuda::qgemv_pair_io_ok(L.mlp.gate_up.q, L.mlp.down.q);
+            a.pair_io = pair_io;
             project(L.mlp.gate_up, a, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16);
             prof_.mark("gate_up gemv");
             a = cuda::GemvArgs{};
@@ -137,6 +140,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.k = L.mlp.down.k;
             a.x = act_.get();
             a.m = B;
+            a.pair_io = pair_io;
             float * part = peer_partial(1, size_t(B) * H);
             a.y = part ? part : x;
             project(L.mlp.down, a, cuda::GemvIn::Bf16, part || partial_only() ? cuda::GemvOut::F32 : cuda::GemvOut::AddF32);

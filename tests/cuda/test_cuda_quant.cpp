@@ -122,6 +122,63 @@ TEST_P(QuantGemv, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(OddShapes, QuantGemv,
                          ::testing::Values(std::tuple{8, 192}, std::tuple{264, 4160}, std::tuple{1160, 896}, std::tuple{4864, 320}, std::tuple{20000, 128}));
 
+// The decode step's gate/up -> down pair with its activations in b_pair_order (GemvArgs::pair_io): gate/up writes
+// exactly the plain activations, each 64-wide block permuted, and down reading them so gives the same bits as down
+// reading the plain ones; for m 1..8, down's input staged in shared memory (k >= 8192 at m 1) or read from global
+// memory, deep ring or not, added to a residual or written as bf16.
+TEST(CudaQuant, PairOrderedActivationsMatchPlain) {
+    REQUIRE_GPU();
+    auto pair_pos = [](int i) {
+        const int e = i & 63, w = e >> 1;
+        return (i & ~63) | ((w & 3) << 4) | ((w >> 2) << 1) | (e & 1);
+    };
+    const QuantScheme schemes[] = {gptq_scheme(4, 128, true, QuantPacking::GptqV1), gptq_scheme(8, 32, false, QuantPacking::GptqV2),
+                                   gptq_scheme(4, 64, false, QuantPacking::AwqGemm)};
+    for (const QuantScheme & s : schemes) {
+        for (const auto & [h, inter] : {std::pair{264, 4160}, std::pair{1160, 8256}}) {
+            auto gu = make_quant_linear(s, 2 * inter, h, rng()());
+            auto dn = make_quant_linear(s, h, inter, rng()());
+            DevQuant dgu = upload_quant(gu->l), ddn = upload_quant(dn->l);
+            ASSERT_TRUE(cuda::qgemv_pair_io_ok(dgu.q, ddn.q)) << s.describe();
+            for (int m : {1, 2, 3, 4, 8}) {
+                std::vector<float> x = randn(size_t(m) * h), norm_w = randn(size_t(h), 0.2f), y0 = randn(size_t(m) * h);
+                for (float & v : norm_w) v = round_bf16(v + 1.0f);
+                DeviceBuffer dx = upload(x), dnorm = upload_bf16(norm_w);
+                DeviceBuffer scratch(cuda::qgemv_scratch_bytes(std::max(dgu.q.k_padded, ddn.q.k_padded), m), "test");
+                DeviceBuffer act[2] = {poisoned(size_t(m) * inter * 2), poisoned(size_t(m) * inter * 2)};
+                for (int p = 0; p < 2; p++) {
+                    cuda::GemvArgs a = gemv_args(inter, h, m, dx, dnorm, act[p]);
+                    a.pair_io = p == 1;
+                    cuda::qgemv(dgu.q, a, cuda::GemvIn::NormF32, cuda::GemvOut::SiluMulBf16, scratch.get(), nullptr);
+                }
+                const auto plain = download_bf16(act[0], size_t(m) * inter), paired = download_bf16(act[1], size_t(m) * inter);
+                int moved = 0;
+                for (int r = 0; r < m; r++) {
+                    for (int i = 0; i < inter; i++) moved += paired[size_t(r) * inter + pair_pos(i)] != plain[size_t(r) * inter + i];
+                }
+                EXPECT_EQ(moved, 0) << s.describe() << " m " << m << ": gate/up's pair-ordered output is not the plain one permuted";
+                for (int deep = 0; deep < 2; deep++) {
+                    cuda::set_qgemv_ring_deep(deep == 1);
+                    for (cuda::GemvOut out : {cuda::GemvOut::AddF32, cuda::GemvOut::Bf16}) {
+                        const bool add = out == cuda::GemvOut::AddF32;
+                        std::vector<float> got[2];
+                        for (int p = 0; p < 2; p++) {
+                            DeviceBuffer dy = add ? upload(y0) : poisoned(size_t(m) * h * 2);
+                            cuda::GemvArgs a = gemv_args(h, inter, m, act[p], dnorm, dy);
+                            a.pair_io = p == 1;
+                            cuda::qgemv(ddn.q, a, cuda::GemvIn::Bf16, out, scratch.get(), nullptr);
+                            got[p] = add ? download_f32(dy, size_t(m) * h) : download_bf16(dy, size_t(m) * h);
+                        }
+                        EXPECT_TRUE(got[0] == got[1]) << s.describe() << " h " << h << " inter " << inter << " m " << m << " deep " << deep
+                                                      << " add " << add << ": down on pair-ordered activations differs";
+                    }
+                }
+                cuda::reset_qgemv_ring_deep();
+            }
+        }
+    }
+}
+
 TEST(CudaQuant, DequantizeThenGemmMatchesCpu) {
     REQUIRE_GPU();
     for (const QuantScheme & s : cuda_schemes()) {

@@ -36,6 +36,10 @@ struct GemvArgs {
     bool vec_bf16 = false;          // qgemv ring: Bf16 rows staged by 16-byte copies (no act-order, k == k_padded, aligned)
     bool vec_params = false;        // qgemv ring: affine group parameters read 8 at a time (aligned scales / zeros)
     bool ring_fast = false;         // qgemv ring: unchecked rounds, normalised inputs staged for 16-byte B loads
+    // qgemv ring: the SiluMulBf16 output written, or the Bf16 input read, with each 64-wide block in qstage::b_pair_order
+    // (the gate/up -> down pair of a decode step: down's B fragments in two 16-byte loads; see qgemv_pair_io_ok).
+    bool pair_io = false;
+    bool norm_two = false;  // qgemv ring: normalised rows staged two at a time (qstage::stage_norm_vec_two; A/B, temporary)
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)
@@ -67,6 +71,9 @@ struct QuantMatrix {
 // inputs are staged (qgemv_scratch_bytes); may be null for other layouts.
 void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream);
 size_t qgemv_scratch_bytes(int k_padded, int m);
+// Whether a decode step's gate/up -> down pair may pass its activations in b_pair_order (GemvArgs::pair_io): both
+// in the tiled layout with affine codes, down without act-order, its k unpadded and a multiple of 64.
+bool qgemv_pair_io_ok(const QuantMatrix & gate_up, const QuantMatrix & down);
 // The tiled layout's o_proj / down kernels (input from global memory, added to a residual) with twice the code loads in
 // flight per lane where their grid holds at most two blocks per SM (qgemv_ring.cuh). By default for 4-bit affine codes
 // (GPTQ/AWQ/AutoRound Int4) only. set_qgemv_ring_deep forces it (true: every kind, false: never; tests);

@@ -318,6 +318,12 @@ void set_qgemv_ring_fast(int mode) { ring_fast_mode = mode; }
 
 size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
 
+bool qgemv_pair_io_ok(const QuantMatrix & gate_up, const QuantMatrix & down) {
+    static const bool on = !std::getenv("QINFER_PAIR_IO") || std::atoi(std::getenv("QINFER_PAIR_IO")) != 0;  // A/B switch, temporary
+    if (!on) return false;
+    return gate_up.tiled && down.tiled && !gate_up.lut && !down.lut && !down.perm && down.k == down.k_padded && down.k % 64 == 0 && gate_up.rows == 2 * down.k;
+}
+
 void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream) {
     const int rows_needed = out == GemvOut::SiluMulBf16 ? 2 * a.n : a.n;
     if (w.rows != rows_needed || w.k != a.k) {
@@ -328,6 +334,10 @@ void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, vo
         if (w.bits != 4 && (w.bits != 8 || w.lut)) QINFER_FAIL() << "qgemv: tiled " << w.bits << "-bit codes";
         if (a.m < 1 || a.m > 8) QINFER_FAIL() << "qgemv: m = " << a.m << " (1..8 for the tiled layout)";
         if (out == GemvOut::SiluMulBf16 && a.n % 16 != 0) QINFER_FAIL() << "qgemv: gate/up of " << a.n << " rows (a multiple of 16 needed)";
+        // pair_io: the output's order where it is SiluMulBf16, else the input's (bf16).
+        if (a.pair_io && (a.n % 64 != 0 || a.k % 64 != 0 || (out != GemvOut::SiluMulBf16 && in != GemvIn::Bf16))) {
+            QINFER_FAIL() << "qgemv: pair-ordered activations need a SiluMulBf16 output or a Bf16 input, n and k multiples of 64";
+        }
         return qgemv_tiled(w, a, in, out, scratch, stream);
     }
     if (w.lut) {

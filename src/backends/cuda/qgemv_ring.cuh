@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     static_assert(RBB >= 1 && RBB * MATS * KS == k_warps);
     extern __shared__ uint4 smem_raw[];
     __shared__ float red[k_warps][32][4];
-    __shared__ float norm_red[k_warps];
+    __shared__ float norm_red[2 * k_warps];
 
     const int kp = w.k_padded, nkb = kp / 64, m = a.m, G = w.groups, gs = group_stride(G);
     const int n_rb = (a.n + 15) / 16;
@@ -202,8 +202,10 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         for (int c = 0; c < 32; c++) lut[b * 32 + (c + b) % 32] = bits;  // banks (c + b) % 32: distinct within a warp
     }
 
-    // Normalised inputs in b_pair_order (qstage.cuh) for the fast rounds' 16-byte B loads.
-    const bool pair_order = XS == XSrc::StageNorm && a.ring_fast;
+    // Inputs in b_pair_order (qstage.cuh) for 16-byte B loads: normalised ones staged so for the fast rounds, or bf16
+    // rows that arrive so (a.pair_io: the SiluMulBf16 output of the gate/up GEMV before, staged as they are).
+    // Lookup codes never take pair-ordered inputs (qgemv_pair_io_ok): their kernels keep the registers they had.
+    const bool pair_order = XS == XSrc::StageNorm ? a.ring_fast : C != Codes::Lookup4 && OUT != GemvOut::SiluMulBf16 && a.pair_io;
     pdl_wait();  // the inputs come from the kernel ahead
     if constexpr (XS != XSrc::Global) {
         constexpr GemvIn IN = XS == XSrc::StageNorm ? GemvIn::NormF32 : GemvIn::Bf16;
@@ -217,11 +219,18 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         }
         for (int tok = 0; tok < (XS == XSrc::StageBf16 && a.vec_bf16 ? 0 : m); tok++) {
             if (XS == XSrc::StageNorm && a.vec_norm) {  // set by qgemv.cu: aligned, no act-order
+                if (a.norm_two && tok + 1 < m && a.k <= 16 * k_threads) {
+                    qstage::stage_norm_vec_two<4>(a, tok, a.k, kp, sx + size_t(tok) * kp, sx + size_t(tok + 1) * kp, norm_red, pair_order);
+                    tok++;
+                    continue;
+                }
                 qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * kp, norm_red, pair_order);
                 continue;
             }
             auto store = [&](int i, float v) {
-                if (i < kp) sx[size_t(tok) * kp + (pair_order ? qstage::b_pair_order(i) : i)] = __float2bfloat16(v);
+                // (bf16 rows in pair order are already so: copied as they are)
+                const bool reorder = XS == XSrc::StageNorm && pair_order;
+                if (i < kp) sx[size_t(tok) * kp + (reorder ? qstage::b_pair_order(i) : i)] = __float2bfloat16(v);
             };
             qstage::for_each_input<IN, decltype(store), false>(a, w.perm, tok, a.k, kp, norm_red, store);
         }
@@ -333,7 +342,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
 #pragma unroll
                 for (int u = 0; u < RING; u++) {
                     if (pos0 + 64 * u >= group_end) next_group();
-                    multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm);
+                    multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm || pair_order);
 #pragma unroll
                     for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
                 }
@@ -378,7 +387,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     for (int i = 0; i < 4; i++) {
         const int o = rb * 16 + g + (i >= 2 ? 8 : 0), tok = 2 * t + (i & 1);
         if (o >= a.n || tok >= m) continue;
-        const size_t dst = size_t(tok) * a.n + o;
+        const size_t dst = size_t(tok) * a.n + (OUT == GemvOut::SiluMulBf16 && a.pair_io ? qstage::b_pair_order(o) : o);
         if constexpr (OUT == GemvOut::Bf16) {
             static_cast<bf16 *>(a.y)[dst] = __float2bfloat16(sum[0][i]);
         } else if constexpr (OUT == GemvOut::F32) {
