@@ -135,7 +135,7 @@ TEST(CudaQuant, PairOrderedActivationsMatchPlain) {
     const QuantScheme schemes[] = {gptq_scheme(4, 128, true, QuantPacking::GptqV1), gptq_scheme(8, 32, false, QuantPacking::GptqV2),
                                    gptq_scheme(4, 64, false, QuantPacking::AwqGemm)};
     for (const QuantScheme & s : schemes) {
-        for (const auto & [h, inter] : {std::pair{264, 4160}, std::pair{1160, 8256}}) {
+        for (const auto & [h, inter] : {std::pair{320, 4160}, std::pair{1152, 8256}}) {
             auto gu = make_quant_linear(s, 2 * inter, h, rng()());
             auto dn = make_quant_linear(s, h, inter, rng()());
             DevQuant dgu = upload_quant(gu->l), ddn = upload_quant(dn->l);

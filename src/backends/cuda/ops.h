@@ -39,7 +39,7 @@ struct GemvArgs {
     // qgemv ring: the SiluMulBf16 output written, or the Bf16 input read, with each 64-wide block in qstage::b_pair_order
     // (the gate/up -> down pair of a decode step: down's B fragments in two 16-byte loads; see qgemv_pair_io_ok).
     bool pair_io = false;
-    bool norm_two = false;  // qgemv ring: normalised rows staged two at a time (qstage::stage_norm_vec_two; A/B, temporary)
+    int stage_stride = 0;  // qgemv ring: bf16 row stride of inputs staged in shared memory (set by its launch)
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)

@@ -281,7 +281,7 @@ static bool stage_plain_input(int k) { return k >= k_stage_plain_min_k; }
 
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
     const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
-    if ((needs_stage || stage_plain_input(a.k)) && size_t(a.m) * w.k_padded * sizeof(bf16) <= ring4::k_max_stage_bytes) {
+    if ((needs_stage || stage_plain_input(a.k)) && size_t(a.m) * ring4::stage_stride(w.k_padded, a.m) * sizeof(bf16) <= ring4::k_max_stage_bytes) {
         if (in == GemvIn::NormF32) return qgemv_ring_stage_norm(w, a, out, s);
         return qgemv_ring_stage_bf16(w, a, out, s);
     }
@@ -319,8 +319,6 @@ void set_qgemv_ring_fast(int mode) { ring_fast_mode = mode; }
 size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
 
 bool qgemv_pair_io_ok(const QuantMatrix & gate_up, const QuantMatrix & down) {
-    static const bool on = !std::getenv("QINFER_PAIR_IO") || std::atoi(std::getenv("QINFER_PAIR_IO")) != 0;  // A/B switch, temporary
-    if (!on) return false;
     return gate_up.tiled && down.tiled && !gate_up.lut && !down.lut && !down.perm && down.k == down.k_padded && down.k % 64 == 0 && gate_up.rows == 2 * down.k;
 }
 

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <climits>
+#include <cstdlib>
 #include <cuda_bf16.h>
 
 #include "backends/cuda/common.cuh"
@@ -44,7 +45,15 @@ constexpr int k_blocks_per_sm = 3;    // the launch bound the register budget is
 // of K with the SMs part-empty; a launch bound of two blocks per SM leaves the registers for it.
 constexpr int k_ring_deep = 12;
 template <int RINGK> constexpr int blocks_per_sm_for() { return RINGK > k_ring ? 2 : k_blocks_per_sm; }
-constexpr int k_max_stage_bytes = 48 * 1024;  // largest input staged in shared memory (bf16 [m, k_padded])
+constexpr int k_max_stage_bytes = 48 * 1024;  // largest input staged in shared memory (bf16 [m, stage_stride])
+
+// Row stride (bf16) of inputs staged in shared memory. Rows of several tokens lie 16 bytes further apart than k_padded
+// (a multiple of 64 positions: 128 bytes), so that the 16-byte B loads of one instruction, lanes g reading row g, fall
+// in different banks instead of on the same ones.
+inline int stage_stride(int k_padded, int m) {
+    static const bool pad = !std::getenv("QINFER_STAGE_PAD") || std::atoi(std::getenv("QINFER_STAGE_PAD")) != 0;  // A/B, temporary
+    return m > 1 && pad ? k_padded + 8 : k_padded;
+}
 
 static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over qstage::k_threads threads");
 
@@ -138,7 +147,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     static_assert(RBB >= 1 && RBB * MATS * KS == k_warps);
     extern __shared__ uint4 smem_raw[];
     __shared__ float red[k_warps][32][4];
-    __shared__ float norm_red[2 * k_warps];
+    __shared__ float norm_red[k_warps];
 
     const int kp = w.k_padded, nkb = kp / 64, m = a.m, G = w.groups, gs = group_stride(G);
     const int n_rb = (a.n + 15) / 16;
@@ -170,7 +179,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     if (active && l2_ahead > 0) prefetch_blocks(kb_begin + RING, kb_begin + RING + l2_ahead);
 
     bf16 * sx = reinterpret_cast<bf16 *>(smem_raw);
-    uint32_t * sq = reinterpret_cast<uint32_t *>(smem_raw) + (XS == XSrc::Global ? 0 : size_t(m) * kp / 2);
+    const int xs = a.stage_stride;  // staged rows' stride
+    uint32_t * sq = reinterpret_cast<uint32_t *>(smem_raw) + (XS == XSrc::Global ? 0 : size_t(m) * xs / 2);
     // The block's group parameters: k_param_batch loads in flight per thread before their stores, so the prologue
     // waits for memory once per batch, not once per parameter; affine ones 8 at a time where aligned (a.vec_params).
     const int n_params = RBB * MATS * 16 * G;
@@ -210,27 +220,22 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     if constexpr (XS != XSrc::Global) {
         constexpr GemvIn IN = XS == XSrc::StageNorm ? GemvIn::NormF32 : GemvIn::Bf16;
         if (XS == XSrc::StageBf16 && a.vec_bf16) {  // rows of k_padded bf16, 16-byte aligned: copied as they are
-            const int n16 = m * kp / 8;
+            const int row16 = kp / 8, n16 = m * row16;
             for (int i = threadIdx.x; i < n16; i += k_threads) {
-                cp_async16(sx + size_t(i) * 8, static_cast<const bf16 *>(a.x) + size_t(i) * 8, true);
+                cp_async16(sx + size_t(i / row16) * xs + (i % row16) * 8, static_cast<const bf16 *>(a.x) + size_t(i) * 8, true);
             }
             cp_async_commit();
             cp_async_wait<0>();
         }
         for (int tok = 0; tok < (XS == XSrc::StageBf16 && a.vec_bf16 ? 0 : m); tok++) {
             if (XS == XSrc::StageNorm && a.vec_norm) {  // set by qgemv.cu: aligned, no act-order
-                if (a.norm_two && tok + 1 < m && a.k <= 16 * k_threads) {
-                    qstage::stage_norm_vec_two<4>(a, tok, a.k, kp, sx + size_t(tok) * kp, sx + size_t(tok + 1) * kp, norm_red, pair_order);
-                    tok++;
-                    continue;
-                }
-                qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * kp, norm_red, pair_order);
+                qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * xs, norm_red, pair_order);
                 continue;
             }
             auto store = [&](int i, float v) {
                 // (bf16 rows in pair order are already so: copied as they are)
                 const bool reorder = XS == XSrc::StageNorm && pair_order;
-                if (i < kp) sx[size_t(tok) * kp + (reorder ? qstage::b_pair_order(i) : i)] = __float2bfloat16(v);
+                if (i < kp) sx[size_t(tok) * xs + (reorder ? qstage::b_pair_order(i) : i)] = __float2bfloat16(v);
             };
             qstage::for_each_input<IN, decltype(store), false>(a, w.perm, tok, a.k, kp, norm_red, store);
         }
@@ -239,7 +244,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
 
     // B fragments: token min(g, m - 1) (columns beyond m repeat the last token and are not written out).
     const uint32_t * xrow = reinterpret_cast<const uint32_t *>(XS == XSrc::Global ? x_global + size_t(min(g, m - 1)) * ldx
-                                                                                  : sx + size_t(min(g, m - 1)) * kp);
+                                                                                  : sx + size_t(min(g, m - 1)) * xs);
     const uint32_t * q_lo = sq + (rbl * MATS + mat) * 16 * gs + g * gs, * q_hi = q_lo + 8 * gs;
     float tot[4] = {}, c[4] = {};
     // The current group's parameters. Groups are multiples of 32 positions (cuda_quant_unsupported), so a group can

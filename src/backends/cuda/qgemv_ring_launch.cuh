@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -39,7 +38,7 @@ inline ring4::Codes codes_of(const QuantMatrix & w) {
 }
 
 inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks) {
-    return (staged ? size_t(m) * w.k_padded * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4 +
+    return (staged ? size_t(m) * ring4::stage_stride(w.k_padded, m) * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4 +
            (w.lut ? ring4::k_lut_words * 4 : 0);
 }
 
@@ -74,8 +73,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     args.vec_params = C != ring4::Codes::Lookup4 && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(w.zeros) % 8 == 0;
     args.ring_fast = ring_fast_for(w, KS, ring4::k_ring, C);
-    static const bool norm_two = !std::getenv("QINFER_NORM_TWO") || std::atoi(std::getenv("QINFER_NORM_TWO")) != 0;  // A/B, temporary
-    args.norm_two = norm_two;
+    args.stage_stride = ring4::stage_stride(w.k_padded, a.m);
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
     const int grid = (n_rb + RBB - 1) / RBB;

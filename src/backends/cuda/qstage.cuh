@@ -89,23 +89,6 @@ __device__ __forceinline__ int b_pair_order(int i) {
     return (i & ~63) | ((w & 3) << 4) | ((w >> 2) << 1) | (e & 1);
 }
 
-// Positions 4 i4 .. 4 i4 + 3 of a normalised row: nw (4 bf16 norm weights) x v x inv, rounded to bf16, stored at dst
-// (in b_pair_order where pair_order).
-__device__ __forceinline__ void store_norm4(bf16 * dst, int i4, const float4 & v, const uint2 & nw, float inv, bool pair_order) {
-    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.x), w23 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.y);
-    const __nv_bfloat162 y01 = __floats2bfloat162_rn(__low2float(w01) * (v.x * inv), __high2float(w01) * (v.y * inv));
-    const __nv_bfloat162 y23 = __floats2bfloat162_rn(__low2float(w23) * (v.z * inv), __high2float(w23) * (v.w * inv));
-    uint2 out;
-    out.x = *reinterpret_cast<const uint32_t *>(&y01);
-    out.y = *reinterpret_cast<const uint32_t *>(&y23);
-    if (pair_order) {
-        *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4)) = out.x;
-        *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4 + 2)) = out.y;
-        return;
-    }
-    *reinterpret_cast<uint2 *>(dst + size_t(i4) * 4) = out;
-}
-
 // RMSNorm of one fp32 row into bf16 dst [n_pos] (zero at positions >= K), without act-order, for K % 4 == 0: every
 // thread requests its float4 inputs and 4-value norm weights of a batch of up to R x 1024 positions at once, so a row
 // of up to R x 1024 costs one round trip to memory before the block sum instead of one per 256 positions (rows
@@ -118,7 +101,20 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
     const uint2 * w4 = reinterpret_cast<const uint2 *>(a.norm_w);  // 4 bf16 per uint2
     const int n4 = K / 4;
     constexpr int batch = R * k_threads;
-    auto scale_store = [&](int i4, const float4 & v, const uint2 & nw, float inv) { store_norm4(dst, i4, v, nw, inv, pair_order); };
+    auto scale_store = [&](int i4, const float4 & v, const uint2 & nw, float inv) {
+        const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.x), w23 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.y);
+        const __nv_bfloat162 y01 = __floats2bfloat162_rn(__low2float(w01) * (v.x * inv), __high2float(w01) * (v.y * inv));
+        const __nv_bfloat162 y23 = __floats2bfloat162_rn(__low2float(w23) * (v.z * inv), __high2float(w23) * (v.w * inv));
+        uint2 out;
+        out.x = *reinterpret_cast<const uint32_t *>(&y01);
+        out.y = *reinterpret_cast<const uint32_t *>(&y23);
+        if (pair_order) {
+            *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4)) = out.x;
+            *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4 + 2)) = out.y;
+            return;
+        }
+        *reinterpret_cast<uint2 *>(dst + size_t(i4) * 4) = out;
+    };
     if (n4 <= batch) {
         float4 v[R];
         uint2 nw[R];
@@ -167,64 +163,6 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
         }
     }
     for (int i = K + threadIdx.x; i < n_pos; i += k_threads) dst[pair_order ? b_pair_order(i) : i] = __float2bfloat16(0.0f);
-}
-
-// stage_norm_vec for rows tok and tok + 1 at once where each row is one batch (K / 4 <= R x k_threads): both rows'
-// loads in one round trip to memory and their two sums in one block reduction, where one row at a time waits for
-// memory and for a reduction each (the ring GEMV's prologue at m 2-4). The values are read again for the stores (L1
-// hits by then), so that none are held across the reduction: the ring kernel's 80 registers hold its codes in flight.
-// Same rounding as stage_norm_vec. red: shared float [2 x k_threads / 32]. All threads must call.
-template <int R>
-__device__ __forceinline__ void stage_norm_vec_two(const GemvArgs & a, int tok, int K, int n_pos, bf16 * dst0, bf16 * dst1, float * red,
-                                                   bool pair_order) {
-    const float4 * x0 = reinterpret_cast<const float4 *>(static_cast<const float *>(a.x) + size_t(tok) * K);
-    const float4 * x1 = x0 + K / 4;
-    const uint2 * w4 = reinterpret_cast<const uint2 *>(a.norm_w);
-    const int n4 = K / 4;
-    float sq0 = 0, sq1 = 0;
-    {
-        float4 v0[R], v1[R];
-#pragma unroll
-        for (int u = 0; u < R; u++) {
-            const int i4 = threadIdx.x + u * k_threads;
-            v0[u] = i4 < n4 ? x0[i4] : make_float4(0, 0, 0, 0);
-            v1[u] = i4 < n4 ? x1[i4] : make_float4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < R; u++) {
-            sq0 += v0[u].x * v0[u].x + v0[u].y * v0[u].y + v0[u].z * v0[u].z + v0[u].w * v0[u].w;
-            sq1 += v1[u].x * v1[u].x + v1[u].y * v1[u].y + v1[u].z * v1[u].z + v1[u].w * v1[u].w;
-        }
-    }
-    constexpr int n_warps = k_threads / 32;
-    sq0 = warp_sum(sq0);
-    sq1 = warp_sum(sq1);
-    if (threadIdx.x % 32 == 0) {
-        red[threadIdx.x / 32] = sq0;
-        red[n_warps + threadIdx.x / 32] = sq1;
-    }
-    __syncthreads();
-    float t0 = 0, t1 = 0;
-#pragma unroll
-    for (int i = 0; i < n_warps; i++) {
-        t0 += red[i];
-        t1 += red[n_warps + i];
-    }
-    __syncthreads();
-    const float inv0 = rsqrtf(t0 / K + a.eps), inv1 = rsqrtf(t1 / K + a.eps);
-#pragma unroll
-    for (int u = 0; u < R; u++) {
-        const int i4 = threadIdx.x + u * k_threads;
-        if (i4 < n4) {
-            const uint2 nw = w4[i4];
-            store_norm4(dst0, i4, x0[i4], nw, inv0, pair_order);
-            store_norm4(dst1, i4, x1[i4], nw, inv1, pair_order);
-        }
-    }
-    for (int i = K + threadIdx.x; i < n_pos; i += k_threads) {
-        dst0[pair_order ? b_pair_order(i) : i] = __float2bfloat16(0.0f);
-        dst1[pair_order ? b_pair_order(i) : i] = __float2bfloat16(0.0f);
-    }
 }
 
 // The BF16 GEMVs' prologue: the m rows of an fp32 input RMS-normalised into bf16 xs [m, k] (float4 batches where
