@@ -277,14 +277,13 @@ void stage_to_scratch(const QuantMatrix & w, const GemvArgs & a, GemvIn in, void
 // -1.9% end to end (bench/results/2026-11-27-h100-qgemv-stage): hence from k_stage_plain_min_k. From k 3584 instead
 // (7B's o_proj too) was measured on an H200: 7B +0.36%, 0.5B -2.0% (bench/results/2026-11-28-h200-3ca90f2).
 constexpr int k_stage_plain_min_k = 8192;
-static bool stage_plain_input(int k, int m) {
-    static const bool rows = !std::getenv("QINFER_STAGE_ROWS") || std::atoi(std::getenv("QINFER_STAGE_ROWS")) != 0;  // A/B, temporary
-    return k >= k_stage_plain_min_k || (rows && m > 1);
-}
+// Plain inputs of 2-4 rows (o_proj at k 3584) staged as well lost on an H200: 7B GPTQ-Int4 batch 2 -1.2%, batch 4
+// level (bench/results/2026-12-01-h200-qgemv-rows).
+static bool stage_plain_input(int k) { return k >= k_stage_plain_min_k; }
 
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
     const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
-    if ((needs_stage || stage_plain_input(a.k, a.m)) && size_t(a.m) * ring4::stage_stride(w.k_padded, a.m) * sizeof(bf16) <= ring4::k_max_stage_bytes) {
+    if ((needs_stage || stage_plain_input(a.k)) && size_t(a.m) * ring4::stage_stride(w.k_padded, a.m) * sizeof(bf16) <= ring4::k_max_stage_bytes) {
         if (in == GemvIn::NormF32) return qgemv_ring_stage_norm(w, a, out, s);
         return qgemv_ring_stage_bf16(w, a, out, s);
     }

@@ -10,7 +10,10 @@
 // fp16 scale | bf16(128 + zero) << 16 (8 per load where aligned: stage_params_vec); the input rows are read from
 // global memory (L1 hits) or staged in shared memory by the block itself: when they need RMSNorm, an act-order gather
 // or zero padding, and plain bf16 rows where qgemv.cu asks for it (a.vec_bf16: copied by cp.async). The codes of the first
-// ring of codes and the scales are requested before pdl_wait(): they do not depend on the kernel ahead. Where a warp's K
+// ring of codes and the scales are requested before pdl_wait(): they do not depend on the kernel ahead. A decode
+// step's gate/up writes its SiLU * up rows in b_pair_order (a.pair_io, qstage.cuh) and its down reads them so, two
+// 16-byte B loads a K block where eight 4-byte ones touched each of the m rows' lines (7B GPTQ-Int4 +0.8% at batch 1,
+// +3.3% at batch 4 on an H200, bench/results/2026-12-01-h200-qgemv-rows). Where a warp's K
 // part is long (a.ring_fast, qgemv_ring_launch.cuh), its inner rounds run without bounds checks and read normalised
 // inputs staged in pair order by two 16-byte loads per block (the bookkeeping was ~9.5 of 25.7 instructions per MMA).
 //
@@ -26,7 +29,6 @@
 #pragma once
 
 #include <climits>
-#include <cstdlib>
 #include <cuda_bf16.h>
 
 #include "backends/cuda/common.cuh"
@@ -49,11 +51,9 @@ constexpr int k_max_stage_bytes = 48 * 1024;  // largest input staged in shared 
 
 // Row stride (bf16) of inputs staged in shared memory. Rows of several tokens lie 16 bytes further apart than k_padded
 // (a multiple of 64 positions: 128 bytes), so that the 16-byte B loads of one instruction, lanes g reading row g, fall
-// in different banks instead of on the same ones.
-inline int stage_stride(int k_padded, int m) {
-    static const bool pad = !std::getenv("QINFER_STAGE_PAD") || std::atoi(std::getenv("QINFER_STAGE_PAD")) != 0;  // A/B, temporary
-    return m > 1 && pad ? k_padded + 8 : k_padded;
-}
+// in different banks instead of on the same ones: on an H200, 7B GPTQ-Int4 batch 4 +0.7%, batches 1-2 level
+// (bench/results/2026-12-01-h200-qgemv-rows).
+__host__ __device__ constexpr int stage_stride(int k_padded, int m) { return m > 1 ? k_padded + 8 : k_padded; }
 
 static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over qstage::k_threads threads");
 
