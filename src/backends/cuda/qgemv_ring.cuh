@@ -347,6 +347,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
 #pragma unroll
                 for (int u = 0; u < RING; u++) {
                     if (pos0 + 64 * u >= group_end) next_group();
+                    // (pair_order is a.ring_fast, true here, for normalised inputs: spelt as a constant for them)
                     multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm || pair_order);
 #pragma unroll
                     for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
