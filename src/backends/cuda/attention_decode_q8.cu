@@ -52,7 +52,7 @@ template <KVKind K, int STAGES> struct Q8Smem {
     static constexpr int sz_bytes = K == KVKind::INT8 ? k_tile * 8 : 0;  // K or V (scale, zero): [k_tile] float2
     static constexpr int stage_bytes = 2 * codes_bytes + 2 * sz_bytes;
     static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
-    static constexpr size_t bytes = bar_offset + STAGES * sizeof(uint64_t) + 1024;  // + the base's alignment
+    static constexpr size_t bytes = bar_offset + 2 * STAGES * sizeof(uint64_t) + 1024;  // full, empty; + the base's alignment
     static_assert(stage_bytes % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
     static_assert(bar_offset >= k_merge_bytes(D), "the warp merge fits the tiles' memory");
 };
@@ -62,8 +62,8 @@ template <KVKind K, int STAGES> struct Q8Smem {
 __device__ __forceinline__ int code_at(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
 #endif
 
-template <KVKind K, int STAGES>
-__global__ void __launch_bounds__(k_decode_threads)
+template <KVKind K, int STAGES, bool COPY_WARP>
+__global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
     attention_decode_q8_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (!a.early_kv) pdl_wait();
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(k_decode_threads)
     using Layout = Q8Smem<K, STAGES>;
     extern __shared__ unsigned char smem_raw[];
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
-    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset);
+    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * empty = full + STAGES;
     __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -83,14 +83,15 @@ __global__ void __launch_bounds__(k_decode_threads)
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int n_rep = a.n_head / a.n_kv, kw = warp * 16;
 
-    start_tma_split<STAGES>(sp, bs, blocks, full, &k_map, &v_map);
+    start_tma_split<STAGES>(sp, bs, blocks, full, COPY_WARP ? empty : nullptr, &k_map, &v_map);
 
-    // Tile t into stage t % STAGES by warp 0: lane i takes 16-key group i / parts and part i % parts (K codes, V codes,
+    // Tile t into stage t % STAGES by the copy warp (warp 0 without one): lane i takes 16-key group i / parts and part i % parts (K codes, V codes,
     // and for int8 K (scale, zero), V (scale, zero)). Groups wholly past `end` are not copied.
     constexpr int parts = int8 ? 4 : 2;
     constexpr uint32_t group_bytes = 2 * k_copy_rows * D + (int8 ? 2 * k_copy_rows * 8 : 0);
+    constexpr int copier = COPY_WARP ? k_decode_warps : 0;
     auto load_tile = [&](int t) {
-        if (warp != 0) return;
+        if (warp != copier) return;
         const int k0 = begin + t * k_tile, s = t % STAGES;
         const int groups = (min(end - k0, k_tile) + k_copy_rows - 1) / k_copy_rows;
         if (lane == 0) sm90::mbar_arrive_expect_tx(&full[s], uint32_t(groups) * group_bytes);
@@ -108,7 +109,14 @@ __global__ void __launch_bounds__(k_decode_threads)
         }
     };
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    const int n_loaded = request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far, in order
+    if constexpr (COPY_WARP) {
+        if (warp == copier) {
+            copy_split_tiles<STAGES>(a, sp, n_tiles, empty, load_tile);
+            return;
+        }
+        if (a.early_kv) pdl_wait();
+    }
+    const int n_loaded = COPY_WARP ? n_tiles : request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far
 
     // Q (A operand, fp16, in the log2 domain): in k-slice kc, positions 2 tq, 2 tq + 1 are dims 32 tq + 4 kc + {0, 1}
     // and positions 2 tq + 8, 2 tq + 9 dims 32 tq + 4 kc + {2, 3}; rows n_rep..15 zero. q_sum: row g's sum of the
@@ -145,7 +153,7 @@ __global__ void __launch_bounds__(k_decode_threads)
     float m0 = -INFINITY, l0 = 0, z_sum = 0;  // row g; z_sum: sum of P' z' (this lane's keys)
     for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
-        if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
+        if (!COPY_WARP && t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
         const int s = t % STAGES, tile0 = begin + t * k_tile, key0 = tile0 + kw;  // this warp's first key
         unsigned char * kc_tile = smem + s * Layout::stage_bytes, * vc_tile = kc_tile + Layout::codes_bytes;
         const float2 * k_sz = reinterpret_cast<const float2 *>(vc_tile + Layout::codes_bytes), * v_sz = k_sz + k_tile;
@@ -155,7 +163,8 @@ __global__ void __launch_bounds__(k_decode_threads)
             for (int i = threadIdx.x; i < (k_tile - (end - tile0)) * 8; i += k_decode_threads) {
                 *reinterpret_cast<uint4 *>(vc_tile + (end - tile0 + i / 8) * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
             }
-            __syncthreads();
+            sm90::fence_proxy_async_smem();  // generic writes before the copy engine refills the stage
+            computing_warps_sync();
         }
 
         // S = Q C^T over the warp's 16 keys (two n-tiles of 8), then each key's scale and zero.
@@ -253,8 +262,14 @@ __global__ void __launch_bounds__(k_decode_threads)
             mma_16816<__half>(o[4 * i + 2], pf, __byte_perm(hi[0], hi[1], 0x5410), __byte_perm(hi[2], hi[3], 0x5410));
             mma_16816<__half>(o[4 * i + 3], pf, __byte_perm(hi[0], hi[1], 0x7632), __byte_perm(hi[2], hi[3], 0x7632));
         }
-        __syncthreads();  // the stage is refilled next
+        if constexpr (COPY_WARP) {  // the stage is refilled once every warp has released it
+            __syncwarp();
+            if (lane == 0) sm90::mbar_arrive(&empty[s]);
+        } else {
+            __syncthreads();  // the stage is refilled next
+        }
     }
+    if constexpr (COPY_WARP) computing_warps_sync();  // every warp past its last tile: the merge reuses the stages
     z_sum += __shfl_xor_sync(0xffffffffu, z_sum, 1);
     z_sum += __shfl_xor_sync(0xffffffffu, z_sum, 2);
 #pragma unroll
@@ -269,16 +284,16 @@ __global__ void __launch_bounds__(k_decode_threads)
 #endif
 }
 
-template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+template <KVKind K, int STAGES, bool COPY_WARP> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!code_tensor_map(&k_map, a.cache.quant.k, a.cache.rows, D, k_copy_rows) || !code_tensor_map(&v_map, a.cache.quant.v, a.cache.rows, D, k_copy_rows)) {
         return false;
     }
     constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
     static PerDevice<size_t> configured;
-    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES>, smem, configured);
+    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES, COPY_WARP>, smem, configured);
     a.min_split = k_tile;
-    launch_kernel(attention_decode_q8_kernel<K, STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
+    launch_kernel(attention_decode_q8_kernel<K, STAGES, COPY_WARP>, grid, k_decode_threads + (COPY_WARP ? 32 : 0), smem, stream, a, k_map, v_map);
     return true;
 }
 
@@ -292,8 +307,12 @@ constexpr int k_q8_stages = 6;
 }  // namespace
 
 bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
-    if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages>(a, grid, stream);
-    return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages>(a, grid, stream);
+    if (decode_copy_warp()) {
+        if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages, true>(a, grid, stream);
+        return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages, true>(a, grid, stream);
+    }
+    if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages, false>(a, grid, stream);
+    return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages, false>(a, grid, stream);
 }
 
 }  // namespace qinfer::cuda

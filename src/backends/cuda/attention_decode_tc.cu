@@ -173,20 +173,20 @@ template <int D, int STAGES> struct TmaDecodeSmem {
     static constexpr int tile_bytes = k_tile * D * 2;  // K or V: [D / 64][k_tile][64] bf16, swizzled
     static constexpr int stage_bytes = 2 * tile_bytes;
     static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
-    static constexpr size_t bytes = bar_offset + STAGES * sizeof(uint64_t) + 1024;  // + the base's alignment
+    static constexpr size_t bytes = bar_offset + 2 * STAGES * sizeof(uint64_t) + 1024;  // full, empty; + the base's alignment
     static_assert(bar_offset >= k_merge_bytes(D), "the warp merge fits the tiles' memory");
 };
 
 // The same split over a bf16 cache, its tiles brought by the tensor copy engine (launched where decode_tma_applies).
-template <int D, int STAGES>
-__global__ void __launch_bounds__(k_decode_threads)
+template <int D, int STAGES, bool COPY_WARP>
+__global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
     attention_decode_tma_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (!a.early_kv) pdl_wait();
     using Layout = TmaDecodeSmem<D, STAGES>;
     extern __shared__ unsigned char smem_raw[];
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
-    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset);
+    uint64_t * full = reinterpret_cast<uint64_t *>(smem + Layout::bar_offset), * empty = full + STAGES;
     __shared__ int blocks[k_decode_max_split_keys / 16 + 2];
 
     const int split_id = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -195,13 +195,14 @@ __global__ void __launch_bounds__(k_decode_threads)
     const int begin = sp.begin, end = sp.end, first_block = sp.first_block;
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    start_tma_split<STAGES>(sp, bs, blocks, full, &k_map, &v_map);
+    start_tma_split<STAGES>(sp, bs, blocks, full, COPY_WARP ? empty : nullptr, &k_map, &v_map);
 
-    // Tile t (keys begin + 64 t ..) into stage t % STAGES, by warp 0: lane i copies 16-key group i / (D / 32), panel
+    // Tile t (keys begin + 64 t ..) into stage t % STAGES, by the copy warp (warp 0 without one): lane i copies 16-key group i / (D / 32), panel
     // i / 2 % (D / 64), K (even i) or V. Groups wholly past `end` are not copied.
     constexpr int copies_per_group = 2 * (D / 64);
+    constexpr int copier = COPY_WARP ? k_decode_warps : 0;
     auto load_tile = [&](int t) {
-        if (warp != 0) return;
+        if (warp != copier) return;
         const int k0 = begin + t * k_tile, s = t % STAGES;
         const int groups = (min(end - k0, k_tile) + k_copy_rows - 1) / k_copy_rows;
         if (lane == 0) sm90::mbar_arrive_expect_tx(&full[s], uint32_t(groups * copies_per_group * k_copy_rows * 128));
@@ -214,7 +215,14 @@ __global__ void __launch_bounds__(k_decode_threads)
         }
     };
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    const int n_loaded = request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far, in order
+    if constexpr (COPY_WARP) {
+        if (warp == copier) {
+            copy_split_tiles<STAGES>(a, sp, n_tiles, empty, load_tile);
+            return;
+        }
+        if (a.early_kv) pdl_wait();
+    }
+    const int n_loaded = COPY_WARP ? n_tiles : request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far
     uint32_t qf[D / 16][4];
     load_q_fragments<D>(a, b, kvh, qf);
 
@@ -224,7 +232,7 @@ __global__ void __launch_bounds__(k_decode_threads)
     const bool two_rows = a.n_head / a.n_kv > 8;
     for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
-        if (t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
+        if (!COPY_WARP && t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
         const int s = t % STAGES, k0 = begin + t * k_tile;
         unsigned char * ks = smem + s * Layout::stage_bytes, * vs = ks + Layout::tile_bytes;
         sm90::mbar_wait(&full[s], (t / STAGES) & 1);
@@ -236,11 +244,18 @@ __global__ void __launch_bounds__(k_decode_threads)
                 const int line = i / 8, row = rows_valid + line / (D / 64), panel = line % (D / 64);
                 *reinterpret_cast<uint4 *>(vs + panel * k_tile * 128 + row * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
             }
-            __syncthreads();
+            sm90::fence_proxy_async_smem();  // generic writes before the copy engine refills the stage
+            computing_warps_sync();
         }
         attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0, m1, l1, two_rows);
-        __syncthreads();  // the stage is refilled next
+        if constexpr (COPY_WARP) {  // the stage is refilled once every warp has released it
+            __syncwarp();
+            if (lane == 0) sm90::mbar_arrive(&empty[s]);
+        } else {
+            __syncthreads();  // the stage is refilled next
+        }
     }
+    if constexpr (COPY_WARP) computing_warps_sync();  // every warp past its last tile: the merge reuses the stages
     merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, m1, l1, MmaColumns{});
 #else
     __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)
@@ -256,16 +271,16 @@ template <int D, KVKind K, int STAGES> void launch(DecodeArgs a, dim3 grid, cuda
     launch_kernel(attention_decode_tc_kernel<D, K, STAGES>, grid, k_decode_threads, smem, stream, a);
 }
 
-template <int D, int STAGES> bool launch_tma(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+template <int D, int STAGES, bool COPY_WARP> bool launch_tma(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!cache_tensor_map(&k_map, a.cache.k, a.cache.rows, D, k_copy_rows) || !cache_tensor_map(&v_map, a.cache.v, a.cache.rows, D, k_copy_rows)) {
         return false;
     }
     constexpr size_t smem = TmaDecodeSmem<D, STAGES>::bytes;
     static PerDevice<size_t> configured;
-    allow_dynamic_smem(attention_decode_tma_kernel<D, STAGES>, smem, configured);
+    allow_dynamic_smem(attention_decode_tma_kernel<D, STAGES, COPY_WARP>, smem, configured);
     a.min_split = k_tile;
-    launch_kernel(attention_decode_tma_kernel<D, STAGES>, grid, k_decode_threads, smem, stream, a, k_map, v_map);
+    launch_kernel(attention_decode_tma_kernel<D, STAGES, COPY_WARP>, grid, k_decode_threads + (COPY_WARP ? 32 : 0), smem, stream, a, k_map, v_map);
     return true;
 }
 
@@ -294,8 +309,12 @@ bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, 
     if (!decode_tma_applies(a.cache, head_dim, a.n_head / a.n_kv)) return false;
     if (a.cache.quant.kind != KVKind::BF16) return launch_attention_decode_q8(a, grid, stream);
     const bool three = decode_tc_stages(head_dim) == 3;
-    if (head_dim == 64) return three ? launch_tma<64, 3>(a, grid, stream) : launch_tma<64, 2>(a, grid, stream);
-    return three ? launch_tma<128, 3>(a, grid, stream) : launch_tma<128, 2>(a, grid, stream);
+    if (decode_copy_warp()) {
+        if (head_dim == 64) return three ? launch_tma<64, 3, true>(a, grid, stream) : launch_tma<64, 2, true>(a, grid, stream);
+        return three ? launch_tma<128, 3, true>(a, grid, stream) : launch_tma<128, 2, true>(a, grid, stream);
+    }
+    if (head_dim == 64) return three ? launch_tma<64, 3, false>(a, grid, stream) : launch_tma<64, 2, false>(a, grid, stream);
+    return three ? launch_tma<128, 3, false>(a, grid, stream) : launch_tma<128, 2, false>(a, grid, stream);
 }
 
 }  // namespace qinfer::cuda

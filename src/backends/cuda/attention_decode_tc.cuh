@@ -3,12 +3,23 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/wgmma.cuh"
 
 namespace qinfer::cuda::decode_tc {
+
+// A/B (temporary): the tensor-copy split kernels with a fifth warp that only issues the copies and stage barriers
+// per warp (QINFER_DECODE_COPY_WARP=1, the default) against warp 0 issuing them and a block barrier per tile (0).
+inline bool decode_copy_warp() {
+    static const bool on = [] {
+        const char * e = std::getenv("QINFER_DECODE_COPY_WARP");
+        return !e || std::atoi(e) != 0;
+    }();
+    return on;
+}
 
 constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
 constexpr int k_copy_rows = 16;  // keys per tensor copy: a split starts at a multiple of 16, so 16 keys share a page
@@ -35,17 +46,24 @@ __device__ __forceinline__ void copy_split_blocks(const DecodeSplit & sp, int bl
     for (int i = threadIdx.x; i <= (sp.end - 1) / block_size - sp.first_block; i += blockDim.x) blocks[i] = sp.table[sp.first_block + i];
 }
 
+// A barrier over the k_decode_warps computing warps only (named barrier 1; a copy warp, where there is one, has
+// returned by then). Any architecture.
+__device__ __forceinline__ void computing_warps_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(k_decode_threads) : "memory"); }
+
 // The start of the split kernels whose tiles come by tensor copies (the bf16 one in attention_decode_tc.cu, the
 // raw-code one in attention_decode_q8.cu; sm_90a only): the split's block-table entries into `blocks`, the STAGES
-// stage barriers at `full` set for one arrival each, both tensor maps prefetched, then a block barrier that
-// publishes all of it.
+// stage barriers at `full` set for one arrival each (and, with a copy warp, those at `empty` for one arrival per
+// computing warp), both tensor maps prefetched, then a block barrier that publishes all of it.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <int STAGES>
-__device__ __forceinline__ void start_tma_split(const DecodeSplit & sp, int block_size, int * blocks, uint64_t * full, const void * k_map,
-                                                const void * v_map) {
+__device__ __forceinline__ void start_tma_split(const DecodeSplit & sp, int block_size, int * blocks, uint64_t * full, uint64_t * empty,
+                                                const void * k_map, const void * v_map) {
     copy_split_blocks(sp, block_size, blocks);
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) sm90::mbar_init(&full[s], 1);
+        for (int s = 0; s < STAGES; s++) {
+            sm90::mbar_init(&full[s], 1);
+            if (empty) sm90::mbar_init(&empty[s], k_decode_warps);
+        }
         sm90::fence_mbar_init();
         sm90::prefetch_tensor_map(k_map);
         sm90::prefetch_tensor_map(v_map);
@@ -66,6 +84,25 @@ __device__ __forceinline__ int request_early_tiles(const DecodeArgs & a, const D
     }
     return n;
 }
+
+// The copy warp of a tensor-copy split kernel (a fifth warp beside the k_decode_warps that compute): every tile of
+// the split in order, tile t into stage t % STAGES once the computing warps have released the tile that was there
+// (empty[s], one arrival per warp). With a.early_kv the first tiles whose keys all precede the new one are requested
+// before pdl_wait(), as request_early_tiles does; the computing warps then wait for the kernel ahead themselves.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int STAGES, class Load>
+__device__ __forceinline__ void copy_split_tiles(const DecodeArgs & a, const DecodeSplit & sp, int n_tiles, uint64_t * empty, const Load & load_tile) {
+    int t = 0;
+    if (a.early_kv) {
+        while (t < STAGES && t < n_tiles && min(sp.begin + (t + 1) * k_tile, sp.end) <= sp.len - 1) load_tile(t++);
+        pdl_wait();
+    }
+    for (; t < n_tiles; t++) {
+        if (t >= STAGES) sm90::mbar_wait(&empty[t % STAGES], (t / STAGES - 1) & 1);
+        load_tile(t);
+    }
+}
+#endif
 
 // After the last tile (its shared memory free, every warp past the barrier): the warps' (m, l, O) of each row merged
 // into the split's partial result; col(dt, e) is the column of this lane's o[dt][e]. A lane holds rows g (m0, l0,
@@ -96,7 +133,7 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
             wo[(warp * R + r) * D + col(dt, 1)] = o[dt][2 * h + 1];
         }
     }
-    __syncthreads();
+    computing_warps_sync();
     for (int i = threadIdx.x; i < n_rep * D; i += k_decode_threads) {
         const int r = i / D, c = i % D;
         float mx = -INFINITY;

@@ -1,0 +1,35 @@
+# shellcheck shell=bash
+# A stage of scripts/device.sh, which sources it with $Q (the qinfer binary), $OUT and note set.
+# An A/B of a decode-attention switch: DAB_VAR=value for each of DAB_VALUES (default "0 1"), alternated DAB_ROUNDS times
+# (default 2). Each round: the decode kernel timings (CudaDecodeTimings: 7B bf16, int8, fp8 caches and 0.5B shapes),
+# then each DAB_SPECS row (preset:quant:kv-dtype:input lengths; default 7B YaRN GPTQ-Int4 at 129024 with an int8 and
+# a bf16 cache) by `qinfer bench` with DAB_ARGS (default --load-format dummy). Logs to $OUT/decode-ab.log, JSON per
+# row and arm, a table of tok/s and decode tok/s per arm last.
+for r in $(seq "${DAB_ROUNDS:-2}"); do
+    for v in ${DAB_VALUES:-0 1}; do
+        env "$DAB_VAR=$v" build-device/tests/qinfer_tests --gtest_filter="${DAB_TIMINGS:-CudaDecodeTimings.*}" 2>&1 |
+            grep -E "^\[ kernel \]" | sed "s/^/$DAB_VAR=$v r$r: /" | tee -a "$OUT/decode-ab.log"
+        for spec in ${DAB_SPECS:-qwen2.5-7b-yarn:gptq-int4:int8:129024 qwen2.5-7b-yarn:gptq-int4:bf16:129024}; do
+            IFS=: read -r p q kv lens <<<"$spec"
+            # shellcheck disable=SC2086  # DAB_ARGS splits into words on purpose
+            env "$DAB_VAR=$v" "$Q" bench --preset "$p" --quant "$q" --kv-dtype "$kv" --input-lens "$lens" ${DAB_ARGS:---load-format dummy} \
+                --json "$OUT/dab-$v-$p-$q-kv$kv-$r.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/$DAB_VAR=$v r$r $kv: /" | tee -a "$OUT/decode-ab.log"
+        done
+    done
+done
+echo "-- decode-ab: $DAB_VAR, rows per arm (tok/s with prefill, decode tok/s)"
+python3 - "$OUT" <<'PY'
+import glob, json, sys, collections
+rows = collections.defaultdict(lambda: collections.defaultdict(list))
+for f in sorted(glob.glob(sys.argv[1] + "/dab-*.json")):
+    arm = f.rsplit("/", 1)[1].split("-")[1]
+    kv = f.rsplit("-kv", 1)[1].split("-")[0]
+    data = json.load(open(f))
+    for r in data if isinstance(data, list) else data.get("rows", []):
+        rows[(r.get("model", "?"), r.get("quant", ""), kv, r.get("input_len"))][arm].append((r.get("tok_s"), r.get("decode_tok_s")))
+print("| model | quant | kv | input | arm | tok/s | decode tok/s |")
+print("|---|---|---|---|---|---|---|")
+for (m, q, kv, n), arms in rows.items():
+    for arm, v in sorted(arms.items()):
+        print(f"| {m} | {q} | {kv} | {n} | {arm} | {' / '.join(f'{a:.2f}' for a, _ in v if a)} | {' / '.join(f'{d:.2f}' for _, d in v if d)} |")
+PY
