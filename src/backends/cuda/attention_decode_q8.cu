@@ -62,7 +62,7 @@ template <KVKind K, int STAGES> struct Q8Smem {
 __device__ __forceinline__ int code_at(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
 #endif
 
-template <KVKind K, int STAGES, bool COPY_WARP>
+template <KVKind K, int STAGES, bool COPY_WARP, bool LEAN>
 __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
     attention_decode_q8_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -175,12 +175,15 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
             const uint4 c0 = *reinterpret_cast<const uint4 *>(kc_tile + code_at(row, 2 * tq));
             const uint4 c1 = *reinterpret_cast<const uint4 *>(kc_tile + code_at(row, 2 * tq + 1));
             const uint32_t w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};  // w[i]: dims 32 tq + 4 i .. + 3
-            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0;
+            float acc[2][4] = {};  // LEAN: even and odd k-slices in two chains of MMAs
 #pragma unroll
             for (int kc = 0; kc < D / 16; kc++) {
-                if constexpr (int8) mma_16816<__half>(sc[nt], qf[kc], __byte_perm(w[kc], k_magic, 0x4140), __byte_perm(w[kc], k_magic, 0x4342));
-                else mma_16816<__half>(sc[nt], qf[kc], e4m3x2_to_f16x2(w[kc]), e4m3x2_to_f16x2(w[kc] >> 16));
+                float (&c)[4] = acc[LEAN ? kc & 1 : 0];
+                if constexpr (int8) mma_16816<__half>(c, qf[kc], __byte_perm(w[kc], k_magic, 0x4140), __byte_perm(w[kc], k_magic, 0x4342));
+                else mma_16816<__half>(c, qf[kc], e4m3x2_to_f16x2(w[kc]), e4m3x2_to_f16x2(w[kc] >> 16));
             }
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[nt][e] = LEAN ? acc[0][e] + acc[1][e] : acc[0][e];
         }
         float sk[2][2];  // scores in the log2 domain, -inf past the end
         float mx = -INFINITY;
@@ -248,7 +251,18 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4 && int8; i++) {
+        for (int i = 0; i < 4 && int8 && LEAN; i++) {
+            // Rows (2 tq, 2 tq + 1) and (2 tq + 8, 2 tq + 9) interleaved byte by byte (dims 4 i, 4 i + 1 in t01, u01;
+            // 4 i + 2, 4 i + 3 in t23, u23), then each byte pair as an fp16 pair (1024 + code): b0 from t, b1 from u.
+            const uint32_t t01 = __byte_perm(v[0][i], v[1][i], 0x5140), t23 = __byte_perm(v[0][i], v[1][i], 0x7362);
+            const uint32_t u01 = __byte_perm(v[2][i], v[3][i], 0x5140), u23 = __byte_perm(v[2][i], v[3][i], 0x7362);
+            mma_16816<__half>(o[4 * i + 0], pf, __byte_perm(t01, k_magic, 0x4140), __byte_perm(u01, k_magic, 0x4140));
+            mma_16816<__half>(o[4 * i + 1], pf, __byte_perm(t01, k_magic, 0x4342), __byte_perm(u01, k_magic, 0x4342));
+            mma_16816<__half>(o[4 * i + 2], pf, __byte_perm(t23, k_magic, 0x4140), __byte_perm(u23, k_magic, 0x4140));
+            mma_16816<__half>(o[4 * i + 3], pf, __byte_perm(t23, k_magic, 0x4342), __byte_perm(u23, k_magic, 0x4342));
+        }
+#pragma unroll
+        for (int i = 0; i < 4 && int8 && !LEAN; i++) {
             // Each row's word as two fp16 pairs (1024 + code): dims 4 i, 4 i + 1 and 4 i + 2, 4 i + 3.
             uint32_t lo[4], hi[4];
 #pragma unroll
@@ -284,16 +298,16 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
 #endif
 }
 
-template <KVKind K, int STAGES, bool COPY_WARP> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+template <KVKind K, int STAGES, bool COPY_WARP, bool LEAN> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!code_tensor_map(&k_map, a.cache.quant.k, a.cache.rows, D, k_copy_rows) || !code_tensor_map(&v_map, a.cache.quant.v, a.cache.rows, D, k_copy_rows)) {
         return false;
     }
     constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
     static PerDevice<size_t> configured;
-    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES, COPY_WARP>, smem, configured);
+    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES, COPY_WARP, LEAN>, smem, configured);
     a.min_split = k_tile;
-    launch_kernel(attention_decode_q8_kernel<K, STAGES, COPY_WARP>, grid, k_decode_threads + (COPY_WARP ? 32 : 0), smem, stream, a, k_map, v_map);
+    launch_kernel(attention_decode_q8_kernel<K, STAGES, COPY_WARP, LEAN>, grid, k_decode_threads + (COPY_WARP ? 32 : 0), smem, stream, a, k_map, v_map);
     return true;
 }
 
@@ -307,12 +321,16 @@ constexpr int k_q8_stages = 6;
 }  // namespace
 
 bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
-    if (decode_copy_warp()) {
-        if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages, true>(a, grid, stream);
-        return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages, true>(a, grid, stream);
+    static const bool lean = [] {  // A/B (temporary): QINFER_Q8_LEAN=0 for one chain of QK MMAs and 16 PRMTs per V word
+        const char * e = std::getenv("QINFER_Q8_LEAN");
+        return !e || std::atoi(e) != 0;
+    }();
+    if (lean) {
+        if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages, true, true>(a, grid, stream);
+        return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages, true, true>(a, grid, stream);
     }
-    if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages, false>(a, grid, stream);
-    return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages, false>(a, grid, stream);
+    if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages, true, false>(a, grid, stream);
+    return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages, true, false>(a, grid, stream);
 }
 
 }  // namespace qinfer::cuda
