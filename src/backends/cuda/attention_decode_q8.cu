@@ -15,9 +15,11 @@
 // fp8 (e4m3, one scale per layer for K and one for V): codes become fp16 pairs by cvt, S = s_K (Q.E), O = s_V (P E).
 // A byte pattern past the end may be an e4m3 NaN, so there the last tile's V rows are zeroed in shared memory.
 //
-// Tiles arrive as in the bf16 tensor-copy kernel: lanes of warp 0 issue, per 16 keys, one 2-D copy of the K codes and
-// one of the V codes (128-byte rows, 128-byte swizzle) and, for int8, one bulk copy each of the 16 rows' K and V
-// (scale, zero).
+// Tiles arrive as in the bf16 tensor-copy kernel: lanes of the copy warp issue, per 16 keys, one 2-D copy of the K
+// codes and one of the V codes (128-byte rows, 128-byte swizzle) and, for int8, one bulk copy each of the 16 rows' K
+// and V (scale, zero). Each V word-column is paired across rows with one byte permute per two rows, then each byte
+// pair widened to fp16 with one more (12 PRMT per word-column, 16 before; with Q K^T in two chains of four MMAs
+// instead of one of eight, the kernel at 129024 keys was 1.7% faster on an H200, bench/results/2026-12-01-h200-decode-copy-warp).
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
@@ -62,8 +64,8 @@ template <KVKind K, int STAGES> struct Q8Smem {
 __device__ __forceinline__ int code_at(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
 #endif
 
-template <KVKind K, int STAGES, bool COPY_WARP, bool LEAN>
-__global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
+template <KVKind K, int STAGES>
+__global__ void __launch_bounds__(k_decode_threads + 32)
     attention_decode_q8_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (!a.early_kv) pdl_wait();
@@ -83,15 +85,13 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int n_rep = a.n_head / a.n_kv, kw = warp * 16;
 
-    start_tma_split<STAGES>(sp, bs, blocks, full, COPY_WARP ? empty : nullptr, &k_map, &v_map);
+    start_tma_split<STAGES>(sp, bs, blocks, full, empty, &k_map, &v_map);
 
-    // Tile t into stage t % STAGES by the copy warp (warp 0 without one): lane i takes 16-key group i / parts and part i % parts (K codes, V codes,
+    // Tile t into stage t % STAGES by the copy warp: lane i takes 16-key group i / parts and part i % parts (K codes, V codes,
     // and for int8 K (scale, zero), V (scale, zero)). Groups wholly past `end` are not copied.
     constexpr int parts = int8 ? 4 : 2;
     constexpr uint32_t group_bytes = 2 * k_copy_rows * D + (int8 ? 2 * k_copy_rows * 8 : 0);
-    constexpr int copier = COPY_WARP ? k_decode_warps : 0;
     auto load_tile = [&](int t) {
-        if (warp != copier) return;
         const int k0 = begin + t * k_tile, s = t % STAGES;
         const int groups = (min(end - k0, k_tile) + k_copy_rows - 1) / k_copy_rows;
         if (lane == 0) sm90::mbar_arrive_expect_tx(&full[s], uint32_t(groups) * group_bytes);
@@ -109,14 +109,11 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
         }
     };
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    if constexpr (COPY_WARP) {
-        if (warp == copier) {
-            copy_split_tiles<STAGES>(a, sp, n_tiles, empty, load_tile);
-            return;
-        }
-        if (a.early_kv) pdl_wait();
+    if (warp == k_decode_warps) {
+        copy_split_tiles<STAGES>(a, sp, n_tiles, empty, load_tile);
+        return;
     }
-    const int n_loaded = COPY_WARP ? n_tiles : request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far
+    if (a.early_kv) pdl_wait();
 
     // Q (A operand, fp16, in the log2 domain): in k-slice kc, positions 2 tq, 2 tq + 1 are dims 32 tq + 4 kc + {0, 1}
     // and positions 2 tq + 8, 2 tq + 9 dims 32 tq + 4 kc + {2, 3}; rows n_rep..15 zero. q_sum: row g's sum of the
@@ -151,9 +148,7 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
 
     float o[D / 8][4] = {};
     float m0 = -INFINITY, l0 = 0, z_sum = 0;  // row g; z_sum: sum of P' z' (this lane's keys)
-    for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
-        if (!COPY_WARP && t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
         const int s = t % STAGES, tile0 = begin + t * k_tile, key0 = tile0 + kw;  // this warp's first key
         unsigned char * kc_tile = smem + s * Layout::stage_bytes, * vc_tile = kc_tile + Layout::codes_bytes;
         const float2 * k_sz = reinterpret_cast<const float2 *>(vc_tile + Layout::codes_bytes), * v_sz = k_sz + k_tile;
@@ -175,15 +170,15 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
             const uint4 c0 = *reinterpret_cast<const uint4 *>(kc_tile + code_at(row, 2 * tq));
             const uint4 c1 = *reinterpret_cast<const uint4 *>(kc_tile + code_at(row, 2 * tq + 1));
             const uint32_t w[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};  // w[i]: dims 32 tq + 4 i .. + 3
-            float acc[2][4] = {};  // LEAN: even and odd k-slices in two chains of MMAs
+            float acc[2][4] = {};  // even and odd k-slices: two chains of four MMAs instead of one of eight
 #pragma unroll
             for (int kc = 0; kc < D / 16; kc++) {
-                float (&c)[4] = acc[LEAN ? kc & 1 : 0];
+                float (&c)[4] = acc[kc & 1];
                 if constexpr (int8) mma_16816<__half>(c, qf[kc], __byte_perm(w[kc], k_magic, 0x4140), __byte_perm(w[kc], k_magic, 0x4342));
                 else mma_16816<__half>(c, qf[kc], e4m3x2_to_f16x2(w[kc]), e4m3x2_to_f16x2(w[kc] >> 16));
             }
 #pragma unroll
-            for (int e = 0; e < 4; e++) sc[nt][e] = LEAN ? acc[0][e] + acc[1][e] : acc[0][e];
+            for (int e = 0; e < 4; e++) sc[nt][e] = acc[0][e] + acc[1][e];
         }
         float sk[2][2];  // scores in the log2 domain, -inf past the end
         float mx = -INFINITY;
@@ -251,7 +246,7 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4 && int8 && LEAN; i++) {
+        for (int i = 0; i < 4 && int8; i++) {
             // Rows (2 tq, 2 tq + 1) and (2 tq + 8, 2 tq + 9) interleaved byte by byte (dims 4 i, 4 i + 1 in t01, u01;
             // 4 i + 2, 4 i + 3 in t23, u23), then each byte pair as an fp16 pair (1024 + code): b0 from t, b1 from u.
             const uint32_t t01 = __byte_perm(v[0][i], v[1][i], 0x5140), t23 = __byte_perm(v[0][i], v[1][i], 0x7362);
@@ -261,29 +256,10 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
             mma_16816<__half>(o[4 * i + 2], pf, __byte_perm(t23, k_magic, 0x4140), __byte_perm(u23, k_magic, 0x4140));
             mma_16816<__half>(o[4 * i + 3], pf, __byte_perm(t23, k_magic, 0x4342), __byte_perm(u23, k_magic, 0x4342));
         }
-#pragma unroll
-        for (int i = 0; i < 4 && int8 && !LEAN; i++) {
-            // Each row's word as two fp16 pairs (1024 + code): dims 4 i, 4 i + 1 and 4 i + 2, 4 i + 3.
-            uint32_t lo[4], hi[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                lo[r] = __byte_perm(v[r][i], k_magic, 0x4140);
-                hi[r] = __byte_perm(v[r][i], k_magic, 0x4342);
-            }
-            // n-tile 4 i + j: b0 = (row 2 tq, row 2 tq + 1), b1 = (row 2 tq + 8, row 2 tq + 9) at dim 16 g + 4 i + j.
-            mma_16816<__half>(o[4 * i + 0], pf, __byte_perm(lo[0], lo[1], 0x5410), __byte_perm(lo[2], lo[3], 0x5410));
-            mma_16816<__half>(o[4 * i + 1], pf, __byte_perm(lo[0], lo[1], 0x7632), __byte_perm(lo[2], lo[3], 0x7632));
-            mma_16816<__half>(o[4 * i + 2], pf, __byte_perm(hi[0], hi[1], 0x5410), __byte_perm(hi[2], hi[3], 0x5410));
-            mma_16816<__half>(o[4 * i + 3], pf, __byte_perm(hi[0], hi[1], 0x7632), __byte_perm(hi[2], hi[3], 0x7632));
-        }
-        if constexpr (COPY_WARP) {  // the stage is refilled once every warp has released it
-            __syncwarp();
-            if (lane == 0) sm90::mbar_arrive(&empty[s]);
-        } else {
-            __syncthreads();  // the stage is refilled next
-        }
+        __syncwarp();  // the copy warp refills the stage once every warp has released it
+        if (lane == 0) sm90::mbar_arrive(&empty[s]);
     }
-    if constexpr (COPY_WARP) computing_warps_sync();  // every warp past its last tile: the merge reuses the stages
+    computing_warps_sync();  // every warp past its last tile: the merge reuses the stages
     z_sum += __shfl_xor_sync(0xffffffffu, z_sum, 1);
     z_sum += __shfl_xor_sync(0xffffffffu, z_sum, 2);
 #pragma unroll
@@ -298,16 +274,16 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
 #endif
 }
 
-template <KVKind K, int STAGES, bool COPY_WARP, bool LEAN> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!code_tensor_map(&k_map, a.cache.quant.k, a.cache.rows, D, k_copy_rows) || !code_tensor_map(&v_map, a.cache.quant.v, a.cache.rows, D, k_copy_rows)) {
         return false;
     }
     constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
     static PerDevice<size_t> configured;
-    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES, COPY_WARP, LEAN>, smem, configured);
+    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES>, smem, configured);
     a.min_split = k_tile;
-    launch_kernel(attention_decode_q8_kernel<K, STAGES, COPY_WARP, LEAN>, grid, k_decode_threads + (COPY_WARP ? 32 : 0), smem, stream, a, k_map, v_map);
+    launch_kernel(attention_decode_q8_kernel<K, STAGES>, grid, k_decode_threads + 32, smem, stream, a, k_map, v_map);
     return true;
 }
 
@@ -321,16 +297,8 @@ constexpr int k_q8_stages = 6;
 }  // namespace
 
 bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
-    static const bool lean = [] {  // A/B (temporary): QINFER_Q8_LEAN=0 for one chain of QK MMAs and 16 PRMTs per V word
-        const char * e = std::getenv("QINFER_Q8_LEAN");
-        return !e || std::atoi(e) != 0;
-    }();
-    if (lean) {
-        if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages, true, true>(a, grid, stream);
-        return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages, true, true>(a, grid, stream);
-    }
-    if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages, true, false>(a, grid, stream);
-    return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages, true, false>(a, grid, stream);
+    if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages>(a, grid, stream);
+    return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages>(a, grid, stream);
 }
 
 }  // namespace qinfer::cuda

@@ -13,9 +13,12 @@
 //     quantized cache's codes arrive raw and are dequantized to bf16 in shared memory). Each chunk costs its thread
 //     the key's block-table lookup and address arithmetic: at 129024 keys that issue work, not DRAM, set the pace
 //     (ncu on H100: ~950 instructions per warp and tile, DRAM at 74%; bench/results/2026-11-27-h100-decode-tma).
-//   tensor copies (bf16 caches on sm_90a): lanes of warp 0 issue one 2-D copy per 16 keys, 64 columns and K or V
-//     (tensor_map.h: 128-byte swizzle, so the fragments read conflict-free without padding), completing on the
-//     stage's mbarrier; the other warps only wait on it.
+//   tensor copies (bf16 caches on sm_90a): a fifth warp, the copy warp, issues one 2-D copy per 16 keys, 64 columns
+//     and K or V (tensor_map.h: 128-byte swizzle, so the fragments read conflict-free without padding), completing on
+//     the stage's mbarrier; each computing warp releases a stage on its `empty` mbarrier when done with it, and the
+//     copy warp refills it once all four have. Before, warp 0 issued the copies between its own tiles and a block
+//     barrier ended every tile: the int8 kernel at 129024 keys (7B layer, H200) went from 61.1 to 49.1 us, the bf16
+//     one from 76.4 to 75.0 (bench/results/2026-12-01-h200-decode-copy-warp).
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
@@ -178,8 +181,8 @@ template <int D, int STAGES> struct TmaDecodeSmem {
 };
 
 // The same split over a bf16 cache, its tiles brought by the tensor copy engine (launched where decode_tma_applies).
-template <int D, int STAGES, bool COPY_WARP>
-__global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
+template <int D, int STAGES>
+__global__ void __launch_bounds__(k_decode_threads + 32)
     attention_decode_tma_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (!a.early_kv) pdl_wait();
@@ -195,14 +198,12 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
     const int begin = sp.begin, end = sp.end, first_block = sp.first_block;
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-    start_tma_split<STAGES>(sp, bs, blocks, full, COPY_WARP ? empty : nullptr, &k_map, &v_map);
+    start_tma_split<STAGES>(sp, bs, blocks, full, empty, &k_map, &v_map);
 
-    // Tile t (keys begin + 64 t ..) into stage t % STAGES, by the copy warp (warp 0 without one): lane i copies 16-key group i / (D / 32), panel
+    // Tile t (keys begin + 64 t ..) into stage t % STAGES, by the copy warp: lane i copies 16-key group i / (D / 32), panel
     // i / 2 % (D / 64), K (even i) or V. Groups wholly past `end` are not copied.
     constexpr int copies_per_group = 2 * (D / 64);
-    constexpr int copier = COPY_WARP ? k_decode_warps : 0;
     auto load_tile = [&](int t) {
-        if (warp != copier) return;
         const int k0 = begin + t * k_tile, s = t % STAGES;
         const int groups = (min(end - k0, k_tile) + k_copy_rows - 1) / k_copy_rows;
         if (lane == 0) sm90::mbar_arrive_expect_tx(&full[s], uint32_t(groups * copies_per_group * k_copy_rows * 128));
@@ -215,14 +216,11 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
         }
     };
     const int n_tiles = (end - begin + k_tile - 1) / k_tile;
-    if constexpr (COPY_WARP) {
-        if (warp == copier) {
-            copy_split_tiles<STAGES>(a, sp, n_tiles, empty, load_tile);
-            return;
-        }
-        if (a.early_kv) pdl_wait();
+    if (warp == k_decode_warps) {
+        copy_split_tiles<STAGES>(a, sp, n_tiles, empty, load_tile);
+        return;
     }
-    const int n_loaded = COPY_WARP ? n_tiles : request_early_tiles<STAGES>(a, sp, n_tiles, load_tile);  // tiles requested so far
+    if (a.early_kv) pdl_wait();
     uint32_t qf[D / 16][4];
     load_q_fragments<D>(a, b, kvh, qf);
 
@@ -230,9 +228,7 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
     float o[D / 8][4] = {};
     float m0 = -INFINITY, l0 = 0, m1 = -INFINITY, l1 = 0;
     const bool two_rows = a.n_head / a.n_kv > 8;
-    for (int t = n_loaded; t < STAGES - 1 && t < n_tiles; t++) load_tile(t);
     for (int t = 0; t < n_tiles; t++) {
-        if (!COPY_WARP && t + STAGES - 1 < n_tiles) load_tile(t + STAGES - 1);
         const int s = t % STAGES, k0 = begin + t * k_tile;
         unsigned char * ks = smem + s * Layout::stage_bytes, * vs = ks + Layout::tile_bytes;
         sm90::mbar_wait(&full[s], (t / STAGES) & 1);
@@ -248,14 +244,10 @@ __global__ void __launch_bounds__(k_decode_threads + (COPY_WARP ? 32 : 0))
             computing_warps_sync();
         }
         attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0, m1, l1, two_rows);
-        if constexpr (COPY_WARP) {  // the stage is refilled once every warp has released it
-            __syncwarp();
-            if (lane == 0) sm90::mbar_arrive(&empty[s]);
-        } else {
-            __syncthreads();  // the stage is refilled next
-        }
+        __syncwarp();  // the copy warp refills the stage once every warp has released it
+        if (lane == 0) sm90::mbar_arrive(&empty[s]);
     }
-    if constexpr (COPY_WARP) computing_warps_sync();  // every warp past its last tile: the merge reuses the stages
+    computing_warps_sync();  // every warp past its last tile: the merge reuses the stages
     merge_warps<D>(smem, a, b, kvh, split_id, o, m0, l0, m1, l1, MmaColumns{});
 #else
     __trap();  // launched only where decode_tma_applies (an sm_90a build on a compute capability 9.0 device)
@@ -271,16 +263,16 @@ template <int D, KVKind K, int STAGES> void launch(DecodeArgs a, dim3 grid, cuda
     launch_kernel(attention_decode_tc_kernel<D, K, STAGES>, grid, k_decode_threads, smem, stream, a);
 }
 
-template <int D, int STAGES, bool COPY_WARP> bool launch_tma(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+template <int D, int STAGES> bool launch_tma(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!cache_tensor_map(&k_map, a.cache.k, a.cache.rows, D, k_copy_rows) || !cache_tensor_map(&v_map, a.cache.v, a.cache.rows, D, k_copy_rows)) {
         return false;
     }
     constexpr size_t smem = TmaDecodeSmem<D, STAGES>::bytes;
     static PerDevice<size_t> configured;
-    allow_dynamic_smem(attention_decode_tma_kernel<D, STAGES, COPY_WARP>, smem, configured);
+    allow_dynamic_smem(attention_decode_tma_kernel<D, STAGES>, smem, configured);
     a.min_split = k_tile;
-    launch_kernel(attention_decode_tma_kernel<D, STAGES, COPY_WARP>, grid, k_decode_threads + (COPY_WARP ? 32 : 0), smem, stream, a, k_map, v_map);
+    launch_kernel(attention_decode_tma_kernel<D, STAGES>, grid, k_decode_threads + 32, smem, stream, a, k_map, v_map);
     return true;
 }
 
@@ -309,12 +301,8 @@ bool launch_attention_decode_tma(const DecodeArgs & a, int head_dim, dim3 grid, 
     if (!decode_tma_applies(a.cache, head_dim, a.n_head / a.n_kv)) return false;
     if (a.cache.quant.kind != KVKind::BF16) return launch_attention_decode_q8(a, grid, stream);
     const bool three = decode_tc_stages(head_dim) == 3;
-    if (decode_copy_warp()) {
-        if (head_dim == 64) return three ? launch_tma<64, 3, true>(a, grid, stream) : launch_tma<64, 2, true>(a, grid, stream);
-        return three ? launch_tma<128, 3, true>(a, grid, stream) : launch_tma<128, 2, true>(a, grid, stream);
-    }
-    if (head_dim == 64) return three ? launch_tma<64, 3, false>(a, grid, stream) : launch_tma<64, 2, false>(a, grid, stream);
-    return three ? launch_tma<128, 3, false>(a, grid, stream) : launch_tma<128, 2, false>(a, grid, stream);
+    if (head_dim == 64) return three ? launch_tma<64, 3>(a, grid, stream) : launch_tma<64, 2>(a, grid, stream);
+    return three ? launch_tma<128, 3>(a, grid, stream) : launch_tma<128, 2>(a, grid, stream);
 }
 
 }  // namespace qinfer::cuda

@@ -3,23 +3,12 @@
 #pragma once
 
 #include <cmath>
-#include <cstdlib>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/wgmma.cuh"
 
 namespace qinfer::cuda::decode_tc {
-
-// A/B (temporary): the tensor-copy split kernels with a fifth warp that only issues the copies and stage barriers
-// per warp (QINFER_DECODE_COPY_WARP=1, the default) against warp 0 issuing them and a block barrier per tile (0).
-inline bool decode_copy_warp() {
-    static const bool on = [] {
-        const char * e = std::getenv("QINFER_DECODE_COPY_WARP");
-        return !e || std::atoi(e) != 0;
-    }();
-    return on;
-}
 
 constexpr int k_tile = 64;  // keys per shared-memory tile; also the fewest keys of a split (attention.cu's combine)
 constexpr int k_copy_rows = 16;  // keys per tensor copy: a split starts at a multiple of 16, so 16 keys share a page
@@ -52,8 +41,8 @@ __device__ __forceinline__ void computing_warps_sync() { asm volatile("bar.sync 
 
 // The start of the split kernels whose tiles come by tensor copies (the bf16 one in attention_decode_tc.cu, the
 // raw-code one in attention_decode_q8.cu; sm_90a only): the split's block-table entries into `blocks`, the STAGES
-// stage barriers at `full` set for one arrival each (and, with a copy warp, those at `empty` for one arrival per
-// computing warp), both tensor maps prefetched, then a block barrier that publishes all of it.
+// stage barriers at `full` set for one arrival each (the copy warp's) and those at `empty` for one arrival per
+// computing warp, both tensor maps prefetched, then a block barrier that publishes all of it.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <int STAGES>
 __device__ __forceinline__ void start_tma_split(const DecodeSplit & sp, int block_size, int * blocks, uint64_t * full, uint64_t * empty,
@@ -62,7 +51,7 @@ __device__ __forceinline__ void start_tma_split(const DecodeSplit & sp, int bloc
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             sm90::mbar_init(&full[s], 1);
-            if (empty) sm90::mbar_init(&empty[s], k_decode_warps);
+            sm90::mbar_init(&empty[s], k_decode_warps);
         }
         sm90::fence_mbar_init();
         sm90::prefetch_tensor_map(k_map);
@@ -107,6 +96,10 @@ __device__ __forceinline__ void copy_split_tiles(const DecodeArgs & a, const Dec
 // After the last tile (its shared memory free, every warp past the barrier): the warps' (m, l, O) of each row merged
 // into the split's partial result; col(dt, e) is the column of this lane's o[dt][e]. A lane holds rows g (m0, l0,
 // o[dt][0..1]) and g + 8 (m1, l1, o[dt][2..3]; only where more than 8 query heads share the KV head).
+// The warps' O rows lie D + 4 floats apart, column c at c + c / 32: one store of the raw-code kernel's columns
+// (16 (2 tq + e) + dt: 32 tq apart) then meets banks 4 g + tq + const, all 32 different, where rows D apart put the
+// whole warp on one bank; the MMA columns (8 dt + 2 tq + e) meet 2 lanes a bank instead of 8. Rows are read 32
+// consecutive columns a warp, conflict-free either way.
 template <int D, class Col>
 __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeArgs & a, int b, int kvh, int split_id, const float (&o)[D / 8][4],
                                             float m0, float l0, float m1, float l1, Col col) {
@@ -118,7 +111,9 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     float * wm = reinterpret_cast<float *>(smem);  // [warps][R]
     float * wl = wm + k_decode_warps * R;          // [warps][R]
-    float * wo = wl + k_decode_warps * R;          // [warps][R][D]
+    float * wo = wl + k_decode_warps * R;          // [warps][R][D + 4]
+    const bool padded = a.merge_padded;
+    auto at = [&](int row, int c) { return padded ? row * (D + 4) + c + c / 32 : row * D + c; };
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int r = g + 8 * h;
@@ -129,8 +124,8 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
         }
 #pragma unroll
         for (int dt = 0; dt < D / 8; dt++) {
-            wo[(warp * R + r) * D + col(dt, 0)] = o[dt][2 * h];
-            wo[(warp * R + r) * D + col(dt, 1)] = o[dt][2 * h + 1];
+            wo[at(warp * R + r, col(dt, 0))] = o[dt][2 * h];
+            wo[at(warp * R + r, col(dt, 1))] = o[dt][2 * h + 1];
         }
     }
     computing_warps_sync();
@@ -144,7 +139,7 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
         for (int w = 0; w < k_decode_warps; w++) {
             const float cw = wm[w * R + r] == -INFINITY ? 0.f : exp2f(wm[w * R + r] - mx);
             lsum += wl[w * R + r] * cw;
-            osum += wo[(w * R + r) * D + c] * cw;
+            osum += wo[at(w * R + r, c)] * cw;
         }
         if (a.out) {  // the only split: the combine's result (weight e^0 = 1) written here
             a.out[(int64_t(b) * a.n_head + kvh * n_rep + r) * D + c] = __float2bfloat16(osum / lsum);
@@ -159,6 +154,6 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
     }
 }
 
-constexpr size_t k_merge_bytes(int d) { return (2 * k_decode_warps * k_max_rep_tc + k_decode_warps * k_max_rep_tc * size_t(d)) * sizeof(float); }
+constexpr size_t k_merge_bytes(int d) { return (2 * k_decode_warps * k_max_rep_tc + k_decode_warps * k_max_rep_tc * size_t(d + 4)) * sizeof(float); }
 
 }  // namespace qinfer::cuda::decode_tc
