@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <type_traits>
 
 #include "backends/cuda/attention_common.cuh"
@@ -516,11 +515,6 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
     if (n_rep > k_max_rep_tc) QINFER_FAIL() << "attention_decode: " << n_rep << " query heads per KV head (max " << k_max_rep_tc << ")";
     if (scratch.max_splits > 1024) QINFER_FAIL() << "attention_decode: more than 1024 splits";
     DecodeArgs a{q, cache, len_dev, n_head, n_kv, float(1.0 / std::sqrt(double(head_dim))), scratch, 16};
-    static const bool merge_padded = [] {
-        const char * e = std::getenv("QINFER_DECODE_MERGE_PAD");
-        return !e || std::atoi(e) != 0;
-    }();
-    a.merge_padded = merge_padded;
     dim3 grid(scratch.max_splits, n_kv, batch);
     if (kernel == DecodeKernel::Auto) {
         kernel = head_dim == 64 || head_dim == 128 ? DecodeKernel::TensorCore : DecodeKernel::Simt;

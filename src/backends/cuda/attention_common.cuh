@@ -256,7 +256,6 @@ struct DecodeArgs {
     // Tensor-core kernels with one split (max_splits 1): O / l goes straight to out (bf16 [batch, n_head, d]) and no
     // combine runs; null: partial results for the combine.
     bf16 * out = nullptr;
-    bool merge_padded = true;  // A/B (temporary, QINFER_DECODE_MERGE_PAD=0 turns it off): merge_warps' padded rows
 };
 
 // Keys per split for the current length: the fixed grid (captured in the graph) spreads any length over all of

@@ -99,7 +99,9 @@ __device__ __forceinline__ void copy_split_tiles(const DecodeArgs & a, const Dec
 // The warps' O rows lie D + 4 floats apart, column c at c + c / 32: one store of the raw-code kernel's columns
 // (16 (2 tq + e) + dt: 32 tq apart) then meets banks 4 g + tq + const, all 32 different, where rows D apart put the
 // whole warp on one bank; the MMA columns (8 dt + 2 tq + e) meet 2 lanes a bank instead of 8. Rows are read 32
-// consecutive columns a warp, conflict-free either way.
+// consecutive columns a warp, conflict-free either way. On an H200 the int8 kernel went from 14.3 / 21.8 / 48.8 us
+// to 11.0 / 18.4 / 45.5 at 4096 / 30720 / 129024 keys (7B layer), the bf16 tensor-copy kernel 1-4% faster
+// (bench/results/2026-12-01-h200-decode-copy-warp, call 3).
 template <int D, class Col>
 __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeArgs & a, int b, int kvh, int split_id, const float (&o)[D / 8][4],
                                             float m0, float l0, float m1, float l1, Col col) {
@@ -112,8 +114,7 @@ __device__ __forceinline__ void merge_warps(unsigned char * smem, const DecodeAr
     float * wm = reinterpret_cast<float *>(smem);  // [warps][R]
     float * wl = wm + k_decode_warps * R;          // [warps][R]
     float * wo = wl + k_decode_warps * R;          // [warps][R][D + 4]
-    const bool padded = a.merge_padded;
-    auto at = [&](int row, int c) { return padded ? row * (D + 4) + c + c / 32 : row * D + c; };
+    auto at = [](int row, int c) { return row * (D + 4) + c + c / 32; };
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int r = g + 8 * h;
