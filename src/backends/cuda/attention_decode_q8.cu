@@ -19,7 +19,8 @@
 // codes and one of the V codes (128-byte rows, 128-byte swizzle) and, for int8, one bulk copy each of the 16 rows' K
 // and V (scale, zero). Each V word-column is paired across rows with one byte permute per two rows, then each byte
 // pair widened to fp16 with one more (12 PRMT per word-column, 16 before; with Q K^T in two chains of four MMAs
-// instead of one of eight, the kernel at 129024 keys was 1.7% faster on an H200, bench/results/2026-12-01-h200-decode-copy-warp).
+// instead of one of eight, the kernel at 129024 keys was 1.7% faster on an H200,
+// bench/results/2026-12-01-h200-decode-copy-warp).
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
@@ -87,8 +88,8 @@ __global__ void __launch_bounds__(k_decode_threads + 32)
 
     start_tma_split<STAGES>(sp, bs, blocks, full, empty, &k_map, &v_map);
 
-    // Tile t into stage t % STAGES by the copy warp: lane i takes 16-key group i / parts and part i % parts (K codes, V codes,
-    // and for int8 K (scale, zero), V (scale, zero)). Groups wholly past `end` are not copied.
+    // Tile t into stage t % STAGES by the copy warp: lane i takes 16-key group i / parts and part i % parts (K codes,
+    // V codes, and for int8 K (scale, zero), V (scale, zero)). Groups wholly past `end` are not copied.
     constexpr int parts = int8 ? 4 : 2;
     constexpr uint32_t group_bytes = 2 * k_copy_rows * D + (int8 ? 2 * k_copy_rows * 8 : 0);
     auto load_tile = [&](int t) {

@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(k_decode_threads + 32)
 
     start_tma_split<STAGES>(sp, bs, blocks, full, empty, &k_map, &v_map);
 
-    // Tile t (keys begin + 64 t ..) into stage t % STAGES, by the copy warp: lane i copies 16-key group i / (D / 32), panel
-    // i / 2 % (D / 64), K (even i) or V. Groups wholly past `end` are not copied.
+    // Tile t (keys begin + 64 t ..) into stage t % STAGES, by the copy warp: lane i copies 16-key group i / (D / 32),
+    // panel i / 2 % (D / 64), K (even i) or V. Groups wholly past `end` are not copied.
     constexpr int copies_per_group = 2 * (D / 64);
     auto load_tile = [&](int t) {
         const int k0 = begin + t * k_tile, s = t % STAGES;
