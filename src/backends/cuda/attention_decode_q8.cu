@@ -159,8 +159,7 @@ __global__ void __launch_bounds__(k_decode_threads + 32)
             for (int i = threadIdx.x; i < (k_tile - (end - tile0)) * 8; i += k_decode_threads) {
                 *reinterpret_cast<uint4 *>(vc_tile + (end - tile0 + i / 8) * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
             }
-            sm90::fence_proxy_async_smem();  // generic writes before the copy engine refills the stage
-            computing_warps_sync();
+            computing_warps_sync();  // the last tile: never refilled, read by plain loads only (no proxy fence)
         }
 
         // S = Q C^T over the warp's 16 keys (two n-tiles of 8), then each key's scale and zero.

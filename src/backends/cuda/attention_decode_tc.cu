@@ -240,8 +240,7 @@ __global__ void __launch_bounds__(k_decode_threads + 32)
                 const int line = i / 8, row = rows_valid + line / (D / 64), panel = line % (D / 64);
                 *reinterpret_cast<uint4 *>(vs + panel * k_tile * 128 + row * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
             }
-            sm90::fence_proxy_async_smem();  // generic writes before the copy engine refills the stage
-            computing_warps_sync();
+            computing_warps_sync();  // the last tile: never refilled, read by plain loads only (no proxy fence)
         }
         attend_tile<D, SwizzledTile>(ks, vs, qf, k0 + warp * 16, end, scale_log2, o, m0, l0, m1, l1, two_rows);
         __syncwarp();  // the copy warp refills the stage once every warp has released it

@@ -61,6 +61,10 @@ __device__ __forceinline__ void start_tma_split(const DecodeSplit & sp, int bloc
 }
 #endif
 
+// Whether tile t of the split holds only keys before the new one (written by earlier steps, so it may be requested
+// before pdl_wait()).
+__device__ __forceinline__ bool tile_precedes_new_key(const DecodeSplit & sp, int t) { return min(sp.begin + (t + 1) * k_tile, sp.end) <= sp.len - 1; }
+
 // a.early_kv: the first tiles (up to STAGES - 1) whose keys all precede the new one, written by earlier steps, are
 // requested before pdl_wait(), so they overlap the end of the kernel ahead; returns how many were. Without it the
 // kernel waited at its start and none are.
@@ -68,7 +72,7 @@ template <int STAGES, class Load>
 __device__ __forceinline__ int request_early_tiles(const DecodeArgs & a, const DecodeSplit & sp, int n_tiles, const Load & load_tile) {
     int n = 0;
     if (a.early_kv) {
-        while (n < STAGES - 1 && n < n_tiles && min(sp.begin + (n + 1) * k_tile, sp.end) <= sp.len - 1) load_tile(n++);
+        while (n < STAGES - 1 && n < n_tiles && tile_precedes_new_key(sp, n)) load_tile(n++);
         pdl_wait();
     }
     return n;
@@ -83,7 +87,7 @@ template <int STAGES, class Load>
 __device__ __forceinline__ void copy_split_tiles(const DecodeArgs & a, const DecodeSplit & sp, int n_tiles, uint64_t * empty, const Load & load_tile) {
     int t = 0;
     if (a.early_kv) {
-        while (t < STAGES && t < n_tiles && min(sp.begin + (t + 1) * k_tile, sp.end) <= sp.len - 1) load_tile(t++);
+        while (t < STAGES && t < n_tiles && tile_precedes_new_key(sp, t)) load_tile(t++);
         pdl_wait();
     }
     for (; t < n_tiles; t++) {
