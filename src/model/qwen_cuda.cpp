@@ -10,6 +10,7 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -75,9 +76,14 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     // (launch_combine, attention.cu): then, against PDL off, 7B BF16 181.6 -> 187.0 tok/s at input 1, 174.8 -> 179.9 at
     // 6144, 145.6 -> 149.2 at 30720 (bench/results/2026-11-27-h100-pdl-matrix). On for every checkpoint.
     cuda::set_pdl_default(true);
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    const char * prio_env = std::getenv("QINFER_MOE_PRIO");
+    moe_prio_ = prio_env ? std::atoi(prio_env) : 0;
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    const bool prio = moe_prio_ > 0 && c.num_experts > 0 && c.shared_expert_intermediate_size > 0;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, prio ? greatest : 0));
     if (c.num_experts > 0 && c.shared_expert_intermediate_size > 0) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, prio ? least : 0));
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_fork_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_join_, cudaEventDisableTiming));
     }
@@ -693,6 +699,8 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // the router and the routed experts, a branch of the decode graph joined before the combine: those kernels are
     // short and latency-bound, so the two chains overlap.
     const bool beside = L.has_shared && !on_host && c <= k_gemv_max_m;
+    const bool router_first = moe_prio_ == 2;
+    if (router_first) router(L, c, xn, norm);
     if (L.has_shared) {
         struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
             cudaStream_t & cur;
@@ -726,7 +734,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
         else prof_.mark("shared expert");
     }
-    router(L, c, xn, norm);
+    if (!router_first) router(L, c, xn, norm);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     cuda::MoeRouting r = moe_routing();

@@ -301,6 +301,9 @@ private:
     // by these events.
     cudaStream_t side_stream_ = nullptr;
     cudaEvent_t moe_fork_ = nullptr, moe_join_ = nullptr;
+    int moe_prio_ = 0;  // QINFER_MOE_PRIO A/B (temporary)
+    // Graph instantiation flags: node priorities (the streams' at capture) where QINFER_MOE_PRIO asks for them.
+    unsigned long long graph_flags() const { return moe_prio_ > 0 && side_stream_ ? cudaGraphInstantiateFlagUseNodePriority : 0; }
     DeviceBuffer embed_, final_norm_, lm_head_storage_;
     HostMappedBuffer embed_host_;      // the token embedding in pinned host memory (EngineOptions::embedding_on_gpu)
     const bf16 * embed_table_ = nullptr;  // [vocab, hidden]: embed_ or embed_host_, as the device addresses it
