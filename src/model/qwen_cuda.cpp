@@ -76,14 +76,9 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     // (launch_combine, attention.cu): then, against PDL off, 7B BF16 181.6 -> 187.0 tok/s at input 1, 174.8 -> 179.9 at
     // 6144, 145.6 -> 149.2 at 30720 (bench/results/2026-11-27-h100-pdl-matrix). On for every checkpoint.
     cuda::set_pdl_default(true);
-    const char * prio_env = std::getenv("QINFER_MOE_PRIO");
-    moe_prio_ = prio_env ? std::atoi(prio_env) : 0;
-    int least = 0, greatest = 0;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    const bool prio = moe_prio_ > 0 && c.num_experts > 0 && c.shared_expert_intermediate_size > 0;
-    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, prio ? greatest : 0));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (c.num_experts > 0 && c.shared_expert_intermediate_size > 0) {
-        CUDA_CHECK(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, prio ? least : 0));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_fork_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_join_, cudaEventDisableTiming));
     }
@@ -327,6 +322,14 @@ void CudaQwenEngine::upload_weights() {
         D.expert_gate_up = upload(gate_up, "weights", &done, bar);
         D.expert_down = upload(down, "weights", &done, bar);
         D.experts_decode = cuda::moe_decode_applies(c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size);
+        const char * fold_env = std::getenv("QINFER_MOE_FOLD");
+        const int fold = fold_env ? std::atoi(fold_env) : 1;
+        const int Is = D.has_shared ? D.shared.down.k : 0, Ie = c.moe_intermediate_size;
+        if (fold > 0 && D.experts_decode && Is > 0 && !D.shared.gate_up.quantized && !D.shared.down.quantized && Is % Ie == 0 &&
+            D.shared.gate_up.n == 2 * Is) {
+            D.shared_parts = Is / Ie;
+            D.fold_norm_kernel = fold == 2;
+        }
     }
     final_norm_ = upload({&W.norm}, "norm", &done, bar);
     if (c.tie_word_embeddings) {
@@ -483,11 +486,15 @@ void CudaQwenEngine::ensure_workspace(int c) {
         router_logits_ = DeviceBuffer(size_t(c) * E1 * sizeof(float), "workspace");
         moe_idx_ = DeviceBuffer(cuda::moe_routing_ints(c, cfg.num_experts_per_tok, cfg.num_experts) * sizeof(int), "workspace");
         moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
-        moe_act_ = DeviceBuffer(std::max(ck * Ie, size_t(c) * Is) * sizeof(bf16), "workspace");
+        // Decode steps with the shared expert in parts beside the routed experts (DevLayer::shared_parts): their rows too.
+        size_t parts = 0;
+        for (const auto & L : layers_) parts = std::max(parts, size_t(L.shared_parts));
+        const size_t part_rows = size_t(std::min(c, cuda::k_moe_gemv_max_tokens)) * parts;
+        moe_act_ = DeviceBuffer((std::max(ck * Ie, size_t(c) * Is) + part_rows * Ie) * sizeof(bf16), "workspace");
         const size_t arrivals = cuda::moe_decode_arrivals(std::min(c, cuda::k_moe_gemv_max_tokens), H);
         moe_arrivals_ = DeviceBuffer(arrivals * sizeof(int), "workspace");
         CUDA_CHECK(cudaMemset(moe_arrivals_.get(), 0, arrivals * sizeof(int)));
-        moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");
+        moe_out_ = DeviceBuffer((ck + part_rows) * H * sizeof(bf16), "workspace");
         if (Is > 0) moe_shared_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
         if (Is > 0 || on_host) moe_gu_ = DeviceBuffer(size_t(c) * 2 * std::max(Ie, Is) * sizeof(bf16), "workspace");
         if (on_host) {
@@ -698,10 +705,11 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
     // the router and the routed experts, a branch of the decode graph joined before the combine: those kernels are
     // short and latency-bound, so the two chains overlap.
-    const bool beside = L.has_shared && !on_host && c <= k_gemv_max_m;
-    const bool router_first = moe_prio_ == 2;
-    if (router_first) router(L, c, xn, norm);
-    if (L.has_shared) {
+    // A bf16 shared expert folded into the decode launches as parts of routed-expert width (DevLayer::shared_parts).
+    const int shared_parts = decode_kernels ? L.shared_parts : 0;
+    const bool own_shared = L.has_shared && shared_parts == 0;
+    const bool beside = own_shared && !on_host && c <= k_gemv_max_m;
+    if (own_shared) {
         struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
             cudaStream_t & cur;
             cudaStream_t saved;
@@ -734,7 +742,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
         else prof_.mark("shared expert");
     }
-    if (!router_first) router(L, c, xn, norm);
+    router(L, c, xn, norm);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     cuda::MoeRouting r = moe_routing();
@@ -754,7 +762,8 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         m.weights = r.weights;
         m.arrivals = moe_arrivals_.as<int>();
         m.norm = norm;
-        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
+        if (shared_parts) m.shared = cuda::MoeSharedParts{L.shared.gate_up.ptr(), L.shared.down.ptr(), shared_parts};
+        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), own_shared ? nullptr : sum, accumulate, stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (q_routed) {
         const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
@@ -783,9 +792,9 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     }
     prof_.mark("experts");
     if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
-    if (!decode_kernels || L.has_shared) {
-        cuda::moe_combine(sum, accumulate, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
-                          L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
+    if (!decode_kernels || own_shared) {
+        cuda::moe_combine(sum, accumulate, c, H, k, r, moe_out_.as<bf16>(), own_shared ? moe_shared_.as<bf16>() : nullptr,
+                          own_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
         prof_.mark("combine");
     }
     if (part) add_partials(x, 1, size_t(c) * H);

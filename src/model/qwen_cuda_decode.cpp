@@ -286,7 +286,7 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         decode_step(B, end);
         CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-        CUDA_CHECK(cudaGraphInstantiate(&graph_, g, graph_flags()));
+        CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
         CUDA_CHECK(cudaGraphDestroy(g));
         graph_seqs_ = seqs;
     }

@@ -357,7 +357,7 @@ void CudaQwenEngine::step(const std::vector<StepSegment> & segs, const std::vect
                 CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
                 decode_step(bucket, StepEnd::Pick);
                 CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-                CUDA_CHECK(cudaGraphInstantiate(&exec, g, graph_flags()));
+                CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
                 CUDA_CHECK(cudaGraphDestroy(g));
                 it = pool_graphs_.emplace(key, exec).first;
             }
