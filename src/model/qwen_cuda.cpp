@@ -10,7 +10,6 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -322,14 +321,6 @@ void CudaQwenEngine::upload_weights() {
         D.expert_gate_up = upload(gate_up, "weights", &done, bar);
         D.expert_down = upload(down, "weights", &done, bar);
         D.experts_decode = cuda::moe_decode_applies(c.num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size);
-        const char * fold_env = std::getenv("QINFER_MOE_FOLD");
-        const int fold = fold_env ? std::atoi(fold_env) : 1;
-        const int Is = D.has_shared ? D.shared.down.k : 0, Ie = c.moe_intermediate_size;
-        if (fold > 0 && D.experts_decode && Is > 0 && !D.shared.gate_up.quantized && !D.shared.down.quantized && Is % Ie == 0 &&
-            D.shared.gate_up.n == 2 * Is) {
-            D.shared_parts = Is / Ie;
-            D.fold_norm_kernel = fold == 2;
-        }
     }
     final_norm_ = upload({&W.norm}, "norm", &done, bar);
     if (c.tie_word_embeddings) {
@@ -486,15 +477,11 @@ void CudaQwenEngine::ensure_workspace(int c) {
         router_logits_ = DeviceBuffer(size_t(c) * E1 * sizeof(float), "workspace");
         moe_idx_ = DeviceBuffer(cuda::moe_routing_ints(c, cfg.num_experts_per_tok, cfg.num_experts) * sizeof(int), "workspace");
         moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
-        // Decode steps with the shared expert in parts beside the routed experts (DevLayer::shared_parts): their rows too.
-        size_t parts = 0;
-        for (const auto & L : layers_) parts = std::max(parts, size_t(L.shared_parts));
-        const size_t part_rows = size_t(std::min(c, cuda::k_moe_gemv_max_tokens)) * parts;
-        moe_act_ = DeviceBuffer((std::max(ck * Ie, size_t(c) * Is) + part_rows * Ie) * sizeof(bf16), "workspace");
+        moe_act_ = DeviceBuffer(std::max(ck * Ie, size_t(c) * Is) * sizeof(bf16), "workspace");
         const size_t arrivals = cuda::moe_decode_arrivals(std::min(c, cuda::k_moe_gemv_max_tokens), H);
         moe_arrivals_ = DeviceBuffer(arrivals * sizeof(int), "workspace");
         CUDA_CHECK(cudaMemset(moe_arrivals_.get(), 0, arrivals * sizeof(int)));
-        moe_out_ = DeviceBuffer((ck + part_rows) * H * sizeof(bf16), "workspace");
+        moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");
         if (Is > 0) moe_shared_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
         if (Is > 0 || on_host) moe_gu_ = DeviceBuffer(size_t(c) * 2 * std::max(Ie, Is) * sizeof(bf16), "workspace");
         if (on_host) {
@@ -705,11 +692,8 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
     // the router and the routed experts, a branch of the decode graph joined before the combine: those kernels are
     // short and latency-bound, so the two chains overlap.
-    // A bf16 shared expert folded into the decode launches as parts of routed-expert width (DevLayer::shared_parts).
-    const int shared_parts = decode_kernels ? L.shared_parts : 0;
-    const bool own_shared = L.has_shared && shared_parts == 0;
-    const bool beside = own_shared && !on_host && c <= k_gemv_max_m;
-    if (own_shared) {
+    const bool beside = L.has_shared && !on_host && c <= k_gemv_max_m;
+    if (L.has_shared) {
         struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
             cudaStream_t & cur;
             cudaStream_t saved;
@@ -762,8 +746,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         m.weights = r.weights;
         m.arrivals = moe_arrivals_.as<int>();
         m.norm = norm;
-        if (shared_parts) m.shared = cuda::MoeSharedParts{L.shared.gate_up.ptr(), L.shared.down.ptr(), shared_parts};
-        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), own_shared ? nullptr : sum, accumulate, stream_);
+        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (q_routed) {
         const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
@@ -792,9 +775,9 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     }
     prof_.mark("experts");
     if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
-    if (!decode_kernels || own_shared) {
-        cuda::moe_combine(sum, accumulate, c, H, k, r, moe_out_.as<bf16>(), own_shared ? moe_shared_.as<bf16>() : nullptr,
-                          own_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
+    if (!decode_kernels || L.has_shared) {
+        cuda::moe_combine(sum, accumulate, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
+                          L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
         prof_.mark("combine");
     }
     if (part) add_partials(x, 1, size_t(c) * H);

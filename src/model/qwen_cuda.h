@@ -140,10 +140,6 @@ struct DevLayer {
     std::vector<DevMlp> experts;               // quantized experts (views of expert_q where stacked)
     bool has_shared = false;
     DevMlp shared;
-    // A bf16 shared expert whose intermediate size is a multiple of the bf16 routed experts': decode steps run it
-    // inside cuda::moe_decode's launches in this many parts (cuda::MoeSharedParts); 0: its own GEMVs on a second stream.
-    int shared_parts = 0;
-    bool fold_norm_kernel = false;  // QINFER_MOE_FOLD=2 A/B (temporary): an RMSNorm kernel ahead of a folded MoE block
     // Whether c tokens give the quantized experts more than the decode kernel's tile of rows each on average (its
     // codes are read once per tile): then they take the grouped GEMM where it applies.
     bool beyond_qtile(int c, int top_k) const { return int64_t(c) * top_k > int64_t(cuda::k_moe_qtile_rows) * int64_t(experts.size()); }
@@ -162,7 +158,7 @@ struct DevLayer {
     // blocks waits for its norm before its first weight load): bf16 experts without a shared expert keep the kernel.
     bool moe_normalises(int c, int top_k) const {
         if (!moe || c > k_gemv_max_m) return false;
-        if (experts.empty()) return has_shared && experts_decode && c <= cuda::k_moe_gemv_max_tokens && !(shared_parts && fold_norm_kernel);
+        if (experts.empty()) return has_shared && experts_decode && c <= cuda::k_moe_gemv_max_tokens;
         return expert_q_kernel && !experts_grouped(c, top_k) && !experts_on_host(c, top_k);
     }
 };

@@ -149,7 +149,6 @@ const Case k_cases[] = {
     {"tiny-qwen2", "cpu", "int8"},     {"tiny-qwen2", "cpu", "int4"},    {"tiny-qwen2", "cpu", "fp8"},
     {"tiny-qwen2", "cuda", "auto"},    {"tiny-qwen3", "cuda", "auto"},   {"tiny-qwen2-moe", "cuda", "auto"},
     {"tiny-qwen2", "cuda", "int8"},    {"tiny-qwen2", "cuda", "int4"},   {"tiny-qwen2", "cuda", "fp8"},
-    {"tiny-qwen2-moe-k64", "cuda", "auto"},  // its shared expert folded into the decode launches (DevLayer::shared_parts)
 };
 
 

@@ -128,20 +128,21 @@ TEST(Plan, BatchesAndCacheDtypes) {
     EXPECT_GE(max_batch(KVDType::INT4), 3 * max_batch(KVDType::BF16));
 }
 
-// Prefill passes: a 32nd of the cache (an 8th with quantized weights) in multiples of 128 within [1024, 4096], twice
-// that past 65536 tokens of cache (the seed's rows for 7B: 1024 up to 30720 + 2048 tokens, 2048 at 63488 + 2048,
-// 8192 at 129024 + 2048), or as many 1024-token blocks as fit 0.2 GB of activations where that is longer (0.5B: 4096,
+// Prefill passes: a 32nd of the cache (an 8th with quantized weights) in multiples of 128 within [1024, 4096], 8192
+// from 65536 tokens of cache on (the seed's rows for 7B: 1024 up to 30720 + 2048 tokens, 8192 at 63488 + 2048 and
+// 129024 + 2048), or as many 1024-token blocks as fit 0.2 GB of activations where that is longer (0.5B: 4096,
 // 1.5B: 2048).
 TEST(Plan, PrefillChunkFollowsTheCache) {
     const double b7 = prefill_bytes_per_token(preset_config("qwen2.5-7b", ""));
     EXPECT_EQ(prefill_chunk_for_cache(16, false, b7), 1024);
     EXPECT_EQ(prefill_chunk_for_cache(32768, false, b7), 1024);
-    EXPECT_EQ(prefill_chunk_for_cache(65536, false, b7), 2048);
-    EXPECT_EQ(prefill_chunk_for_cache(65537, false, b7), 4096);
-    EXPECT_EQ(prefill_chunk_for_cache(100000, false, b7), 6144);
+    EXPECT_EQ(prefill_chunk_for_cache(65535, false, b7), 1920);
+    EXPECT_EQ(prefill_chunk_for_cache(65536, false, b7), 8192);
+    EXPECT_EQ(prefill_chunk_for_cache(100000, false, b7), 8192);
     EXPECT_EQ(prefill_chunk_for_cache(131072, false, b7), 8192);
     EXPECT_EQ(prefill_chunk_for_cache(1 << 30, false, b7), 8192);
-    EXPECT_EQ(prefill_chunk_for_cache(65536, true, b7), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(65535, true, b7), 4096);
+    EXPECT_EQ(prefill_chunk_for_cache(65536, true, b7), 8192);
     EXPECT_EQ(prefill_chunk_for_cache(131072, true, b7), 8192);
     EXPECT_EQ(prefill_chunk_for_cache(8192, true, b7), 1024);
     EXPECT_EQ(prefill_chunk_for_cache(16384, true, b7), 2048);

@@ -6,11 +6,8 @@
 //      GEMV and the routing kernel. Given the residual (MoeDecode::norm), the block also stages its token's RMSNorm in
 //      shared memory, so no RMSNorm kernel runs ahead of the router.
 //   2. down: a block per (assignment, 32 output features), each warp four rows with every load in flight; where the
-//      caller gives x, the block of a token's feature tile that finishes last adds the token's top_k rows into x in
-//      moe_combine's order, so no combine kernel.
-// A shared expert (MoeSharedParts) rides along as more assignments of each token, slices of its intermediate features
-// as wide as a routed expert's: its weights are read by the same launches, with no second stream and no combine
-// kernel.
+//      caller gives x (no shared expert to wait for), the block of a token's feature tile that finishes last adds the
+//      token's top_k rows into x in moe_combine's order, so no combine kernel.
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
@@ -56,13 +53,13 @@ template <int R> __device__ __forceinline__ void dot_rows(const uint4 * const (&
 __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
     pdl_wait();
     const MoeDecode & m = a.m;
-    const int H = m.experts.hidden, I = m.experts.inter, k = m.top_k, A = k + m.shared.parts;
-    const int p = blockIdx.y, t = p / A, j = p % A;  // assignment p: token t's j-th expert (j >= k: a shared part)
+    const int H = m.experts.hidden, I = m.experts.inter, k = m.top_k;
+    const int p = blockIdx.y, t = p / k, j = p % k;  // assignment p: token t's j-th expert
     __shared__ int ids[k_moe_max_topk];
     __shared__ float weights[k_moe_max_topk];
     __shared__ float norm_red[k_warps];
     extern __shared__ uint4 xs[];  // m.norm.x: the token's normalised row, bf16 [H]
-    if (threadIdx.x < 32 && j < k) route_token(m.logits + size_t(t) * m.stride, m.experts.n_experts, k, m.renormalise, ids, weights);
+    if (threadIdx.x < 32) route_token(m.logits + size_t(t) * m.stride, m.experts.n_experts, k, m.renormalise, ids, weights);
     const uint4 * xrow = reinterpret_cast<const uint4 *>(a.xn + size_t(t) * H);
     if (m.norm.x) {
         bf16 * xb = reinterpret_cast<bf16 *>(xs);
@@ -76,14 +73,12 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
     }
     const int f0 = (blockIdx.x * k_warps + threadIdx.x / 32) * k_gu_out;
     if (f0 >= I) return;
-    // The expert's gate rows, then its up rows; a shared part's rows of the shared expert's gate and up.
-    const bf16 * gate = j < k ? m.experts.gate_up + int64_t(ids[j]) * 2 * I * H : m.shared.gate_up + int64_t(j - k) * I * H;
-    const bf16 * up = gate + int64_t(j < k ? I : m.shared.parts * I) * H;
+    const bf16 * w = m.experts.gate_up + int64_t(ids[j]) * 2 * I * H;  // the expert's gate rows, then its up rows
     const uint4 * rows[k_rows];
 #pragma unroll
     for (int r = 0; r < k_rows; r++) {
         const int row = min(f0 + r % k_gu_out, I - 1);  // rows past I read a valid row, and are not written
-        rows[r] = reinterpret_cast<const uint4 *>((r >= k_gu_out ? up : gate) + int64_t(row) * H);
+        rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(row + (r >= k_gu_out ? I : 0)) * H);
     }
     float acc[k_rows];
     dot_rows(rows, xrow, H / 8, acc);
@@ -100,16 +95,14 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
 __global__ void __launch_bounds__(k_warps * 32) down_kernel(DecodeArgs a) {
     pdl_wait();
     const MoeDecode & m = a.m;
-    const int H = m.experts.hidden, I = m.experts.inter, k = m.top_k, A = k + m.shared.parts;
-    const int p = blockIdx.y, t = p / A, j = p % A, lane = threadIdx.x % 32;
+    const int H = m.experts.hidden, I = m.experts.inter, k = m.top_k;
+    const int p = blockIdx.y, t = p / k, lane = threadIdx.x % 32;
     const int f0 = (blockIdx.x * k_warps + threadIdx.x / 32) * k_dn_out;
     if (f0 < H) {
-        // An expert's rows of I inputs; a shared part's columns j - k of the shared expert's rows of parts x I.
-        const bf16 * w = j < k ? m.experts.down + int64_t(m.ids[size_t(t) * k + j]) * H * I : m.shared.down + int64_t(j - k) * I;
-        const int64_t stride = j < k ? I : int64_t(m.shared.parts) * I;
+        const bf16 * w = m.experts.down + int64_t(m.ids[p]) * H * I;
         const uint4 * rows[k_rows];
 #pragma unroll
-        for (int r = 0; r < k_rows; r++) rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(min(f0 + r, H - 1)) * stride);
+        for (int r = 0; r < k_rows; r++) rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(min(f0 + r, H - 1)) * I);
         float acc[k_rows];
         dot_rows(rows, reinterpret_cast<const uint4 *>(a.act + size_t(p) * I), I / 8, acc);
 #pragma unroll
@@ -118,14 +111,14 @@ __global__ void __launch_bounds__(k_warps * 32) down_kernel(DecodeArgs a) {
         }
     }
     if (!a.x) return;
-    // The tile's A blocks meet at a counter: the last one in (its rows, and the others' made visible by the fences)
+    // The tile's k blocks meet at a counter: the last one in (its rows, and the others' made visible by the fences)
     // adds them up and leaves the counter at zero for the next launch.
     __shared__ bool last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         int * arrived = m.arrivals + size_t(t) * gridDim.x + blockIdx.x;
-        last = atomicAdd(arrived, 1) == A - 1;
+        last = atomicAdd(arrived, 1) == k - 1;
         if (last) *arrived = 0;
     }
     __syncthreads();
@@ -136,13 +129,7 @@ __global__ void __launch_bounds__(k_warps * 32) down_kernel(DecodeArgs a) {
     float * xp = a.x + size_t(t) * H + f;
     float v = a.accumulate ? *xp : 0.0f;
     for (int jj = 0; jj < k; jj++) {
-        v += m.weights[size_t(t) * k + jj] * __bfloat162float(__ldcg(a.out + (size_t(t) * A + jj) * H + f));
-    }
-    if (m.shared.parts > 0) {
-        float shared = 0;
-        for (int jj = k; jj < A; jj++) shared += __bfloat162float(__ldcg(a.out + (size_t(t) * A + jj) * H + f));
-        const float gate = m.logits[size_t(t) * m.stride + m.experts.n_experts];
-        v += shared / (1.0f + expf(-gate));
+        v += m.weights[size_t(t) * k + jj] * __bfloat162float(__ldcg(a.out + (size_t(t) * k + jj) * H + f));
     }
     *xp = v;
 }
@@ -169,9 +156,7 @@ void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * 
     a.out = out;
     a.x = x;
     a.accumulate = accumulate;
-    QINFER_CHECK(m.shared.parts == 0 || (m.shared.gate_up && m.shared.down && m.stride > w.n_experts))
-        << "MoE decode: a shared expert in " << m.shared.parts << " parts needs its weights and its gate's router column";
-    const int assignments = c * (m.top_k + m.shared.parts);
+    const int assignments = c * m.top_k;
     const size_t xs_bytes = m.norm.x ? size_t(w.hidden) * sizeof(bf16) : 0;
     if (m.norm.x) {
         QINFER_CHECK(xs_bytes <= 48 * 1024) << "MoE decode: a normalised row of " << w.hidden << " values does not fit in shared memory";

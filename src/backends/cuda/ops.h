@@ -385,23 +385,13 @@ struct MoeNormIn {
     const bf16 * norm_w = nullptr;
     float eps = 0;
 };
-// A bf16 shared expert whose intermediate size is `parts` times the routed experts' (Qwen1.5-MoE-A2.7B: 4,
-// Qwen2-57B-A14B: 8), run by moe_decode as `parts` more assignments of each token: part s takes intermediate features
-// s inter .. (s + 1) inter - 1, read in place from gate_up bf16 [2 parts inter, hidden] (gate rows, then up rows) and
-// down bf16 [hidden, parts inter]; the parts' outputs are summed and gated by sigmoid(logits[t, n_experts]).
-struct MoeSharedParts {
-    const bf16 * gate_up = nullptr;
-    const bf16 * down = nullptr;
-    int parts = 0;  // 0: no shared expert in the launches
-};
 // The routed experts of a decode step of up to k_moe_gemv_max_tokens tokens with bf16 experts (moe_decode.cu), in
-// assignment order (row t A + j: token t's j-th expert, A = top_k + shared.parts, the shared expert's parts last),
-// with no grouping: launch 1 routes each token in the blocks that need it (the first writes ids and weights [c,
-// top_k]) and writes act bf16 [c A, inter] = silu(gate) * up; launch 2 writes out bf16 [c A, hidden] = act W_down^T
-// and, where `x` is given, the last block of each token's feature tile adds x fp32 [c, hidden] (+)= sum_j weights[t,
-// j] out[t A + j] in moe_combine's order (accumulate false: the sum alone), then sigmoid(logits[t, n_experts]) times
-// the sum of the shared expert's parts. Models with a shared expert not folded in (shared.parts 0) leave x null and
-// combine with moe_combine (slot_of null: assignment order) once their shared expert is done.
+// assignment order (row t top_k + j: token t's j-th expert), with no grouping: launch 1 routes each token in the
+// blocks that need it (the first writes ids and weights [c, top_k]) and writes act bf16 [c top_k, inter] =
+// silu(gate) * up; launch 2 writes out bf16 [c top_k, hidden] = act W_down^T and, where `x` is given, the last block
+// of each token's feature tile adds x fp32 [c, hidden] (+)= sum_j weights[t, j] out[t top_k + j] in moe_combine's
+// order (accumulate false: the sum alone). Models with a shared expert leave x null and combine with moe_combine
+// (slot_of null: assignment order) once their shared expert is done.
 struct MoeDecode {
     const float * logits = nullptr;  // fp32 [c, stride]: the router's n_experts columns first
     int stride = 0;
@@ -412,7 +402,6 @@ struct MoeDecode {
     float * weights = nullptr;  // [c, top_k], written
     int * arrivals = nullptr;   // [moe_decode_arrivals(c, hidden)] zeros, left zero: the combine's per-tile counters
     MoeNormIn norm;             // norm.x set: xn is RMSNorm(norm.x), computed by the gate/up blocks (xn unused)
-    MoeSharedParts shared;
 };
 bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter);
 size_t moe_decode_arrivals(int c, int hidden);
