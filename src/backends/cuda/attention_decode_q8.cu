@@ -21,7 +21,6 @@
 // pair widened to fp16 with one more (12 PRMT per word-column, 16 before; with Q K^T in two chains of four MMAs
 // instead of one of eight, the kernel at 129024 keys was 1.7% faster on an H200,
 // bench/results/2026-12-01-h200-decode-copy-warp).
-#include <cstdlib>
 #include <cmath>
 
 #include "backends/cuda/attention_common.cuh"
@@ -66,7 +65,7 @@ template <KVKind K, int STAGES> struct Q8Smem {
 __device__ __forceinline__ int code_at(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
 #endif
 
-template <KVKind K, int STAGES, bool COPIES_ONLY = false>  // COPIES_ONLY: QINFER_Q8_COPIES=1 timing (temporary)
+template <KVKind K, int STAGES>
 __global__ void __launch_bounds__(k_decode_threads + 32)
     attention_decode_q8_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -155,11 +154,6 @@ __global__ void __launch_bounds__(k_decode_threads + 32)
         unsigned char * kc_tile = smem + s * Layout::stage_bytes, * vc_tile = kc_tile + Layout::codes_bytes;
         const float2 * k_sz = reinterpret_cast<const float2 *>(vc_tile + Layout::codes_bytes), * v_sz = k_sz + k_tile;
         sm90::mbar_wait(&full[s], (t / STAGES) & 1);
-        if constexpr (COPIES_ONLY) {
-            __syncwarp();
-            if (lane == 0) sm90::mbar_arrive(&empty[s]);
-            continue;
-        }
         if (!int8 && end - tile0 < k_tile) {
             // fp8's last tile: V rows past the end become +0 (an e4m3 NaN there would meet P = 0 in P V).
             for (int i = threadIdx.x; i < (k_tile - (end - tile0)) * 8; i += k_decode_threads) {
@@ -280,16 +274,16 @@ __global__ void __launch_bounds__(k_decode_threads + 32)
 #endif
 }
 
-template <KVKind K, int STAGES, bool COPIES_ONLY = false> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
     CUtensorMap k_map, v_map;
     if (!code_tensor_map(&k_map, a.cache.quant.k, a.cache.rows, D, k_copy_rows) || !code_tensor_map(&v_map, a.cache.quant.v, a.cache.rows, D, k_copy_rows)) {
         return false;
     }
     constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
     static PerDevice<size_t> configured;
-    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES, COPIES_ONLY>, smem, configured);
+    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES>, smem, configured);
     a.min_split = k_tile;
-    launch_kernel(attention_decode_q8_kernel<K, STAGES, COPIES_ONLY>, grid, k_decode_threads + 32, smem, stream, a, k_map, v_map);
+    launch_kernel(attention_decode_q8_kernel<K, STAGES>, grid, k_decode_threads + 32, smem, stream, a, k_map, v_map);
     return true;
 }
 
@@ -304,8 +298,6 @@ constexpr int k_q8_stages = 6;
 
 bool launch_attention_decode_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
     if (a.cache.quant.kind == KVKind::FP8) return launch_q8<KVKind::FP8, k_q8_stages>(a, grid, stream);
-    static const bool copies_only = std::getenv("QINFER_Q8_COPIES") && std::atoi(std::getenv("QINFER_Q8_COPIES")) == 1;
-    if (copies_only && a.cache.quant.kind == KVKind::INT8) return launch_q8<KVKind::INT8, k_q8_stages, true>(a, grid, stream);
     return a.cache.quant.kind == KVKind::INT8 && launch_q8<KVKind::INT8, k_q8_stages>(a, grid, stream);
 }
 
