@@ -23,10 +23,7 @@ int BlockTable::add_sequence() {
 void BlockTable::free_sequence(int seq) {
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return;
-    // Last block first onto the stack, so that the next sequence gets them back in their order: consecutive blocks
-    // stay consecutive (the int8/fp8 decode kernel copies a tile's pages at once where they are).
-    const std::vector<int> & blocks = it->second.blocks;
-    free_.insert(free_.end(), blocks.rbegin(), blocks.rend());
+    for (int b : it->second.blocks) free_.push_back(b);
     seqs_.erase(it);
 }
 

@@ -53,18 +53,9 @@ struct QuantCache {
             fp8_v = av / 448;
         }
         const int blocks = (len + block_size - 1) / block_size + 3;
-        // Runs of 1-8 consecutive blocks in shuffled order: the raw-code decode kernel copies a tile's four pages at
-        // once where its blocks are consecutive, page by page elsewhere, and a split meets both.
-        std::vector<std::vector<int>> runs;
-        for (int b0 = 0; b0 < blocks;) {
-            const int n = std::min(blocks - b0, 1 + int(rng()() % 8));
-            runs.emplace_back(static_cast<size_t>(n));
-            std::iota(runs.back().begin(), runs.back().end(), b0);
-            b0 += n;
-        }
-        std::shuffle(runs.begin(), runs.end(), rng());
-        table.clear();
-        for (const auto & r : runs) table.insert(table.end(), r.begin(), r.end());
+        table.resize(size_t(blocks));
+        std::iota(table.begin(), table.end(), 0);
+        std::shuffle(table.begin(), table.end(), rng());
         const size_t rows = size_t(blocks) * n_kv * block_size, rb = size_t(row_bytes(t, d));
         std::vector<uint8_t> kc(rows * rb, 0x77), vc(rows * rb, 0x77);
         std::vector<float> ks(rows * 2, NAN), vs(rows * 2, NAN);

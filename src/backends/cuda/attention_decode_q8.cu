@@ -22,7 +22,6 @@
 // instead of one of eight, the kernel at 129024 keys was 1.7% faster on an H200,
 // bench/results/2026-12-01-h200-decode-copy-warp).
 #include <cmath>
-#include <cstdlib>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/attention_decode_tc.cuh"
@@ -66,15 +65,9 @@ template <KVKind K, int STAGES> struct Q8Smem {
 __device__ __forceinline__ int code_at(int row, int chunk) { return row * 128 + ((chunk ^ (row % 8)) * 16); }
 #endif
 
-// The tensor maps of one launch: 2-D over the codes (a page of one KV head a copy) and, with WIDE, 3-D over the codes
-// and int8's (scale, zero) (k_pages consecutive blocks' pages of one KV head a copy).
-struct Q8Maps {
-    CUtensorMap k, v, k_pages, v_pages, k_sz_pages, v_sz_pages;
-};
-constexpr int k_pages = k_tile / k_copy_rows;  // pages of a tile (16-key blocks)
-
-template <KVKind K, int STAGES, bool WIDE>  // WIDE: QINFER_Q8_WIDE A/B (temporary)
-__global__ void __launch_bounds__(k_decode_threads + 32) attention_decode_q8_kernel(DecodeArgs a, const __grid_constant__ Q8Maps maps) {
+template <KVKind K, int STAGES>
+__global__ void __launch_bounds__(k_decode_threads + 32)
+    attention_decode_q8_kernel(DecodeArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (!a.early_kv) pdl_wait();
     constexpr uint32_t k_magic = 0x64646464u;  // fp16 1024 in each half once a code byte fills the low mantissa byte
@@ -93,7 +86,7 @@ __global__ void __launch_bounds__(k_decode_threads + 32) attention_decode_q8_ker
     const int bs = a.cache.block_size, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int n_rep = a.n_head / a.n_kv, kw = warp * 16;
 
-    start_tma_split<STAGES>(sp, bs, blocks, full, empty, &maps.k, &maps.v);
+    start_tma_split<STAGES>(sp, bs, blocks, full, empty, &k_map, &v_map);
 
     // Tile t into stage t % STAGES by the copy warp: lane i takes 16-key group i / parts and part i % parts (K codes,
     // V codes, and for int8 K (scale, zero), V (scale, zero)). Groups wholly past `end` are not copied.
@@ -102,30 +95,14 @@ __global__ void __launch_bounds__(k_decode_threads + 32) attention_decode_q8_ker
     auto load_tile = [&](int t) {
         const int k0 = begin + t * k_tile, s = t % STAGES;
         const int groups = (min(end - k0, k_tile) + k_copy_rows - 1) / k_copy_rows;
-        unsigned char * st = smem + s * Layout::stage_bytes;
         if (lane == 0) sm90::mbar_arrive_expect_tx(&full[s], uint32_t(groups) * group_bytes);
         __syncwarp();
-        if constexpr (WIDE) {
-            // A whole tile on k_pages consecutive blocks (block size 16): one 3-D copy a part.
-            const int p0 = k0 / bs - first_block, b0 = blocks[p0];
-            bool consecutive = groups == k_pages;
-#pragma unroll
-            for (int i = 1; i < k_pages; i++) consecutive = consecutive && blocks[p0 + i] == b0 + i;
-            if (consecutive) {
-                if (lane < 2) {
-                    sm90::tma_load_3d(st + lane * Layout::codes_bytes, lane ? &maps.v_pages : &maps.k_pages, &full[s], 0, kvh * bs, b0);
-                } else if (lane < parts) {
-                    sm90::tma_load_3d(st + 2 * Layout::codes_bytes + (lane - 2) * Layout::sz_bytes, lane == 3 ? &maps.v_sz_pages : &maps.k_sz_pages,
-                                      &full[s], 0, kvh, b0);
-                }
-                return;
-            }
-        }
         if (lane < groups * parts) {
             const int group = lane / parts, part = lane % parts, key = k0 + group * k_copy_rows;
             const int row = (blocks[key / bs - first_block] * a.n_kv + kvh) * bs + key % bs;
+            unsigned char * st = smem + s * Layout::stage_bytes;
             if (part < 2) {
-                sm90::tma_load_2d(st + part * Layout::codes_bytes + group * k_copy_rows * D, part ? &maps.v : &maps.k, &full[s], 0, row);
+                sm90::tma_load_2d(st + part * Layout::codes_bytes + group * k_copy_rows * D, part ? &v_map : &k_map, &full[s], 0, row);
             } else {
                 const float2 * sz = (part == 3 ? a.cache.quant.v_sz : a.cache.quant.k_sz) + row;
                 sm90::bulk_load(st + 2 * Layout::codes_bytes + (part - 2) * Layout::sz_bytes + group * k_copy_rows * 8, sz, k_copy_rows * 8, &full[s]);
@@ -297,31 +274,16 @@ __global__ void __launch_bounds__(k_decode_threads + 32) attention_decode_q8_ker
 #endif
 }
 
-template <KVKind K, int STAGES, bool WIDE> void launch_q8_maps(DecodeArgs a, const Q8Maps & maps, dim3 grid, cudaStream_t stream) {
-    constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
-    static PerDevice<size_t> configured;
-    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES, WIDE>, smem, configured);
-    a.min_split = k_tile;
-    launch_kernel(attention_decode_q8_kernel<K, STAGES, WIDE>, grid, k_decode_threads + 32, smem, stream, a, maps);
-}
-
-template <KVKind K, int STAGES> bool launch_q8(const DecodeArgs & a, dim3 grid, cudaStream_t stream) {
-    Q8Maps maps{};
-    if (!code_tensor_map(&maps.k, a.cache.quant.k, a.cache.rows, D, k_copy_rows) || !code_tensor_map(&maps.v, a.cache.quant.v, a.cache.rows, D, k_copy_rows)) {
+template <KVKind K, int STAGES> bool launch_q8(DecodeArgs a, dim3 grid, cudaStream_t stream) {
+    CUtensorMap k_map, v_map;
+    if (!code_tensor_map(&k_map, a.cache.quant.k, a.cache.rows, D, k_copy_rows) || !code_tensor_map(&v_map, a.cache.quant.v, a.cache.rows, D, k_copy_rows)) {
         return false;
     }
-    static const bool wide_on = !std::getenv("QINFER_Q8_WIDE") || std::atoi(std::getenv("QINFER_Q8_WIDE")) != 0;
-    const int bs = a.cache.block_size;
-    const int64_t n_blocks = a.cache.rows / (int64_t(a.n_kv) * bs);
-    bool wide = wide_on && bs == k_copy_rows && n_blocks * a.n_kv * bs == a.cache.rows &&
-                code_pages_tensor_map(&maps.k_pages, a.cache.quant.k, n_blocks, a.n_kv, bs, D, k_pages) &&
-                code_pages_tensor_map(&maps.v_pages, a.cache.quant.v, n_blocks, a.n_kv, bs, D, k_pages);
-    if (K == KVKind::INT8) {
-        wide = wide && sz_pages_tensor_map(&maps.k_sz_pages, a.cache.quant.k_sz, n_blocks, a.n_kv, bs, k_pages) &&
-               sz_pages_tensor_map(&maps.v_sz_pages, a.cache.quant.v_sz, n_blocks, a.n_kv, bs, k_pages);
-    }
-    if (wide) launch_q8_maps<K, STAGES, true>(a, maps, grid, stream);
-    else launch_q8_maps<K, STAGES, false>(a, maps, grid, stream);
+    constexpr size_t smem = Q8Smem<K, STAGES>::bytes;
+    static PerDevice<size_t> configured;
+    allow_dynamic_smem(attention_decode_q8_kernel<K, STAGES>, smem, configured);
+    a.min_split = k_tile;
+    launch_kernel(attention_decode_q8_kernel<K, STAGES>, grid, k_decode_threads + 32, smem, stream, a, k_map, v_map);
     return true;
 }
 

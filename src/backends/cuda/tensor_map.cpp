@@ -48,28 +48,4 @@ bool code_tensor_map(CUtensorMap * map, const uint8_t * base, int64_t rows, int 
                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-bool code_pages_tensor_map(CUtensorMap * map, const uint8_t * base, int64_t blocks, int n_kv, int block_size, int row_bytes, int pages) {
-    const auto encode = tensor_map_encoder();
-    if (!encode || row_bytes > 128 || row_bytes % 16 != 0) return false;
-    const cuuint64_t dims[3] = {cuuint64_t(row_bytes), cuuint64_t(n_kv) * block_size, cuuint64_t(blocks)};
-    const cuuint64_t strides[2] = {cuuint64_t(row_bytes), cuuint64_t(n_kv) * block_size * row_bytes};
-    const cuuint32_t box[3] = {cuuint32_t(row_bytes), cuuint32_t(block_size), cuuint32_t(pages)};
-    const cuuint32_t element_strides[3] = {1, 1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t *>(base), dims, strides, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-bool sz_pages_tensor_map(CUtensorMap * map, const float2 * base, int64_t blocks, int n_kv, int block_size, int pages) {
-    const auto encode = tensor_map_encoder();
-    if (!encode) return false;
-    const cuuint64_t dims[3] = {cuuint64_t(2) * block_size, cuuint64_t(n_kv), cuuint64_t(blocks)};
-    const cuuint64_t strides[2] = {cuuint64_t(block_size) * sizeof(float2), cuuint64_t(n_kv) * block_size * sizeof(float2)};
-    const cuuint32_t box[3] = {cuuint32_t(2 * block_size), 1, cuuint32_t(pages)};
-    const cuuint32_t element_strides[3] = {1, 1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float2 *>(base), dims, strides, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 }  // namespace qinfer::cuda

@@ -15,11 +15,5 @@ bool cache_tensor_map(CUtensorMap * map, const bf16 * base, int64_t rows, int d,
 // The same for a quantized cache's codes: rows of row_bytes bytes (at most 128), boxes of whole rows x box_rows,
 // 128-byte swizzle when a row is 128 bytes, none otherwise.
 bool code_tensor_map(CUtensorMap * map, const uint8_t * base, int64_t rows, int row_bytes, int box_rows);
-// The same codes seen in 3-D ([blocks][n_kv block_size rows][row_bytes]): boxes of whole rows x block_size rows (one
-// KV head's page) x `pages` consecutive blocks, so that one copy brings a head's pages of several consecutive blocks.
-bool code_pages_tensor_map(CUtensorMap * map, const uint8_t * base, int64_t blocks, int n_kv, int block_size, int row_bytes, int pages);
-// An int8 cache's (scale, zero) per row ([blocks][n_kv][block_size] float2) in the same boxes: a head's page of
-// block_size pairs x `pages` consecutive blocks, no swizzle.
-bool sz_pages_tensor_map(CUtensorMap * map, const float2 * base, int64_t blocks, int n_kv, int block_size, int pages);
 
 }  // namespace qinfer::cuda
