@@ -35,6 +35,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/moe_quant.cu
   src/backends/cuda/moe_wgmma.cu
   src/backends/cuda/peer_sum.cu
+  src/backends/cuda/bandwidth_probe.cu
   src/backends/cuda/gemm.cpp
   src/backends/cuda/kernel_trace.cpp
   src/backends/cuda/tensor_map.cpp

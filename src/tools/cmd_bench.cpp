@@ -141,6 +141,7 @@ int cmd_bench(int argc, char ** argv) {
         if (!std::strcmp(argv[i], "--throughput")) return cmd_bench_throughput(argc, argv);
         if (!std::strcmp(argv[i], "--serve")) return cmd_bench_serve(argc, argv);
         if (!std::strcmp(argv[i], "--kernels")) return cmd_bench_kernels(argc, argv);
+        if (!std::strcmp(argv[i], "--bandwidth")) return cmd_bench_bandwidth(argc, argv);
         if (!std::strcmp(argv[i], "--allreduce")) {
 #if defined(QINFER_CUDA) && defined(QINFER_HAVE_NCCL)
             return cmd_bench_allreduce(argc, argv);
@@ -172,6 +173,7 @@ int cmd_bench(int argc, char ** argv) {
                 "--throughput: many requests under continuous batching, vLLM's benchmark_throughput (bench --throughput --help)\n"
                 "--serve URL: a load generator against a running `qinfer serve` (bench --serve URL --help)\n"
                 "--kernels: the quantized projection kernels against bf16 on Qwen2.5's shapes (bench --kernels --help)\n"
+                "--bandwidth: how fast one kernel reads regions of GPU memory of each size (bench --bandwidth --help)\n"
                 "--allreduce: one NCCL all-reduce over --tp GPUs, eager and in a CUDA graph (bench --allreduce --help)\n"
                 "                    [--baseline hf.json,...]  (rows from scripts/hf_bench.py: prints qinfer's ratio to each)\n"
                 "                    %s  (synthetic weights of that format)\n"

@@ -18,6 +18,7 @@ int cmd_bench(int argc, char ** argv);
 int cmd_bench_throughput(int argc, char ** argv);  // bench --throughput (cmd_throughput.cpp)
 int cmd_bench_serve(int argc, char ** argv);       // bench --serve URL (cmd_loadgen.cpp)
 int cmd_bench_kernels(int argc, char ** argv);     // bench --kernels (cmd_kernels.cpp)
+int cmd_bench_bandwidth(int argc, char ** argv);   // bench --bandwidth (cmd_bandwidth.cpp)
 int cmd_bench_allreduce(int argc, char ** argv);   // bench --allreduce (cmd_allreduce.cpp; CUDA with NCCL)
 // bench --trace FILE.csv: CUPTI's record of every kernel (backends/cuda/kernel_trace.h), kept from start to write.
 void start_kernel_trace();

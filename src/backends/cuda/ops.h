@@ -442,6 +442,23 @@ void moe_qgemm(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, con
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.
 void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_f32, cudaStream_t stream);
 
+// ---- read-bandwidth probes (bandwidth_probe.cu; `qinfer bench --bandwidth`) ----
+// One kernel streaming a region: `blocks` blocks of 16-byte loads, `unroll` in flight a thread; or (copies, sm_90a)
+// `splits` x `heads` blocks, each bringing `chunk`-byte bulk copies, `per_stage` a stage, through `stages` stages of
+// shared memory, block (split, head) reading chunk `head` of each page of `heads` chunks in its split's pages.
+struct BandwidthProbe {
+    bool copies = false;
+    int blocks = 0, unroll = 8;
+    int splits = 0, heads = 1, chunk = 2048, per_stage = 8, stages = 6;
+};
+// The bytes a probe reads of a region of region_bytes (its blocks' equal shares, rounded down).
+int64_t probe_bytes(const BandwidthProbe & pr, int64_t region_bytes);
+size_t probe_smem_bytes(const BandwidthProbe & pr);
+int probe_grid(const BandwidthProbe & pr);  // blocks launched; out needs that many words
+bool probe_runs_here(const BandwidthProbe & pr);
+// Reads probe_bytes(pr, region_bytes) from region; out[block] = the XOR of the 32-bit words the block read.
+void bandwidth_probe(const BandwidthProbe & pr, const void * region, int64_t region_bytes, uint32_t * out, cudaStream_t stream);
+
 int sm_count();
 // An sm_90a build (QINFER_SM90A) on a compute capability 9.0 device: where the wgmma and tensor-copy kernels run.
 bool sm90a_device();
