@@ -207,7 +207,65 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoe,
                                            MoeCase{60, 4, 16, 256, 200, false, true}, MoeCase{64, 8, 5, 136, 88, false, true},
                                            MoeCase{128, 8, 1, 128, 64, true, false}, MoeCase{128, 8, 300, 128, 64, true, false},
                                            MoeCase{60, 4, 300, 264, 104, false, true}, MoeCase{16, 8, 129, 64, 24, true, false},
-                                           MoeCase{32, 4, 256, 1024, 320, false, false}));
+                                           MoeCase{32, 4, 256, 1024, 320, false, false}, MoeCase{32, 8, 32, 64, 24, false, true}));
+
+// The router's logits for steps past the GEMVs (cuda::moe_router_logits, moe_router.cu) against double-precision
+// sums on the CPU, on odd shapes (rows not a multiple of the block's 8, tokens not of its 8); each token's logits
+// are the same bits whatever else is in the step.
+TEST(CudaMoeRouter, MatchesCpu) {
+    REQUIRE_GPU();
+    struct Shape {
+        int c, H, R;
+    };
+    for (const Shape sh : {Shape{5, 2048, 61}, Shape{9, 264, 129}, Shape{16, 3584, 65}, Shape{64, 2048, 128}, Shape{255, 136, 8}, Shape{256, 4096, 129}}) {
+        SCOPED_TRACE("c " + std::to_string(sh.c) + " H " + std::to_string(sh.H) + " R " + std::to_string(sh.R));
+        const std::vector<float> x = randn(size_t(sh.c) * sh.H), w = randn(size_t(sh.R) * sh.H, 0.05f);  // bf16 values
+        const DeviceBuffer xd = upload_bf16(x), wd = upload_bf16(w);
+        DeviceBuffer y = poisoned(size_t(sh.c) * sh.R * 4);
+        ASSERT_TRUE(cuda::moe_router_applies(xd.as<cuda::bf16>(), sh.H, wd.as<cuda::bf16>()));
+        cuda::moe_router_logits(xd.as<cuda::bf16>(), sh.c, sh.H, wd.as<cuda::bf16>(), sh.R, y.as<float>(), nullptr);
+        const std::vector<float> got = download_f32(y, size_t(sh.c) * sh.R);
+        for (int t = 0; t < sh.c; t++) {
+            for (int r = 0; r < sh.R; r++) {
+                double s = 0, mag = 0;
+                for (int h = 0; h < sh.H; h++) {
+                    const double v = double(x[size_t(t) * sh.H + h]) * w[size_t(r) * sh.H + h];
+                    s += v;
+                    mag += std::fabs(v);
+                }
+                ASSERT_NEAR(got[size_t(t) * sh.R + r], s, 1e-5 * mag + 1e-6) << "token " << t << " row " << r;
+            }
+        }
+        const int t = sh.c / 2;  // that token alone
+        const DeviceBuffer x1 = upload_bf16(std::vector<float>(x.begin() + long(t) * sh.H, x.begin() + long(t + 1) * sh.H));
+        DeviceBuffer y1 = poisoned(size_t(sh.R) * 4);
+        cuda::moe_router_logits(x1.as<cuda::bf16>(), 1, sh.H, wd.as<cuda::bf16>(), sh.R, y1.as<float>(), nullptr);
+        const std::vector<float> alone = download_f32(y1, size_t(sh.R));
+        for (int r = 0; r < sh.R; r++) ASSERT_EQ(alone[size_t(r)], got[size_t(t) * sh.R + r]) << "row " << r;
+    }
+}
+
+// The router kernel against cuBLASLt (cuda::gemm, fp32 out) on the MoE presets' router shapes, for the perf log; the
+// rule (k_moe_router_max_tokens) follows it. Nothing asserted.
+TEST(CudaMoeRouter, Timings) {
+    REQUIRE_GPU();
+    struct Shape {
+        const char * model;
+        int H, R;
+    };
+    for (const Shape sh : {Shape{"qwen1.5-moe-a2.7b", 2048, 61}, Shape{"qwen3-30b-a3b", 2048, 128}, Shape{"qwen2-57b-a14b", 3584, 65}}) {
+        const int most = 1024;
+        const DeviceBuffer xd = upload_bf16(randn(size_t(most) * sh.H)), wd = upload_bf16(randn(size_t(sh.R) * sh.H, 0.05f));
+        DeviceBuffer y(size_t(most) * sh.R * 4, "test");
+        for (int c : {5, 8, 16, 32, 64, 128, 256, 512, 1024}) {
+            const double kernel_us = 1e3 * time_ms(50, [&] {
+                cuda::moe_router_logits(xd.as<cuda::bf16>(), c, sh.H, wd.as<cuda::bf16>(), sh.R, y.as<float>(), nullptr);
+            }, 5);
+            const double gemm_us = 1e3 * time_ms(50, [&] { cuda::gemm(xd.as<cuda::bf16>(), wd.as<cuda::bf16>(), c, sh.R, sh.H, y.get(), true, nullptr); }, 5);
+            std::printf("[ kernel ] moe router %s (%d x %d) c %d: kernel %.1f us, cuBLASLt %.1f us\n", sh.model, sh.R, sh.H, c, kernel_us, gemm_us);
+        }
+    }
+}
 
 // The routed experts of decode steps in two launches (cuda::moe_decode, moe_decode.cu): routing, experts in
 // assignment order and the combine by the last block of each tile, against the CPU reference; the combine of models
