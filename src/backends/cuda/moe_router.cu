@@ -1,10 +1,12 @@
 // The MoE router's logits for steps of a few to a few hundred tokens (ops.h, moe_router_logits): y fp32 [c, R] =
 // x bf16 [c, H] W bf16 [R, H]^T, R the experts (+ 1: the shared expert's gate). cuBLASLt picked small-N kernels for
-// this shape that took 23.7 us a layer at 16 tokens (Qwen1.5-MoE-A2.7B, 61 x 2048 on an H200; 12 us at 64), a third of
-// a decode step's routed-expert time, for 250 KB of weights (bench/results/2026-12-01-h200-moe-router, call 1).
-// Here warp w of block (b, tg) takes router row 8 b + w for the T tokens of group tg: each lane reads 16-byte chunks of
-// its row (lane, lane + 32, ...) and the same chunks of the T inputs (L1/L2 hits after the first warp), fp32 sums per
-// token, then a warp reduction; every output is one warp's, in a fixed order (deterministic).
+// this shape that took 23.7 us a layer in a decode step of 16 tokens (Qwen1.5-MoE-A2.7B, 61 x 2048 on an H200; 12 us at
+// 64; 8% of the step), and 43 us alone at 8 tokens, for 250 KB of weights (bench/results/2026-12-01-h200-moe-router).
+// Here block (r, tg) takes router row r for the T tokens of group tg: its threads cover the row's 16-byte chunks (one
+// or two each for Qwen's hidden sizes), every load of a thread (its weight chunks, the same chunks of the T inputs)
+// requested at once, fp32 sums per token, then a warp and a block reduction in a fixed order (deterministic). A
+// first form, one warp a router row walking the row's chunks in turn (8 rows and 8 tokens a block: 16 blocks at 16
+// tokens), took 16-25 us: a round trip to memory per chunk, on 16 SMs.
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "core/check.h"
@@ -12,8 +14,9 @@
 namespace qinfer::cuda {
 namespace {
 
-constexpr int k_router_warps = 8;  // router rows a block
+constexpr int k_router_threads = 256;
 constexpr int k_router_tokens = 8;  // tokens a block
+constexpr int k_router_chunks = 2;  // 16-byte chunks a thread: hidden sizes up to 4096 in one pass
 
 __device__ __forceinline__ float dot8(const uint4 & a, const uint4 & b) {
     const __nv_bfloat162 * pa = reinterpret_cast<const __nv_bfloat162 *>(&a);
@@ -28,32 +31,47 @@ __device__ __forceinline__ float dot8(const uint4 & a, const uint4 & b) {
     return s;
 }
 
-__global__ void __launch_bounds__(k_router_warps * 32) router_logits_kernel(const bf16 * x, int c, int H, const bf16 * w, int R, float * y) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int r = blockIdx.x * k_router_warps + warp, t0 = blockIdx.y * k_router_tokens;
-    const int chunks = H / 8;
-    const uint4 * wr = reinterpret_cast<const uint4 *>(w + size_t(min(r, R - 1)) * H);
-    // The row's first chunks do not depend on the kernel ahead: requested before waiting for it.
-    uint4 w0 = lane < chunks ? wr[lane] : make_uint4(0, 0, 0, 0);
-    pdl_wait();
-    if (r >= R) return;
-    const int nt = min(k_router_tokens, c - t0);
+__global__ void __launch_bounds__(k_router_threads) router_logits_kernel(const bf16 * x, int c, int H, const bf16 * w, int R, float * y) {
+    __shared__ float part[k_router_threads / 32][k_router_tokens];
+    const int r = blockIdx.x, t0 = blockIdx.y * k_router_tokens, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int chunks = H / 8, nt = min(k_router_tokens, c - t0);
+    const uint4 * wr = reinterpret_cast<const uint4 *>(w + size_t(r) * H);
     const uint4 * xr = reinterpret_cast<const uint4 *>(x + size_t(t0) * H);
     float acc[k_router_tokens] = {};
-    for (int ch = lane; ch < chunks; ch += 32) {
-        const uint4 wv = ch == lane ? w0 : wr[ch];
+    for (int ch0 = tid; ch0 < chunks; ch0 += k_router_chunks * k_router_threads) {
+        uint4 wv[k_router_chunks];
 #pragma unroll
-        for (int t = 0; t < k_router_tokens; t++) {
-            if (t < nt) acc[t] += dot8(wv, xr[size_t(t) * chunks + ch]);
+        for (int u = 0; u < k_router_chunks; u++) {  // the weights do not depend on the kernel ahead
+            const int ch = ch0 + u * k_router_threads;
+            wv[u] = ch < chunks ? wr[ch] : make_uint4(0, 0, 0, 0);
+        }
+        if (ch0 == tid) pdl_wait();
+        uint4 xv[k_router_chunks][k_router_tokens];
+#pragma unroll
+        for (int u = 0; u < k_router_chunks; u++) {
+            const int ch = ch0 + u * k_router_threads;
+#pragma unroll
+            for (int t = 0; t < k_router_tokens; t++) xv[u][t] = ch < chunks && t < nt ? xr[size_t(t) * chunks + ch] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < k_router_chunks; u++) {
+#pragma unroll
+            for (int t = 0; t < k_router_tokens; t++) acc[t] += dot8(wv[u], xv[u][t]);
         }
     }
+    if (tid >= chunks) pdl_wait();  // threads without a chunk (hidden under 2048) wait too
 #pragma unroll
     for (int t = 0; t < k_router_tokens; t++) acc[t] = warp_sum(acc[t]);
-    if (lane < nt) {
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < k_router_tokens; t++) part[warp][t] = acc[t];
+    }
+    __syncthreads();
+    if (tid < nt) {
         float v = 0;
 #pragma unroll
-        for (int t = 0; t < k_router_tokens; t++) v = lane == t ? acc[t] : v;
-        y[size_t(t0 + lane) * R + r] = v;
+        for (int wi = 0; wi < k_router_threads / 32; wi++) v += part[wi][tid];
+        y[size_t(t0 + tid) * R + r] = v;
     }
 }
 
@@ -66,8 +84,8 @@ bool moe_router_applies(const bf16 * x, int H, const bf16 * w) {
 void moe_router_logits(const bf16 * x, int c, int H, const bf16 * w, int R, float * y, cudaStream_t stream) {
     QINFER_CHECK(moe_router_applies(x, H, w)) << "MoE router: hidden " << H << " and 16-byte aligned rows";
     QINFER_CHECK(c >= 1 && R >= 1) << "MoE router: " << c << " tokens, " << R << " rows";
-    const dim3 grid((R + k_router_warps - 1) / k_router_warps, (c + k_router_tokens - 1) / k_router_tokens);
-    launch_kernel(router_logits_kernel, grid, dim3(k_router_warps * 32), 0, stream, x, c, H, w, R, y);
+    const dim3 grid(R, (c + k_router_tokens - 1) / k_router_tokens);
+    launch_kernel(router_logits_kernel, grid, dim3(k_router_threads), 0, stream, x, c, H, w, R, y);
 }
 
 }  // namespace qinfer::cuda
