@@ -667,11 +667,7 @@ void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn, const cu
         cuda::gemv(a, in, cuda::GemvOut::F32, stream_);
     } else {
         QINFER_CHECK(!norm.x) << "MoE: a step of " << c << " tokens needs its input normalised ahead";
-        static const bool legacy = [] {
-            const char * v = std::getenv("QINFER_MOE_ROUTER");
-            return v && std::string(v) == "0";
-        }();
-        if (!legacy && c <= cuda::k_moe_router_max_tokens && cuda::moe_router_applies(xn, H, L.router.ptr())) {
+        if (cuda::moe_router_pays(c, L.router.n) && cuda::moe_router_applies(xn, H, L.router.ptr())) {
             cuda::moe_router_logits(xn, c, H, L.router.ptr(), L.router.n, router_logits_.as<float>(), stream_);
         } else {
             cuda::gemm(xn, L.router.ptr(), c, L.router.n, H, router_logits_.get(), true, stream_);

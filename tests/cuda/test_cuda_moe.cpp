@@ -246,7 +246,7 @@ TEST(CudaMoeRouter, MatchesCpu) {
 }
 
 // The router kernel against cuBLASLt (cuda::gemm, fp32 out) on the MoE presets' router shapes, for the perf log; the
-// rule (k_moe_router_max_tokens) follows it. Nothing asserted.
+// rule (cuda::moe_router_pays) follows it. Nothing asserted.
 TEST(CudaMoeRouter, Timings) {
     REQUIRE_GPU();
     struct Shape {

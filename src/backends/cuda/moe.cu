@@ -5,8 +5,6 @@
 // decode step can be captured in a graph.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
-#include <string>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_route.cuh"
@@ -52,29 +50,27 @@ template <int THREADS> __device__ __forceinline__ int block_exclusive_sum(int v,
 // A small step in one block (c top_k <= k_small_assignments, E <= the block's threads): every warp routes tokens,
 // then each expert's count, offset and tile offset come from one prefix sum, and each assignment finds its sorted row
 // as its expert's offset plus the earlier assignments to the same expert (the same stable order as group_kernel):
-// those in its own warp of assignments by __match_any_sync, those of earlier warps from their per-warp counts.
-// THREADS 1024 (32 warps routing, 2 tokens a warp at 64 tokens) against 256 with a serial scan of all earlier
-// assignments (QINFER_MOE_ROUTER=0, temporary A/B): 14.6 us a layer at 64 tokens on an H200.
+// those in its own warp of assignments by __match_any_sync, those of earlier warps from their per-warp counts. Against
+// 256 threads with a serial scan of all earlier assignments: 14.8 -> 10.1 us a layer at 64 tokens (Qwen1.5-MoE-A2.7B
+// on an H200, bench/results/2026-12-01-h200-moe-router, call 3).
+constexpr int k_small_threads = 1024;
 constexpr int k_small_assignments = 256;
-template <int THREADS, bool MATCH>
-__global__ void __launch_bounds__(THREADS) route_group_small_kernel(const float * logits, int stride, int c, int E, int k, bool renormalise,
-                                                                   int tile_rows, int * ids, float * weights, int * offsets, int * tiles,
-                                                                   int * token_of, int * slot_of) {
-    static_assert(THREADS >= k_moe_max_experts && THREADS >= k_small_assignments, "one thread per expert and per assignment");
+static_assert(k_small_threads >= k_moe_max_experts && k_small_threads >= k_small_assignments, "one thread per expert and per assignment");
+__global__ void __launch_bounds__(k_small_threads) route_group_small_kernel(const float * logits, int stride, int c, int E, int k,
+                                                                            bool renormalise, int tile_rows, int * ids, float * weights,
+                                                                            int * offsets, int * tiles, int * token_of, int * slot_of) {
     constexpr int k_assign_warps = k_small_assignments / 32;
     pdl_wait();
     __shared__ int sids[k_small_assignments];
     __shared__ int count[k_moe_max_experts], first[k_moe_max_experts];
-    __shared__ int warp_count[MATCH ? k_assign_warps : 1][k_moe_max_experts];  // assignments to each expert per warp
-    __shared__ int scratch[THREADS / 32];
+    __shared__ int warp_count[k_assign_warps][k_moe_max_experts];  // assignments to each expert in each warp of them
+    __shared__ int scratch[k_small_threads / 32];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n = c * k;
-    for (int t = warp; t < c; t += THREADS / 32) {
+    for (int t = warp; t < c; t += k_small_threads / 32) {
         route_token(logits + size_t(t) * stride, E, k, renormalise, sids + t * k, weights + size_t(t) * k);
     }
     if (tid < k_moe_max_experts) count[tid] = 0;
-    if constexpr (MATCH) {
-        for (int i = tid; i < k_assign_warps * k_moe_max_experts; i += THREADS) (&warp_count[0][0])[i] = 0;
-    }
+    for (int i = tid; i < k_assign_warps * k_moe_max_experts; i += k_small_threads) (&warp_count[0][0])[i] = 0;
     __syncthreads();
     int e = -1, rank = 0;
     if (tid < n) {
@@ -82,18 +78,16 @@ __global__ void __launch_bounds__(THREADS) route_group_small_kernel(const float 
         ids[tid] = e;
         atomicAdd(&count[e], 1);
     }
-    if constexpr (MATCH) {
-        if (warp < k_assign_warps) {  // whole warps: lanes past n hold e = -1 and match only each other
-            const unsigned same = __match_any_sync(0xffffffffu, e);
-            rank = __popc(same & ((1u << lane) - 1u));
-            if (e >= 0 && rank == 0) warp_count[warp][e] = __popc(same);
-        }
+    if (warp < k_assign_warps) {  // whole warps: lanes past n hold e = -1 and match only each other
+        const unsigned same = __match_any_sync(0xffffffffu, e);
+        rank = __popc(same & ((1u << lane) - 1u));
+        if (e >= 0 && rank == 0) warp_count[warp][e] = __popc(same);
     }
     __syncthreads();
     const int mine = tid < E ? count[tid] : 0;
     int total = 0;
-    const int off = block_exclusive_sum<THREADS>(mine, scratch, &total);
-    const int tl = block_exclusive_sum<THREADS>((mine + tile_rows - 1) / tile_rows, scratch, &total);
+    const int off = block_exclusive_sum<k_small_threads>(mine, scratch, &total);
+    const int tl = block_exclusive_sum<k_small_threads>((mine + tile_rows - 1) / tile_rows, scratch, &total);
     if (tid < E) {
         first[tid] = off;
         offsets[tid] = off;
@@ -105,13 +99,8 @@ __global__ void __launch_bounds__(THREADS) route_group_small_kernel(const float 
     }
     __syncthreads();
     if (tid < n) {
-        int p = first[e];
-        if constexpr (MATCH) {
-            p += rank;
-            for (int w = 0; w < warp; w++) p += warp_count[w][e];
-        } else {
-            for (int j = 0; j < tid; j++) p += sids[j] == e;
-        }
+        int p = first[e] + rank;
+        for (int w = 0; w < warp; w++) p += warp_count[w][e];
         token_of[p] = tid / k;
         slot_of[tid] = p;
     }
@@ -436,17 +425,8 @@ void moe_route(const float * logits, int stride, int c, int n_experts, int top_k
     QINFER_CHECK(n_experts >= 1 && n_experts <= k_moe_max_experts) << "MoE: " << n_experts << " experts (at most " << k_moe_max_experts << ")";
     QINFER_CHECK(top_k >= 1 && top_k <= std::min(k_moe_max_topk, n_experts)) << "MoE: top-" << top_k << " of " << n_experts;
     if (c * top_k <= k_small_assignments) {
-        static const bool legacy = [] {
-            const char * v = std::getenv("QINFER_MOE_ROUTER");
-            return v && std::string(v) == "0";
-        }();
-        if (legacy) {
-            launch_kernel(route_group_small_kernel<256, false>, dim3(1), dim3(256), 0, stream, logits, stride, c, n_experts, top_k, renormalise,
-                          tile_rows, r.ids, r.weights, r.offsets, r.tiles, r.token_of, r.slot_of);
-        } else {
-            launch_kernel(route_group_small_kernel<1024, true>, dim3(1), dim3(1024), 0, stream, logits, stride, c, n_experts, top_k,
-                          renormalise, tile_rows, r.ids, r.weights, r.offsets, r.tiles, r.token_of, r.slot_of);
-        }
+        launch_kernel(route_group_small_kernel, dim3(1), dim3(k_small_threads), 0, stream, logits, stride, c, n_experts, top_k, renormalise,
+                      tile_rows, r.ids, r.weights, r.offsets, r.tiles, r.token_of, r.slot_of);
         return;
     }
     launch_kernel(route_kernel, dim3((c + k_route_warps - 1) / k_route_warps), dim3(k_route_warps * 32), 0, stream, logits, stride, c, n_experts,

@@ -1,12 +1,13 @@
-// The MoE router's logits for steps of a few to a few hundred tokens (ops.h, moe_router_logits): y fp32 [c, R] =
-// x bf16 [c, H] W bf16 [R, H]^T, R the experts (+ 1: the shared expert's gate). cuBLASLt picked small-N kernels for
-// this shape that took 23.7 us a layer in a decode step of 16 tokens (Qwen1.5-MoE-A2.7B, 61 x 2048 on an H200; 12 us at
-// 64; 8% of the step), and 43 us alone at 8 tokens, for 250 KB of weights (bench/results/2026-12-01-h200-moe-router).
-// Here block (r, tg) takes router row r for the T tokens of group tg: its threads cover the row's 16-byte chunks (one
-// or two each for Qwen's hidden sizes), every load of a thread (its weight chunks, the same chunks of the T inputs)
-// requested at once, fp32 sums per token, then a warp and a block reduction in a fixed order (deterministic). A
-// first form, one warp a router row walking the row's chunks in turn (8 rows and 8 tokens a block: 16 blocks at 16
-// tokens), took 16-25 us: a round trip to memory per chunk, on 16 SMs.
+// The MoE router's logits for steps of more tokens than the GEMVs take, where moe_router_pays (ops.h,
+// moe_router_logits): y fp32 [c, R] = x bf16 [c, H] W bf16 [R, H]^T, R the experts (+ 1: the shared expert's gate).
+// cuBLASLt picked small-N kernels for this shape that took 23.7 us a layer in a decode step of 16 tokens
+// (Qwen1.5-MoE-A2.7B, 61 x 2048 on an H200; 12 us at 64; 8% of the step), and 43 us alone at 8 tokens, for 250 KB of
+// weights; this kernel 3.6 / 4.2 us a layer in those steps (bench/results/2026-12-01-h200-moe-router). Here block (r,
+// tg) takes router row r for the T tokens of group tg: its threads cover the row's 16-byte chunks (one or two each for
+// Qwen's hidden sizes), every load of a thread (its weight chunks, the same chunks of the T inputs) requested at once,
+// fp32 sums per token, then a warp and a block reduction in a fixed order (deterministic). A first form, one warp a
+// router row walking the row's chunks in turn (8 rows and 8 tokens a block: 16 blocks at 16 tokens), took 16-25 us: a
+// round trip to memory per chunk, on 16 SMs.
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
 #include "core/check.h"
@@ -76,6 +77,13 @@ __global__ void __launch_bounds__(k_router_threads) router_logits_kernel(const b
 }
 
 }  // namespace
+
+// Where the kernel beat cuBLASLt alone on an H200 (`CudaMoeRouter.Timings`, bench/results/2026-12-01-h200-moe-router,
+// call 3): its time grows with the inputs it reads again for each router row (c R), cuBLASLt's stays at 6-15 us past
+// 16 tokens. Qwen1.5-MoE-A2.7B (61 rows) 3.9 / 4.1 / 5.5 / 8.9 us at 5 / 16 / 64 / 128 tokens against 10.6 / 13.7 /
+// 12.7 / 13.0, 14.8 against 12.9 at 256; Qwen3-30B-A3B (128 rows) 5.5 against 7.7 at 32, 9.1 against 7.1 at 64;
+// Qwen2-57B-A14B (65 rows) 6.0 / 9.8 against 11.9 / 12.0 at 64 / 128, 16.8 against 15.3 at 256.
+bool moe_router_pays(int c, int R) { return int64_t(c) * R < 8192; }
 
 bool moe_router_applies(const bf16 * x, int H, const bf16 * w) {
     return H % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;

@@ -361,8 +361,9 @@ int moe_max_tiles(int assignments, int tile_rows, int n_experts);
 void moe_route(const float * logits, int stride, int c, int n_experts, int top_k, bool renormalise, int tile_rows, const MoeRouting & r,
                cudaStream_t stream);
 // y fp32 [c, R] = x bf16 [c, H] W bf16 [R, H]^T: the router's logits for steps of more tokens than the GEMVs take
-// and up to k_moe_router_max_tokens (moe_router.cu), where moe_router_applies (H a multiple of 8, 16-byte aligned).
-constexpr int k_moe_router_max_tokens = 256;
+// (moe_router.cu), where moe_router_pays (measured against cuBLASLt) and moe_router_applies (H a multiple of 8,
+// 16-byte aligned rows).
+bool moe_router_pays(int c, int R);
 bool moe_router_applies(const bf16 * x, int H, const bf16 * w);
 void moe_router_logits(const bf16 * x, int c, int H, const bf16 * w, int R, float * y, cudaStream_t stream);
 struct MoeExperts {
