@@ -18,7 +18,6 @@ start while the one ahead still runs (programmatic dependent launch) and how lon
 usage: trace_step.py TRACE.csv [STEPS] [--timeline LAYER]
 """
 import csv
-import math
 import re
 import sys
 from collections import defaultdict
@@ -47,14 +46,17 @@ def short(name):
 
 
 def counts_and_layers(step):
-    """How often each kernel runs in a step, and the layer count L: the gcd of the counts above one (0: none repeats)."""
+    """How often each kernel runs in a step, and the layer count L: the count above one that most kernels share (the
+    larger on a tie; 0: none repeats). A gcd of the counts failed on static batches, whose steps run one RMSNorm
+    kernel more than twice a layer (the final norm): gcd(49, 24) = 1."""
     count = defaultdict(int)
     for _, _, name in step:
         count[name] += 1
-    layers = 0
+    shared = defaultdict(int)
     for c in count.values():
         if c > 1:
-            layers = math.gcd(layers, c)
+            shared[c] += 1
+    layers = max(shared, key=lambda c: (shared[c], c)) if shared else 0
     return count, layers
 
 
