@@ -5,14 +5,12 @@
 // bytes in L2; each launch is timed alone (events around it, no programmatic dependent launch), the mean of --reps.
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
-#include "runtime/engine.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "tools/sysinfo.h"
@@ -139,23 +137,16 @@ int run_bandwidth(const Args & a) {
 #endif
 
 int cmd_bench_bandwidth(int argc, char ** argv) {
-    for (int i = 2; i < argc; i++) {
-        if (!std::strcmp(argv[i], "--help")) {
-            std::printf("usage: qinfer bench --bandwidth [--sizes-mb 8,34,70,132,272,622] [--reps 20] [--json FILE]\n"
-                        "How fast one kernel reads a region of each size from GPU memory: 16-byte loads at 2 / 4 / 8 blocks\n"
-                        "an SM, and bulk copies into shared memory (sm_90a), also in a paged KV cache's layout. GPU only.\n");
-            return 0;
-        }
-    }
-    Args a(argc, argv, 2, {"bandwidth"});
-    a.flag("bandwidth");
 #ifdef QINFER_CUDA
-    if (!cuda_available()) QINFER_FAIL() << "bench --bandwidth reads GPU memory: no GPU was found";
-    return run_bandwidth(a);
+    int (*run)(const Args &) = run_bandwidth;
 #else
-    QINFER_FAIL() << "bench --bandwidth reads GPU memory: this qinfer was built without the CUDA backend";
-    return 2;
+    int (*run)(const Args &) = nullptr;
 #endif
+    return gpu_bench_mode(argc, argv, "bandwidth",
+                          "usage: qinfer bench --bandwidth [--sizes-mb 8,34,70,132,272,622] [--reps 20] [--json FILE]\n"
+                          "How fast one kernel reads a region of each size from GPU memory: 16-byte loads at 2 / 4 / 8 blocks\n"
+                          "an SM, and bulk copies into shared memory (sm_90a), also in a paged KV cache's layout. GPU only.\n",
+                          run);
 }
 
 }  // namespace qinfer

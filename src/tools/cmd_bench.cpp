@@ -136,6 +136,20 @@ size_t write_kernel_trace(const std::string & path) {
 #endif
 }
 
+int gpu_bench_mode(int argc, char ** argv, const char * name, const char * usage, int (*run)(const Args &)) {
+    for (int i = 2; i < argc; i++) {
+        if (!std::strcmp(argv[i], "--help")) {
+            std::fputs(usage, stdout);
+            return 0;
+        }
+    }
+    Args a(argc, argv, 2, {name});
+    a.flag(name);
+    if (!run) QINFER_FAIL() << "bench --" << name << " runs on a GPU: this qinfer was built without the CUDA backend";
+    if (!cuda_available()) QINFER_FAIL() << "bench --" << name << " runs on a GPU: no GPU was found";
+    return run(a);
+}
+
 int cmd_bench(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--throughput")) return cmd_bench_throughput(argc, argv);

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,7 +18,6 @@
 
 #include "core/check.h"
 #include "core/rng.h"
-#include "runtime/engine.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "tools/sysinfo.h"
@@ -250,24 +248,17 @@ int run_kernels(const Args & a) {
 #endif
 
 int cmd_bench_kernels(int argc, char ** argv) {
-    for (int i = 2; i < argc; i++) {
-        if (!std::strcmp(argv[i], "--help")) {
-            std::printf("usage: qinfer bench --kernels [--models 7b,0.5b (also 72b, 72b-tp2)] [--formats int4-g128,int8-g128] [--projs qkv,o_proj,gate_up,down]\n"
-                        "                            [--m 1,2,4,...,512] [--reps 50] [--json FILE]\n"
-                        "Times each quantized projection kernel (GEMV, mma GEMM, wgmma GEMM, dequantize + cuBLASLt) of Qwen2.5's\n"
-                        "layer shapes against bf16 weights of the same shape, for each m; marks the one the engine picks. GPU only.\n");
-            return 0;
-        }
-    }
-    Args a(argc, argv, 2, {"kernels"});
-    a.flag("kernels");
 #ifdef QINFER_CUDA
-    if (!cuda_available()) QINFER_FAIL() << "bench --kernels times CUDA kernels: no GPU was found";
-    return run_kernels(a);
+    int (*run)(const Args &) = run_kernels;
 #else
-    QINFER_FAIL() << "bench --kernels times CUDA kernels: this qinfer was built without the CUDA backend";
-    return 2;
+    int (*run)(const Args &) = nullptr;
 #endif
+    return gpu_bench_mode(argc, argv, "kernels",
+                          "usage: qinfer bench --kernels [--models 7b,0.5b (also 72b, 72b-tp2)] [--formats int4-g128,int8-g128] [--projs qkv,o_proj,gate_up,down]\n"
+                          "                            [--m 1,2,4,...,512] [--reps 50] [--json FILE]\n"
+                          "Times each quantized projection kernel (GEMV, mma GEMM, wgmma GEMM, dequantize + cuBLASLt) of Qwen2.5's\n"
+                          "layer shapes against bf16 weights of the same shape, for each m; marks the one the engine picks. GPU only.\n",
+                          run);
 }
 
 }  // namespace qinfer

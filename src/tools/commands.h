@@ -20,6 +20,10 @@ int cmd_bench_serve(int argc, char ** argv);       // bench --serve URL (cmd_loa
 int cmd_bench_kernels(int argc, char ** argv);     // bench --kernels (cmd_kernels.cpp)
 int cmd_bench_bandwidth(int argc, char ** argv);   // bench --bandwidth (cmd_bandwidth.cpp)
 int cmd_bench_allreduce(int argc, char ** argv);   // bench --allreduce (cmd_allreduce.cpp; CUDA with NCCL)
+// A `bench --NAME` mode that times GPU kernels (--kernels, --bandwidth): --help prints `usage`; otherwise the options
+// (NAME among them as a flag) go to `run`, after a one-line error where this qinfer has no CUDA backend or the machine
+// no GPU. `run` is null in builds without CUDA.
+int gpu_bench_mode(int argc, char ** argv, const char * name, const char * usage, int (*run)(const Args &));
 // bench --trace FILE.csv: CUPTI's record of every kernel (backends/cuda/kernel_trace.h), kept from start to write.
 void start_kernel_trace();
 void discard_kernel_trace();
