@@ -35,7 +35,10 @@ bool BlockPool::allocate(int n, std::vector<int> & out) {
 }
 
 void BlockPool::release(const std::vector<int> & blocks) {
-    for (int b : blocks) {
+    // Last block first: free blocks go back on the stack so that the next sequence takes them in their order, and
+    // cached ones join the eviction list tail first, so a prefix outlives its tails (as vLLM frees a sequence's blocks).
+    for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+        const int b = *it;
         QINFER_CHECK(b >= 0 && b < n_blocks_ && refs_[size_t(b)] > 0) << "BlockPool: releasing block " << b << ", which is not in use";
         if (--refs_[size_t(b)] > 0) continue;
         if (indexed_[size_t(b)]) {

@@ -23,8 +23,9 @@ public:
     int cached() const { return int(index_.size()); }     // full blocks in the prefix index (used or not)
     // n fresh blocks appended to `out`, each referenced once; false (nothing taken) when fewer are available.
     bool allocate(int n, std::vector<int> & out);
-    // One reference less on each block; an unreferenced block returns to the free list, or, when it is in the prefix
-    // index, to the evictable list (most recently released last).
+    // One reference less on each block, the last one first; an unreferenced block returns to the free list (the
+    // sequence's blocks come out of it again in their order), or, when it is in the prefix index, to the evictable
+    // list (most recently released last: of one sequence's blocks its last is evicted first).
     void release(const std::vector<int> & blocks);
     // The hash of a full block: its tokens (block_size of them) after the prefix whose last block hashed to `parent`
     // (0 for the first block).

@@ -23,7 +23,10 @@ int BlockTable::add_sequence() {
 void BlockTable::free_sequence(int seq) {
     auto it = seqs_.find(seq);
     if (it == seqs_.end()) return;
-    for (int b : it->second.blocks) free_.push_back(b);
+    // Last block first onto the stack, so that the next sequence gets them back in their order: a repeated request
+    // reads its cache in the same ascending pages as the first one.
+    const std::vector<int> & blocks = it->second.blocks;
+    free_.insert(free_.end(), blocks.rbegin(), blocks.rend());
     seqs_.erase(it);
 }
 

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "runtime/block_pool.h"
 #include "runtime/kv_cache.h"
 
 using namespace qinfer;
@@ -22,6 +23,38 @@ TEST(KVCache, BlocksAreAllocatedAndReused) {
     t.free_sequence(a);
     EXPECT_EQ(t.free_blocks(), 2);
     EXPECT_EQ(t.block_of(b, 20), t.blocks(b)[1]);
+    // A fresh table hands out blocks 0, 1, 2, ...; freed blocks come back in the order they were held.
+    EXPECT_EQ(t.blocks(b), (std::vector<int>{2, 3}));
+    const int c = t.add_sequence();
+    t.reserve(c, 32);
+    EXPECT_EQ(t.blocks(c), (std::vector<int>{0, 1}));
+}
+
+// The serving pool: a released sequence's blocks come back in their order; of its cached blocks (a prefix chain) the
+// last is evicted first, so the prefix outlives its tail.
+TEST(BlockPool, ReleasedBlocksComeBackInOrderAndTailsEvictFirst) {
+    BlockPool p(6, 4);
+    std::vector<int> a, b;
+    ASSERT_TRUE(p.allocate(3, a));
+    EXPECT_EQ(a, (std::vector<int>{0, 1, 2}));
+    p.release(a);
+    ASSERT_TRUE(p.allocate(3, b));
+    EXPECT_EQ(b, (std::vector<int>{0, 1, 2}));
+    const int tokens[4] = {1, 2, 3, 4};
+    uint64_t parent = 0;
+    for (int blk : b) {
+        const uint64_t h = BlockPool::chain_hash(parent, tokens, 4);
+        p.publish(blk, h, parent, tokens);
+        parent = h;
+    }
+    p.release(b);
+    EXPECT_EQ(p.available(), 6);
+    std::vector<int> c, d;
+    ASSERT_TRUE(p.allocate(3, c));  // the never-used blocks first
+    EXPECT_EQ(c, (std::vector<int>{3, 4, 5}));
+    ASSERT_TRUE(p.allocate(2, d));  // then the cached ones, the chain's tail first
+    EXPECT_EQ(d, (std::vector<int>{2, 1}));
+    EXPECT_EQ(p.cached(), 1);
 }
 
 TEST(KVCache, CpuCacheAddressesDistinctSlots) {
