@@ -42,6 +42,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/tensor_map.cpp
   src/model/qwen_cuda.cpp
   src/model/qwen_cuda_decode.cpp
+  src/model/qwen_cuda_moe.cpp
   src/model/qwen_cuda_paged.cpp
   src/model/qwen_cuda_prefill.cpp)
 target_compile_definitions(qinfer_lib PUBLIC QINFER_CUDA)

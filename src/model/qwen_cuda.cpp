@@ -1,12 +1,11 @@
 // The Qwen-family decoder on the CUDA backend: the same op sequence as the CPU reference (model/qwen.cpp), with
 // the fusions that pay on a GPU: RMSNorm inside the decode projections, residual adds in their epilogues, fused
 // QKV and gate/up weights, bias + q/k norm + RoPE + KV-cache write in one kernel. This file loads the weights, sizes
-// the cache and workspaces and holds the linear/MLP/MoE layers; prefill runs in chunks through cuBLASLt and
+// the cache and workspaces and holds the linear and MLP layers; prefill runs in chunks through cuBLASLt and
 // FlashAttention-style attention (qwen_cuda_prefill.cpp); decode steps, of one sequence or a static batch, are
-// captured once in a CUDA graph and replayed (qwen_cuda_decode.cpp).
-// MoE layers route on the device and run bf16 experts there too (cuda::moe_*), inside the decode graph; quantized
-// experts go one by one on rows counted on the host. Quantized projections
-// (GPTQ/AWQ/AutoRound 4/8-bit, bitsandbytes 4-bit) are repacked at load time into one layout with its own GEMV;
+// captured once in a CUDA graph and replayed (qwen_cuda_decode.cpp). MoE layers route and run their experts on the
+// device, inside the decode graph (qwen_cuda_moe.cpp). Quantized projections (GPTQ/AWQ/AutoRound 4/8-bit,
+// bitsandbytes 4-bit) are repacked at load time into one layout with its own GEMV;
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
@@ -626,166 +625,6 @@ void CudaQwenEngine::reduce(bf16 * y, size_t n) {
 void CudaQwenEngine::add_partials(float * x, int which, size_t n) {
     place_.link->add_partials(x, which, n, stream_);
     prof_.mark("peer sum");
-}
-
-// The routing's buffers, laid out for ws_tokens_ tokens (ensure_workspace).
-cuda::MoeRouting CudaQwenEngine::moe_routing() const {
-    const ModelConfig & cfg = model_->config;
-    return cuda::moe_routing_in(moe_idx_.as<int>(), moe_w_.as<float>(), ws_tokens_, cfg.num_experts_per_tok, cfg.num_experts);
-}
-
-bool CudaQwenEngine::experts_on_host(int c) const {
-    const int k = model_->config.num_experts_per_tok;
-    return std::any_of(layers_.begin(), layers_.end(), [&](const DevLayer & L) { return L.experts_on_host(c, k); });
-}
-
-namespace {
-// A GEMV's input in the MoE block: xn, or the residual with the norm fused (norm.x set); returns its kind.
-cuda::GemvIn moe_input(cuda::GemvArgs & a, const bf16 * xn, const cuda::MoeNormIn & norm) {
-    if (!norm.x) {
-        a.x = xn;
-        return cuda::GemvIn::Bf16;
-    }
-    a.x = norm.x;
-    a.norm_w = norm.norm_w;
-    a.eps = norm.eps;
-    return cuda::GemvIn::NormF32;
-}
-}  // namespace
-
-// router_logits_ fp32 [c, router rows] = xn W_router^T (the shared expert's gate last, where it has one).
-void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn, const cuda::MoeNormIn & norm) {
-    const int H = model_->config.hidden_size;
-    if (c <= k_gemv_max_m) {
-        cuda::GemvArgs a;
-        a.w = L.router.ptr();
-        a.n = L.router.n;
-        a.k = H;
-        const cuda::GemvIn in = moe_input(a, xn, norm);
-        a.m = c;
-        a.y = router_logits_.get();
-        cuda::gemv(a, in, cuda::GemvOut::F32, stream_);
-    } else {
-        QINFER_CHECK(!norm.x) << "MoE: a step of " << c << " tokens needs its input normalised ahead";
-        if (cuda::moe_router_pays(c, L.router.n) && cuda::moe_router_applies(xn, H, L.router.ptr())) {
-            cuda::moe_router_logits(xn, c, H, L.router.ptr(), L.router.n, router_logits_.as<float>(), stream_);
-        } else {
-            cuda::gemm(xn, L.router.ptr(), c, L.router.n, H, router_logits_.get(), true, stream_);
-        }
-    }
-}
-
-// Sparse MoE block (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock) on c tokens of xn, added into the residual x:
-// the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
-// the device, the routed experts (cuda::moe_experts; quantized: cuda::moe_qexperts, or cuda::moe_qgemm for many rows
-// an expert), the weighted combine. Decode steps of bf16 experts route, run the experts and (with no shared expert)
-// combine in the two launches of cuda::moe_decode. Quantized experts neither kernel takes (act-order, no sm_90a for
-// prefill steps) run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
-void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode, const cuda::MoeNormIn & norm) {
-    const ModelConfig & cfg = model_->config;
-    const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
-    const int router_rows = L.router.n;  // E (+ 1)
-    // Decode steps of bf16 experts: routing, experts and (without a shared expert) the combine in two launches.
-    const bool decode_kernels = L.experts_decode && c <= cuda::k_moe_gemv_max_tokens;
-    // One token through quantized experts: the routing inside their gate/up launch, where that launch is one wave (one
-    // token is never beyond the decode kernel's tile, so neither the host path nor the grouped GEMM takes it).
-    const bool q_routed = c == 1 && L.expert_q_route;
-    const bool on_host = L.experts_on_host(c, k);
-    QINFER_CHECK(!norm.x || L.moe_normalises(c, k)) << "MoE: this step's experts read a normalised input";
-    // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
-    // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
-    // the router and the routed experts, a branch of the decode graph joined before the combine: those kernels are
-    // short and latency-bound, so the two chains overlap.
-    const bool beside = L.has_shared && !on_host && c <= k_gemv_max_m;
-    if (L.has_shared) {
-        struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
-            cudaStream_t & cur;
-            cudaStream_t saved;
-            StreamSwap(cudaStream_t & c, cudaStream_t s) : cur(c), saved(c) { cur = s; }
-            ~StreamSwap() { cur = saved; }
-        };
-        if (beside) {
-            CUDA_CHECK(cudaEventRecord(moe_fork_, stream_));
-            CUDA_CHECK(cudaStreamWaitEvent(side_stream_, moe_fork_, 0));
-        }
-        StreamSwap on(stream_, beside ? side_stream_ : stream_);
-        if (c <= k_gemv_max_m) {
-            cuda::GemvArgs a;
-            a.n = L.shared.down.k;
-            a.k = H;
-            const cuda::GemvIn in = moe_input(a, xn, norm);
-            a.m = c;
-            a.y = moe_gu_.get();  // not moe_act_, which the routed experts write meanwhile
-            project(L.shared.gate_up, a, in, cuda::GemvOut::SiluMulBf16);
-            a = cuda::GemvArgs{};
-            a.n = H;
-            a.k = L.shared.down.k;
-            a.x = moe_gu_.get();
-            a.m = c;
-            a.y = moe_shared_.get();
-            project(L.shared.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16);
-        } else {
-            mlp(L.shared, xn, c, moe_gu_.as<bf16>(), moe_act_.as<bf16>(), moe_shared_.as<bf16>());
-        }
-        if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
-        else prof_.mark("shared expert");
-    }
-    router(L, c, xn, norm);
-    const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
-    const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
-    cuda::MoeRouting r = moe_routing();
-    float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
-    float * sum = part ? part : x;
-    const bool accumulate = !part && !partial_only();
-    if (!decode_kernels && !q_routed) cuda::moe_route(router_logits_.as<float>(), router_rows, c, E, k, cfg.norm_topk_prob, tile, r, stream_);
-    prof_.mark("router");
-    if (decode_kernels) {
-        cuda::MoeDecode m;
-        m.logits = router_logits_.as<float>();
-        m.stride = router_rows;
-        m.top_k = k;
-        m.renormalise = cfg.norm_topk_prob;
-        m.experts = cuda::MoeExperts{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
-        m.ids = r.ids;
-        m.weights = r.weights;
-        m.arrivals = moe_arrivals_.as<int>();
-        m.norm = norm;
-        cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
-        r.slot_of = nullptr;  // the experts' rows in assignment order
-    } else if (q_routed) {
-        const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
-        cuda::moe_qexperts_routed(xn, router_logits_.as<float>(), k, cfg.norm_topk_prob, w, r.ids, r.weights, moe_act_.as<bf16>(), moe_out_.as<bf16>(),
-                                  stream_, norm);
-        r.slot_of = nullptr;  // the experts' rows in assignment order
-    } else if (!quantized) {
-        const cuda::MoeExperts w{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};
-        cuda::moe_experts(xn, c, k, w, r, tile, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
-    } else if (grouped) {
-        const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
-        cuda::moe_qgemm(xn, c, k, w, r, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_);
-    } else if (!on_host) {
-        const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
-        cuda::moe_qexperts(xn, c, k, w, r, moe_act_.as<bf16>(), moe_out_.as<bf16>(), stream_, norm);
-    } else {
-        int * offsets = static_cast<int *>(moe_offsets_host_.host());
-        CUDA_CHECK(cudaMemcpyAsync(offsets, r.offsets, size_t(E + 1) * sizeof(int), cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
-        for (int e = 0; e < E; e++) {
-            const int m = offsets[e + 1] - offsets[e];
-            if (m == 0) continue;
-            cuda::gather_rows(xn, r.token_of + offsets[e], m, H, moe_in_.as<bf16>(), stream_);
-            mlp(L.experts[size_t(e)], moe_in_.as<bf16>(), m, moe_gu_.as<bf16>(), moe_act_.as<bf16>(), moe_out_.as<bf16>() + size_t(offsets[e]) * H);
-        }
-    }
-    prof_.mark("experts");
-    if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
-    if (!decode_kernels || L.has_shared) {
-        cuda::moe_combine(sum, accumulate, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
-                          L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
-        prof_.mark("combine");
-    }
-    if (part) add_partials(x, 1, size_t(c) * H);
-    else reduce(x, size_t(c) * H);
 }
 
 }  // namespace cuda_engine
