@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "tools/plot.h"
 #include "tools/sysinfo.h"
 
 #ifdef QINFER_CUDA
@@ -72,9 +73,12 @@ std::vector<NamedProbe> probes(int sms) {
 int run_bandwidth(const Args & a) {
     const std::vector<int> sizes_mb = a.has("sizes-mb") ? a.int_list("sizes-mb") : std::vector<int>{8, 34, 70, 132, 272, 622};
     const int reps = int(a.integer("reps", 20));
-    const std::string json_path = a.str("json");
+    const std::string json_path = a.str("json"), plot_path = a.str("plot");
     a.check_unused();
     if (reps < 1) QINFER_FAIL() << "--reps must be >= 1";
+    if (!plot_path.empty() && !plot_available()) QINFER_FAIL() << "--plot: this qinfer was built without libgd (apt-get install libgd-dev, rebuild)";
+    check_writable("json", json_path);
+    check_writable("plot", plot_path);
     int largest = 0;
     for (int s : sizes_mb) {
         if (s < 1 || s > 16384) QINFER_FAIL() << "--sizes-mb entries must be in 1..16384, got " << s;
@@ -130,6 +134,14 @@ int run_bandwidth(const Args & a) {
         if (!f) QINFER_FAIL() << "--json: cannot write " << json_path;
         f << json{{"card", sys.card}, {"commit", git_commit()}, {"sms", sms}, {"reps", reps}, {"rows", rows}}.dump(1) << "\n";
     }
+    if (!plot_path.empty()) {
+        PlotOptions opt;
+        opt.x = "mb";
+        opt.y = "tb_per_s";
+        opt.title = sys.card + ": one kernel reading a region of each size (bench --bandwidth, " + git_commit() + ")";
+        plot_rows(rows, opt, plot_path);
+        std::fprintf(stderr, "bench --bandwidth: plot %s\n", plot_path.c_str());
+    }
     return 0;
 }
 
@@ -143,7 +155,7 @@ int cmd_bench_bandwidth(int argc, char ** argv) {
     int (*run)(const Args &) = nullptr;
 #endif
     return gpu_bench_mode(argc, argv, "bandwidth",
-                          "usage: qinfer bench --bandwidth [--sizes-mb 8,34,70,132,272,622] [--reps 20] [--json FILE]\n"
+                          "usage: qinfer bench --bandwidth [--sizes-mb 8,34,70,132,272,622] [--reps 20] [--json FILE] [--plot FILE.png]\n"
                           "How fast one kernel reads a region of each size from GPU memory: 16-byte loads at 2 / 4 / 8 blocks\n"
                           "an SM, and bulk copies into shared memory (sm_90a), also in a paged KV cache's layout. GPU only.\n",
                           run);

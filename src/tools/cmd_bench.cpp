@@ -105,14 +105,13 @@ std::vector<int> bench_prompt(int n, int vocab, int which) {
     return p;
 }
 
-// Output files are opened once before any work, so that an unwritable path fails at once, not after the benchmark.
+}  // namespace
+
 void check_writable(const char * flag, const std::string & path) {
     if (path.empty()) return;
     std::ofstream probe(path, std::ios::app);
     if (!probe) QINFER_FAIL() << "--" << flag << ": cannot write " << path;
 }
-
-}  // namespace
 
 // --trace: CUPTI's kernel records (backends/cuda/kernel_trace.h); a build without CUDA never gets here (--trace needs
 // the CUDA backend).

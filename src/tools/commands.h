@@ -24,6 +24,8 @@ int cmd_bench_allreduce(int argc, char ** argv);   // bench --allreduce (cmd_all
 // (NAME among them as a flag) go to `run`, after a one-line error where this qinfer has no CUDA backend or the machine
 // no GPU. `run` is null in builds without CUDA.
 int gpu_bench_mode(int argc, char ** argv, const char * name, const char * usage, int (*run)(const Args &));
+// Output files are opened once before any work, so that an unwritable path fails at once, not after the benchmark.
+void check_writable(const char * flag, const std::string & path);
 // bench --trace FILE.csv: CUPTI's record of every kernel (backends/cuda/kernel_trace.h), kept from start to write.
 void start_kernel_trace();
 void discard_kernel_trace();

@@ -28,6 +28,9 @@ namespace {
 const char * axis_label(const std::string & field) {
     if (field == "input_len") return "input length (tokens)";
     if (field == "batch") return "batch size";
+    if (field == "mb") return "bytes read (MB)";
+    if (field == "tb_per_s") return "read bandwidth (TB/s)";
+    if (field == "us") return "time (us)";
     if (field == "tok_s") return "tokens/s (generated tokens / whole time, prefill included)";
     if (field == "decode_tok_s") return "decode tokens/s";
     if (field == "ttft_s") return "time to first token (s)";
@@ -40,18 +43,32 @@ struct Series {
     std::vector<std::pair<double, double>> points;  // (x, y), sorted by x
 };
 
-// Rows grouped into lines: everything that identifies a configuration except the x field.
+// A row's value of `field` ("mb": its "bytes" in millions), or NaN where it has none.
+double field_of(const nlohmann::json & r, const std::string & field) {
+    const std::string name = field == "mb" ? "bytes" : field;
+    if (!r.contains(name) || !r[name].is_number()) return NAN;
+    return r[name].get<double>() / (field == "mb" ? 1e6 : 1.0);
+}
+
+// Rows grouped into lines: everything that identifies a configuration except the x field (`bench --bandwidth` rows:
+// the probe).
 std::vector<Series> series_of(const nlohmann::json & rows, const PlotOptions & opt) {
     std::map<std::string, Series> by_key;
     for (const auto & r : rows) {
-        if (!r.is_object() || r.contains("skipped") || !r.contains(opt.x) || !r.contains(opt.y)) continue;
-        if (!r[opt.x].is_number() || !r[opt.y].is_number()) continue;
-        std::string key = r.value("model", "?") + " " + r.value("quant", "?") + ", kv " + r.value("kv_dtype", "?");
-        if (opt.x != "batch" && r.value("batch", 1) != 1) key += ", batch " + std::to_string(r.value("batch", 1));
-        if (opt.x != "input_len") key += ", input " + std::to_string(r.value("input_len", 0));
+        if (!r.is_object() || r.contains("skipped")) continue;
+        const double x = field_of(r, opt.x), y = field_of(r, opt.y);
+        if (std::isnan(x) || std::isnan(y)) continue;
+        std::string key;
+        if (r.contains("probe")) {
+            key = r.value("probe", "?");
+        } else {
+            key = r.value("model", "?") + " " + r.value("quant", "?") + ", kv " + r.value("kv_dtype", "?");
+            if (opt.x != "batch" && r.value("batch", 1) != 1) key += ", batch " + std::to_string(r.value("batch", 1));
+            if (opt.x != "input_len") key += ", input " + std::to_string(r.value("input_len", 0));
+        }
         Series & s = by_key[key];
         s.name = key;
-        s.points.emplace_back(r[opt.x].get<double>(), r[opt.y].get<double>());
+        s.points.emplace_back(x, y);
     }
     std::vector<Series> out;
     for (auto & [k, s] : by_key) {
@@ -82,9 +99,9 @@ std::string short_number(double v) {
 bool plot_available() { return true; }
 
 void plot_rows(const nlohmann::json & rows, const PlotOptions & opt, const std::string & png_path) {
-    if (opt.x != "input_len" && opt.x != "batch") QINFER_FAIL() << "plot: x must be input_len or batch, got '" << opt.x << "'";
-    if (!axis_label(opt.y) || opt.y == "input_len" || opt.y == "batch") {
-        QINFER_FAIL() << "plot: y must be tok_s, decode_tok_s, ttft_s or peak_gb, got '" << opt.y << "'";
+    if (opt.x != "input_len" && opt.x != "batch" && opt.x != "mb") QINFER_FAIL() << "plot: x must be input_len, batch or mb, got '" << opt.x << "'";
+    if (!axis_label(opt.y) || opt.y == "input_len" || opt.y == "batch" || opt.y == "mb") {
+        QINFER_FAIL() << "plot: y must be tok_s, decode_tok_s, ttft_s, peak_gb, tb_per_s or us, got '" << opt.y << "'";
     }
     if (!rows.is_array()) QINFER_FAIL() << "plot: the benchmark results must be a JSON array of rows";
     const std::vector<Series> series = series_of(rows, opt);
@@ -206,6 +223,7 @@ nlohmann::json read_bench_rows(const std::string & paths, const std::string & op
         std::ifstream in(path);
         if (!in) QINFER_FAIL() << option << " " << path << ": cannot open";
         nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+        if (j.is_object() && j.contains("rows")) j = j["rows"];  // bench --kernels / --bandwidth: rows under a header
         if (j.is_discarded() || !j.is_array()) QINFER_FAIL() << option << " " << path << ": not a JSON array of bench rows";
         for (auto & r : j) rows.push_back(std::move(r));
     }
@@ -216,10 +234,11 @@ int cmd_plot(int argc, char ** argv) {
     for (int i = 2; i < argc; i++) {
         if (!std::strcmp(argv[i], "--help")) {
             std::printf(
-                "usage: qinfer plot --json FILE[,FILE...] --out FILE.png [--x input_len|batch] [--y tok_s|decode_tok_s|ttft_s|peak_gb]\n"
+                "usage: qinfer plot --json FILE[,FILE...] --out FILE.png [--x input_len|batch|mb] [--y tok_s|decode_tok_s|ttft_s|peak_gb|tb_per_s|us]\n"
                 "                   [--title TEXT]\n"
                 "draws the rows of `qinfer bench --json` files: one line per model, quantization, KV cache and batch (or input\n"
-                "length); the x axis turns logarithmic when its values span more than 20x\n");
+                "length); `bench --bandwidth --json` files one line per probe (--x mb --y tb_per_s); the x axis turns\n"
+                "logarithmic when its values span more than 20x\n");
             return 0;
         }
     }

@@ -8,8 +8,8 @@
 namespace qinfer {
 
 struct PlotOptions {
-    std::string x = "input_len";  // input_len | batch
-    std::string y = "tok_s";      // tok_s | decode_tok_s | ttft_s | peak_gb
+    std::string x = "input_len";  // input_len | batch | mb (bench --bandwidth rows)
+    std::string y = "tok_s";      // tok_s | decode_tok_s | ttft_s | peak_gb | tb_per_s | us
     std::string title;
 };
 

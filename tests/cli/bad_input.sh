@@ -112,6 +112,15 @@ if "$q" plot --json "$tmp/rows.json" --out "$tmp/p.png" 2>/dev/null; then
     else
         echo "FAIL plot-writes-png: no PNG signature"; fails=$((fails + 1))
     fi
+    # `bench --bandwidth --json` files: rows under a header, one line per probe, x in MB.
+    echo '{"card": "x", "rows": [{"probe": "loads", "bytes": 8000000, "us": 10, "tb_per_s": 0.8},
+          {"probe": "loads", "bytes": 70000000, "us": 23, "tb_per_s": 3.0}]}' >"$tmp/bw.json"
+    if "$q" plot --json "$tmp/bw.json" --out "$tmp/bw.png" --x mb --y tb_per_s 2>/dev/null && [ -s "$tmp/bw.png" ]; then
+        echo "ok   plot-bandwidth-rows"; passes=$((passes + 1))
+    else
+        echo "FAIL plot-bandwidth-rows: no PNG from bench --bandwidth rows"; fails=$((fails + 1))
+    fi
+    expect plot-bad-x "x must be input_len, batch or mb" "$q" plot --json "$tmp/bw.json" --out "$tmp/bw.png" --x size
 else
     expect plot-without-libgd "built without libgd" "$q" plot --json "$tmp/rows.json" --out "$tmp/p.png"
 fi
