@@ -21,6 +21,8 @@ namespace {
 constexpr int k_probe_threads = 256;
 constexpr int k_copy_consumers = 4;  // warps that read the stages
 
+// mma4::load_stream (qgemv_mma.cuh): a volatile asm, so the loads stay where they are written; that header carries
+// kernels of its own, which this file should not instantiate.
 __device__ __forceinline__ uint4 ld_nc(const uint4 * p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));

@@ -19,19 +19,6 @@ constexpr int k_router_threads = 256;
 constexpr int k_router_tokens = 8;  // tokens a block
 constexpr int k_router_chunks = 2;  // 16-byte chunks a thread: hidden sizes up to 4096 in one pass
 
-__device__ __forceinline__ float dot8(const uint4 & a, const uint4 & b) {
-    const __nv_bfloat162 * pa = reinterpret_cast<const __nv_bfloat162 *>(&a);
-    const __nv_bfloat162 * pb = reinterpret_cast<const __nv_bfloat162 *>(&b);
-    float s = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
-        s = fmaf(fa.x, fb.x, s);
-        s = fmaf(fa.y, fb.y, s);
-    }
-    return s;
-}
-
 __global__ void __launch_bounds__(k_router_threads) router_logits_kernel(const bf16 * x, int c, int H, const bf16 * w, int R, float * y) {
     __shared__ float part[k_router_threads / 32][k_router_tokens];
     const int r = blockIdx.x, t0 = blockIdx.y * k_router_tokens, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
