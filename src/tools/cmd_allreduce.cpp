@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstring>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -193,11 +192,7 @@ int cmd_bench_allreduce(int argc, char ** argv) {
         cudaStreamDestroy(streams[r]);
     });
     for (ncclComm_t c : comms) ncclCommDestroy(c);
-    if (!json_path.empty()) {
-        std::ofstream f(json_path);
-        if (!f) QINFER_FAIL() << "--json: cannot write " << json_path;
-        f << json{{"card", sys.card}, {"gpus", tp}, {"commit", git_commit()}, {"reps", reps}, {"rows", out}}.dump(1) << "\n";
-    }
+    write_json_output(json_path, json{{"card", sys.card}, {"gpus", tp}, {"commit", git_commit()}, {"reps", reps}, {"rows", out}});
     return 0;
 }
 

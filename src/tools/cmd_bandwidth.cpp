@@ -5,7 +5,6 @@
 // bytes in L2; each launch is timed alone (events around it, no programmatic dependent launch), the mean of --reps.
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -129,11 +128,7 @@ int run_bandwidth(const Args & a) {
     }
     CUDA_CHECK(cudaEventDestroy(e0));
     CUDA_CHECK(cudaEventDestroy(e1));
-    if (!json_path.empty()) {
-        std::ofstream f(json_path);
-        if (!f) QINFER_FAIL() << "--json: cannot write " << json_path;
-        f << json{{"card", sys.card}, {"commit", git_commit()}, {"sms", sms}, {"reps", reps}, {"rows", rows}}.dump(1) << "\n";
-    }
+    write_json_output(json_path, json{{"card", sys.card}, {"commit", git_commit()}, {"sms", sms}, {"reps", reps}, {"rows", rows}});
     if (!plot_path.empty()) {
         PlotOptions opt;
         opt.x = "mb";

@@ -113,6 +113,13 @@ void check_writable(const char * flag, const std::string & path) {
     if (!probe) QINFER_FAIL() << "--" << flag << ": cannot write " << path;
 }
 
+void write_json_output(const std::string & path, const nlohmann::json & j) {
+    if (path.empty()) return;
+    std::ofstream f(path);
+    if (!f) QINFER_FAIL() << "--json: cannot write " << path;
+    f << j.dump(1) << "\n";
+}
+
 // --trace: CUPTI's kernel records (backends/cuda/kernel_trace.h); a build without CUDA never gets here (--trace needs
 // the CUDA backend).
 void start_kernel_trace() {

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -236,11 +235,8 @@ int run_kernels(const Args & a) {
                 "down adding into the residual); the other columns take plain bf16 in and out. weight TB/s: codes, scales and\n"
                 "zeros of the rule's path per call; x bf16: the bf16 time over the rule's.\n",
                 cuda_engine::k_dense_gemv_max_m);
-    if (!json_path.empty()) {
-        std::ofstream out(json_path);
-        if (!out) QINFER_FAIL() << "--json: cannot write " << json_path;
-        out << json{{"card", sys.card}, {"driver", sys.driver}, {"cuda", sys.cuda}, {"commit", git_commit()}, {"reps", reps}, {"rows", rows}}.dump(1) << "\n";
-    }
+    write_json_output(json_path,
+                      json{{"card", sys.card}, {"driver", sys.driver}, {"cuda", sys.cuda}, {"commit", git_commit()}, {"reps", reps}, {"rows", rows}});
     return 0;
 }
 

@@ -1,6 +1,9 @@
 // The subcommands of the `qinfer` binary.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
 #include "io/model_config.h"
 #include "runtime/sampler.h"
 #include "tools/args.h"
@@ -26,6 +29,9 @@ int cmd_bench_allreduce(int argc, char ** argv);   // bench --allreduce (cmd_all
 int gpu_bench_mode(int argc, char ** argv, const char * name, const char * usage, int (*run)(const Args &));
 // Output files are opened once before any work, so that an unwritable path fails at once, not after the benchmark.
 void check_writable(const char * flag, const std::string & path);
+// j to `path` (indented one space), where path is not empty: the --json of the bench modes that write one document
+// (--kernels, --bandwidth, --allreduce).
+void write_json_output(const std::string & path, const nlohmann::json & j);
 // bench --trace FILE.csv: CUPTI's record of every kernel (backends/cuda/kernel_trace.h), kept from start to write.
 void start_kernel_trace();
 void discard_kernel_trace();
