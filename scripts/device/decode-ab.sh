@@ -4,8 +4,9 @@
 # of DAB_VALUES (default "0 1"), alternated DAB_ROUNDS times (default 2). Each round: the decode kernel timings
 # (DAB_TIMINGS, a gtest filter, default CudaDecodeTimings.*: 7B bf16, int8, fp8 caches and 0.5B shapes; a filter that
 # matches nothing skips them), then each DAB_SPECS row (preset:quant:kv-dtype:input lengths; default 7B YaRN GPTQ-Int4
-# at 129024 with an int8 and a bf16 cache; a blank " " runs none) by `qinfer bench` with DAB_ARGS (default
-# --load-format dummy; static batches by --batch there). Logs to $OUT/decode-ab.log, JSON per row and arm, a table of tok/s and decode tok/s per arm last.
+# at 129024 with an int8 and a bf16 cache; a blank " " runs none) by `qinfer bench` with DAB_ARGS (default --load-format
+# dummy; static batches by --batch there). Logs to $OUT/decode-ab.log, JSON per row and arm, a table of tok/s and decode
+# tok/s per arm last.
 for r in $(seq "${DAB_ROUNDS:-2}"); do
     for v in ${DAB_VALUES:-0 1}; do
         env "$DAB_VAR=$v" build-device/tests/qinfer_tests --gtest_filter="${DAB_TIMINGS:-CudaDecodeTimings.*}" 2>&1 |

@@ -4,6 +4,8 @@
 // quantized experts no device kernel takes (DevLayer::experts_on_host), so MoE decode steps are CUDA graphs.
 #include "model/qwen_cuda.h"
 
+#include <algorithm>
+
 namespace qinfer::cuda_engine {
 
 // The routing's buffers, laid out for ws_tokens_ tokens (ensure_workspace).
