@@ -1,7 +1,6 @@
 // Small kernels: embedding gather, RMSNorm (with the residual add fused), SwiGLU, row gather/scatter for MoE,
 // q/k/v bias + q/k norm + RoPE + KV-cache write (quantizing for quantized caches).
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_quant.cuh"
@@ -54,12 +53,14 @@ __global__ void embedding_kernel(const bf16 * __restrict__ table, const int * id
 // VECS > 0 (hidden % 4 == 0, hidden <= 4 * VECS * k_norm_threads): each thread keeps its float4 columns in registers,
 // every load of the row issued before the reduction; VECS 0: any hidden, one value a load and the row read twice.
 // At 256 rows of hidden 3584 (7B decode under continuous batching, H200) the scalar form took 10 us a call.
-template <int VECS, bool PRE = true>
+template <int VECS>
 __global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, const bf16 * delta, const bf16 * w, float eps,
                                                                  int hidden, bf16 * y) {
-    // The register forms read their norm weights before waiting for the kernel ahead: they are not its output.
+    // The register forms read their norm weights before waiting for the kernel ahead (they are not its output): one
+    // L2 round trip off the chain, 7B batch 16 +1.0% (BF16) / +1.8% (GPTQ-Int4) on an H200
+    // (bench/results/2026-12-01-h200-norm-ahead).
     uint2 wv[VECS > 0 ? VECS : 1];
-    if constexpr (VECS > 0 && PRE) {
+    if constexpr (VECS > 0) {
 #pragma unroll
         for (int u = 0; u < VECS; u++) {
             const int i = threadIdx.x + u * k_norm_threads;
@@ -110,7 +111,6 @@ __global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, con
         for (int u = 0; u < VECS; u++) {
             const int i = threadIdx.x + u * k_norm_threads;
             if (i >= n4) break;
-            if constexpr (!PRE) wv[u] = reinterpret_cast<const uint2 *>(w)[i];
             const bf16 * wh = reinterpret_cast<const bf16 *>(&wv[u]);
             uint2 o;
             bf16 * oh = reinterpret_cast<bf16 *>(&o);
@@ -130,14 +130,8 @@ void launch_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, i
                          reinterpret_cast<uintptr_t>(y) % 8 == 0 && reinterpret_cast<uintptr_t>(delta) % 8 == 0;
     const int n4 = hidden / 4;
     auto run = [&](auto kernel) { launch_kernel(kernel, n, k_norm_threads, 0, stream, x, delta, w, eps, hidden, y); };
-    static const bool pre = [] { const char * e = std::getenv("QINFER_NORM_PRE"); return !e || std::atoi(e) != 0; }();
     if (!aligned || n4 > 8 * k_norm_threads) run(rms_norm_kernel<0>);
-    else if (!pre) {
-        if (n4 <= k_norm_threads) run(rms_norm_kernel<1, false>);
-        else if (n4 <= 2 * k_norm_threads) run(rms_norm_kernel<2, false>);
-        else if (n4 <= 4 * k_norm_threads) run(rms_norm_kernel<4, false>);
-        else run(rms_norm_kernel<8, false>);
-    } else if (n4 <= k_norm_threads) run(rms_norm_kernel<1>);
+    else if (n4 <= k_norm_threads) run(rms_norm_kernel<1>);
     else if (n4 <= 2 * k_norm_threads) run(rms_norm_kernel<2>);
     else if (n4 <= 4 * k_norm_threads) run(rms_norm_kernel<4>);
     else run(rms_norm_kernel<8>);

@@ -24,7 +24,6 @@
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -90,7 +89,7 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
 
 template <int PLANES, int NT>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
-    qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial, int rotate) {
+    qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial) {
     using Sh = MmaShape<PLANES, NT>;
     constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE;
     static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
@@ -100,9 +99,6 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
     const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
     const int n_stages = (kb_end - kb_begin + KPS - 1) / KPS;
-    // The split's stages taken from stage `rot` on, wrapping: row tiles side by side read different stages of x.
-    const int rot = rotate && n_stages > 0 ? int(blockIdx.y % unsigned(n_stages)) : 0;
-    auto phys = [&](int st) { return st + rot < n_stages ? st + rot : st + rot - n_stages; };
     const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * k_warps;
     const int rb = rb0 + warp;
     const bool active = rb < n_rb;
@@ -129,9 +125,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     // Stage st's codes: the 8 row blocks' KPS K blocks from kb_begin + st KPS (contiguous per row block).
     auto load_codes = [&](int st) {
         uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + threadIdx.x;
-        const int ps = phys(st);
-        const bool kb_ok = kb_begin + ps * KPS + c_off / TILE < kb_end;
-        const uint4 * src = c_src + size_t(ps) * KPS * TILE;
+        const bool kb_ok = kb_begin + st * KPS + c_off / TILE < kb_end;
+        const uint4 * src = c_src + size_t(st) * KPS * TILE;
 #pragma unroll
         for (int i = 0; i < n_cc; i++) {
             const bool valid = kb_ok && (c_rows_ok >> i & 1u);
@@ -141,11 +136,11 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     // Stage st's x: BT tokens x KPS K blocks, chunk low 3 bits XOR-ed with the token.
     auto load_x = [&](int st) {
         uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + x_dst;
-        const int kb0 = kb_begin + phys(st) * KPS, pos = kb0 * 64 + x_ch * 8;
+        const int pos = (kb_begin + st * KPS) * 64 + x_ch * 8;
 #pragma unroll
         for (int i = 0; i < n_xc; i++) {
             const bool valid = pos < ldx && (x_toks_ok >> i & 1u);
-            cp_async16(dst + i * k_threads, valid ? x_src + (size_t(i) * x_rows * ldx + kb0 * 64) : x, valid);
+            cp_async16(dst + i * k_threads, valid ? x_src + (size_t(i) * x_rows * ldx + (kb_begin + st * KPS) * 64) : x, valid);
         }
     };
     // The first stages' codes and the first group's parameters do not depend on the kernel ahead.
@@ -155,17 +150,10 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     }
     const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
-    // The first stage's group, and where the stages wrap the split's first group (its parameters loaded ahead).
-    const int g_first = min(kb_begin * 64 / w.group, G - 1);
-    int gi = min((kb_begin + rot * KPS) * 64 / w.group, G - 1);
+    int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
     GroupParams<PLANES> par = unpack_params<PLANES>(load_params(w, row0, gi));
     RawParams next = load_params(w, row0, min(gi + 1, G - 1));
-    RawParams wrap_par{}, wrap_next{};
-    if (rot > 0) {
-        wrap_par = load_params(w, row0, g_first);
-        wrap_next = load_params(w, row0, min(g_first + 1, G - 1));
-    }
 
     pdl_wait();  // x comes from the kernel ahead
 #pragma unroll
@@ -206,15 +194,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     int buf = 0;
     const uint4 * scodes_lane = smem + size_t(warp) * KPS * TILE + lane;
     uint32_t sx = smem0 + uint32_t(Sh::code_chunks * 16);
+    int kb = kb_begin;
     for (int st = 0; st < n_stages; st++) {
-        int kb = kb_begin + phys(st) * KPS;
-        if (rot > 0 && st == n_stages - rot) {  // wrapped to the split's first stage
-            flush();
-            gi = g_first;
-            group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;
-            par = unpack_params<PLANES>(wrap_par);
-            next = wrap_next;
-        }
         cp_async_wait<k_stages - 2>();
         __syncthreads();  // stage st is complete, and every warp is done with the stage loaded next
         if (st + k_stages - 1 < n_stages) {
@@ -255,6 +236,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
                 }
             }
         }
+        kb = kb_begin + (st + 1) * KPS;
         buf = buf == k_stages - 1 ? 0 : buf + 1;
         sx = smem0 + uint32_t((size_t(buf) * Sh::stage_chunks + Sh::code_chunks) * 16);
     }
@@ -293,12 +275,11 @@ Shape shape_for(const QuantMatrix & w, int m) {
 template <int PLANES, int NT>
 void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
     const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
-    static const int rotate = [] { const char * e = std::getenv("QINFER_QGEMM_ROT"); return e ? std::atoi(e) : 1; }();
     constexpr size_t smem = MmaShape<PLANES, NT>::smem;
     static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT>, smem, configured);
-    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial, rotate);
+    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial);
     CUDA_CHECK(cudaGetLastError());
 }
 

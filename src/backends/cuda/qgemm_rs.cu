@@ -32,7 +32,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -124,8 +123,7 @@ __device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j
 
 template <int PLANES, int NT>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS)
-    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, const __grid_constant__ CUtensorMap x_map,
-                    int rotate) {
+    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, NT>;
     constexpr int BT = Sh::BT, S = Sh::STAGES, CW = Sh::CW;
@@ -137,9 +135,6 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
     const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
     const int nk = kb_end - kb_begin;
-    // The split's K blocks taken from block `rot` on, wrapping: row tiles side by side read different panels of x.
-    const int rot = rotate && nk > 0 ? int(blockIdx.y % unsigned(nk)) : 0;
-    auto kb_at = [&](int i) { return kb_begin + (i + rot < nk ? i + rot : i + rot - nk); };
     const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * CW;
     const int present = min(CW, n_rb - rb0);  // row blocks of this tile inside the weight
 
@@ -150,7 +145,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
         if (lane == 0) sm90::prefetch_tensor_map(&x_map);
         pdl_wait();  // x comes from the kernel ahead
         for (int i = 0; i < nk; i++) {
-            const int kb = kb_at(i), s = i % S;
+            const int kb = kb_begin + i, s = i % S;
             if (i >= S) sm90::mbar_wait(&empty[s], (i / S - 1) & 1);
             unsigned char * stage = smem + size_t(s) * Sh::stage_bytes;
             if (lane == 0) {
@@ -171,17 +166,10 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     const bool active = warp < present;
     const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
-    // The first K block's group, and where the K blocks wrap the split's first group (its parameters loaded ahead).
-    const int g_first = min(kb_begin * 64 / w.group, G - 1);
-    int gi = min(kb_at(0) * 64 / w.group, G - 1);
+    int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
     RsParams<PLANES> par = unpack_params<PLANES>(mma4::load_params(w, row0, gi));
     mma4::RawParams next = mma4::load_params(w, row0, min(gi + 1, G - 1));
-    mma4::RawParams wrap_par{}, wrap_next{};
-    if (rot > 0) {
-        wrap_par = mma4::load_params(w, row0, g_first);
-        wrap_next = mma4::load_params(w, row0, min(g_first + 1, G - 1));
-    }
 
     float d[BT / 2];
 #pragma unroll
@@ -195,13 +183,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     // overlap of dequantization and MMAs is not what bounds this kernel.)
     uint32_t af[2][2][4];  // [half of the K block][k16 step of the half][register]
     for (int i = 0; i < nk; i++) {
-        const int s = i % S, kb = kb_at(i);
-        if (rot > 0 && i == nk - rot) {  // wrapped to the split's first K block
-            gi = g_first;
-            group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;
-            par = unpack_params<PLANES>(wrap_par);
-            next = wrap_next;
-        }
+        const int s = i % S, kb = kb_begin + i;
         sm90::mbar_wait(&full[s], (i / S) & 1);
         const unsigned char * stage = smem + size_t(s) * Sh::stage_bytes;
         uint4 cw[PLANES];
@@ -269,10 +251,9 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, ldx, Sh::BT)) QINFER_FAIL() << "qgemm_rs: the tensor map of x [" << m << ", " << ldx << "] was refused";
     const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, NT), splits);
-    static const int rotate = [] { const char * e = std::getenv("QINFER_QGEMM_ROT"); return e ? std::atoi(e) : 1; }();
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
-    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, x_map, rotate);
+    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, x_map);
     CUDA_CHECK(cudaGetLastError());
 }
 
