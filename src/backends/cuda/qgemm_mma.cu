@@ -24,6 +24,7 @@
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -44,14 +45,15 @@ int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_r
 __host__ __device__ constexpr int stage_kbs(int nt, int planes) { return (nt >= 8 ? 2 : 4) / planes; }
 
 // A kernel's shape for PLANES planes of codes and NT 8-token column blocks.
-template <int PLANES, int NT> struct MmaShape {
+template <int PLANES, int NT, bool DEEP = false> struct MmaShape {
     static constexpr int BT = 8 * NT;                           // tokens per block
-    static constexpr int KPS = stage_kbs(NT, PLANES);           // K blocks per stage
+    static constexpr int S = DEEP ? 2 * k_stages : k_stages;    // stages
+    static constexpr int KPS = stage_kbs(NT, PLANES) / (DEEP ? 2 : 1);  // K blocks per stage
     static constexpr int TILE = 32 * PLANES;                    // uint4 of codes per row block and K block
     static constexpr int code_chunks = k_warps * KPS * TILE;    // uint4 of codes per stage
     static constexpr int x_chunks = BT * KPS * 8;               // uint4 of x per stage
     static constexpr int stage_chunks = code_chunks + x_chunks;
-    static constexpr size_t smem = size_t(k_stages) * stage_chunks * 16;
+    static constexpr size_t smem = size_t(S) * stage_chunks * 16;
 };
 // Blocks per SM (the launch bound, and what the shared memory allows): three for 16 tokens (72 KB each for 4-bit
 // codes), so that the row blocks of 7B's gate_up (2368 warps' worth) run in one wave; two otherwise.
@@ -87,11 +89,11 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-template <int PLANES, int NT>
+template <int PLANES, int NT, bool DEEP>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial) {
-    using Sh = MmaShape<PLANES, NT>;
-    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE;
+    using Sh = MmaShape<PLANES, NT, DEEP>;
+    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, k_stages = Sh::S;
     static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
     extern __shared__ __align__(128) uint4 smem[];  // [stage][codes: row block, K block, plane, lane | x: token, K block, chunk]
 
@@ -272,14 +274,18 @@ Shape shape_for(const QuantMatrix & w, int m) {
     return sh;
 }
 
-template <int PLANES, int NT>
+template <int PLANES, int NT, bool DEEP = false>
 void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
+    if constexpr (PLANES == 1 && NT == 2 && !DEEP) {
+        static const bool deep = [] { const char * e = std::getenv("QINFER_MMA_DEEP"); return e && std::atoi(e) != 0; }();
+        if (deep) return launch<PLANES, NT, true>(w, x, ldx, m, y, splits, partial, stream);
+    }
     const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
-    constexpr size_t smem = MmaShape<PLANES, NT>::smem;
+    constexpr size_t smem = MmaShape<PLANES, NT, DEEP>::smem;
     static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
     static PerDevice<size_t> configured;  // once per instantiation
-    allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT>, smem, configured);
-    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial);
+    allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT, DEEP>, smem, configured);
+    launch_kernel(qgemm_mma_kernel<PLANES, NT, DEEP>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial);
     CUDA_CHECK(cudaGetLastError());
 }
 
