@@ -92,6 +92,13 @@ inline std::vector<float> download_f32(const DeviceBuffer & b, size_t n) {
     return v;
 }
 
+inline std::vector<uint16_t> download_u16(const DeviceBuffer & b, size_t n) {
+    std::vector<uint16_t> h(n);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cudaMemcpy(h.data(), b.get(), n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
+    return h;
+}
+
 inline std::vector<float> download_bf16(const DeviceBuffer & b, size_t n) {
     std::vector<uint16_t> h(n);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -106,15 +106,20 @@ void set_qgemm_tile(int tile);
 // w.rows] = x bf16 [m, w.k] W^T for the tiled 4-/8-bit affine layout, any m (made for the 9 to a few hundred rows of a
 // continuous-batching step). Scratch as qgemm's: gathered inputs (act-order, k % 8, unaligned x), then the K splits'
 // fp32 partial sums (qgemm_mma_scratch_bytes covers every m' <= m); with too little room K is not split. False where
-// it does not apply or the inputs cannot be gathered.
+// it does not apply or the inputs cannot be gathered. silu_mul: w is a stacked [gate; up] weight and y bf16 [m,
+// w.rows / 2] = SiLU(x W_gate^T) * (x W_up^T), gate and up rounded to bf16 first (silu_mul's result, bit for bit);
+// false where its tiles do not fit w (mma4::swiglu_tiles_fit) or K would be split.
 bool qgemm_mma_applies(const QuantMatrix & w);
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m);
-bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
+bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
+               bool silu_mul = false);
 // The same on Hopper (qgemm_rs.cu, sm_90a build and device): the dequantized fragments go from registers straight
-// into warpgroup MMAs over all of a block's tokens. Scratch, K splits and failure as qgemm_mma's.
+// into warpgroup MMAs over all of a block's tokens. Scratch, K splits, silu_mul (up to 64 rows) and failure as
+// qgemm_mma's.
 bool qgemm_rs_applies(const QuantMatrix & w);
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m);
-bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
+bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
+              bool silu_mul = false);
 
 // ---- quantized projections: the rule (qlinear.cpp) ----
 constexpr int k_qgemv_max_m = 8;        // rows the tiled quantized GEMV takes in one pass
@@ -132,6 +137,11 @@ size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m);
 // (the caller then dequantizes); nothing is launched then.
 bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * gemv_scratch, void * scratch,
                   size_t scratch_bytes, cudaStream_t stream);
+// act bf16 [m, w.rows / 2] = SiLU(x W_gate^T) * (x W_up^T) for a stacked [gate; up] weight in one launch, where
+// `path` is a register-dequantizing GEMM whose tiles fit w (equal to quant_linear then silu_mul, bit for bit). False,
+// with nothing launched, elsewhere: the caller then runs quant_linear and silu_mul.
+bool quant_linear_silu(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * act, void * scratch, size_t scratch_bytes,
+                       cudaStream_t stream);
 
 // ---- elementwise ----
 // x[t] = float(table[ids[t]]): table bf16 [vocab, hidden]; ids int [n] on the device; x fp32 [n, hidden]

@@ -24,7 +24,6 @@
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -45,15 +44,14 @@ int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_r
 __host__ __device__ constexpr int stage_kbs(int nt, int planes) { return (nt >= 8 ? 2 : 4) / planes; }
 
 // A kernel's shape for PLANES planes of codes and NT 8-token column blocks.
-template <int PLANES, int NT, bool DEEP = false> struct MmaShape {
+template <int PLANES, int NT> struct MmaShape {
     static constexpr int BT = 8 * NT;                           // tokens per block
-    static constexpr int S = DEEP ? 2 * k_stages : k_stages;    // stages
-    static constexpr int KPS = stage_kbs(NT, PLANES) / (DEEP ? 2 : 1);  // K blocks per stage
+    static constexpr int KPS = stage_kbs(NT, PLANES);           // K blocks per stage
     static constexpr int TILE = 32 * PLANES;                    // uint4 of codes per row block and K block
     static constexpr int code_chunks = k_warps * KPS * TILE;    // uint4 of codes per stage
     static constexpr int x_chunks = BT * KPS * 8;               // uint4 of x per stage
     static constexpr int stage_chunks = code_chunks + x_chunks;
-    static constexpr size_t smem = size_t(S) * stage_chunks * 16;
+    static constexpr size_t smem = size_t(k_stages) * stage_chunks * 16;
 };
 // Blocks per SM (the launch bound, and what the shared memory allows): three for 16 tokens (72 KB each for 4-bit
 // codes), so that the row blocks of 7B's gate_up (2368 warps' worth) run in one wave; two otherwise.
@@ -89,11 +87,12 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-template <int PLANES, int NT, bool DEEP>
+template <int PLANES, int NT>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
-    qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial) {
-    using Sh = MmaShape<PLANES, NT, DEEP>;
-    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, k_stages = Sh::S;
+    qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
+                     int half_rb) {
+    using Sh = MmaShape<PLANES, NT>;
+    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE;
     static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
     extern __shared__ __align__(128) uint4 smem[];  // [stage][codes: row block, K block, plane, lane | x: token, K block, chunk]
 
@@ -101,8 +100,11 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
     const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
     const int n_stages = (kb_end - kb_begin + KPS - 1) / KPS;
-    const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * k_warps;
-    const int rb = rb0 + warp;
+    // SwiGLU tiles (half_rb > 0: the gate half's row blocks, a multiple of 4): tile t's warps 0-3 own gate row blocks
+    // 4t .. 4t + 3, warps 4-7 the up row blocks half_rb + 4t ..; tile-local row block r >= 4 lies up_jump further on.
+    const int tok0 = blockIdx.x * BT, rb0 = half_rb ? 4 * blockIdx.y : blockIdx.y * k_warps;
+    const int up_jump = half_rb ? half_rb - 4 : 0;
+    const int rb = rb0 + warp + (warp >= 4 ? up_jump : 0);
     const bool active = rb < n_rb;
     const uint4 * codes = reinterpret_cast<const uint4 *>(w.codes);
 
@@ -113,14 +115,19 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     static_assert(x_rows % 8 == 0, "a thread's x chunks keep their swizzle");
     const int c_r0 = threadIdx.x / (KPS * TILE), c_off = threadIdx.x % (KPS * TILE);
     const uint4 * c_src = codes + (size_t(min(rb0 + c_r0, n_rb - 1)) * nkb + kb_begin) * TILE + c_off;
+    const size_t c_up = size_t(up_jump) * nkb * TILE;  // a chunk of tile-local row block >= 4 lies this much further
     const int x_r0 = threadIdx.x / (KPS * 8), x_ch = threadIdx.x % (KPS * 8);
     const int x_dst = Sh::code_chunks + x_r0 * (KPS * 8) + (x_ch & ~7) + ((x_ch ^ x_r0) & 7);
     // Which of this thread's rows and tokens exist, worked out once (bit i: its chunk i).
     constexpr int n_cc = Sh::code_chunks / k_threads, n_xc = Sh::x_chunks / k_threads;
     const size_t c_stride = size_t(c_rows) * nkb * TILE;
-    unsigned c_rows_ok = 0, x_toks_ok = 0;
+    unsigned c_rows_ok = 0, c_ups = 0, x_toks_ok = 0;
 #pragma unroll
-    for (int i = 0; i < n_cc; i++) c_rows_ok |= unsigned(rb0 + c_r0 + i * c_rows < n_rb) << i;
+    for (int i = 0; i < n_cc; i++) {
+        const int r = c_r0 + i * c_rows;
+        c_ups |= unsigned(r >= 4 && up_jump > 0) << i;
+        c_rows_ok |= unsigned(rb0 + r + (r >= 4 ? up_jump : 0) < n_rb) << i;
+    }
 #pragma unroll
     for (int i = 0; i < n_xc; i++) x_toks_ok |= unsigned(tok0 + x_r0 + i * x_rows < m) << i;
     const bf16 * x_src = x + size_t(min(tok0 + x_r0, m - 1)) * ldx + x_ch * 8;
@@ -132,7 +139,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
 #pragma unroll
         for (int i = 0; i < n_cc; i++) {
             const bool valid = kb_ok && (c_rows_ok >> i & 1u);
-            cp_async16(dst + i * k_threads, valid ? src + i * c_stride : codes, valid);
+            cp_async16(dst + i * k_threads, valid ? src + i * c_stride + (c_ups >> i & 1u ? c_up : 0) : codes, valid);
         }
     };
     // Stage st's x: BT tokens x KPS K blocks, chunk low 3 bits XOR-ed with the token.
@@ -243,6 +250,33 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
         sx = smem0 + uint32_t((size_t(buf) * Sh::stage_chunks + Sh::code_chunks) * 16);
     }
     cp_async_wait<0>();
+    if (half_rb) {  // SwiGLU: the up warps hand their sums to the gate warps through the stages' shared memory
+        flush();
+        __syncthreads();  // every warp is done with the stages
+        float * up = reinterpret_cast<float *>(smem) + size_t(warp % 4) * NT * 4 * 32 + lane;  // [gate warp][nt][i][lane]
+        if (warp >= 4 && active) {
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) up[(nt * 4 + i) * 32] = tot[nt][i];
+            }
+        }
+        __syncthreads();
+        if (warp >= 4 || !active) return;
+        const int inter = n / 2;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = rb * 16 + g + (i >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (i & 1);
+                if (row >= inter || tok >= m) continue;
+                // transformers rounds gate and up to bf16 before silu(gate) * up (as silu_mul_kernel reads them).
+                const float gt = __bfloat162float(__float2bfloat16(tot[nt][i])), u = __bfloat162float(__float2bfloat16(up[(nt * 4 + i) * 32]));
+                y[size_t(tok) * inter + row] = __float2bfloat16(silu(gt) * u);
+            }
+        }
+        return;
+    }
     if (!active) return;
     flush();
 
@@ -274,18 +308,14 @@ Shape shape_for(const QuantMatrix & w, int m) {
     return sh;
 }
 
-template <int PLANES, int NT, bool DEEP = false>
-void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
-    if constexpr (PLANES == 1 && NT == 2 && !DEEP) {
-        static const bool deep = [] { const char * e = std::getenv("QINFER_MMA_DEEP"); return e && std::atoi(e) != 0; }();
-        if (deep) return launch<PLANES, NT, true>(w, x, ldx, m, y, splits, partial, stream);
-    }
+template <int PLANES, int NT>
+void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, int half_rb, cudaStream_t stream) {
     const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
-    constexpr size_t smem = MmaShape<PLANES, NT, DEEP>::smem;
+    constexpr size_t smem = MmaShape<PLANES, NT>::smem;
     static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
     static PerDevice<size_t> configured;  // once per instantiation
-    allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT, DEEP>, smem, configured);
-    launch_kernel(qgemm_mma_kernel<PLANES, NT, DEEP>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial);
+    allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT>, smem, configured);
+    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial, half_rb);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -298,18 +328,21 @@ size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
     return mma4::split_gemm_scratch_bytes(w, m, [&](int mm) { return shape_for(w, mm).splits; });
 }
 
-bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
+bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
+               bool silu_mul) {
     if (!qgemm_mma_applies(w) || m <= 0) return false;
     const Shape sh = shape_for(w, m);
+    if (silu_mul && !(mma4::swiglu_tiles_fit(w, k_rows) && sh.splits == 1)) return false;
+    const int half_rb = silu_mul ? w.rows / 32 : 0;
     return mma4::run_split_gemm(w, x, m, y, sh.splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int splits, float * partial) {
         if (w.bits == 4) {
-            if (sh.nt == 2) launch<1, 2>(w, xin, ldx, m, y, splits, partial, stream);
-            else if (sh.nt == 4) launch<1, 4>(w, xin, ldx, m, y, splits, partial, stream);
-            else launch<1, 8>(w, xin, ldx, m, y, splits, partial, stream);
+            if (sh.nt == 2) launch<1, 2>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
+            else if (sh.nt == 4) launch<1, 4>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
+            else launch<1, 8>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
         } else {
-            if (sh.nt == 2) launch<2, 2>(w, xin, ldx, m, y, splits, partial, stream);
-            else if (sh.nt == 4) launch<2, 4>(w, xin, ldx, m, y, splits, partial, stream);
-            else launch<2, 8>(w, xin, ldx, m, y, splits, partial, stream);
+            if (sh.nt == 2) launch<2, 2>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
+            else if (sh.nt == 4) launch<2, 4>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
+            else launch<2, 8>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
         }
     });
 }
