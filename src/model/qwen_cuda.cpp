@@ -9,7 +9,6 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -582,8 +581,8 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
 }
 
 void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out) {
-    static const bool fold = [] { const char * e = std::getenv("QINFER_QSILU"); return !e || std::atoi(e) != 0; }();
-    if (fold && w.gate_up.quantized &&
+    // Quantized gate/up on qgemm_mma writes SiLU(gate) * up itself (7B GPTQ-Int4 batch 16 +3.1% on an H200).
+    if (w.gate_up.quantized &&
         cuda::quant_linear_silu(cuda::quant_path(w.gate_up.q, m), w.gate_up.q, x, m, act, dequant_.get(), dequant_.bytes(), stream_)) {
         prof_.mark("gate_up gemm, silu*up");
     } else {

@@ -114,12 +114,10 @@ size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m);
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
                bool silu_mul = false);
 // The same on Hopper (qgemm_rs.cu, sm_90a build and device): the dequantized fragments go from registers straight
-// into warpgroup MMAs over all of a block's tokens. Scratch, K splits, silu_mul (up to 64 rows) and failure as
-// qgemm_mma's.
+// into warpgroup MMAs over all of a block's tokens. Scratch, K splits and failure as qgemm_mma's.
 bool qgemm_rs_applies(const QuantMatrix & w);
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m);
-bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
-              bool silu_mul = false);
+bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
 
 // ---- quantized projections: the rule (qlinear.cpp) ----
 constexpr int k_qgemv_max_m = 8;        // rows the tiled quantized GEMV takes in one pass
@@ -138,8 +136,9 @@ size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m);
 bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * gemv_scratch, void * scratch,
                   size_t scratch_bytes, cudaStream_t stream);
 // act bf16 [m, w.rows / 2] = SiLU(x W_gate^T) * (x W_up^T) for a stacked [gate; up] weight in one launch, where
-// `path` is a register-dequantizing GEMM whose tiles fit w (equal to quant_linear then silu_mul, bit for bit). False,
-// with nothing launched, elsewhere: the caller then runs quant_linear and silu_mul.
+// `path` is qgemm_mma and its SwiGLU tiles fit w (equal to quant_linear then silu_mul, bit for bit). False, with
+// nothing launched, elsewhere: the caller then runs quant_linear and silu_mul. (qgemm_rs's 64 + 64-row tiles measured
+// level at 64 rows on an H200 and were removed: bench/results/2026-12-01-h200-norm-ahead.)
 bool quant_linear_silu(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * act, void * scratch, size_t scratch_bytes,
                        cudaStream_t stream);
 

@@ -123,8 +123,7 @@ __device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j
 
 template <int PLANES, int NT>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS)
-    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, const __grid_constant__ CUtensorMap x_map,
-                    int half_rb) {
+    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, NT>;
     constexpr int BT = Sh::BT, S = Sh::STAGES, CW = Sh::CW;
@@ -136,12 +135,8 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
     const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
     const int nk = kb_end - kb_begin;
-    // SwiGLU tiles (half_rb > 0: the gate half's row blocks, a multiple of 4; 8 consumer warps): tile t's warpgroup 0
-    // owns gate row blocks 4t .. 4t + 3, warpgroup 1 the up row blocks half_rb + 4t ..: tile-local row block r >= 4
-    // lies up_jump further on (every row block present: swiglu_tiles_fit).
-    const int tok0 = blockIdx.x * BT, rb0 = half_rb ? 4 * blockIdx.y : blockIdx.y * CW;
-    const int up_jump = half_rb ? half_rb - 4 : 0;
-    const int present = half_rb ? CW : min(CW, n_rb - rb0);  // row blocks of this tile inside the weight
+    const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * CW;
+    const int present = min(CW, n_rb - rb0);  // row blocks of this tile inside the weight
 
     sm90::init_stage_barriers(full, empty, S, CW);
 
@@ -159,7 +154,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
             }
             __syncwarp();
             if (lane < present) {
-                const size_t at = (size_t(rb0 + lane + (lane >= 4 ? up_jump : 0)) * nkb + kb) * PLANES * 512;
+                const size_t at = (size_t(rb0 + lane) * nkb + kb) * PLANES * 512;
                 sm90::bulk_load(stage + lane * PLANES * 512, codes + at, PLANES * 512, &full[s]);
             }
         }
@@ -167,7 +162,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     }
 
     // Consumers. Row blocks past the weight multiply stale shared memory; their outputs are never stored.
-    const int rb = rb0 + warp + (warp >= 4 ? up_jump : 0);
+    const int rb = rb0 + warp;
     const bool active = warp < present;
     const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
@@ -218,30 +213,6 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     }
     sm90::wgmma_wait<0>();
     sm90::fence_operands(d);
-    if (half_rb) {  // SwiGLU: warpgroup 1 hands its sums to warpgroup 0 through the stages' shared memory
-        constexpr int k_consumers = 32 * CW;
-        asm volatile("bar.sync 1, %0;\n" ::"n"(k_consumers));  // every consumer is done with the stages
-        float * up = reinterpret_cast<float *>(smem) + size_t(warp % 4) * (BT / 2) * 32 + lane;  // [warp][value][lane]
-        if (warp >= 4) {
-#pragma unroll
-            for (int i = 0; i < BT / 2; i++) up[i * 32] = d[i];
-        }
-        asm volatile("bar.sync 1, %0;\n" ::"n"(k_consumers));
-        if (warp >= 4) return;
-        const int inter = n / 2;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
-                if (tok >= m) continue;
-                // transformers rounds gate and up to bf16 before silu(gate) * up (as silu_mul_kernel reads them).
-                const float gt = __bfloat162float(__float2bfloat16(d[4 * nt + e])), u = __bfloat162float(__float2bfloat16(up[(4 * nt + e) * 32]));
-                y[size_t(tok) * inter + row] = __float2bfloat16(silu(gt) * u);
-            }
-        }
-        return;
-    }
     if (!active) return;
 
     // Lane (g, t) holds rows g, g + 8 and tokens 2t, 2t + 1 of each 8-token column block: d[4 nt + i].
@@ -275,23 +246,23 @@ Shape shape_for(const QuantMatrix & w, int m) {
 }
 
 template <int PLANES, int NT>
-void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, int half_rb, cudaStream_t stream) {
+void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
     using Sh = RsShape<PLANES, NT>;
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, ldx, Sh::BT)) QINFER_FAIL() << "qgemm_rs: the tensor map of x [" << m << ", " << ldx << "] was refused";
     const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, NT), splits);
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
-    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, x_map, half_rb);
+    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, x_map);
     CUDA_CHECK(cudaGetLastError());
 }
 
 template <int PLANES> void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial,
-                                      int half_rb, cudaStream_t stream) {
-    if (nt == 2) launch<PLANES, 2>(w, x, ldx, m, y, splits, partial, half_rb, stream);
-    else if (nt == 4) launch<PLANES, 4>(w, x, ldx, m, y, splits, partial, half_rb, stream);
-    else if (nt == 8) launch<PLANES, 8>(w, x, ldx, m, y, splits, partial, half_rb, stream);
-    else launch<PLANES, 16>(w, x, ldx, m, y, splits, partial, 0, stream);
+                                      cudaStream_t stream) {
+    if (nt == 2) launch<PLANES, 2>(w, x, ldx, m, y, splits, partial, stream);
+    else if (nt == 4) launch<PLANES, 4>(w, x, ldx, m, y, splits, partial, stream);
+    else if (nt == 8) launch<PLANES, 8>(w, x, ldx, m, y, splits, partial, stream);
+    else launch<PLANES, 16>(w, x, ldx, m, y, splits, partial, stream);
 }
 
 }  // namespace
@@ -303,15 +274,12 @@ size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m) {
     return mma4::split_gemm_scratch_bytes(w, m, [&](int mm) { return shape_for(w, mm).splits; });
 }
 
-bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
-              bool silu_mul) {
+bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_rs_applies(w) || m <= 0) return false;
     const Shape sh = shape_for(w, m);
-    if (silu_mul && !(consumer_warps(sh.nt) == 8 && mma4::swiglu_tiles_fit(w, 128) && sh.splits == 1)) return false;
-    const int half_rb = silu_mul ? w.rows / 32 : 0;
     return mma4::run_split_gemm(w, x, m, y, sh.splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int splits, float * partial) {
-        if (w.bits == 4) launch_for<1>(sh.nt, w, xin, ldx, m, y, splits, partial, half_rb, stream);
-        else launch_for<2>(sh.nt, w, xin, ldx, m, y, splits, partial, half_rb, stream);
+        if (w.bits == 4) launch_for<1>(sh.nt, w, xin, ldx, m, y, splits, partial, stream);
+        else launch_for<2>(sh.nt, w, xin, ldx, m, y, splits, partial, stream);
     });
 }
 

@@ -93,9 +93,7 @@ bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, 
 
 bool quant_linear_silu(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * act, void * scratch, size_t scratch_bytes,
                        cudaStream_t stream) {
-    if (path == QuantPath::Mma) return qgemm_mma(w, x, m, act, scratch, scratch_bytes, stream, true);
-    if (path == QuantPath::Rs) return qgemm_rs(w, x, m, act, scratch, scratch_bytes, stream, true);
-    return false;
+    return path == QuantPath::Mma && qgemm_mma(w, x, m, act, scratch, scratch_bytes, stream, true);
 }
 
 }  // namespace qinfer::cuda
