@@ -6,7 +6,8 @@
 # QINFER_DECODE_TIMING_LEN=129024), NCU_CMD (a qinfer command line instead of the gtest, e.g. "bench --kernels
 # --models 7b --m 16"), NCU_TAG (file names, default ncu), NCU_SECTIONS (more sections, e.g. MemoryWorkloadAnalysis_Tables
 # for DRAM and L2 request efficiency). Speed of light, memory, occupancy, stalls,
-# instruction mix, per-instruction samples: details to $OUT/TAG.txt, SASS samples to $OUT/TAG-sass.csv.gz.
+# instruction mix, per-instruction samples: details to $OUT/TAG.txt, SASS samples to $OUT/TAG-sass.csv.gz, their summary
+# (stalls, opcodes, hottest instructions) to $OUT/TAG-summary.md.
 tag=${NCU_TAG:-ncu}
 if ! command -v ncu >/dev/null; then
     note "ncu: not on this machine"
@@ -30,4 +31,6 @@ else
         "$OUT/$tag.txt" | head -40
     # The stall reasons of the warp-state section, largest first.
     grep -E "^ +(Stall|Warp Cycles)|est. speedup|Stall" "$OUT/$tag.txt" | head -30
+    # Stall reasons over all samples, the instruction mix and the most-sampled instructions (scripts/ncu_sass_summary.py).
+    python3 scripts/ncu_sass_summary.py "$OUT/$tag-sass.csv.gz" --top 12 >"$OUT/$tag-summary.md" 2>&1 && head -60 "$OUT/$tag-summary.md"
 fi
