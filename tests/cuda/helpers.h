@@ -100,9 +100,7 @@ inline std::vector<uint16_t> download_u16(const DeviceBuffer & b, size_t n) {
 }
 
 inline std::vector<float> download_bf16(const DeviceBuffer & b, size_t n) {
-    std::vector<uint16_t> h(n);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    cudaMemcpy(h.data(), b.get(), n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
+    const std::vector<uint16_t> h = download_u16(b, n);
     std::vector<float> v(n);
     for (size_t i = 0; i < n; i++) v[i] = bf16_to_f32(h[i]);
     return v;

@@ -108,7 +108,7 @@ void set_qgemm_tile(int tile);
 // fp32 partial sums (qgemm_mma_scratch_bytes covers every m' <= m); with too little room K is not split. False where
 // it does not apply or the inputs cannot be gathered. silu_mul: w is a stacked [gate; up] weight and y bf16 [m,
 // w.rows / 2] = SiLU(x W_gate^T) * (x W_up^T), gate and up rounded to bf16 first (silu_mul's result, bit for bit);
-// false where its tiles do not fit w (mma4::swiglu_tiles_fit) or K would be split.
+// false where K would be split or its halves are not multiples of 64 rows.
 bool qgemm_mma_applies(const QuantMatrix & w);
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m);
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,

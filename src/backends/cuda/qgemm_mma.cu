@@ -335,7 +335,9 @@ bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * sc
                bool silu_mul) {
     if (!qgemm_mma_applies(w) || m <= 0) return false;
     const Shape sh = shape_for(w, m);
-    if (silu_mul && !(mma4::swiglu_tiles_fit(w, k_rows) && sh.splits == 1)) return false;
+    // SwiGLU tiles: half of each k_rows-row tile from each half of the stacked weight, K whole.
+    const bool tiles_fit = w.rows == w.rows_padded && w.rows % k_rows == 0;
+    if (silu_mul && !(tiles_fit && sh.splits == 1)) return false;
     const int half_rb = silu_mul ? w.rows / 32 : 0;
     return mma4::run_split_gemm(w, x, m, y, sh.splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int splits, float * partial) {
         if (w.bits == 4) {

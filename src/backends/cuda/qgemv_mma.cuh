@@ -134,9 +134,6 @@ inline int k_splits(int64_t blocks, int64_t slots, int most) {
 inline size_t split_sums_bytes(const QuantMatrix & w, int m, int splits) {
     return splits > 1 ? size_t(splits) * m * w.rows * sizeof(float) : 0;
 }
-// Whether qgemm_mma can write SiLU(gate) * up of a stacked [gate; up] weight itself (its SwiGLU tiles: half of a
-// tile_rows-row tile from each half, so each half a multiple of tile_rows / 2 rows).
-inline bool swiglu_tiles_fit(const QuantMatrix & w, int tile_rows) { return w.rows == w.rows_padded && w.rows % tile_rows == 0; }
 // A split GEMM's scratch for any m' <= m: the gathered inputs, then the most partial sums (splits_of(m'): its splits).
 template <class SplitsOf> size_t split_gemm_scratch_bytes(const QuantMatrix & w, int m, SplitsOf && splits_of) {
     size_t partials = 0;
