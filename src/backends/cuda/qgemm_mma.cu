@@ -27,6 +27,7 @@
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -74,6 +75,36 @@ template <int PLANES> struct GroupParams {
 using mma4::RawParams;
 using mma4::load_params;
 
+// Four groups' parameters of rows r and r + 8 in four loads (VEC4: G % 4 == 0, scales 8-byte and zeros 4-byte
+// aligned, so a row's groups 4c .. 4c + 3 are one aligned 8-byte run of fp16 scales and one 4-byte run of zeros).
+struct RawParams4 {
+    uint2 s[2];      // fp16 scales of groups 4c .. 4c + 3
+    uint32_t z[2];   // their zero bytes
+};
+
+__device__ __forceinline__ RawParams4 load_params4(const QuantMatrix & w, int64_t row, int c) {
+    RawParams4 p;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t at = (row + 8 * h) * w.groups + 4 * c;
+        const bool in = 4 * c < w.groups;
+        p.s[h] = in ? *reinterpret_cast<const uint2 *>(w.scales + at) : make_uint2(0, 0);
+        p.z[h] = in && w.zeros ? *reinterpret_cast<const uint32_t *>(w.zeros + at) : uint32_t(w.const_zero) * 0x01010101u;
+    }
+    return p;
+}
+
+// Group i (0..3) of a RawParams4.
+__device__ __forceinline__ RawParams pick_params(const RawParams4 & p, int i) {
+    RawParams r;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        r.s[h] = uint16_t((i < 2 ? p.s[h].x : p.s[h].y) >> (16 * (i & 1)));
+        r.z[h] = int((p.z[h] >> (8 * i)) & 0xFFu);
+    }
+    return r;
+}
+
 template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_params(const RawParams & r) {
     GroupParams<PLANES> p;
     p.s_lo = __half2float(__ushort_as_half(r.s[0]));
@@ -90,7 +121,7 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-template <int PLANES, int NT>
+template <int PLANES, int NT, bool VEC4>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
                      int half_rb) {
@@ -164,8 +195,20 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
     int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
-    GroupParams<PLANES> par = unpack_params<PLANES>(load_params(w, row0, gi));
-    RawParams next = load_params(w, row0, min(gi + 1, G - 1));
+    // VEC4: the current group's run of four (cur4) and the next run (next4), loaded a run ahead; else the next
+    // group's parameters, loaded a group ahead.
+    RawParams4 cur4{}, next4{};
+    RawParams next{};
+    GroupParams<PLANES> par;
+    if constexpr (VEC4) {
+        cur4 = load_params4(w, row0, gi / 4);
+        next4 = load_params4(w, row0, gi / 4 + 1);
+        par = unpack_params<PLANES>(pick_params(cur4, gi % 4));
+    } else {
+        par = unpack_params<PLANES>(load_params(w, row0, gi));
+        next = load_params(w, row0, min(gi + 1, G - 1));
+    }
+    const bool groups64 = w.group % 64 == 0;  // groups start only at a K block's first position
 
     pdl_wait();  // x comes from the kernel ahead
 #pragma unroll
@@ -189,8 +232,16 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
         flush();
         gi++;
         group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
-        par = unpack_params<PLANES>(next);
-        next = load_params(w, row0, min(gi + 1, G - 1));
+        if constexpr (VEC4) {
+            if (gi % 4 == 0) {
+                cur4 = next4;
+                next4 = load_params4(w, row0, gi / 4 + 1);
+            }
+            par = unpack_params<PLANES>(pick_params(cur4, gi % 4));
+        } else {
+            par = unpack_params<PLANES>(next);
+            next = load_params(w, row0, min(gi + 1, G - 1));
+        }
     };
     // ldmatrix addresses: lane l reads token 16 pair + 8 (l / 16) + l % 8, chunk 2 j + (l / 8) % 2 of k16 step j. Less
     // the stage and K block they are worked out once: a token's low 3 bits are l % 8 in every 16-token pair, so only
@@ -226,7 +277,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
                 const int pos0 = kb * 64;
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) next_group();
+                    if ((j == 0 || (j == 2 && !groups64)) && pos0 + 16 * j >= group_end) next_group();
                     uint32_t b[NT][2];
 #pragma unroll
                     for (int pr = 0; pr < NT / 2; pr++) {
@@ -316,9 +367,17 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int
     const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
     constexpr size_t smem = MmaShape<PLANES, NT>::smem;
     static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
-    static PerDevice<size_t> configured;  // once per instantiation
-    allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT>, smem, configured);
-    launch_kernel(qgemm_mma_kernel<PLANES, NT>, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial, half_rb);
+    // Four groups' parameters a load where every row's runs of four are aligned.
+    static const bool vec4_on = [] { const char * e = std::getenv("QINFER_MMA_VEC4"); return !e || std::atoi(e) != 0; }();
+    const bool vec4 = vec4_on && w.groups % 4 == 0 && reinterpret_cast<uintptr_t>(w.scales) % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(w.zeros) % 4 == 0;
+    auto run = [&](auto kernel) {
+        static PerDevice<size_t> configured;  // once per instantiation
+        allow_dynamic_smem(kernel, smem, configured);
+        launch_kernel(kernel, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial, half_rb);
+    };
+    if (vec4) run(qgemm_mma_kernel<PLANES, NT, true>);
+    else run(qgemm_mma_kernel<PLANES, NT, false>);
     CUDA_CHECK(cudaGetLastError());
 }
 
