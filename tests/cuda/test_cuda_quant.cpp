@@ -302,12 +302,17 @@ static int check_register_gemm(const RegisterGemm & kernel) {
     return checked;
 }
 
+// qgemm_mma by its rule, then with blocks of 6 and of 8 warps at up to 16 tokens (set_qgemm_mma_warps).
 TEST(CudaQuant, MmaGemmMatchesCpu) {
     REQUIRE_GPU();
     auto plain = [](const cuda::QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t bytes, cudaStream_t stream) {
         return cuda::qgemm_mma(w, x, m, y, scratch, bytes, stream);
     };
-    EXPECT_GT(check_register_gemm({"mma", cuda::qgemm_mma_applies, cuda::qgemm_mma_scratch_bytes, plain}), 0);
+    for (int warps : {0, 6, 8}) {
+        cuda::set_qgemm_mma_warps(warps);
+        EXPECT_GT(check_register_gemm({"mma", cuda::qgemm_mma_applies, cuda::qgemm_mma_scratch_bytes, plain}), 0) << "warps " << warps;
+    }
+    cuda::set_qgemm_mma_warps(0);
 }
 
 TEST(CudaQuant, RsGemmMatchesCpu) {
@@ -318,20 +323,23 @@ TEST(CudaQuant, RsGemmMatchesCpu) {
 
 // qgemm_mma's SwiGLU tiles (silu_mul = true) on a stacked [gate; up] weight: the same bits as its y then
 // cuda::silu_mul, every affine format (act-order through the gathered inputs), token counts over one and several
-// tiles and every token tile width; refused (false, y untouched) where half the rows is not a multiple of 64 or K would
-// be split (k 128 is never split).
+// tiles and every token tile width, blocks of 6 and 8 warps (halves of 12 row blocks: whole tiles; 13: a last tile
+// cut short); refused (false, y untouched) where half the rows is not a multiple of 16 or K would be split (k 128 is
+// never split).
 TEST(CudaQuant, MmaGemmSwigluMatchesSiluMul) {
     REQUIRE_GPU();
     int checked = 0;
     for (const QuantScheme & s : cuda_schemes()) {
-        for (auto [inter, k, fits] : {std::tuple{192, 128, true}, std::tuple{200, 128, false}, std::tuple{64, 8192, false}}) {
+        for (auto [inter, k, fits, warps] : {std::tuple{192, 128, true, 8}, std::tuple{208, 128, true, 8}, std::tuple{192, 128, true, 6},
+                                             std::tuple{208, 128, true, 6}, std::tuple{200, 128, false, 0}, std::tuple{64, 8192, false, 0}}) {
             const int n = 2 * inter;
             auto ql = make_quant_linear(s, n, k, rng()());
             DevQuant dq = upload_quant(ql->l);
             if (!cuda::qgemm_mma_applies(dq.q)) continue;
             for (int m : {5, 16, 17, 40, 64}) {
-                const std::string what = s.describe() + " m " + std::to_string(m) + " inter " +
-                                         std::to_string(inter) + " k " + std::to_string(k);
+                const std::string what = s.describe() + " m " + std::to_string(m) + " inter " + std::to_string(inter) + " k " +
+                                         std::to_string(k) + " warps " + std::to_string(warps);
+                cuda::set_qgemm_mma_warps(warps);
                 DeviceBuffer dx = upload_bf16(randn(size_t(m) * k)), gu = poisoned(size_t(m) * n * 2), want = poisoned(size_t(m) * inter * 2);
                 DeviceBuffer got = poisoned(size_t(m) * inter * 2 + 16);
                 DeviceBuffer scratch(size_t(m) * dq.q.k_padded * 2 + cuda::qgemm_mma_scratch_bytes(dq.q, m), "test");
@@ -341,6 +349,7 @@ TEST(CudaQuant, MmaGemmSwigluMatchesSiluMul) {
                 }
                 cuda::silu_mul(gu.as<bf16>(), m, inter, want.as<bf16>(), nullptr);
                 const bool ran = cuda::qgemm_mma(dq.q, dx.as<bf16>(), m, got.as<bf16>(), scratch.get(), scratch.bytes(), nullptr, true);
+                cuda::set_qgemm_mma_warps(0);
                 const std::vector<uint16_t> got_bits = download_u16(got, size_t(m) * inter + 8);
                 if (!fits) {
                     EXPECT_FALSE(ran) << what;
@@ -358,6 +367,7 @@ TEST(CudaQuant, MmaGemmSwigluMatchesSiluMul) {
             }
         }
     }
+    cuda::set_qgemm_mma_warps(0);
     EXPECT_GT(checked, 0);
 }
 

@@ -108,11 +108,13 @@ void set_qgemm_tile(int tile);
 // fp32 partial sums (qgemm_mma_scratch_bytes covers every m' <= m); with too little room K is not split. False where
 // it does not apply or the inputs cannot be gathered. silu_mul: w is a stacked [gate; up] weight and y bf16 [m,
 // w.rows / 2] = SiLU(x W_gate^T) * (x W_up^T), gate and up rounded to bf16 first (silu_mul's result, bit for bit);
-// false where K would be split or its halves are not multiples of 64 rows.
+// false where K would be split or its halves are not multiples of 16 rows.
 bool qgemm_mma_applies(const QuantMatrix & w);
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m);
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
                bool silu_mul = false);
+// qgemm_mma's warps per block at up to 16 tokens, for tests: 6 or 8; 0 = the rule in qgemm_mma.cu.
+void set_qgemm_mma_warps(int warps);
 // The same on Hopper (qgemm_rs.cu, sm_90a build and device): the dequantized fragments go from registers straight
 // into warpgroup MMAs over all of a block's tokens. Scratch, K splits and failure as qgemm_mma's.
 bool qgemm_rs_applies(const QuantMatrix & w);

@@ -7,10 +7,11 @@
 // fp32 into the totals. Where the GEMV multiplies one B column block of 8 tokens, this kernel multiplies NT of them
 // (BT = 8 NT tokens) with each dequantized fragment, so the dequantization is paid once per BT tokens.
 //
-//   block (token tile, row tile, K split): 8 warps, warp w owns 16-row block w of the 128-row tile and all BT tokens,
-//     over the split's K blocks; the per-group sums and totals are 8 NT floats per lane.
-//   stages: KPS K blocks at a time, the block's codes (8 row blocks x KPS x 512 bytes per plane: 16 KB, 8 KB for 64
-//     tokens) and its x tile (BT tokens x 64 KPS) go into shared memory by cp.async, k_stages stages deep, so the
+//   block (token tile, row tile, K split): W warps (8; 6 at 16 tokens where that deals the grid more evenly over the
+//     SMs: shape_for), warp w owns 16-row block w of the 16 W-row tile and all BT tokens, over the split's K blocks;
+//     the per-group sums and totals are 8 NT floats per lane.
+//   stages: KPS K blocks at a time, each warp's codes (KPS x 512 bytes per plane: 2 KB, 1 KB for 64 tokens; each warp
+//     copies its own) and the block's x tile (BT tokens x 64 KPS) go into shared memory by cp.async, k_stages stages deep, so the
 //     bytes in flight do not depend on registers (a first form kept a ring of 4 K blocks of codes in each lane's
 //     registers: 7B Int4 gate_up took 50.6 us at m 16, 1.41 TB/s, and 146.7 us at m 64 on an H200, against bf16
 //     cuBLASLt's 73.3 / 74.3; bench/results/2026-11-29-h200-qgemm-mma). One block barrier per stage. x's 16-byte
@@ -19,8 +20,8 @@
 //     tokens past m and positions past k arrive as zeros. Group parameters are read from global memory a group ahead.
 //   epilogue: bf16 y, or with K split the split's fp32 sums into the scratch, added in split order by
 //     mma4::reduce_splits_kernel (deterministic: the same bits on every call). SwiGLU tiles (silu_mul, K not split):
-//     warps 0-3 hold 64 gate rows, warps 4-7 the matching 64 up rows, whose sums reach the gate warps through shared
-//     memory; y is then SiLU(gate) * up, [m, rows / 2] (7B GPTQ-Int4 batch 16 +3.1% on an H200 against GEMM +
+//     warps 0 .. W / 2 - 1 hold gate row blocks, the others the matching up row blocks, whose sums reach the gate warps
+//     through shared memory; y is then SiLU(gate) * up, [m, rows / 2] (7B GPTQ-Int4 batch 16 +3.1% on an H200 against GEMM +
 //     silu_mul; bench/results/2026-12-01-h200-norm-ahead).
 // Grid: token tiles fastest, so the token tiles of one row tile run together and read its codes from L2.
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered into bf16 [m, k_padded] first (the
@@ -37,28 +38,27 @@ namespace qinfer::cuda {
 
 namespace {
 
-constexpr int k_warps = 8;
-constexpr int k_threads = k_warps * 32;
-constexpr int k_rows = 16 * k_warps;  // weight rows per block
-constexpr int k_stages = 3;           // stages in shared memory
+constexpr int k_stages = 3;  // stages in shared memory
 
-int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_rows - 1) / k_rows; }
+// Blocks of `warps` 16-row blocks over the weight's rows (SwiGLU tiles: half of them from each half, as many).
+int row_tiles(const QuantMatrix & w, int warps) { return (w.rows_padded / 16 + warps - 1) / warps; }
 
-// K blocks a stage holds: 16 KB of codes a stage (8 KB for 64 tokens, whose x tile is the larger).
+// K blocks a stage holds: 16 KB of codes a stage for 8 warps (8 KB for 64 tokens, whose x tile is the larger).
 __host__ __device__ constexpr int stage_kbs(int nt, int planes) { return (nt >= 8 ? 2 : 4) / planes; }
 
-// A kernel's shape for PLANES planes of codes and NT 8-token column blocks.
-template <int PLANES, int NT> struct MmaShape {
+// A kernel's shape for PLANES planes of codes, NT 8-token column blocks and W warps (each one 16-row block).
+template <int PLANES, int NT, int W> struct MmaShape {
+    static constexpr int threads = 32 * W;
     static constexpr int BT = 8 * NT;                           // tokens per block
     static constexpr int KPS = stage_kbs(NT, PLANES);           // K blocks per stage
     static constexpr int TILE = 32 * PLANES;                    // uint4 of codes per row block and K block
-    static constexpr int code_chunks = k_warps * KPS * TILE;    // uint4 of codes per stage
+    static constexpr int code_chunks = W * KPS * TILE;          // uint4 of codes per stage
     static constexpr int x_chunks = BT * KPS * 8;               // uint4 of x per stage
     static constexpr int stage_chunks = code_chunks + x_chunks;
     static constexpr size_t smem = size_t(k_stages) * stage_chunks * 16;
 };
 // Blocks per SM (the launch bound, and what the shared memory allows): three for 16 tokens (72 KB each for 4-bit
-// codes), so that the row blocks of 7B's gate_up (2368 warps' worth) run in one wave; two otherwise.
+// codes and 8 warps), so that the row blocks of 7B's gate_up (2368 warps' worth) run in one wave; two otherwise.
 __host__ __device__ constexpr int blocks_per_sm(int nt) { return nt <= 2 ? 3 : 2; }
 
 // ldmatrix.x4: lane l gives the address of row l % 8 of matrix l / 8; register i receives matrix i's fragment.
@@ -121,69 +121,67 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-template <int PLANES, int NT, bool VEC4>
-__global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
+template <int PLANES, int NT, bool VEC4, int W>
+__global__ void __launch_bounds__(32 * W, blocks_per_sm(NT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
                      int half_rb) {
-    using Sh = MmaShape<PLANES, NT>;
-    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE;
+    using Sh = MmaShape<PLANES, NT, W>;
+    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, threads = Sh::threads;
     static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
-    extern __shared__ __align__(128) uint4 smem[];  // [stage][codes: row block, K block, plane, lane | x: token, K block, chunk]
+    static_assert(W % 2 == 0, "SwiGLU tiles take half the warps each");
+    extern __shared__ __align__(128) uint4 smem[];  // [stage][codes: warp, K block, plane, lane | x: token, K block, chunk]
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
     const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
     const int n_stages = (kb_end - kb_begin + KPS - 1) / KPS;
-    // SwiGLU tiles (half_rb > 0: the gate half's row blocks, a multiple of 4): tile t's warps 0-3 own gate row blocks
-    // 4t .. 4t + 3, warps 4-7 the up row blocks half_rb + 4t ..; tile-local row block r >= 4 lies up_jump further on.
-    const int tok0 = blockIdx.x * BT, rb0 = half_rb ? 4 * blockIdx.y : blockIdx.y * k_warps;
-    const int up_jump = half_rb ? half_rb - 4 : 0;
-    const int rb = rb0 + warp + (warp >= 4 ? up_jump : 0);
-    const bool active = rb < n_rb;
+    // Row blocks: tile t's warps own row blocks W t .. W t + W - 1. SwiGLU tiles (half_rb > 0: the gate half's row
+    // blocks): its first W / 2 warps own gate row blocks (W / 2) t .., the others the up row blocks half_rb + (W / 2)
+    // t .., both halves cut at half_rb in the last tile.
+    const int tok0 = blockIdx.x * BT;
+    int rb;
+    bool active;
+    if (half_rb) {
+        const int local = blockIdx.y * (W / 2) + warp % (W / 2);
+        active = local < half_rb;
+        rb = local + (warp >= W / 2 ? half_rb : 0);
+    } else {
+        rb = blockIdx.y * W + warp;
+        active = rb < n_rb;
+    }
     const uint4 * codes = reinterpret_cast<const uint4 *>(w.codes);
 
-    // Each thread copies the same chunks of every stage (k_threads divides both parts, and a step of k_threads chunks
-    // is whole rows), so its addresses are worked out once.
-    static_assert(Sh::code_chunks % k_threads == 0 && Sh::x_chunks % k_threads == 0 && k_threads % (KPS * TILE) == 0);
-    constexpr int c_rows = k_threads / (KPS * TILE), x_rows = k_threads / (KPS * 8);
-    static_assert(x_rows % 8 == 0, "a thread's x chunks keep their swizzle");
-    const int c_r0 = threadIdx.x / (KPS * TILE), c_off = threadIdx.x % (KPS * TILE);
-    const uint4 * c_src = codes + (size_t(min(rb0 + c_r0, n_rb - 1)) * nkb + kb_begin) * TILE + c_off;
-    const size_t c_up = size_t(up_jump) * nkb * TILE;  // a chunk of tile-local row block >= 4 lies this much further
+    // Each warp copies its own row block's codes (KPS K blocks, contiguous in the tiled layout: n_cc chunks a lane);
+    // the block's threads copy x together (n_xc chunks a thread, the last step partly).
+    static_assert(KPS * TILE % 32 == 0 && threads % (KPS * 8) == 0);
+    constexpr int n_cc = KPS * TILE / 32, x_rows = threads / (KPS * 8), n_xc = (Sh::x_chunks + threads - 1) / threads;
+    const uint4 * c_src = codes + (size_t(active ? rb : 0) * nkb + kb_begin) * TILE + lane;
     const int x_r0 = threadIdx.x / (KPS * 8), x_ch = threadIdx.x % (KPS * 8);
-    const int x_dst = Sh::code_chunks + x_r0 * (KPS * 8) + (x_ch & ~7) + ((x_ch ^ x_r0) & 7);
-    // Which of this thread's rows and tokens exist, worked out once (bit i: its chunk i).
-    constexpr int n_cc = Sh::code_chunks / k_threads, n_xc = Sh::x_chunks / k_threads;
-    const size_t c_stride = size_t(c_rows) * nkb * TILE;
-    unsigned c_rows_ok = 0, c_ups = 0, x_toks_ok = 0;
+    unsigned x_toks_ok = 0;  // bit i: this thread's chunk i is a token of the tile below m
 #pragma unroll
-    for (int i = 0; i < n_cc; i++) {
-        const int r = c_r0 + i * c_rows;
-        c_ups |= unsigned(r >= 4 && up_jump > 0) << i;
-        c_rows_ok |= unsigned(rb0 + r + (r >= 4 ? up_jump : 0) < n_rb) << i;
-    }
-#pragma unroll
-    for (int i = 0; i < n_xc; i++) x_toks_ok |= unsigned(tok0 + x_r0 + i * x_rows < m) << i;
+    for (int i = 0; i < n_xc; i++) x_toks_ok |= unsigned(x_r0 + i * x_rows < BT && tok0 + x_r0 + i * x_rows < m) << i;
     const bf16 * x_src = x + size_t(min(tok0 + x_r0, m - 1)) * ldx + x_ch * 8;
-    // Stage st's codes: the 8 row blocks' KPS K blocks from kb_begin + st KPS (contiguous per row block).
+    // Stage st's codes: this warp's KPS K blocks from kb_begin + st KPS.
     auto load_codes = [&](int st) {
-        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + threadIdx.x;
-        const bool kb_ok = kb_begin + st * KPS + c_off / TILE < kb_end;
+        if (!active) return;
+        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + warp * (KPS * TILE) + lane;
         const uint4 * src = c_src + size_t(st) * KPS * TILE;
 #pragma unroll
         for (int i = 0; i < n_cc; i++) {
-            const bool valid = kb_ok && (c_rows_ok >> i & 1u);
-            cp_async16(dst + i * k_threads, valid ? src + i * c_stride + (c_ups >> i & 1u ? c_up : 0) : codes, valid);
+            const bool valid = kb_begin + st * KPS + 32 * i / TILE < kb_end;
+            cp_async16(dst + 32 * i, valid ? src + 32 * i : codes, valid);
         }
     };
     // Stage st's x: BT tokens x KPS K blocks, chunk low 3 bits XOR-ed with the token.
     auto load_x = [&](int st) {
-        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + x_dst;
+        uint4 * dst = smem + size_t(st % k_stages) * Sh::stage_chunks + Sh::code_chunks + (x_ch & ~7);
         const int pos = (kb_begin + st * KPS) * 64 + x_ch * 8;
 #pragma unroll
         for (int i = 0; i < n_xc; i++) {
+            const int tok = x_r0 + i * x_rows;
+            if (tok >= BT) break;
             const bool valid = pos < ldx && (x_toks_ok >> i & 1u);
-            cp_async16(dst + i * k_threads, valid ? x_src + (size_t(i) * x_rows * ldx + (kb_begin + st * KPS) * 64) : x, valid);
+            cp_async16(dst + tok * (KPS * 8) + ((x_ch ^ tok) & 7), valid ? x_src + (size_t(i) * x_rows * ldx + (kb_begin + st * KPS) * 64) : x, valid);
         }
     };
     // The first stages' codes and the first group's parameters do not depend on the kernel ahead.
@@ -307,8 +305,8 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     if (half_rb) {  // SwiGLU: the up warps hand their sums to the gate warps through the stages' shared memory
         flush();
         __syncthreads();  // every warp is done with the stages
-        float * up = reinterpret_cast<float *>(smem) + size_t(warp % 4) * NT * 4 * 32 + lane;  // [gate warp][nt][i][lane]
-        if (warp >= 4 && active) {
+        float * up = reinterpret_cast<float *>(smem) + size_t(warp % (W / 2)) * NT * 4 * 32 + lane;  // [gate warp][nt][i][lane]
+        if (warp >= W / 2 && active) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
@@ -316,7 +314,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
             }
         }
         __syncthreads();
-        if (warp >= 4 || !active) return;
+        if (warp >= W / 2 || !active) return;
         const int inter = n / 2;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -347,38 +345,69 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm(NT))
     }
 }
 
-// A launch's shape: BT tokens per block (16, 32 or 64) and the K splits (mma4::k_splits), each split at least two
-// stages long.
+// A launch's shape: BT tokens per block (16, 32 or 64), warps per block (8, or 6 at 16 tokens where that spreads
+// the grid more evenly over the SMs) and the K splits (mma4::k_splits), each split at least two stages long.
 struct Shape {
-    int nt, splits;
+    int nt, warps, splits;
 };
 
-Shape shape_for(const QuantMatrix & w, int m) {
-    Shape sh;
-    sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : 8;
-    const int kps = stage_kbs(sh.nt, w.bits / 4);
-    const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w);
-    sh.splits = mma4::k_splits(blocks, int64_t(sm_count()) * blocks_per_sm(sh.nt), (w.k_padded / 64) / (2 * kps));
+int warps_override = 0;  // set_qgemm_mma_warps
+
+Shape shape_with(const QuantMatrix & w, int m, int nt, int warps) {
+    Shape sh{nt, warps, 1};
+    const int kps = stage_kbs(nt, w.bits / 4);
+    const int64_t blocks = int64_t((m + 8 * nt - 1) / (8 * nt)) * row_tiles(w, warps);
+    sh.splits = mma4::k_splits(blocks, int64_t(sm_count()) * blocks_per_sm(nt), (w.k_padded / 64) / (2 * kps));
     return sh;
 }
 
+// Warp-K blocks of the busiest SM, the grid dealt round the SMs: what sets a launch's time where every SM issues
+// at the same pace (ncu of 7B Int4 gate_up at 16 tokens in 296 blocks of 8 warps: SMs active 72% of the elapsed
+// cycles, those of three blocks last).
+int64_t busiest_sm(const QuantMatrix & w, int m, const Shape & sh) {
+    const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w, sh.warps) * sh.splits;
+    const int nkb = w.k_padded / 64;
+    return (blocks + sm_count() - 1) / sm_count() * sh.warps * ((nkb + sh.splits - 1) / sh.splits);
+}
+
+Shape shape_for(const QuantMatrix & w, int m) {
+    const int nt = m <= 16 ? 2 : m <= 32 ? 4 : 8;
+    const Shape eight = shape_with(w, m, nt, 8);
+    if (nt != 2) return eight;
+    const Shape six = shape_with(w, m, nt, 6);
+    if (warps_override) return warps_override == 6 ? six : eight;
+    static const bool six_on = [] { const char * e = std::getenv("QINFER_MMA_W6"); return !e || std::atoi(e) != 0; }();
+    return six_on && busiest_sm(w, m, six) < busiest_sm(w, m, eight) ? six : eight;
+}
+
+template <int PLANES, int NT, bool VEC4, int W>
+void launch_kernel_of(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, int half_rb,
+                      cudaStream_t stream) {
+    using Sh = MmaShape<PLANES, NT, W>;
+    static_assert(Sh::smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
+    const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, W), splits);
+    static PerDevice<size_t> configured;  // once per instantiation
+    allow_dynamic_smem(qgemm_mma_kernel<PLANES, NT, VEC4, W>, Sh::smem, configured);
+    launch_kernel(qgemm_mma_kernel<PLANES, NT, VEC4, W>, grid, dim3(Sh::threads), Sh::smem, stream, w, x, ldx, m, y, partial, half_rb);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 template <int PLANES, int NT>
-void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, int half_rb, cudaStream_t stream) {
-    const dim3 grid((m + 8 * NT - 1) / (8 * NT), row_tiles(w), splits);
-    constexpr size_t smem = MmaShape<PLANES, NT>::smem;
-    static_assert(smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
+void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int warps, int splits, float * partial, int half_rb,
+            cudaStream_t stream) {
     // Four groups' parameters a load where every row's runs of four are aligned.
     static const bool vec4_on = [] { const char * e = std::getenv("QINFER_MMA_VEC4"); return !e || std::atoi(e) != 0; }();
     const bool vec4 = vec4_on && w.groups % 4 == 0 && reinterpret_cast<uintptr_t>(w.scales) % 8 == 0 &&
-                      reinterpret_cast<uintptr_t>(w.zeros) % 4 == 0;
-    auto run = [&](auto kernel) {
-        static PerDevice<size_t> configured;  // once per instantiation
-        allow_dynamic_smem(kernel, smem, configured);
-        launch_kernel(kernel, grid, dim3(k_threads), smem, stream, w, x, ldx, m, y, partial, half_rb);
-    };
-    if (vec4) run(qgemm_mma_kernel<PLANES, NT, true>);
-    else run(qgemm_mma_kernel<PLANES, NT, false>);
-    CUDA_CHECK(cudaGetLastError());
+                      reinterpret_cast<uintptr_t>(w.zeros) % 4 == 0 && (w.zeros || w.const_zero < 256);
+    if constexpr (NT == 2) {
+        if (warps == 6) {
+            if (vec4) launch_kernel_of<PLANES, NT, true, 6>(w, x, ldx, m, y, splits, partial, half_rb, stream);
+            else launch_kernel_of<PLANES, NT, false, 6>(w, x, ldx, m, y, splits, partial, half_rb, stream);
+            return;
+        }
+    }
+    if (vec4) launch_kernel_of<PLANES, NT, true, 8>(w, x, ldx, m, y, splits, partial, half_rb, stream);
+    else launch_kernel_of<PLANES, NT, false, 8>(w, x, ldx, m, y, splits, partial, half_rb, stream);
 }
 
 }  // namespace
@@ -387,28 +416,34 @@ bool qgemm_mma_applies(const QuantMatrix & w) { return w.tiled && !w.lut && (w.b
 
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_mma_applies(w)) return 0;
-    return mma4::split_gemm_scratch_bytes(w, m, [&](int mm) { return shape_for(w, mm).splits; });
+    // Either warp count's splits (set_qgemm_mma_warps may pick the other one).
+    return mma4::split_gemm_scratch_bytes(w, m, [&](int mm) {
+        const int nt = mm <= 16 ? 2 : mm <= 32 ? 4 : 8;
+        return std::max(shape_with(w, mm, nt, 6).splits, shape_with(w, mm, nt, 8).splits);
+    });
 }
 
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
                bool silu_mul) {
     if (!qgemm_mma_applies(w) || m <= 0) return false;
     const Shape sh = shape_for(w, m);
-    // SwiGLU tiles: half of each k_rows-row tile from each half of the stacked weight, K whole.
-    const bool tiles_fit = w.rows == w.rows_padded && w.rows % k_rows == 0;
+    // SwiGLU tiles: half of each tile's row blocks from each half of the stacked weight, K whole.
+    const bool tiles_fit = w.rows == w.rows_padded && w.rows % 32 == 0;
     if (silu_mul && !(tiles_fit && sh.splits == 1)) return false;
     const int half_rb = silu_mul ? w.rows / 32 : 0;
     return mma4::run_split_gemm(w, x, m, y, sh.splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int splits, float * partial) {
         if (w.bits == 4) {
-            if (sh.nt == 2) launch<1, 2>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
-            else if (sh.nt == 4) launch<1, 4>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
-            else launch<1, 8>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
+            if (sh.nt == 2) launch<1, 2>(w, xin, ldx, m, y, sh.warps, splits, partial, half_rb, stream);
+            else if (sh.nt == 4) launch<1, 4>(w, xin, ldx, m, y, sh.warps, splits, partial, half_rb, stream);
+            else launch<1, 8>(w, xin, ldx, m, y, sh.warps, splits, partial, half_rb, stream);
         } else {
-            if (sh.nt == 2) launch<2, 2>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
-            else if (sh.nt == 4) launch<2, 4>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
-            else launch<2, 8>(w, xin, ldx, m, y, splits, partial, half_rb, stream);
+            if (sh.nt == 2) launch<2, 2>(w, xin, ldx, m, y, sh.warps, splits, partial, half_rb, stream);
+            else if (sh.nt == 4) launch<2, 4>(w, xin, ldx, m, y, sh.warps, splits, partial, half_rb, stream);
+            else launch<2, 8>(w, xin, ldx, m, y, sh.warps, splits, partial, half_rb, stream);
         }
     });
 }
+
+void set_qgemm_mma_warps(int warps) { warps_override = warps == 6 || warps == 8 ? warps : 0; }
 
 }  // namespace qinfer::cuda
