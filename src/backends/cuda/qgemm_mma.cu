@@ -18,10 +18,10 @@
 //     chunks are XOR-swizzled by token within each 128-byte K block (chunk c of token r at c ^ (r % 8)), so that
 //     each ldmatrix.x4 (B fragments of two 8-token column blocks for one k16 step) reads 8 distinct banks per phase;
 //     tokens past m and positions past k arrive as zeros. Group parameters are read from global memory a group ahead.
-//   epilogue: bf16 y. With K split, on Hopper the splits of a tile run as one cluster and add their sums through
-//     distributed shared memory (cluster_split_sum) where every cluster of the grid fits at once; elsewhere each split's
-//     fp32 sums go into the scratch, added by mma4::reduce_splits_kernel. Both add in split order from 0: the same
-//     bits, on every call. SwiGLU tiles (silu_mul, K not split):
+//   epilogue: bf16 y, or with K split the split's fp32 sums into the scratch, added in split order by
+//     mma4::reduce_splits_kernel (deterministic: the same bits on every call). (The splits of a tile as one
+//     thread-block cluster adding through distributed shared memory instead, no reduce kernel: 7B GPTQ-Int4 batch 16
+//     -10% on an H200; bench/results/2026-12-01-h200-mma-warps.) SwiGLU tiles (silu_mul, K not split):
 //     warps 0 .. W / 2 - 1 hold gate row blocks, the others the matching up row blocks, whose sums reach the gate warps
 //     through shared memory; y is then SiLU(gate) * up, [m, rows / 2] (7B GPTQ-Int4 batch 16 +3.1% on an H200 against GEMM +
 //     silu_mul; bench/results/2026-12-01-h200-norm-ahead).
@@ -29,11 +29,7 @@
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered into bf16 [m, k_padded] first (the
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
-#include <array>
 #include <climits>
-#include <cstdlib>
-
-#include <cooperative_groups.h>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -96,45 +92,10 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The K splits of one tile, a cluster of gridDim.z blocks (Hopper), added without the scratch or a second kernel: each
-// block puts its totals ([warp][nt][i][lane] floats) in its shared memory, and block r of the cluster sums values r
-// 32 W, r 32 W + S 32 W, ... over the blocks in rank (= split) order from 0.0f, as mma4::reduce_splits_kernel adds
-// the scratch's partial sums: the same bits. tile_rb0: the tile's first row block.
-template <int NT, int W>
-__device__ __forceinline__ void cluster_split_sum(const float (&tot)[NT][4], bool active, int tile_rb0, int tok0, int n, int m,
-                                                  bf16 * __restrict__ y, uint4 * smem) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    constexpr int per_warp = NT * 4 * 32, total = W * per_warp, threads = 32 * W;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float * mine = reinterpret_cast<float *>(smem);
-    __syncthreads();  // every warp is done with the stages
-    if (active) {
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) mine[warp * per_warp + (nt * 4 + i) * 32 + lane] = tot[nt][i];
-        }
-    }
-    cluster.sync();
-    const int S = int(cluster.num_blocks()), r = int(cluster.block_rank());
-    for (int idx = r * threads + int(threadIdx.x); idx < total; idx += S * threads) {
-        const int wv = idx / per_warp, e = idx % per_warp, nt = e / 128, i = (e / 32) % 4, l = e % 32;
-        const int row = (tile_rb0 + wv) * 16 + l / 4 + (i >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * (l % 4) + (i & 1);
-        if (row >= n || tok >= m) continue;
-        float sum = 0.0f;
-        for (int z = 0; z < S; z++) sum += cluster.map_shared_rank(mine, z)[idx];
-        y[size_t(tok) * n + row] = __float2bfloat16(sum);
-    }
-    cluster.sync();  // no block leaves while another reads its shared memory
-}
-#endif
-
 template <int PLANES, int NT, int W>
 __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
-                     int half_rb, bool cluster_sum) {
+                     int half_rb) {
     using Sh = MmaShape<PLANES, NT, W>;
     constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, threads = Sh::threads;
     static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
@@ -320,14 +281,8 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT))
         }
         return;
     }
-    flush();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (cluster_sum) {
-        cluster_split_sum<NT, W>(tot, active, blockIdx.y * W, tok0, n, m, y, smem);
-        return;
-    }
-#endif
     if (!active) return;
+    flush();
 
     // Lane (g, t) holds rows g, g + 8 and tokens 2t, 2t + 1 of each 8-token column block.
 #pragma unroll
@@ -377,90 +332,18 @@ Shape shape_for(const QuantMatrix & w, int m) {
     return busiest_sm(w, m, six) < busiest_sm(w, m, eight) ? six : eight;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) in clusters of cluster_z blocks along z, with the
-// programmatic-serialization attribute when pdl_enabled() (as launch_kernel).
-template <class... KernelArgs, class... Args>
-void launch_clustered(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, unsigned cluster_z, Args &&... args) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[2];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = 1;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = cluster_z;
-    attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[1].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = pdl_enabled() ? 2 : 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-}
-
-constexpr int k_max_cluster = 16;  // Hopper's largest (non-portable) cluster
-
-// K splits summed in a cluster (Hopper): the most, up to the rule's, whose clusters of `tiles` tiles all fit the GPU at
-// once (cudaOccupancyMaxActiveClusters, asked once per device and size); 0 where none does or off.
-template <int PLANES, int NT, int W> int cluster_splits(int64_t tiles, int splits) {
-    using Sh = MmaShape<PLANES, NT, W>;
-    static const bool on = [] { const char * e = std::getenv("QINFER_MMA_CLUSTER"); return !e || std::atoi(e) != 0; }();
-    if (!on || !sm90a_device()) return 0;
-    auto kernel = qgemm_mma_kernel<PLANES, NT, W>;
-    static PerDevice<size_t> configured;
-    allow_dynamic_smem(kernel, Sh::smem, configured);
-    static PerDevice<std::array<int, k_max_cluster + 1>> fit;  // clusters of each size that fit, plus one (0: not asked)
-    for (int s = std::min(splits, k_max_cluster); s >= 2; s--) {
-        int & known = fit.here()[size_t(s)];
-        if (known == 0) {
-            if (s > 8) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-            cudaLaunchConfig_t config = {};
-            config.gridDim = dim3(1, 1, unsigned(s));
-            config.blockDim = dim3(Sh::threads);
-            config.dynamicSmemBytes = Sh::smem;
-            cudaLaunchAttribute attribute[1];
-            attribute[0].id = cudaLaunchAttributeClusterDimension;
-            attribute[0].val.clusterDim.x = 1;
-            attribute[0].val.clusterDim.y = 1;
-            attribute[0].val.clusterDim.z = unsigned(s);
-            config.attrs = attribute;
-            config.numAttrs = 1;
-            int count = 0;
-            if (cudaOccupancyMaxActiveClusters(&count, kernel, &config) != cudaSuccess) {
-                (void)cudaGetLastError();
-                count = 0;
-            }
-            known = count + 1;
-        }
-        if (known - 1 >= tiles) return s;
-    }
-    return 0;
-}
-
-// y = x W^T (SwiGLU tiles where half_rb > 0) in blocks of W warps: K splits summed in clusters where they fit, else
-// through the scratch and mma4::reduce_splits_kernel.
+// y = x W^T (SwiGLU tiles where half_rb > 0) in blocks of W warps, K split `splits` ways.
 template <int PLANES, int NT, int W>
 bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits, int half_rb, void * scratch, size_t scratch_bytes,
-         cudaStream_t stream) {
+              cudaStream_t stream) {
     using Sh = MmaShape<PLANES, NT, W>;
     static_assert(Sh::smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
     auto kernel = qgemm_mma_kernel<PLANES, NT, W>;
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(kernel, Sh::smem, configured);
-    const int64_t tiles = int64_t((m + Sh::BT - 1) / Sh::BT) * row_tiles(w, W);
-    const int in_cluster = splits > 1 ? cluster_splits<PLANES, NT, W>(tiles, splits) : 0;
-    if (in_cluster) {
-        const mma4::GemmInput in = mma4::gemm_input(w, x, m, scratch, scratch_bytes, stream);
-        if (!in.x) return false;
-        const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, W), in_cluster);
-        launch_clustered(kernel, grid, dim3(Sh::threads), Sh::smem, stream, unsigned(in_cluster), w, in.x, in.ldx, m, y,
-                         static_cast<float *>(nullptr), half_rb, true);
-        CUDA_CHECK(cudaGetLastError());
-        return true;
-    }
     return mma4::run_split_gemm(w, x, m, y, splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int s, float * partial) {
         const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, W), s);
-        launch_kernel(kernel, grid, dim3(Sh::threads), Sh::smem, stream, w, xin, ldx, m, y, partial, half_rb, false);
+        launch_kernel(kernel, grid, dim3(Sh::threads), Sh::smem, stream, w, xin, ldx, m, y, partial, half_rb);
     });
 }
 
