@@ -9,7 +9,6 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -556,12 +555,11 @@ void CudaQwenEngine::project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn
 
 // y[m, n] = x[m, k] W^T: the GEMV kernels for a few rows, cuBLASLt beyond (quantized weights: the kernel
 // cuda::quant_path picks for m; dequantized first where it says so or where its scratch falls short).
-void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y, cuda::SplitSums * sums) {
-    if (sums) *sums = cuda::SplitSums{};
+void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y) {
     if (l.quantized) {
         const cuda::QuantPath path = cuda::quant_path(l.q, m);
         if (path != cuda::QuantPath::Dequantize &&
-            cuda::quant_linear(path, l.q, x, m, y, qscratch_.get(), dequant_.get(), dequant_.bytes(), stream_, sums)) {
+            cuda::quant_linear(path, l.q, x, m, y, qscratch_.get(), dequant_.get(), dequant_.bytes(), stream_)) {
             return;
         }
         dequant_.ensure(size_t(l.n) * l.k * sizeof(bf16), "dequantized weights");
@@ -582,12 +580,7 @@ void CudaQwenEngine::linear(const bf16 * x, int m, const DevLinear & l, bf16 * y
     }
 }
 
-cuda::SplitSums * CudaQwenEngine::fold_sums(cuda::SplitSums & s) const {
-    static const bool on = [] { const char * e = std::getenv("QINFER_FOLD_SPLITS"); return !e || std::atoi(e) != 0; }();
-    return on && !place_.link ? &s : nullptr;
-}
-
-void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out, cuda::SplitSums * down_sums) {
+void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out) {
     // Quantized gate/up on qgemm_mma writes SiLU(gate) * up itself (7B GPTQ-Int4 batch 16 +3.1% on an H200).
     if (w.gate_up.quantized &&
         cuda::quant_linear_silu(cuda::quant_path(w.gate_up.q, m), w.gate_up.q, x, m, act, dequant_.get(), dequant_.bytes(), stream_)) {
@@ -598,7 +591,7 @@ void CudaQwenEngine::mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf1
         cuda::silu_mul(gu, m, w.down.k, act, stream_);
         prof_.mark("silu*up");
     }
-    linear(act, m, w.down, out, down_sums);
+    linear(act, m, w.down, out);
     prof_.mark("down gemm");
 }
 

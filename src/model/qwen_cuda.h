@@ -254,16 +254,9 @@ private:
     cuda::KVLayer kv_layer_batch(int layer) const;
     cuda::QkvRopeArgs rope_args(int layer, const cuda::KVLayer & cache, int n) const;
     bool prepare_batch(const std::vector<int> & seqs, const std::vector<int> & tokens, int n_steps);
-    // sums (optional): where the register-dequantizing GEMMs split K, y is left unwritten and *sums says where the
-    // splits' partial sums are, for add_rms_norm to add (their scratch holds them until the next linear()); else
-    // sums->splits = 0.
-    void linear(const bf16 * x, int m, const DevLinear & l, bf16 * y, cuda::SplitSums * sums = nullptr);
-    // SwiGLU MLP of m rows through linear(): gate_up into gu [m, 2I], silu(gate) * up into act [m, I], down into out
-    // (or its split sums into *down_sums, as linear()).
-    void mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out, cuda::SplitSums * down_sums = nullptr);
-    // `s` where a projection's split sums may go to the RMSNorm after it (one GPU: tensor parallel sums the output
-    // itself), else null.
-    cuda::SplitSums * fold_sums(cuda::SplitSums & s) const;
+    void linear(const bf16 * x, int m, const DevLinear & l, bf16 * y);
+    // SwiGLU MLP of m rows through linear(): gate_up into gu [m, 2I], silu(gate) * up into act [m, I], down into out.
+    void mlp(const DevMlp & w, const bf16 * x, int m, bf16 * gu, bf16 * act, bf16 * out);
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     // decode: the routed sum may go through peer_partial (decode steps only; prefill's sums stay with NCCL).
     // norm.x set (decode steps where L.moe_normalises): xn is not computed, every launch of the block normalises x.

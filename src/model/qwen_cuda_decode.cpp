@@ -64,8 +64,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     cuda::embedding(embed_table_, tokens, B, H, x, stream_);
     prof_.mark("embedding");
     cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_};
-    bool pending = false;  // unfused: tmp_ (or pending_sums' partial sums) holds an MLP output not yet added to x
-    cuda::SplitSums pending_sums;
+    bool pending = false;  // unfused: tmp_ holds an MLP output not yet added to x
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         const DevLayer & L = layers_[size_t(l)];
         cuda::QkvRopeArgs r = rope_args(l, kv_layer_batch(l), B);
@@ -88,7 +87,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
                 roped = true;
             }
         } else {
-            if (pending) cuda::add_rms_norm(x, tmp_.as<bf16>(), pending_sums, L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
+            if (pending) cuda::add_rms_norm(x, tmp_.as<bf16>(), L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
             else cuda::rms_norm(x, L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
             pending = false;
             linear(xn, B, L.qkv, qkv_.as<bf16>());
@@ -115,11 +114,9 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             else if (!L.o_whole) reduce(x, size_t(B) * H);
             if (L.moe && !moe_norm.x) cuda::rms_norm(x, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         } else {
-            // o_proj's K splits (quantized, 9-256 rows) added by the RMSNorm after it: no reduce kernel.
-            cuda::SplitSums o_sums;
-            linear(o_input(L, B), B, L.o, tmp_.as<bf16>(), fold_sums(o_sums));
+            linear(o_input(L, B), B, L.o, tmp_.as<bf16>());
             if (!L.o_whole) reduce(tmp_.as<bf16>(), size_t(B) * H);
-            cuda::add_rms_norm(x, tmp_.as<bf16>(), o_sums, L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
+            cuda::add_rms_norm(x, tmp_.as<bf16>(), L.post_norm.as<bf16>(), eps, B, H, xn, stream_);
         }
         prof_.mark("o_proj gemv");
         if (L.moe) {
@@ -151,10 +148,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             if (part) add_partials(x, 1, size_t(B) * H);
             else reduce(x, size_t(B) * H);
         } else {
-            // down's K splits added by the next layer's RMSNorm (the last layer's output goes through add_residual).
-            pending_sums = cuda::SplitSums{};
-            mlp(L.mlp, xn, B, gu_.as<bf16>(), act_.as<bf16>(), tmp_.as<bf16>(),
-                l + 1 < cfg.num_hidden_layers ? fold_sums(pending_sums) : nullptr);
+            mlp(L.mlp, xn, B, gu_.as<bf16>(), act_.as<bf16>(), tmp_.as<bf16>());
             reduce(tmp_.as<bf16>(), size_t(B) * H);
             pending = true;
         }

@@ -201,12 +201,11 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
         bf16 * xn = xn_.as<bf16>();
         cuda::embedding(embed_table_, ids_.as<int>(), c, H, x, stream_);
         prof_.mark("embedding");
-        bool pending = false;  // tmp_ (or pending_sums' partial sums) holds an MLP output not yet added to x
-        cuda::SplitSums pending_sums;
+        bool pending = false;  // tmp_ holds an MLP output not yet added to x
         for (int l = 0; l < cfg.num_hidden_layers; l++) {
             const DevLayer & L = layers_[size_t(l)];
             if (pending) {
-                cuda::add_rms_norm(x, tmp_.as<bf16>(), pending_sums, L.input_norm.as<bf16>(), eps, c, H, xn, stream_);
+                cuda::add_rms_norm(x, tmp_.as<bf16>(), L.input_norm.as<bf16>(), eps, c, H, xn, stream_);
             } else {
                 cuda::rms_norm(x, L.input_norm.as<bf16>(), eps, c, H, xn, stream_);
             }
@@ -259,20 +258,16 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
                                         cfg.num_key_value_heads, cfg.head_dim, attn_.as<bf16>() + size_t(pc.first) * QD, stream_);
             }
             prof_.mark("attention");
-            // Quantized K splits added by the RMSNorm after the projection (as decode_step).
-            cuda::SplitSums o_sums;
-            linear(o_input(L, c), c, L.o, tmp_.as<bf16>(), fold_sums(o_sums));
+            linear(o_input(L, c), c, L.o, tmp_.as<bf16>());
             prof_.mark("o_proj gemm");
             if (!L.o_whole) reduce(tmp_.as<bf16>(), size_t(c) * H);
-            cuda::add_rms_norm(x, tmp_.as<bf16>(), o_sums, L.post_norm.as<bf16>(), eps, c, H, xn, stream_);
+            cuda::add_rms_norm(x, tmp_.as<bf16>(), L.post_norm.as<bf16>(), eps, c, H, xn, stream_);
             prof_.mark("add/rms_norm");
             if (L.moe) {
                 moe(L, c, xn, x);
                 pending = false;
             } else {
-                pending_sums = cuda::SplitSums{};
-                mlp(L.mlp, xn, c, gu_.as<bf16>(), act_.as<bf16>(), tmp_.as<bf16>(),
-                    l + 1 < cfg.num_hidden_layers ? fold_sums(pending_sums) : nullptr);
+                mlp(L.mlp, xn, c, gu_.as<bf16>(), act_.as<bf16>(), tmp_.as<bf16>());
                 reduce(tmp_.as<bf16>(), size_t(c) * H);
                 pending = true;
             }

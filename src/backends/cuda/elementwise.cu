@@ -49,15 +49,13 @@ __global__ void embedding_kernel(const bf16 * __restrict__ table, const int * id
     }
 }
 
-// One block per row. Optional residual add first (x += delta), then y = w * (x * rsqrt(mean(x^2) + eps)). Where
-// splits > 0, delta is bf16(the sum of K splits' partial sums part [splits, rows, hidden], in split order from 0): the
-// bits the split GEMMs' reduce kernel writes (mma4::reduce_splits_kernel), without that kernel.
+// One block per row. Optional residual add first (x += delta), then y = w * (x * rsqrt(mean(x^2) + eps)).
 // VECS > 0 (hidden % 4 == 0, hidden <= 4 * VECS * k_norm_threads): each thread keeps its float4 columns in registers,
 // every load of the row issued before the reduction; VECS 0: any hidden, one value a load and the row read twice.
 // At 256 rows of hidden 3584 (7B decode under continuous batching, H200) the scalar form took 10 us a call.
 template <int VECS>
-__global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, const bf16 * delta, const float * part, int splits,
-                                                                 const bf16 * w, float eps, int hidden, bf16 * y) {
+__global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, const bf16 * delta, const bf16 * w, float eps,
+                                                                 int hidden, bf16 * y) {
     // The register forms read their norm weights before waiting for the kernel ahead (they are not its output): one
     // L2 round trip off the chain, 7B batch 16 +1.0% (BF16) / +1.8% (GPTQ-Int4) on an H200
     // (bench/results/2026-12-01-h200-norm-ahead).
@@ -72,18 +70,12 @@ __global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, con
     pdl_wait();
     __shared__ float red[k_norm_threads / 32];
     const int64_t row = int64_t(blockIdx.x) * hidden;
-    const size_t mn = size_t(gridDim.x) * hidden;  // one split's partial sums
     float * xr = x + row;
     float ss = 0;
     if constexpr (VECS == 0) {
         for (int i = threadIdx.x; i < hidden; i += k_norm_threads) {
             float v = xr[i];
-            if (splits > 0) {
-                float d = 0.0f;
-                for (int z = 0; z < splits; z++) d += part[size_t(z) * mn + row + i];
-                v += __bfloat162float(__float2bfloat16(d));
-                xr[i] = v;
-            } else if (delta) {
+            if (delta) {
                 v += __bfloat162float(delta[row + i]);
                 xr[i] = v;
             }
@@ -99,38 +91,11 @@ __global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, con
             const int i = threadIdx.x + u * k_norm_threads;
             if (i < n4) v[u] = reinterpret_cast<const float4 *>(xr)[i];
         }
-        if (splits > 0) {
-            float4 d[VECS] = {};
-#pragma unroll 2
-            for (int z = 0; z < splits; z++) {
-                const float4 * pz = reinterpret_cast<const float4 *>(part + size_t(z) * mn + row);
-#pragma unroll
-                for (int u = 0; u < VECS; u++) {
-                    const int i = threadIdx.x + u * k_norm_threads;
-                    if (i >= n4) break;
-                    const float4 p = pz[i];
-                    d[u].x += p.x;
-                    d[u].y += p.y;
-                    d[u].z += p.z;
-                    d[u].w += p.w;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < VECS; u++) {
-                const int i = threadIdx.x + u * k_norm_threads;
-                if (i >= n4) break;
-                v[u].x += __bfloat162float(__float2bfloat16(d[u].x));
-                v[u].y += __bfloat162float(__float2bfloat16(d[u].y));
-                v[u].z += __bfloat162float(__float2bfloat16(d[u].z));
-                v[u].w += __bfloat162float(__float2bfloat16(d[u].w));
-                reinterpret_cast<float4 *>(xr)[i] = v[u];
-            }
-        }
 #pragma unroll
         for (int u = 0; u < VECS; u++) {
             const int i = threadIdx.x + u * k_norm_threads;
             if (i >= n4) break;
-            if (delta && splits == 0) {
+            if (delta) {
                 const uint2 d = reinterpret_cast<const uint2 *>(delta + row)[i];  // 4 bf16
                 const bf16 * dh = reinterpret_cast<const bf16 *>(&d);
                 v[u].x += __bfloat162float(dh[0]);
@@ -159,14 +124,12 @@ __global__ void __launch_bounds__(k_norm_threads) rms_norm_kernel(float * x, con
 }
 
 // rms_norm_kernel's widest-enough register form for this row (0: the scalar form), and its launch.
-void launch_rms_norm(float * x, const bf16 * delta, const SplitSums & sums, const bf16 * w, float eps, int n, int hidden, bf16 * y,
-                     cudaStream_t stream) {
+void launch_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
     if (n == 0) return;
     const bool aligned = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 8 == 0 &&
-                         reinterpret_cast<uintptr_t>(y) % 8 == 0 && reinterpret_cast<uintptr_t>(delta) % 8 == 0 &&
-                         reinterpret_cast<uintptr_t>(sums.part) % 16 == 0;
+                         reinterpret_cast<uintptr_t>(y) % 8 == 0 && reinterpret_cast<uintptr_t>(delta) % 8 == 0;
     const int n4 = hidden / 4;
-    auto run = [&](auto kernel) { launch_kernel(kernel, n, k_norm_threads, 0, stream, x, delta, sums.part, sums.splits, w, eps, hidden, y); };
+    auto run = [&](auto kernel) { launch_kernel(kernel, n, k_norm_threads, 0, stream, x, delta, w, eps, hidden, y); };
     if (!aligned || n4 > 8 * k_norm_threads) run(rms_norm_kernel<0>);
     else if (n4 <= k_norm_threads) run(rms_norm_kernel<1>);
     else if (n4 <= 2 * k_norm_threads) run(rms_norm_kernel<2>);
@@ -342,16 +305,11 @@ void embedding(const bf16 * table, const int * ids, int n, int hidden, float * x
 }
 
 void rms_norm(const float * x, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
-    launch_rms_norm(const_cast<float *>(x), nullptr, SplitSums{}, w, eps, n, hidden, y, stream);
+    launch_rms_norm(const_cast<float *>(x), nullptr, w, eps, n, hidden, y, stream);
 }
 
 void add_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream) {
-    launch_rms_norm(x, delta, SplitSums{}, w, eps, n, hidden, y, stream);
-}
-
-void add_rms_norm(float * x, const bf16 * delta, const SplitSums & sums, const bf16 * w, float eps, int n, int hidden, bf16 * y,
-                  cudaStream_t stream) {
-    launch_rms_norm(x, delta, sums, w, eps, n, hidden, y, stream);
+    launch_rms_norm(x, delta, w, eps, n, hidden, y, stream);
 }
 
 void add_residual(float * x, const bf16 * delta, int64_t count, cudaStream_t stream) {

@@ -102,12 +102,6 @@ bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratc
 // The fused GEMM's tile for timing: 1 = 256 tokens, 2 = 128 tokens, 3 = 128 tokens with two blocks per SM (4-bit
 // codes; 8-bit take 2); 0 = the rule in qgemm_wgmma.cu.
 void set_qgemm_tile(int tile);
-// A split-K GEMM's result left as its splits' fp32 partial sums (part [splits, m, n]) for the consumer to add;
-// splits 0: the GEMM wrote its y.
-struct SplitSums {
-    const float * part = nullptr;
-    int splits = 0;
-};
 // Decode-step GEMM with the weights dequantized in registers (qgemm_mma.cu, mma.sync: sm_80 and up): y bf16 [m,
 // w.rows] = x bf16 [m, w.k] W^T for the tiled 4-/8-bit affine layout, any m (made for the 9 to a few hundred rows of a
 // continuous-batching step). Scratch as qgemm's: gathered inputs (act-order, k % 8, unaligned x), then the K splits'
@@ -115,21 +109,17 @@ struct SplitSums {
 // it does not apply or the inputs cannot be gathered. silu_mul: w is a stacked [gate; up] weight and y bf16 [m,
 // w.rows / 2] = SiLU(x W_gate^T) * (x W_up^T), gate and up rounded to bf16 first (silu_mul's result, bit for bit);
 // false where K would be split or its halves are not multiples of 16 rows.
-//
-// sums (optional): where K is split, y is not written; *sums says where the splits' fp32 partial sums are (in the
-// scratch), for a consumer to add (add_rms_norm); else sums->splits = 0 and y holds the result.
 bool qgemm_mma_applies(const QuantMatrix & w);
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m);
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
-               bool silu_mul = false, SplitSums * sums = nullptr);
+               bool silu_mul = false);
 // qgemm_mma's warps per block at up to 16 tokens, for tests: 6 or 8; 0 = the rule in qgemm_mma.cu.
 void set_qgemm_mma_warps(int warps);
 // The same on Hopper (qgemm_rs.cu, sm_90a build and device): the dequantized fragments go from registers straight
-// into warpgroup MMAs over all of a block's tokens. Scratch, K splits, sums and failure as qgemm_mma's.
+// into warpgroup MMAs over all of a block's tokens. Scratch, K splits and failure as qgemm_mma's.
 bool qgemm_rs_applies(const QuantMatrix & w);
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m);
-bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
-              SplitSums * sums = nullptr);
+bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
 
 // ---- quantized projections: the rule (qlinear.cpp) ----
 constexpr int k_qgemv_max_m = 8;        // rows the tiled quantized GEMV takes in one pass
@@ -145,9 +135,8 @@ size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m);
 // y bf16 [m, w.rows] = x bf16 [m, w.k] W^T by `path`: gemv_scratch as qgemv's for k_qgemv_max_m rows, scratch of
 // quant_linear_scratch_bytes(w, m). False where the path does not apply to w or m or the scratch is too small for it
 // (the caller then dequantizes); nothing is launched then.
-// sums (optional): as qgemm_mma's, on the register-dequantizing GEMMs' paths; the others write y and set splits 0.
 bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * gemv_scratch, void * scratch,
-                  size_t scratch_bytes, cudaStream_t stream, SplitSums * sums = nullptr);
+                  size_t scratch_bytes, cudaStream_t stream);
 // act bf16 [m, w.rows / 2] = SiLU(x W_gate^T) * (x W_up^T) for a stacked [gate; up] weight in one launch, where
 // `path` is qgemm_mma and its SwiGLU tiles fit w (equal to quant_linear then silu_mul, bit for bit). False, with
 // nothing launched, elsewhere: the caller then runs quant_linear and silu_mul. (qgemm_rs's 64 + 64-row tiles measured
@@ -162,10 +151,6 @@ void embedding(const bf16 * table, const int * ids, int n, int hidden, float * x
 void rms_norm(const float * x, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream);
 // x += delta; y = RMSNorm(x) * w: x fp32 [n, hidden]; delta bf16 [n, hidden]; y bf16 [n, hidden]
 void add_rms_norm(float * x, const bf16 * delta, const bf16 * w, float eps, int n, int hidden, bf16 * y, cudaStream_t stream);
-// The same with delta given as K splits' partial sums where sums.splits > 0: delta = bf16(the splits' sum in split
-// order from 0), the bits mma4::reduce_splits_kernel would have written (sums.part fp32 [splits, n, hidden]).
-void add_rms_norm(float * x, const bf16 * delta, const SplitSums & sums, const bf16 * w, float eps, int n, int hidden, bf16 * y,
-                  cudaStream_t stream);
 // x += delta: x fp32 [n, hidden]; delta bf16 [n, hidden]
 void add_residual(float * x, const bf16 * delta, int64_t count, cudaStream_t stream);
 // out = silu(gate_up[:, :inter]) * gate_up[:, inter:]: gate_up bf16 [n, 2 inter]; out bf16 [n, inter]

@@ -335,13 +335,13 @@ Shape shape_for(const QuantMatrix & w, int m) {
 // y = x W^T (SwiGLU tiles where half_rb > 0) in blocks of W warps, K split `splits` ways.
 template <int PLANES, int NT, int W>
 bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits, int half_rb, void * scratch, size_t scratch_bytes,
-              cudaStream_t stream, SplitSums * sums) {
+              cudaStream_t stream) {
     using Sh = MmaShape<PLANES, NT, W>;
     static_assert(Sh::smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
     auto kernel = qgemm_mma_kernel<PLANES, NT, W>;
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(kernel, Sh::smem, configured);
-    return mma4::run_split_gemm(w, x, m, y, splits, scratch, scratch_bytes, stream, sums, [&](const bf16 * xin, int ldx, int s, float * partial) {
+    return mma4::run_split_gemm(w, x, m, y, splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int s, float * partial) {
         const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, W), s);
         launch_kernel(kernel, grid, dim3(Sh::threads), Sh::smem, stream, w, xin, ldx, m, y, partial, half_rb);
     });
@@ -349,11 +349,11 @@ bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits
 
 template <int PLANES, int NT>
 bool run(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, const Shape & sh, int half_rb, void * scratch, size_t scratch_bytes,
-         cudaStream_t stream, SplitSums * sums) {
+         cudaStream_t stream) {
     if constexpr (NT == 2) {
-        if (sh.warps == 6) return run_with<PLANES, NT, 6>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream, sums);
+        if (sh.warps == 6) return run_with<PLANES, NT, 6>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream);
     }
-    return run_with<PLANES, NT, 8>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream, sums);
+    return run_with<PLANES, NT, 8>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream);
 }
 
 }  // namespace
@@ -370,7 +370,7 @@ size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
 }
 
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
-               bool silu_mul, SplitSums * sums) {
+               bool silu_mul) {
     if (!qgemm_mma_applies(w) || m <= 0) return false;
     const Shape sh = shape_for(w, m);
     // SwiGLU tiles: half of each tile's row blocks from each half of the stacked weight, K whole.
@@ -378,13 +378,13 @@ bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * sc
     if (silu_mul && !(tiles_fit && sh.splits == 1)) return false;
     const int half_rb = silu_mul ? w.rows / 32 : 0;
     if (w.bits == 4) {
-        if (sh.nt == 2) return run<1, 2>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream, sums);
-        if (sh.nt == 4) return run<1, 4>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream, sums);
-        return run<1, 8>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream, sums);
+        if (sh.nt == 2) return run<1, 2>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
+        if (sh.nt == 4) return run<1, 4>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
+        return run<1, 8>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
     }
-    if (sh.nt == 2) return run<2, 2>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream, sums);
-    if (sh.nt == 4) return run<2, 4>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream, sums);
-    return run<2, 8>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream, sums);
+    if (sh.nt == 2) return run<2, 2>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
+    if (sh.nt == 4) return run<2, 4>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
+    return run<2, 8>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
 }
 
 void set_qgemm_mma_warps(int warps) { warps_override = warps == 6 || warps == 8 ? warps : 0; }

@@ -274,11 +274,10 @@ size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m) {
     return mma4::split_gemm_scratch_bytes(w, m, [&](int mm) { return shape_for(w, mm).splits; });
 }
 
-bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
-              SplitSums * sums) {
+bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_rs_applies(w) || m <= 0) return false;
     const Shape sh = shape_for(w, m);
-    return mma4::run_split_gemm(w, x, m, y, sh.splits, scratch, scratch_bytes, stream, sums, [&](const bf16 * xin, int ldx, int splits, float * partial) {
+    return mma4::run_split_gemm(w, x, m, y, sh.splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int splits, float * partial) {
         if (w.bits == 4) launch_for<1>(sh.nt, w, xin, ldx, m, y, splits, partial, stream);
         else launch_for<2>(sh.nt, w, xin, ldx, m, y, splits, partial, stream);
     });

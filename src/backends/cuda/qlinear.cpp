@@ -64,8 +64,7 @@ size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m) {
 }
 
 bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * gemv_scratch, void * scratch,
-                  size_t scratch_bytes, cudaStream_t stream, SplitSums * sums) {
-    if (sums) *sums = SplitSums{};
+                  size_t scratch_bytes, cudaStream_t stream) {
     switch (path) {
         case QuantPath::Gemv: {
             if (m > (w.tiled ? k_qgemv_max_m : k_qgemv_rowwise_max_m)) return false;
@@ -78,8 +77,8 @@ bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, 
             qgemv(w, a, GemvIn::Bf16, GemvOut::Bf16, gemv_scratch, stream);
             return true;
         }
-        case QuantPath::Mma: return qgemm_mma(w, x, m, y, scratch, scratch_bytes, stream, false, sums);
-        case QuantPath::Rs: return qgemm_rs(w, x, m, y, scratch, scratch_bytes, stream, sums);
+        case QuantPath::Mma: return qgemm_mma(w, x, m, y, scratch, scratch_bytes, stream);
+        case QuantPath::Rs: return qgemm_rs(w, x, m, y, scratch, scratch_bytes, stream);
         case QuantPath::Wgmma: return qgemm(w, x, m, y, scratch, scratch_bytes, stream);
         case QuantPath::Dequantize: {
             if (!scratch || scratch_bytes < size_t(w.rows) * w.k * sizeof(bf16)) return false;
