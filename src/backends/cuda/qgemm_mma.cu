@@ -305,6 +305,9 @@ struct Shape {
 
 int warps_override = 0;  // set_qgemm_mma_warps
 
+// 8-token column blocks per block for m tokens.
+int nt_for(int m) { return m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
 Shape shape_with(const QuantMatrix & w, int m, int nt, int warps) {
     Shape sh{nt, warps, 1};
     const int kps = stage_kbs(nt, w.bits / 4);
@@ -324,7 +327,7 @@ int64_t busiest_sm(const QuantMatrix & w, int m, const Shape & sh) {
 }
 
 Shape shape_for(const QuantMatrix & w, int m) {
-    const int nt = m <= 16 ? 2 : m <= 32 ? 4 : 8;
+    const int nt = nt_for(m);
     const Shape eight = shape_with(w, m, nt, 8);
     if (nt != 2) return eight;
     const Shape six = shape_with(w, m, nt, 6);
@@ -364,7 +367,7 @@ size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_mma_applies(w)) return 0;
     // Either warp count's splits (set_qgemm_mma_warps may pick the other one).
     return mma4::split_gemm_scratch_bytes(w, m, [&](int mm) {
-        const int nt = mm <= 16 ? 2 : mm <= 32 ? 4 : 8;
+        const int nt = nt_for(mm);
         return std::max(shape_with(w, mm, nt, 6).splits, shape_with(w, mm, nt, 8).splits);
     });
 }
