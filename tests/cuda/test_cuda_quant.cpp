@@ -302,7 +302,7 @@ static int check_register_gemm(const RegisterGemm & kernel) {
     return checked;
 }
 
-// qgemm_mma by its rule, then with blocks of 6 and of 8 warps at up to 16 tokens (set_qgemm_mma_warps).
+// qgemm_mma by its rule, then with blocks of 6 and of 8 warps at up to 32 tokens (set_qgemm_mma_warps).
 TEST(CudaQuant, MmaGemmMatchesCpu) {
     REQUIRE_GPU();
     auto plain = [](const cuda::QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t bytes, cudaStream_t stream) {
@@ -315,10 +315,18 @@ TEST(CudaQuant, MmaGemmMatchesCpu) {
     cuda::set_qgemm_mma_warps(0);
 }
 
+// qgemm_rs by its rule, then as if the device had 4 or 6 SMs, so that tiles of the last wave are dealt out in
+// pieces of K (1160 rows, k 4160: 10 tiles at m 33 / 64 on 8 slots, 8 whole and 2 in four pieces; 14 at m 129, 12
+// whole and 2 in two pieces on 4 slots, in three on 6).
 TEST(CudaQuant, RsGemmMatchesCpu) {
     REQUIRE_GPU();
-    if (check_register_gemm({"wgmma-rs", cuda::qgemm_rs_applies, cuda::qgemm_rs_scratch_bytes, cuda::qgemm_rs}) == 0)
-        GTEST_SKIP() << "no register-sourced wgmma GEMM on this build or device (sm_90a only)";
+    for (int sms : {0, 4, 6}) {
+        SCOPED_TRACE(testing::Message() << "SMs " << (sms ? std::to_string(sms) : "of the device"));
+        cuda::set_qgemm_rs_slots(sms);
+        const int checked = check_register_gemm({"wgmma-rs", cuda::qgemm_rs_applies, cuda::qgemm_rs_scratch_bytes, cuda::qgemm_rs});
+        cuda::set_qgemm_rs_slots(0);
+        if (checked == 0) GTEST_SKIP() << "no register-sourced wgmma GEMM on this build or device (sm_90a only)";
+    }
 }
 
 // qgemm_mma's SwiGLU tiles (silu_mul = true) on a stacked [gate; up] weight: the same bits as its y then

@@ -113,13 +113,15 @@ bool qgemm_mma_applies(const QuantMatrix & w);
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m);
 bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
                bool silu_mul = false);
-// qgemm_mma's warps per block at up to 16 tokens, for tests: 6 or 8; 0 = the rule in qgemm_mma.cu.
+// qgemm_mma's warps per block at up to 32 tokens, for tests: 6 or 8; 0 = the rule in qgemm_mma.cu.
 void set_qgemm_mma_warps(int warps);
 // The same on Hopper (qgemm_rs.cu, sm_90a build and device): the dequantized fragments go from registers straight
 // into warpgroup MMAs over all of a block's tokens. Scratch, K splits and failure as qgemm_mma's.
 bool qgemm_rs_applies(const QuantMatrix & w);
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m);
 bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
+// qgemm_rs's rule as if the device had `sms` SMs (its K splits and last-wave pieces), for tests; 0 = the device's.
+void set_qgemm_rs_slots(int sms);
 
 // ---- quantized projections: the rule (qlinear.cpp) ----
 constexpr int k_qgemv_max_m = 8;        // rows the tiled quantized GEMV takes in one pass

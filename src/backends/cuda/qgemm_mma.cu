@@ -7,7 +7,7 @@
 // fp32 into the totals. Where the GEMV multiplies one B column block of 8 tokens, this kernel multiplies NT of them
 // (BT = 8 NT tokens) with each dequantized fragment, so the dequantization is paid once per BT tokens.
 //
-//   block (token tile, row tile, K split): W warps (8; 6 at 16 tokens where that deals the grid more evenly over the
+//   block (token tile, row tile, K split): W warps (8; 6 at up to 32 tokens where that deals the grid more evenly over the
 //     SMs: shape_for), warp w owns 16-row block w of the 16 W-row tile and all BT tokens, over the split's K blocks;
 //     the per-group sums and totals are 8 NT floats per lane.
 //   stages: KPS K blocks at a time, each warp's codes (KPS x 512 bytes per plane: 2 KB, 1 KB for 64 tokens; each warp
@@ -30,6 +30,7 @@
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT))
     }
 }
 
-// A launch's shape: BT tokens per block (16, 32 or 64), warps per block (8, or 6 at 16 tokens where that spreads
+// A launch's shape: BT tokens per block (16, 32 or 64), warps per block (8, or 6 at up to 32 tokens where that spreads
 // the grid more evenly over the SMs) and the K splits (mma4::k_splits), each split at least two stages long.
 struct Shape {
     int nt, warps, splits;
@@ -329,7 +330,11 @@ int64_t busiest_sm(const QuantMatrix & w, int m, const Shape & sh) {
 Shape shape_for(const QuantMatrix & w, int m) {
     const int nt = nt_for(m);
     const Shape eight = shape_with(w, m, nt, 8);
-    if (nt != 2) return eight;
+    static const bool nt4 = [] {
+        const char * v = std::getenv("QINFER_MMA_W6_NT4");
+        return !v || std::atoi(v) != 0;
+    }();
+    if (nt > (nt4 ? 4 : 2)) return eight;
     const Shape six = shape_with(w, m, nt, 6);
     if (warps_override) return warps_override == 6 ? six : eight;
     return busiest_sm(w, m, six) < busiest_sm(w, m, eight) ? six : eight;
@@ -353,7 +358,7 @@ bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits
 template <int PLANES, int NT>
 bool run(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, const Shape & sh, int half_rb, void * scratch, size_t scratch_bytes,
          cudaStream_t stream) {
-    if constexpr (NT == 2) {
+    if constexpr (NT <= 4) {
         if (sh.warps == 6) return run_with<PLANES, NT, 6>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream);
     }
     return run_with<PLANES, NT, 8>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream);

@@ -6,9 +6,9 @@
 // ~190 TFLOP/s (7B Int4 gate_up at m 64 0.77x bf16 cuBLASLt on an H200, bench/results/2026-11-29-h200-qgemm-mma).
 // Here one wgmma.m64nBTk16 per k16 step covers a warpgroup's 64 rows and all BT tokens, B read by the tensor cores.
 //
-//   block (token tile, row tile, K split): two or three consumer warpgroups (consumer_warps) and a producer warp;
+//   block (token tile, row tile, share of K: Deal): two or three consumer warpgroups (consumer_warps) and a producer warp;
 //     consumer warp w owns 16-row block w of the 128- or 192-row tile (warpgroup h: rows 64 h .. 64 h + 63, the m64 of
-//     its MMAs), over the split's K blocks.
+//     its MMAs), over the block's K blocks.
 //   producer: per K block one tensor copy of x as a [BT tokens][64 bf16] panel in the 128-byte swizzle wgmma reads
 //     (tokens past m and positions past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes
 //     per plane, into a stage of shared memory guarded by mbarriers (full: landed; empty: every consumer warp's MMAs on
@@ -23,15 +23,18 @@
 //   MMAs: a K block's four k16 steps go in two groups of two, each with its own A registers (16 a thread in all); the
 //     wait for the group before comes after each commit, so a group's dequantization runs while the one before
 //     multiplies; when the K block before is done its stage goes back to the producer.
-//   epilogue: bf16 y, or with K split the split's fp32 sums into the scratch, added in split order by
-//     mma4::reduce_splits_kernel (deterministic).
-// Grid: token tiles fastest, so the token tiles of one row tile run together and read its codes from L2.
+//   epilogue: bf16 y, or for a piece of a tile whose K is dealt to several blocks its fp32 sums into the scratch,
+//     added in piece order by add_pieces_kernel (deterministic). K is dealt out where the grid is under half a wave,
+//     and for the tiles of a last, partial wave (shape_for).
+// Grid (1-D): tiles with token tiles fastest, so the token tiles of one row tile run together and read its codes
+// from L2; a tile's pieces side by side.
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered into bf16 [m, k_padded] first (the
 // scratch's head), as the other fused GEMMs do.
 #include <cuda.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -121,9 +124,18 @@ __device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j
 }
 #endif
 
+// How a launch deals its tiles (token tile, row tile; tile t = row tile * token_tiles + token tile) to blocks: tiles
+// [0, whole) one block each over all of K (y written directly), tiles [whole, tiles) `pieces` blocks each over
+// consecutive shares of K (fp32 sums into the scratch, [piece block][BT tokens][16 CW rows], added by
+// add_pieces_kernel in piece order). Block b < whole is tile b; block whole + j pieces + z is piece z of tile whole + j.
+struct Deal {
+    int token_tiles, tiles, whole, pieces;
+    int blocks() const { return whole + (tiles - whole) * pieces; }
+};
+
 template <int PLANES, int NT>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS)
-    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, const __grid_constant__ CUtensorMap x_map) {
+    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, const __grid_constant__ CUtensorMap x_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, NT>;
     constexpr int BT = Sh::BT, S = Sh::STAGES, CW = Sh::CW;
@@ -133,9 +145,12 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
 
     const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0), lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
-    const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
+    const int piece_block = int(blockIdx.x) - deal.whole;  // >= 0: a piece of a tile whose K is dealt out
+    const int tile = piece_block < 0 ? int(blockIdx.x) : deal.whole + piece_block / deal.pieces;
+    const int z = piece_block < 0 ? 0 : piece_block % deal.pieces, shares = piece_block < 0 ? 1 : deal.pieces;
+    const int kb_begin = int(int64_t(z) * nkb / shares), kb_end = int(int64_t(z + 1) * nkb / shares);
     const int nk = kb_end - kb_begin;
-    const int tok0 = blockIdx.x * BT, rb0 = blockIdx.y * CW;
+    const int tok0 = (tile % deal.token_tiles) * BT, rb0 = (tile / deal.token_tiles) * CW;
     const int present = min(CW, n_rb - rb0);  // row blocks of this tile inside the weight
 
     sm90::init_stage_barriers(full, empty, S, CW);
@@ -216,13 +231,14 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     if (!active) return;
 
     // Lane (g, t) holds rows g, g + 8 and tokens 2t, 2t + 1 of each 8-token column block: d[4 nt + i].
+    float * sums = piece_block < 0 ? nullptr : partial + size_t(piece_block) * BT * 16 * CW;  // [BT][16 CW]
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
             if (row >= n || tok >= m) continue;
-            if (partial) partial[(size_t(blockIdx.z) * m + tok) * n + row] = d[4 * nt + e];
+            if (sums) sums[size_t(tok - tok0) * 16 * CW + row - rb0 * 16] = d[4 * nt + e];
             else y[size_t(tok) * n + row] = __float2bfloat16(d[4 * nt + e]);
         }
     }
@@ -231,38 +247,87 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
 #endif
 }
 
-// A launch's shape: BT tokens per block (16, 32, 64 or 128; more rows take several token tiles) and the K splits
-// (mma4::k_splits), each split at least four K blocks long.
+// The pieces' sums added in piece order (the same bits on every call): y [m, n] (bf16) of tiles [whole, tiles) from
+// sums [(tile - whole) pieces + z][BT][R] (fp32).
+__global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, int BT, int R, int m, int n, bf16 * __restrict__ y) {
+    pdl_wait();
+    const size_t per_tile = size_t(BT) * R, total = size_t(deal.tiles - deal.whole) * per_tile;
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+        const size_t j = i / per_tile, at = i % per_tile;
+        const int tile = deal.whole + int(j);
+        const int tok = (tile % deal.token_tiles) * BT + int(at / R), row = (tile / deal.token_tiles) * R + int(at % R);
+        if (tok >= m || row >= n) continue;
+        float sum = 0.0f;
+        for (int z = 0; z < deal.pieces; z++) sum += sums[(j * deal.pieces + z) * per_tile + at];
+        y[size_t(tok) * n + row] = __float2bfloat16(sum);
+    }
+}
+
+int slots_override = 0;  // set_qgemm_rs_slots
+
+// A launch's shape: BT = 8 nt tokens per block (16, 32, 64 or 128; more rows take several token tiles) and how its
+// tiles are dealt to blocks, every piece at least four K blocks long:
+// - a grid under half a wave of `slots` (blocks resident at once) splits every tile's K into up to a wave
+//   (mma4::k_splits);
+// - else tiles fill whole waves and those of a last, partial wave are split into as many pieces as fill it: 7B's
+//   gate_up at m 128 is 198 tiles of 192 rows on 132 slots, 132 whole tiles and 66 in two halves, where the second
+//   wave held 66 whole tiles beside 66 idle SMs (ncu: SMs active 72% of the elapsed cycles); at m 64, 296 tiles of 128
+//   rows on 264 slots, 264 whole and 32 in eight pieces.
 struct Shape {
-    int nt, splits;
+    int nt;
+    Deal deal;
 };
 
 Shape shape_for(const QuantMatrix & w, int m) {
     Shape sh;
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : 16;
-    const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w, sh.nt);
-    sh.splits = mma4::k_splits(blocks, int64_t(sm_count()) * reg_blocks(sh.nt), (w.k_padded / 64) / 4);
+    const int token_tiles = (m + 8 * sh.nt - 1) / (8 * sh.nt), tiles = token_tiles * row_tiles(w, sh.nt);
+    const int64_t slots = int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
+    const int most = (w.k_padded / 64) / 4;
+    static const bool tail = [] {
+        const char * v = std::getenv("QINFER_RS_TAIL");
+        return !v || std::atoi(v) != 0;
+    }();
+    int whole = 0, pieces = mma4::k_splits(tiles, slots, most);
+    if (2 * int64_t(tiles) >= slots) {
+        whole = int(tiles / slots * slots);
+        const int last_wave = tiles - whole;
+        pieces = last_wave > 0 && tail ? int(std::clamp<int64_t>(slots / last_wave, 1, std::max(1, most))) : 1;
+    }
+    if (pieces == 1) whole = tiles;
+    sh.deal = Deal{token_tiles, tiles, whole, pieces};
     return sh;
 }
 
+// Bytes of a shape's piece sums.
+size_t piece_bytes(const Shape & sh) {
+    const int rows = 16 * consumer_warps(sh.nt);
+    return size_t(sh.deal.tiles - sh.deal.whole) * sh.deal.pieces * 8 * sh.nt * rows * sizeof(float);
+}
+
 template <int PLANES, int NT>
-void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
+void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, const Deal & deal, float * partial, cudaStream_t stream) {
     using Sh = RsShape<PLANES, NT>;
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, ldx, Sh::BT)) QINFER_FAIL() << "qgemm_rs: the tensor map of x [" << m << ", " << ldx << "] was refused";
-    const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, NT), splits);
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
-    launch_kernel(qgemm_rs_kernel<PLANES, NT>, grid, dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, x_map);
+    launch_kernel(qgemm_rs_kernel<PLANES, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, x_map);
     CUDA_CHECK(cudaGetLastError());
+    if (deal.whole < deal.tiles) {
+        const size_t total = size_t(deal.tiles - deal.whole) * Sh::BT * 16 * Sh::CW;
+        launch_kernel(add_pieces_kernel, dim3(unsigned(std::min<size_t>((total + 255) / 256, 4096))), dim3(256), 0, stream,
+                      static_cast<const float *>(partial), deal, Sh::BT, 16 * Sh::CW, m, w.rows, y);
+        CUDA_CHECK(cudaGetLastError());
+    }
 }
 
-template <int PLANES> void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, int splits, float * partial,
+template <int PLANES> void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, const Deal & deal, float * partial,
                                       cudaStream_t stream) {
-    if (nt == 2) launch<PLANES, 2>(w, x, ldx, m, y, splits, partial, stream);
-    else if (nt == 4) launch<PLANES, 4>(w, x, ldx, m, y, splits, partial, stream);
-    else if (nt == 8) launch<PLANES, 8>(w, x, ldx, m, y, splits, partial, stream);
-    else launch<PLANES, 16>(w, x, ldx, m, y, splits, partial, stream);
+    if (nt == 2) launch<PLANES, 2>(w, x, ldx, m, y, deal, partial, stream);
+    else if (nt == 4) launch<PLANES, 4>(w, x, ldx, m, y, deal, partial, stream);
+    else if (nt == 8) launch<PLANES, 8>(w, x, ldx, m, y, deal, partial, stream);
+    else launch<PLANES, 16>(w, x, ldx, m, y, deal, partial, stream);
 }
 
 }  // namespace
@@ -271,16 +336,26 @@ bool qgemm_rs_applies(const QuantMatrix & w) { return sm90a_device() && qgemm_mm
 
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_rs_applies(w)) return 0;
-    return mma4::split_gemm_scratch_bytes(w, m, [&](int mm) { return shape_for(w, mm).splits; });
+    size_t pieces = 0;
+    for (int mm = 1; mm <= m; mm++) pieces = std::max(pieces, piece_bytes(shape_for(w, mm)));
+    return mma4::gather_scratch_bytes(w, m) + pieces;
 }
 
 bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_rs_applies(w) || m <= 0) return false;
-    const Shape sh = shape_for(w, m);
-    return mma4::run_split_gemm(w, x, m, y, sh.splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int splits, float * partial) {
-        if (w.bits == 4) launch_for<1>(sh.nt, w, xin, ldx, m, y, splits, partial, stream);
-        else launch_for<2>(sh.nt, w, xin, ldx, m, y, splits, partial, stream);
-    });
+    Shape sh = shape_for(w, m);
+    const mma4::GemmInput in = mma4::gemm_input(w, x, m, scratch, scratch_bytes, stream);
+    if (!in.x) return false;
+    float * partial = nullptr;
+    if (sh.deal.whole < sh.deal.tiles) {
+        partial = mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, piece_bytes(sh));
+        if (!partial) sh.deal = Deal{sh.deal.token_tiles, sh.deal.tiles, sh.deal.tiles, 1};  // no room: every tile whole
+    }
+    if (w.bits == 4) launch_for<1>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
+    else launch_for<2>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
+    return true;
 }
+
+void set_qgemm_rs_slots(int sms) { slots_override = sms > 0 ? sms : 0; }
 
 }  // namespace qinfer::cuda
