@@ -30,7 +30,6 @@
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -320,7 +319,8 @@ Shape shape_with(const QuantMatrix & w, int m, int nt, int warps) {
 // Warp-K blocks of the busiest SM, the grid dealt round the SMs: what sets a launch's time where every SM issues
 // at the same pace. (ncu of 7B Int4 gate_up at 16 tokens in 296 blocks of 8 warps: SMs active 72% of the elapsed
 // cycles, the 32 of three blocks last. In 395 blocks of 6 warps, three on every SM but one: 41.0 -> 35.9 us, 7B
-// GPTQ-Int4 batch 16 +1.9% on an H200; bench/results/2026-12-01-h200-mma-warps.)
+// GPTQ-Int4 batch 16 +1.9% on an H200; bench/results/2026-12-01-h200-mma-warps. At 32 tokens, two blocks an SM, the
+// same rule: 7B Int4 gate_up with SwiGLU 56.6 -> 51.1 us, batch 32 +2.0%; bench/results/2026-12-01-h200-rs-pieces.)
 int64_t busiest_sm(const QuantMatrix & w, int m, const Shape & sh) {
     const int64_t blocks = int64_t((m + 8 * sh.nt - 1) / (8 * sh.nt)) * row_tiles(w, sh.warps) * sh.splits;
     const int nkb = w.k_padded / 64;
@@ -330,11 +330,7 @@ int64_t busiest_sm(const QuantMatrix & w, int m, const Shape & sh) {
 Shape shape_for(const QuantMatrix & w, int m) {
     const int nt = nt_for(m);
     const Shape eight = shape_with(w, m, nt, 8);
-    static const bool nt4 = [] {
-        const char * v = std::getenv("QINFER_MMA_W6_NT4");
-        return !v || std::atoi(v) != 0;
-    }();
-    if (nt > (nt4 ? 4 : 2)) return eight;
+    if (nt > 4) return eight;
     const Shape six = shape_with(w, m, nt, 6);
     if (warps_override) return warps_override == 6 ? six : eight;
     return busiest_sm(w, m, six) < busiest_sm(w, m, eight) ? six : eight;

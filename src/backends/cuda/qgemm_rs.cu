@@ -34,7 +34,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -272,7 +271,9 @@ int slots_override = 0;  // set_qgemm_rs_slots
 // - else tiles fill whole waves and those of a last, partial wave are split into as many pieces as fill it: 7B's
 //   gate_up at m 128 is 198 tiles of 192 rows on 132 slots, 132 whole tiles and 66 in two halves, where the second
 //   wave held 66 whole tiles beside 66 idle SMs (ncu: SMs active 72% of the elapsed cycles); at m 64, 296 tiles of 128
-//   rows on 264 slots, 264 whole and 32 in eight pieces.
+//   rows on 264 slots, 264 whole and 32 in eight pieces. On an H200 (bench/results/2026-12-01-h200-rs-pieces): 7B
+//   Int4 gate_up at m 48 / 64 66.7 / 67.6 -> 51.5 / 52.3 us, at m 100 / 128 90.8 / 92.2 -> 83.0 / 85.3; Int8 79.4 /
+//   80.1 -> 61.0 / 62.2 and 100.1 / 101.9 -> 90.1 / 92.5; 7B GPTQ-Int4 batch 64 +8.9%, batch 128 +2.3%.
 struct Shape {
     int nt;
     Deal deal;
@@ -284,15 +285,11 @@ Shape shape_for(const QuantMatrix & w, int m) {
     const int token_tiles = (m + 8 * sh.nt - 1) / (8 * sh.nt), tiles = token_tiles * row_tiles(w, sh.nt);
     const int64_t slots = int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
     const int most = (w.k_padded / 64) / 4;
-    static const bool tail = [] {
-        const char * v = std::getenv("QINFER_RS_TAIL");
-        return !v || std::atoi(v) != 0;
-    }();
     int whole = 0, pieces = mma4::k_splits(tiles, slots, most);
     if (2 * int64_t(tiles) >= slots) {
         whole = int(tiles / slots * slots);
         const int last_wave = tiles - whole;
-        pieces = last_wave > 0 && tail ? int(std::clamp<int64_t>(slots / last_wave, 1, std::max(1, most))) : 1;
+        pieces = last_wave > 0 ? int(std::clamp<int64_t>(slots / last_wave, 1, std::max(1, most))) : 1;
     }
     if (pieces == 1) whole = tiles;
     sh.deal = Deal{token_tiles, tiles, whole, pieces};

@@ -3,10 +3,11 @@
 // the tiled GEMV up to its 8 rows; beyond, the register-dequantizing GEMM on Hopper's warpgroup MMAs (qgemm_rs) up to
 // 256 rows, from 9 rows for 8-bit codes and from 33 for 4-bit (7B Int4 gate_up at m 64 / 128 / 256: 66 / 93 / 140 us
 // against qgemm_mma's 86 / 138 / 243, the wgmma GEMM's 127 / 130 / 181 and dequantize + cuBLASLt's 183 / 186 / 206;
-// at m 16 / 32 4-bit codes keep qgemm_mma: 38.3 / 53.0 us against 46.2 / 48.4 for gate_up, 23.1 / 26.6 against 21.9 /
-// 32.3 for down); elsewhere (and on sm_80) qgemm_mma up to 64 rows; from 128 rows the wgmma GEMM where it pays
-// (qgemm_pays) and dequantize + cuBLASLt otherwise (at m 512 that beats qgemm_rs on qkv, o_proj and down: 41 / 31 /
-// 150 us against 48 / 47 / 228).
+// 52 / 85 / 140 since qgemm_rs deals a last wave's tiles out in pieces of K, 2026-12-01-h200-rs-pieces; at m 16 / 32
+// 4-bit codes keep qgemm_mma: 38.3 / 53.0 us against 46.2 / 48.4 for gate_up, 23.1 / 26.6 against 21.9 / 32.3 for
+// down; at m 32 since: 51.1 / 27.8 against 52.8 / 33.7); elsewhere (and on sm_80) qgemm_mma up to 64 rows; from 128
+// rows the wgmma GEMM where it pays (qgemm_pays) and dequantize + cuBLASLt otherwise (at m 512 that beats qgemm_rs on
+// qkv, o_proj and down: 41 / 31 / 150 us against 48 / 47 / 228).
 #include <algorithm>
 
 #include "backends/cuda/ops.h"
