@@ -247,18 +247,32 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
 }
 
 // The pieces' sums added in piece order (the same bits on every call): y [m, n] (bf16) of tiles [whole, tiles) from
-// sums [(tile - whole) pieces + z][BT][R] (fp32).
+// sums [(tile - whole) pieces + z][BT][R] (fp32). Grid: (quads of a tile's BT x R sums / 256, tiles - whole); a thread
+// adds four consecutive rows of one token in 16-byte loads, in 32-bit index arithmetic. (One thread a value with
+// 64-bit divisions for its indices cost ~2 us a call at 64 tokens: 7B Int4 qkv at m 64 11.5 -> 13.4 us;
+// bench/results/2026-12-01-h200-rs-pieces, call 2.)
 __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, int BT, int R, int m, int n, bf16 * __restrict__ y) {
     pdl_wait();
-    const size_t per_tile = size_t(BT) * R, total = size_t(deal.tiles - deal.whole) * per_tile;
-    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-        const size_t j = i / per_tile, at = i % per_tile;
-        const int tile = deal.whole + int(j);
-        const int tok = (tile % deal.token_tiles) * BT + int(at / R), row = (tile / deal.token_tiles) * R + int(at % R);
-        if (tok >= m || row >= n) continue;
-        float sum = 0.0f;
-        for (int z = 0; z < deal.pieces; z++) sum += sums[(j * deal.pieces + z) * per_tile + at];
-        y[size_t(tok) * n + row] = __float2bfloat16(sum);
+    const int j = blockIdx.y, tile = deal.whole + j, quads = R / 4;
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;  // R is a multiple of 16
+    if (q >= BT * quads) return;
+    const int tok = (tile % deal.token_tiles) * BT + q / quads, row = (tile / deal.token_tiles) * R + 4 * (q % quads);
+    if (tok >= m || row >= n) return;
+    const int stride = BT * quads;  // float4 per piece
+    const float4 * p = reinterpret_cast<const float4 *>(sums) + size_t(j) * deal.pieces * stride + q;
+    float4 sum = p[0];
+    for (int z = 1; z < deal.pieces; z++) {
+        const float4 v = p[size_t(z) * stride];
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+    }
+    const float e[4] = {sum.x, sum.y, sum.z, sum.w};
+    bf16 * out = y + size_t(tok) * n + row;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (row + i < n) out[i] = __float2bfloat16(e[i]);
     }
 }
 
@@ -312,8 +326,8 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
     launch_kernel(qgemm_rs_kernel<PLANES, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, x_map);
     CUDA_CHECK(cudaGetLastError());
     if (deal.whole < deal.tiles) {
-        const size_t total = size_t(deal.tiles - deal.whole) * Sh::BT * 16 * Sh::CW;
-        launch_kernel(add_pieces_kernel, dim3(unsigned(std::min<size_t>((total + 255) / 256, 4096))), dim3(256), 0, stream,
+        constexpr int quads = Sh::BT * 4 * Sh::CW;  // BT x 16 CW sums a tile, four a thread
+        launch_kernel(add_pieces_kernel, dim3((quads + 255) / 256, deal.tiles - deal.whole), dim3(256), 0, stream,
                       static_cast<const float *>(partial), deal, Sh::BT, 16 * Sh::CW, m, w.rows, y);
         CUDA_CHECK(cudaGetLastError());
     }
