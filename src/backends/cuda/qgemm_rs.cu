@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -251,6 +252,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
 // adds four consecutive rows of one token in 16-byte loads, in 32-bit index arithmetic. (One thread a value with
 // 64-bit divisions for its indices cost ~2 us a call at 64 tokens: 7B Int4 qkv at m 64 11.5 -> 13.4 us;
 // bench/results/2026-12-01-h200-rs-pieces, call 2.)
+template <bool ILP>
 __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, int BT, int R, int m, int n, bf16 * __restrict__ y) {
     pdl_wait();
     const int j = blockIdx.y, tile = deal.whole + j, quads = R / 4;
@@ -260,14 +262,28 @@ __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, in
     if (tok >= m || row >= n) return;
     const int stride = BT * quads;  // float4 per piece
     const float4 * p = reinterpret_cast<const float4 *>(sums) + size_t(j) * deal.pieces * stride + q;
+    auto add = [](float4 & a, const float4 & b) {
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+    };
     float4 sum = p[0];
-    for (int z = 1; z < deal.pieces; z++) {
-        const float4 v = p[size_t(z) * stride];
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
+    int z = 1;
+    if constexpr (ILP) {
+        constexpr int k_ahead = 15;  // pieces 1..15 asked for at once, added in order
+        float4 v[k_ahead];
+#pragma unroll
+        for (int u = 0; u < k_ahead; u++) {
+            if (1 + u < deal.pieces) v[u] = p[size_t(1 + u) * stride];
+        }
+#pragma unroll
+        for (int u = 0; u < k_ahead; u++) {
+            if (1 + u < deal.pieces) add(sum, v[u]);
+        }
+        z = 1 + k_ahead;
     }
+    for (; z < deal.pieces; z++) add(sum, p[size_t(z) * stride]);
     const float e[4] = {sum.x, sum.y, sum.z, sum.w};
     bf16 * out = y + size_t(tok) * n + row;
 #pragma unroll
@@ -327,8 +343,12 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
     CUDA_CHECK(cudaGetLastError());
     if (deal.whole < deal.tiles) {
         constexpr int quads = Sh::BT * 4 * Sh::CW;  // BT x 16 CW sums a tile, four a thread
-        launch_kernel(add_pieces_kernel, dim3((quads + 255) / 256, deal.tiles - deal.whole), dim3(256), 0, stream,
-                      static_cast<const float *>(partial), deal, Sh::BT, 16 * Sh::CW, m, w.rows, y);
+        static const bool ilp = [] {
+            const char * v = std::getenv("QINFER_PIECES_ILP");
+            return !v || std::atoi(v) != 0;
+        }();
+        launch_kernel(ilp ? add_pieces_kernel<true> : add_pieces_kernel<false>, dim3((quads + 255) / 256, deal.tiles - deal.whole), dim3(256), 0,
+                      stream, static_cast<const float *>(partial), deal, Sh::BT, 16 * Sh::CW, m, w.rows, y);
         CUDA_CHECK(cudaGetLastError());
     }
 }
