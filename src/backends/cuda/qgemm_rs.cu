@@ -34,7 +34,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -252,7 +251,6 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
 // adds four consecutive rows of one token in 16-byte loads, in 32-bit index arithmetic. (One thread a value with
 // 64-bit divisions for its indices cost ~2 us a call at 64 tokens: 7B Int4 qkv at m 64 11.5 -> 13.4 us;
 // bench/results/2026-12-01-h200-rs-pieces, call 2.)
-template <bool ILP>
 __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, int BT, int R, int m, int n, bf16 * __restrict__ y) {
     pdl_wait();
     const int j = blockIdx.y, tile = deal.whole + j, quads = R / 4;
@@ -268,22 +266,20 @@ __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, in
         a.z += b.z;
         a.w += b.w;
     };
-    float4 sum = p[0];
-    int z = 1;
-    if constexpr (ILP) {
-        constexpr int k_ahead = 15;  // pieces 1..15 asked for at once, added in order
-        float4 v[k_ahead];
+    // Pieces 1-15 asked for at once, then added in order. (One dependent load a piece: 7B Int4 at m 64 qkv 12.2 ->
+    // 11.4 us this way, o_proj 11.9 -> 10.8, down 29.9 -> 28.6; at m 128 qkv 16.6 -> 17.3, the 80 registers leaving
+    // three blocks an SM; bench/results/2026-12-01-h200-rs-pieces, call 4.)
+    constexpr int k_ahead = 15;
+    float4 sum = p[0], v[k_ahead];
 #pragma unroll
-        for (int u = 0; u < k_ahead; u++) {
-            if (1 + u < deal.pieces) v[u] = p[size_t(1 + u) * stride];
-        }
-#pragma unroll
-        for (int u = 0; u < k_ahead; u++) {
-            if (1 + u < deal.pieces) add(sum, v[u]);
-        }
-        z = 1 + k_ahead;
+    for (int u = 0; u < k_ahead; u++) {
+        if (1 + u < deal.pieces) v[u] = p[size_t(1 + u) * stride];
     }
-    for (; z < deal.pieces; z++) add(sum, p[size_t(z) * stride]);
+#pragma unroll
+    for (int u = 0; u < k_ahead; u++) {
+        if (1 + u < deal.pieces) add(sum, v[u]);
+    }
+    for (int z = 1 + k_ahead; z < deal.pieces; z++) add(sum, p[size_t(z) * stride]);
     const float e[4] = {sum.x, sum.y, sum.z, sum.w};
     bf16 * out = y + size_t(tok) * n + row;
 #pragma unroll
@@ -343,12 +339,8 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
     CUDA_CHECK(cudaGetLastError());
     if (deal.whole < deal.tiles) {
         constexpr int quads = Sh::BT * 4 * Sh::CW;  // BT x 16 CW sums a tile, four a thread
-        static const bool ilp = [] {
-            const char * v = std::getenv("QINFER_PIECES_ILP");
-            return !v || std::atoi(v) != 0;
-        }();
-        launch_kernel(ilp ? add_pieces_kernel<true> : add_pieces_kernel<false>, dim3((quads + 255) / 256, deal.tiles - deal.whole), dim3(256), 0,
-                      stream, static_cast<const float *>(partial), deal, Sh::BT, 16 * Sh::CW, m, w.rows, y);
+        launch_kernel(add_pieces_kernel, dim3((quads + 255) / 256, deal.tiles - deal.whole), dim3(256), 0, stream,
+                      static_cast<const float *>(partial), deal, Sh::BT, 16 * Sh::CW, m, w.rows, y);
         CUDA_CHECK(cudaGetLastError());
     }
 }
