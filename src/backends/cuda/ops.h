@@ -116,7 +116,8 @@ bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * sc
 // qgemm_mma's warps per block at up to 32 tokens, for tests: 6 or 8; 0 = the rule in qgemm_mma.cu.
 void set_qgemm_mma_warps(int warps);
 // The same on Hopper (qgemm_rs.cu, sm_90a build and device): the dequantized fragments go from registers straight
-// into warpgroup MMAs over all of a block's tokens. Scratch, K splits and failure as qgemm_mma's.
+// into warpgroup MMAs over all of a block's tokens. Scratch and failure as qgemm_mma's; K is dealt out in pieces where
+// the grid is under half a wave and for the tiles of a last, partial wave (their fp32 sums in the scratch).
 bool qgemm_rs_applies(const QuantMatrix & w);
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m);
 bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);

@@ -248,9 +248,9 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
 
 // The pieces' sums added in piece order (the same bits on every call): y [m, n] (bf16) of tiles [whole, tiles) from
 // sums [(tile - whole) pieces + z][BT][R] (fp32). Grid: (quads of a tile's BT x R sums / 256, tiles - whole); a thread
-// adds four consecutive rows of one token in 16-byte loads, in 32-bit index arithmetic. (One thread a value with
-// 64-bit divisions for its indices cost ~2 us a call at 64 tokens: 7B Int4 qkv at m 64 11.5 -> 13.4 us;
-// bench/results/2026-12-01-h200-rs-pieces, call 2.)
+// adds four consecutive rows of one token in 16-byte loads, in 32-bit index arithmetic. (A first form, one value a
+// thread with 64-bit divisions for its indices, had 7B Int4 qkv at m 64 at 13.4 us in one call against 11.5 in
+// earlier calls of the old reduce; bench/results/2026-12-01-h200-rs-pieces, call 2. Not compared in one call.)
 __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, int BT, int R, int m, int n, bf16 * __restrict__ y) {
     pdl_wait();
     const int j = blockIdx.y, tile = deal.whole + j, quads = R / 4;
@@ -311,8 +311,11 @@ Shape shape_for(const QuantMatrix & w, int m) {
     const int token_tiles = (m + 8 * sh.nt - 1) / (8 * sh.nt), tiles = token_tiles * row_tiles(w, sh.nt);
     const int64_t slots = int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
     const int most = (w.k_padded / 64) / 4;
-    int whole = 0, pieces = mma4::k_splits(tiles, slots, most);
-    if (2 * int64_t(tiles) >= slots) {
+    int whole, pieces;
+    if (2 * int64_t(tiles) < slots) {  // every tile in pieces
+        whole = 0;
+        pieces = mma4::k_splits(tiles, slots, most);
+    } else {  // whole waves whole, the last wave's tiles in pieces
         whole = int(tiles / slots * slots);
         const int last_wave = tiles - whole;
         pieces = last_wave > 0 ? int(std::clamp<int64_t>(slots / last_wave, 1, std::max(1, most))) : 1;
