@@ -48,4 +48,16 @@ bool code_tensor_map(CUtensorMap * map, const uint8_t * base, int64_t rows, int 
                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+bool weight_code_tensor_map(CUtensorMap * map, const void * codes, int64_t row_blocks, int k_blocks, int planes, int box_row_blocks) {
+    const auto encode = tensor_map_encoder();
+    if (!encode) return false;
+    // 4-byte elements: a plane's 512 bytes of one row block and K block are 128 of them.
+    const cuuint64_t dims[3] = {128, cuuint64_t(k_blocks) * planes, cuuint64_t(row_blocks)};
+    const cuuint64_t strides[2] = {512, cuuint64_t(k_blocks) * planes * 512};
+    const cuuint32_t box[3] = {128, cuuint32_t(planes), cuuint32_t(box_row_blocks)};
+    const cuuint32_t element_strides[3] = {1, 1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, const_cast<void *>(codes), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 }  // namespace qinfer::cuda

@@ -101,6 +101,12 @@ __device__ __forceinline__ void tma_load_2d(void * dst, const void * map, uint64
                  "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
                  : "memory");
 }
+__device__ __forceinline__ void tma_load_3d(void * dst, const void * map, uint64_t * bar, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
 // The bulk copy engine without a map: `bytes` contiguous bytes (a multiple of 16, both addresses 16-byte aligned) from
 // global src into shared dst, counted on `bar`.
 __device__ __forceinline__ void bulk_load(void * dst, const void * src, uint32_t bytes, uint64_t * bar) {
