@@ -10,9 +10,12 @@
 //     consumer warp w owns 16-row block w of the 128- or 192-row tile (warpgroup h: rows 64 h .. 64 h + 63, the m64 of
 //     its MMAs), over the block's K blocks.
 //   producer: per K block one tensor copy of x as a [BT tokens][64 bf16] panel in the 128-byte swizzle wgmma reads
-//     (tokens past m and positions past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes
-//     per plane, into a stage of shared memory guarded by mbarriers (full: landed; empty: every consumer warp's MMAs on
-//     it are done), STAGES deep. (A first form had every thread copy its share of each stage by cp.async, with a block
+//     (tokens past m and positions past k arrive as zeros) and one of the tile's codes (a 3-D map over the tile
+//     layout: CW row blocks x planes x 512 bytes, weight_code_tensor_map), into a stage of shared memory guarded by
+//     mbarriers (full: landed; empty: every consumer warp's MMAs on it are done), STAGES deep. (A bulk copy of 512
+//     bytes per row block and plane paced the kernel: with the code copies left out 7B Int4 gate_up at m 64 / 128 /
+//     256 took 48.7 / 62.7 / 109.3 us against 52.4 / 78.0 / 139.4, with the x copies left out 51.1 / 75.9 / 135.1;
+//     one copy a stage: 53.2 / 80.9 / 145.7 -> 49.6 / 64.0 / 112.1; bench/results/2026-12-01-h200-code-map.) (A first form had every thread copy its share of each stage by cp.async, with a block
 //     barrier per stage: 7B Int4 gate_up at m 128 108 us, 94 this way; bf16 cuBLASLt 72; 2bef1a8, fe3fcc8.) ncu of
 //     gate_up at m 128 (fa4ea6b): most stalls are consumers waiting on a stage's full barrier, the data late.
 //   dequantization: a lane's 16 bytes per plane and K block are its A fragments of four k16 steps (the GEMV's tile
@@ -34,7 +37,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -130,7 +132,6 @@ __device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j
 // add_pieces_kernel in piece order). Block b < whole is tile b; block whole + j pieces + z is piece z of tile whole + j.
 struct Deal {
     int token_tiles, tiles, whole, pieces;
-    int code_map;  // QINFER_RS_CODEMAP A/B (temporary): 1 a stage's codes by one tensor copy, 0 a bulk copy per row block
     int blocks() const { return whole + (tiles - whole) * pieces; }
 };
 
@@ -158,7 +159,6 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     sm90::init_stage_barriers(full, empty, S, CW);
 
     if (warp == CW) {  // the producer
-        const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);
         if (lane == 0) {
             sm90::prefetch_tensor_map(&x_map);
             sm90::prefetch_tensor_map(&code_map);
@@ -168,22 +168,10 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
             const int kb = kb_begin + i, s = i % S;
             if (i >= S) sm90::mbar_wait(&empty[s], (i / S - 1) & 1);
             unsigned char * stage = smem + size_t(s) * Sh::stage_bytes;
-            if (deal.code_map) {
-                if (lane == 0) {  // the box's row blocks past the weight arrive as zeros, counted in its bytes
-                    sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Sh::panel_bytes + Sh::code_bytes));
-                    sm90::tma_load_2d(stage + Sh::code_bytes, &x_map, &full[s], kb * 64, tok0);
-                    sm90::tma_load_3d(stage, &code_map, &full[s], 0, kb * PLANES, rb0);
-                }
-                continue;
-            }
-            if (lane == 0) {
-                sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Sh::panel_bytes + present * PLANES * 512));
+            if (lane == 0) {  // the box's row blocks past the weight arrive as zeros, counted in its bytes
+                sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Sh::panel_bytes + Sh::code_bytes));
                 sm90::tma_load_2d(stage + Sh::code_bytes, &x_map, &full[s], kb * 64, tok0);
-            }
-            __syncwarp();
-            if (lane < present) {
-                const size_t at = (size_t(rb0 + lane) * nkb + kb) * PLANES * 512;
-                sm90::bulk_load(stage + lane * PLANES * 512, codes + at, PLANES * 512, &full[s]);
+                sm90::tma_load_3d(stage, &code_map, &full[s], 0, kb * PLANES, rb0);
             }
         }
         return;
@@ -335,11 +323,7 @@ Shape shape_for(const QuantMatrix & w, int m) {
         pieces = last_wave > 0 ? int(std::clamp<int64_t>(slots / last_wave, 1, std::max(1, most))) : 1;
     }
     if (pieces == 1) whole = tiles;
-    static const int code_map = [] {
-        const char * e = std::getenv("QINFER_RS_CODEMAP");
-        return e ? std::atoi(e) : 1;
-    }();
-    sh.deal = Deal{token_tiles, tiles, whole, pieces, code_map};
+    sh.deal = Deal{token_tiles, tiles, whole, pieces};
     return sh;
 }
 
@@ -388,6 +372,12 @@ size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m) {
     return mma4::gather_scratch_bytes(w, m) + pieces;
 }
 
+bool qgemm_rs_fills_a_wave(const QuantMatrix & w, int m) {
+    if (!qgemm_rs_applies(w) || m <= 0) return false;
+    const Shape sh = shape_for(w, m);
+    return int64_t(sh.deal.tiles) >= int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
+}
+
 bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_rs_applies(w) || m <= 0) return false;
     Shape sh = shape_for(w, m);
@@ -396,7 +386,7 @@ bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scr
     float * partial = nullptr;
     if (sh.deal.whole < sh.deal.tiles) {
         partial = mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, piece_bytes(sh));
-        if (!partial) sh.deal = Deal{sh.deal.token_tiles, sh.deal.tiles, sh.deal.tiles, 1, sh.deal.code_map};  // no room: every tile whole
+        if (!partial) sh.deal = Deal{sh.deal.token_tiles, sh.deal.tiles, sh.deal.tiles, 1};  // no room: every tile whole
     }
     if (w.bits == 4) launch_for<1>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
     else launch_for<2>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);

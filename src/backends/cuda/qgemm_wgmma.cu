@@ -34,7 +34,6 @@
 #include <cuda.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_tiles.cuh"
@@ -151,8 +150,7 @@ struct Groups {
 
 template <int BN, int PLANES, int STAGES, int BLOCKS, int MODE = k_dense>
 __global__ void __launch_bounds__(k_threads, BLOCKS)
-    qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, float * partial, const __grid_constant__ CUtensorMap x_map, Groups grp,
-                       const __grid_constant__ CUtensorMap code_map, int code_copy) {
+    qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, float * partial, const __grid_constant__ CUtensorMap x_map, Groups grp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int k_stages = STAGES;
     using Layout = QgemmSmem<BN, PLANES, STAGES>;
@@ -198,28 +196,10 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
 
     if (warp_idx == 8) {  // the producer
         const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);
-        if (lane == 0) {
-            sm90::prefetch_tensor_map(&x_map);
-            sm90::prefetch_tensor_map(&code_map);
-        }
+        if (lane == 0) sm90::prefetch_tensor_map(&x_map);
         for (int i = 0; i < nk; i++) {
             const int kb = kb0 + i, s = i % k_stages;
             if (i >= k_stages) sm90::mbar_wait(&empty[s], (i / k_stages - 1) & 1);
-            if (code_copy) {
-                // The codes by tensor copies: the block's 8 row blocks (SwiGLU: 4 gate, 4 up) as boxes; row blocks past
-                // the weight arrive as zeros or as the next expert's, never stored, and count in the boxes' bytes.
-                if (lane == 0) {
-                    sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Layout::x_bytes + Layout::code_bytes));
-                    sm90::tma_load_2d(x_tile(s), &x_map, &full[s], kb * 64, tok0);
-                    if constexpr (MODE == k_grouped_swiglu) {
-                        sm90::tma_load_3d(code_tile(s), &code_map, &full[s], 0, kb * PLANES, rb_base + blockIdx.y * 4);
-                        sm90::tma_load_3d(code_tile(s) + 4 * PLANES * 512, &code_map, &full[s], 0, kb * PLANES, rb_base + n_rb / 2 + blockIdx.y * 4);
-                    } else {
-                        sm90::tma_load_3d(code_tile(s), &code_map, &full[s], 0, kb * PLANES, rb_base + blockIdx.y * (k_bm / 16));
-                    }
-                }
-                continue;
-            }
             if (lane == 0) {
                 sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Layout::x_bytes + present * PLANES * 512));
                 sm90::tma_load_2d(x_tile(s), &x_map, &full[s], kb * 64, tok0);
@@ -356,32 +336,16 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
 #endif
 }
 
-// QINFER_RS_CODEMAP A/B (temporary): 1 (default) the codes by tensor copies over `map`, 0 a bulk copy per row block.
-int code_map_for(CUtensorMap * map, const QuantMatrix & w, int box_row_blocks) {
-    static const int on = [] {
-        const char * e = std::getenv("QINFER_RS_CODEMAP");
-        return e ? std::atoi(e) : 1;
-    }();
-    *map = CUtensorMap{};
-    if (!on) return 0;
-    if (!weight_code_tensor_map(map, w.codes, w.rows_padded / 16, w.k_padded / 64, w.bits == 4 ? 1 : 2, box_row_blocks))
-        QINFER_FAIL() << "qgemm: the tensor map of the codes (" << w.rows_padded / 16 << " row blocks x " << w.k_padded / 64 << " K blocks) was refused";
-    return 1;
-}
-
 template <int BN, int PLANES, int STAGES, int BLOCKS>
 void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, kx, BN)) QINFER_FAIL() << "qgemm: the tensor map of x [" << m << ", " << kx << "] was refused";
-    CUtensorMap code_map;
-    const int code_copy = code_map_for(&code_map, w, k_bm / 16);
     constexpr size_t smem = QgemmSmem<BN, PLANES, STAGES>::bytes;
     static_assert(smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS>, smem, configured);
     const dim3 grid((m + BN - 1) / BN, row_tiles(w), splits);
-    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, splits > 1 ? partial : nullptr, x_map, Groups{}, code_map,
-                                                                                     code_copy);
+    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, splits > 1 ? partial : nullptr, x_map, Groups{});
     CUDA_CHECK(cudaGetLastError());
     if (splits > 1) {
         const size_t mn = size_t(m) * w.rows;
@@ -396,15 +360,13 @@ void launch_grouped(const QuantMatrix & w, const bf16 * x, int x_rows, int kx, c
     constexpr int BN = k_moe_qgemm_rows;
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, x_rows, kx, BN)) QINFER_FAIL() << "MoE qgemm: the tensor map of the sorted rows [" << x_rows << ", " << kx << "] was refused";
-    CUtensorMap code_map;
-    const int code_copy = code_map_for(&code_map, w, MODE == k_grouped_swiglu ? k_bm / 32 : k_bm / 16);
     constexpr size_t smem = QgemmSmem<BN, PLANES, STAGES>::bytes;
     static_assert(smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
     static PerDevice<size_t> configured;
     allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS, MODE>, smem, configured);
     const int row_tiles = MODE == k_grouped_swiglu ? (grp.w_rows / 2 + k_bm / 2 - 1) / (k_bm / 2) : (grp.w_rows + k_bm - 1) / k_bm;
     const dim3 grid(max_tiles, row_tiles, 1);
-    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS, MODE><<<grid, k_threads, smem, stream>>>(w, x_rows, y, nullptr, x_map, grp, code_map, code_copy);
+    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS, MODE><<<grid, k_threads, smem, stream>>>(w, x_rows, y, nullptr, x_map, grp);
     CUDA_CHECK(cudaGetLastError());
 }
 

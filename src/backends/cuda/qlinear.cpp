@@ -9,6 +9,7 @@
 // rows the wgmma GEMM where it pays (qgemm_pays) and dequantize + cuBLASLt otherwise (at m 512 that beats qgemm_rs on
 // qkv, o_proj and down: 41 / 31 / 150 us against 48 / 47 / 228).
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/ops.h"
 
@@ -17,8 +18,9 @@ namespace qinfer::cuda {
 namespace {
 // Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over the wgmma GEMM and dequantize + cuBLASLt.
 constexpr int k_mma_max_m = 64;
-// Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies.
-constexpr int k_rs_max_m = 256;
+// Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies, and up to which where its
+// tiles fill a wave.
+constexpr int k_rs_max_m = 256, k_rs_wave_max_m = 512;
 // Codes from which the GEMM takes over from the tiled GEMV at 5 to 8 rows.
 constexpr int64_t k_mma_large_codes = int64_t(32) << 20;
 }  // namespace
@@ -30,6 +32,11 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
     if (m <= k_rs_max_m && m >= (w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
+    static const bool wide = [] {
+        const char * e = std::getenv("QINFER_RS_WIDE");
+        return !e || std::atoi(e) != 0;
+    }();
+    if (wide && m <= k_rs_wave_max_m && qgemm_rs_fills_a_wave(w, m)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;
