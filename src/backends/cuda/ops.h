@@ -120,8 +120,6 @@ void set_qgemm_mma_warps(int warps);
 // the grid is under half a wave and for the tiles of a last, partial wave (their fp32 sums in the scratch).
 bool qgemm_rs_applies(const QuantMatrix & w);
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m);
-// Whether qgemm_rs's tiles (token tile x row tile) at m rows fill at least one wave of the device's resident blocks.
-bool qgemm_rs_fills_a_wave(const QuantMatrix & w, int m);
 bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
 // qgemm_rs's rule as if the device had `sms` SMs (its K splits and last-wave pieces), for tests; 0 = the device's.
 void set_qgemm_rs_slots(int sms);

@@ -372,12 +372,6 @@ size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m) {
     return mma4::gather_scratch_bytes(w, m) + pieces;
 }
 
-bool qgemm_rs_fills_a_wave(const QuantMatrix & w, int m) {
-    if (!qgemm_rs_applies(w) || m <= 0) return false;
-    const Shape sh = shape_for(w, m);
-    return int64_t(sh.deal.tiles) >= int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
-}
-
 bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
     if (!qgemm_rs_applies(w) || m <= 0) return false;
     Shape sh = shape_for(w, m);

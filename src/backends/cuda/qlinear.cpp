@@ -3,13 +3,15 @@
 // the tiled GEMV up to its 8 rows; beyond, the register-dequantizing GEMM on Hopper's warpgroup MMAs (qgemm_rs) up to
 // 256 rows, from 9 rows for 8-bit codes and from 33 for 4-bit (7B Int4 gate_up at m 64 / 128 / 256: 66 / 93 / 140 us
 // against qgemm_mma's 86 / 138 / 243, the wgmma GEMM's 127 / 130 / 181 and dequantize + cuBLASLt's 183 / 186 / 206;
-// 52 / 85 / 140 since qgemm_rs deals a last wave's tiles out in pieces of K, 2026-12-01-h200-rs-pieces; at m 16 / 32
+// 52 / 85 / 140 since qgemm_rs deals a last wave's tiles out in pieces of K, 2026-12-01-h200-rs-pieces; 49.6 / 64.0 /
+// 112.1 since it copies a stage's codes in one tensor copy, 2026-12-01-h200-code-map; at m 16 / 32
 // 4-bit codes keep qgemm_mma: 38.3 / 53.0 us against 46.2 / 48.4 for gate_up, 23.1 / 26.6 against 21.9 / 32.3 for
 // down; at m 32 since: 51.1 / 27.8 against 52.8 / 33.7); elsewhere (and on sm_80) qgemm_mma up to 64 rows; from 128
 // rows the wgmma GEMM where it pays (qgemm_pays) and dequantize + cuBLASLt otherwise (at m 512 that beats qgemm_rs on
-// qkv, o_proj and down: 41 / 31 / 150 us against 48 / 47 / 228).
+// qkv, o_proj and down: 41 / 31 / 150 us against 48 / 47 / 228; on gate_up qgemm_rs's 230 us beat the wgmma GEMM's 306
+// with the codes' tensor copies, but taking it for 257-512 rows where its tiles fill a wave left the throughput rows
+// level, 92.90 / 92.51 against 93.14 / 92.37 requests/s: their steps hold ~1000 rows, 2026-12-01-h200-code-map).
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/ops.h"
 
@@ -18,9 +20,8 @@ namespace qinfer::cuda {
 namespace {
 // Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over the wgmma GEMM and dequantize + cuBLASLt.
 constexpr int k_mma_max_m = 64;
-// Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies, and up to which where its
-// tiles fill a wave.
-constexpr int k_rs_max_m = 256, k_rs_wave_max_m = 512;
+// Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies.
+constexpr int k_rs_max_m = 256;
 // Codes from which the GEMM takes over from the tiled GEMV at 5 to 8 rows.
 constexpr int64_t k_mma_large_codes = int64_t(32) << 20;
 }  // namespace
@@ -32,11 +33,6 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
     if (m <= k_rs_max_m && m >= (w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
-    static const bool wide = [] {
-        const char * e = std::getenv("QINFER_RS_WIDE");
-        return !e || std::atoi(e) != 0;
-    }();
-    if (wide && m <= k_rs_wave_max_m && qgemm_rs_fills_a_wave(w, m)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;
