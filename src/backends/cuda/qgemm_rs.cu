@@ -37,7 +37,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -136,7 +135,7 @@ struct Deal {
     int blocks() const { return whole + (tiles - whole) * pieces; }
 };
 
-template <int PLANES, int NT, bool LEAN>
+template <int PLANES, int NT>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS)
     qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, const __grid_constant__ CUtensorMap x_map,
                     const __grid_constant__ CUtensorMap code_map) {
@@ -199,25 +198,21 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     // this one (7B Int4 gate_up m 128 92.3 -> 87.7 us, m 64 65.8 -> 65.0, down m 64 27.7 -> 28.6; a674f7c): the
     // overlap of dequantization and MMAs is not what bounds this kernel.)
     uint32_t af[2][2][4];  // [half of the K block][k16 step of the half][register]
-    // LEAN (A/B, temporary): stage and phase counted instead of divided, the x panels' descriptors as the first stage's
-    // plus a stage's and a k16 step's 16-byte units (the address field holds shared addresses / 16, under 2^14: no
-    // carry leaves it), the codes and barriers addressed from bases taken once.
+    // The stage and its phase are counted, not divided out of i (S is 6 for 8-bit codes at 64 tokens); the x panels'
+    // descriptors are the first stage's plus a stage's and a k16 step's 16-byte units (the address field holds shared
+    // addresses / 16, under 2^14: no carry leaves it); the codes come from a base taken once. (Derived from i and
+    // each stage's address, 182 instructions a warp per K block had ~40 of such arithmetic at m 64 (ncu); this way 7B
+    // Int4 gate_up at m 64 / 128 / 256 49.8 / 64.5 / 112.4 -> 47.6 / 62.7 / 109.2 us, Int8 62.3 -> 58.5 at m 64;
+    // bench/results/2026-12-01-h200-code-map, call 5.)
     const uint64_t desc_x0 = sm90::desc128(sm90::smem_addr(smem + Sh::code_bytes), 16, 1024);
     const uint4 * codes_mine = reinterpret_cast<const uint4 *>(smem) + warp * PLANES * 32 + lane;
-    int s_run = 0, phase = 0, s_prev = S - 1;
+    int s = 0, phase = 0, s_prev = S - 1;
     for (int i = 0; i < nk; i++) {
-        const int s = LEAN ? s_run : i % S, kb = kb_begin + i;
-        sm90::mbar_wait(&full[s], LEAN ? phase : (i / S) & 1);
-        const unsigned char * stage = smem + size_t(s) * Sh::stage_bytes;
+        const int kb = kb_begin + i;
+        sm90::mbar_wait(&full[s], phase);
         uint4 cw[PLANES];
-        if constexpr (LEAN) {
 #pragma unroll
-            for (int p = 0; p < PLANES; p++) cw[p] = codes_mine[s * (Sh::stage_bytes / 16) + p * 32];
-        } else {
-#pragma unroll
-            for (int p = 0; p < PLANES; p++) cw[p] = reinterpret_cast<const uint4 *>(stage)[(warp * PLANES + p) * 32 + lane];
-        }
-        const uint32_t x_addr = sm90::smem_addr(stage + Sh::code_bytes);
+        for (int p = 0; p < PLANES; p++) cw[p] = codes_mine[s * (Sh::stage_bytes / 16) + p * 32];
         const uint64_t desc_x = desc_x0 + uint64_t(s * (Sh::stage_bytes / 16));
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -231,18 +226,17 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
             for (int jj = 0; jj < 2; jj++) dequantize_step<PLANES>(cw, 2 * h + jj, par, af[h][jj]);
             sm90::wgmma_fence();
 #pragma unroll
-            for (int jj = 0; jj < 2; jj++)
-                sm90::wgmma_rs_kmajor<BT>(d, af[h][jj], LEAN ? desc_x + 2 * (2 * h + jj) : sm90::desc128(x_addr + 32 * (2 * h + jj), 16, 1024));
+            for (int jj = 0; jj < 2; jj++) sm90::wgmma_rs_kmajor<BT>(d, af[h][jj], desc_x + 2 * (2 * h + jj));
             sm90::wgmma_commit();
             sm90::wgmma_wait<1>();  // the group before is done: its A registers are free
             if (h == 0 && i > 0) {  // ... and it was the K block before's last: that stage goes back
                 __syncwarp();
-                if (lane == 0) sm90::mbar_arrive(&empty[LEAN ? s_prev : (i - 1) % S]);
+                if (lane == 0) sm90::mbar_arrive(&empty[s_prev]);
             }
         }
         s_prev = s;
-        if (++s_run == S) {
-            s_run = 0;
+        if (++s == S) {
+            s = 0;
             phase ^= 1;
         }
     }
@@ -360,20 +354,9 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
     CUtensorMap code_map;
     if (!weight_code_tensor_map(&code_map, w.codes, w.rows_padded / 16, w.k_padded / 64, PLANES, Sh::CW))
         QINFER_FAIL() << "qgemm_rs: the tensor map of the codes (" << w.rows_padded / 16 << " row blocks x " << w.k_padded / 64 << " K blocks) was refused";
-    static const bool lean = [] {
-        const char * e = std::getenv("QINFER_RS_LEAN");
-        return !e || std::atoi(e) != 0;
-    }();
-    static PerDevice<size_t> configured, configured_lean;  // once per instantiation
-    if (lean) {
-        allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT, true>, Sh::smem, configured_lean);
-        launch_kernel(qgemm_rs_kernel<PLANES, NT, true>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, x_map,
-                      code_map);
-    } else {
-        allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT, false>, Sh::smem, configured);
-        launch_kernel(qgemm_rs_kernel<PLANES, NT, false>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, x_map,
-                      code_map);
-    }
+    static PerDevice<size_t> configured;  // once per instantiation
+    allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
+    launch_kernel(qgemm_rs_kernel<PLANES, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, x_map, code_map);
     CUDA_CHECK(cudaGetLastError());
     if (deal.whole < deal.tiles) {
         constexpr int quads = Sh::BT * 4 * Sh::CW;  // BT x 16 CW sums a tile, four a thread
