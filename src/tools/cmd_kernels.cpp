@@ -130,6 +130,29 @@ int run_kernels(const Args & a) {
     }
     if (reps < 1) QINFER_FAIL() << "--reps must be >= 1";
     auto listed = [](const std::string & list, const std::string & item) { return ("," + list + ",").find("," + item + ",") != std::string::npos; };
+    // Every entry of a name list names something (a typo would otherwise print an empty table).
+    auto check_names = [](const char * flag, const std::string & list, const std::vector<std::string> & known) {
+        size_t at = 0;
+        while (at <= list.size()) {
+            const size_t end = std::min(list.find(',', at), list.size());
+            const std::string name = list.substr(at, end - at);
+            if (std::find(known.begin(), known.end(), name) == known.end()) {
+                std::string all;
+                for (const std::string & k : known) all += (all.empty() ? "" : ", ") + k;
+                QINFER_FAIL() << "--" << flag << ": unknown entry '" << name << "' (known: " << all << ")";
+            }
+            at = end + 1;
+        }
+    };
+    std::vector<std::string> known_models, known_projs, known_formats;
+    for (const ProjShape & sh : k_shapes) {
+        if (std::find(known_models.begin(), known_models.end(), sh.model) == known_models.end()) known_models.push_back(sh.model);
+        if (std::find(known_projs.begin(), known_projs.end(), sh.name) == known_projs.end()) known_projs.push_back(sh.name);
+    }
+    for (const Format & f : k_formats) known_formats.push_back(f.name);
+    check_names("models", models, known_models);
+    check_names("projs", projs, known_projs);
+    check_names("formats", formats, known_formats);
     cuda::set_pdl_default(true);  // as the engine launches
     const SystemInfo sys = system_info(true);
     const size_t k_cycle = size_t(256) << 20;

@@ -163,6 +163,7 @@ expect throughput-too-long "does not fit: one request may hold" "$q" bench --thr
     --output-len 10 --num-prompts 1 --max-model-len 64
 expect throughput-bad-dataset "cannot read" "$q" bench --throughput --model "$good" --backend cpu --dataset "$tmp/none.jsonl"
 expect kernels-bad-m "entries must be in 1..16384\|without the CUDA backend\|no GPU was found" "$q" bench --kernels --m 0
+expect kernels-bad-proj "unknown entry 'o'\|without the CUDA backend\|no GPU was found" "$q" bench --kernels --projs qkv,o
 expect bandwidth-bad-size "entries must be in 1..16384\|without the CUDA backend\|no GPU was found" "$q" bench --bandwidth --sizes-mb 0
 expect loadgen-bad-url "takes http://HOST:PORT\|without cpp-httplib" "$q" bench --serve localhost:1
 expect loadgen-no-server "no answer from\|without cpp-httplib" "$q" bench --serve http://127.0.0.1:1 --num-prompts 1
