@@ -15,8 +15,9 @@
 //     mbarriers (full: landed; empty: every consumer warp's MMAs on it are done), STAGES deep. (A bulk copy of 512
 //     bytes per row block and plane paced the kernel: with the code copies left out 7B Int4 gate_up at m 64 / 128 /
 //     256 took 48.7 / 62.7 / 109.3 us against 52.4 / 78.0 / 139.4, with the x copies left out 51.1 / 75.9 / 135.1;
-//     one copy a stage: 53.2 / 80.9 / 145.7 -> 49.6 / 64.0 / 112.1; bench/results/2026-12-01-h200-code-map.) (A first form had every thread copy its share of each stage by cp.async, with a block
-//     barrier per stage: 7B Int4 gate_up at m 128 108 us, 94 this way; bf16 cuBLASLt 72; 2bef1a8, fe3fcc8.) ncu of
+//     one copy a stage: 53.2 / 80.9 / 145.7 -> 49.6 / 64.0 / 112.1; bench/results/2026-12-01-h200-code-map.) (A
+//     first form had every thread copy its share of each stage by cp.async, with a block barrier per stage: 7B Int4
+//     gate_up at m 128 108 us, 94 this way; bf16 cuBLASLt 72; 2bef1a8, fe3fcc8.) ncu of
 //     gate_up at m 128 (fa4ea6b): most stalls are consumers waiting on a stage's full barrier, the data late.
 //   dequantization: a lane's 16 bytes per plane and K block are its A fragments of four k16 steps (the GEMV's tile
 //     layout, qgemv_ring.cuh); each register pair becomes q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the
