@@ -305,8 +305,12 @@ void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut o
 static std::atomic<int> ring_deep_mode{-1};
 
 bool qgemv_ring_deep(bool affine4) {
+    static const bool deep_all = [] {  // temporary A/B switch (QINFER_RING_DEEP=1: every code kind)
+        const char * e = std::getenv("QINFER_RING_DEEP");
+        return e && e[0] == '1';
+    }();
     const int mode = ring_deep_mode;
-    return mode == 1 || (mode == -1 && affine4);
+    return mode == 1 || (mode == -1 && (affine4 || deep_all));
 }
 void set_qgemv_ring_deep(bool on) { ring_deep_mode = on ? 1 : 0; }
 void reset_qgemv_ring_deep() { ring_deep_mode = -1; }

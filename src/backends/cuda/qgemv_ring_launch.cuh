@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -100,8 +101,13 @@ template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool 
     constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
-    int ks = forced_ks() ? std::min(forced_ks(), max_ks) : 1;
-    while (!forced_ks() && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    static const int gu_ks = [] {  // temporary A/B switch (QINFER_QKS_GU=2|4: K parts of the gate/up GEMV)
+        const char * e = std::getenv("QINFER_QKS_GU");
+        return e ? std::atoi(e) : 0;
+    }();
+    const int forced = MATS == 2 && gu_ks > 0 ? gu_ks : forced_ks();
+    int ks = forced ? std::min(forced, max_ks) : 1;
+    while (!forced && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
