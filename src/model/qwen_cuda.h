@@ -365,6 +365,7 @@ private:
     std::vector<int> graph_seqs_;  // the batch the graph was captured for (empty: none)
     const void * graph_logits_ = nullptr;  // logits_ when captured (forward() may have grown it since)
     const void * graph_scratch_ = nullptr;  // dequant_ when captured (a prefill may have grown it since)
+    const void * graph_argmax_ = nullptr;   // argmax_scratch_ when captured (an eager step of more rows may have grown it)
     int graph_valid_ = 0;
     StepEnd graph_end_ = StepEnd::Argmax;
     bool graph_short_ = false;  // the graph's decode_short_

@@ -1,6 +1,9 @@
 // Decode steps of the CUDA engine (class in model/qwen_cuda.h): one sequence or a static batch per step, fused
 // GEMVs for a few rows and cuBLASLt beyond, the next token picked on the device (argmax or sampling) and the whole
 // step captured in a CUDA graph.
+#include <algorithm>
+#include <cstdlib>
+
 #include "model/qwen_cuda.h"
 
 namespace qinfer::cuda_engine {
@@ -165,7 +168,8 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     } else if (B == 1) {
         cuda::argmax_advance(logits_.as<float>(), graph_valid_, argmax_scratch_.as<float>(), tokens, tokens_out_.as<int>(), stream_);
     } else {
-        cuda::argmax_rows_advance(logits_.as<float>(), B, cfg.vocab_size, graph_valid_, tokens, pos, step, len, tokens_out_.as<int>(), stream_);
+        cuda::argmax_rows_advance(logits_.as<float>(), B, cfg.vocab_size, graph_valid_, argmax_scratch_.as<float>(), tokens, pos, step, len,
+                                  tokens_out_.as<int>(), stream_);
     }
     prof_.mark("argmax");
 }
@@ -178,7 +182,11 @@ void CudaQwenEngine::decode_logits(int B, bool fused, const float * x, bf16 * xn
     const bf16 * w = lm_head_ + (split ? size_t(place_.rank) * V * H : 0);
     // Split: this rank's logits [B, V] land in its chunk of the gather buffer ([ranks, B, V]); one row gathers in place.
     float * y = !split ? logits_.as<float>() : (B == 1 ? logits_.as<float>() : logits_gather_.as<float>()) + size_t(place_.rank) * B * V;
-    if (fused && B <= k_dense_gemv_max_m) {
+    static const bool lm_gemm = [] {  // temporary A/B switch (QINFER_LMHEAD_GEMM=1: one row's lm_head by RMSNorm + cuBLASLt)
+        const char * e = std::getenv("QINFER_LMHEAD_GEMM");
+        return e && e[0] == '1';
+    }();
+    if (fused && B <= k_dense_gemv_max_m && !lm_gemm) {
         cuda::GemvArgs a;
         a.w = w;
         a.n = V;
@@ -262,6 +270,7 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
     const ModelConfig & cfg = model_->config;
     const int B = int(seqs.size());
     if (experts_on_host(B)) return false;  // quantized experts counted on the host: the per-token path
+    argmax_scratch_.ensure(std::max<size_t>(cuda::k_argmax_scratch, cuda::argmax_rows_scratch(B)) * sizeof(float), "argmax scratch");
     if (cfg.rope_scaling.type == RopeType::Dynamic) return false;
     if (!prepare_batch(seqs, tokens, n_steps)) return false;
     const cuda::SampleParams & a = graph_sample_, & b = sample_params_;
@@ -269,7 +278,7 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
                                (a.temperature == b.temperature && a.top_p == b.top_p && a.min_p == b.min_p && a.repetition_penalty == b.repetition_penalty &&
                                 a.presence_penalty == b.presence_penalty && a.frequency_penalty == b.frequency_penalty && a.top_k == b.top_k && a.seed == b.seed);
     if (!graph_ || graph_seqs_ != seqs || graph_valid_ != n_valid || graph_logits_ != logits_.get() ||
-        graph_scratch_ != dequant_.get() || graph_end_ != end || !same_sampling ||
+        graph_scratch_ != dequant_.get() || graph_argmax_ != argmax_scratch_.get() || graph_end_ != end || !same_sampling ||
         graph_short_ != decode_short_) {
         if (graph_) cudaGraphExecDestroy(graph_);
         graph_ = nullptr;
@@ -282,6 +291,7 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
         decode_step(B, StepEnd::Logits);
         graph_logits_ = logits_.get();
         graph_scratch_ = dequant_.get();
+        graph_argmax_ = argmax_scratch_.get();
         cudaGraph_t g;
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
         decode_step(B, end);

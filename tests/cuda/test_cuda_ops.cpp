@@ -8,6 +8,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "backends/cpu/ops.h"
 #include "backends/cuda/allocator.h"
@@ -771,35 +772,49 @@ TEST(CudaOps, QkvRopeCacheBatch) {
     }
 }
 
+// The batch argmax splits each row into parts (two passes): rows of a test vocabulary and of Qwen's, with the row's
+// largest value twice (the lower id wins), NaNs (never chosen) and values past n_valid (never read).
 TEST(CudaOps, ArgmaxRowsAdvance) {
     REQUIRE_GPU();
-    const int rows = 5, vocab = 1003, n_valid = 1000;
-    std::vector<float> logits = randn(size_t(rows) * vocab);
-    std::vector<int> best;
-    for (int r = 0; r < rows; r++) {
-        float * row = logits.data() + size_t(r) * vocab;
-        row[n_valid + 1] = 1e9f;  // past n_valid: never chosen
-        best.push_back(int(std::max_element(row, row + n_valid) - row));
+    for (const auto & [rows, vocab, n_valid] : {std::tuple{5, 1003, 1000}, std::tuple{3, 152064, 151665}, std::tuple{70, 4099, 4097}}) {
+        std::vector<float> logits = randn(size_t(rows) * vocab);
+        std::vector<int> best;
+        for (int r = 0; r < rows; r++) {
+            float * row = logits.data() + size_t(r) * vocab;
+            row[n_valid + 1] = 1e9f;  // past n_valid: never chosen
+            row[(r * 7919) % n_valid] = std::nanf("");
+            if (r % 2 == 1) {  // a tie across parts: the lower id
+                row[n_valid / 3 + r] = 50.0f;
+                row[n_valid - 2 - r] = 50.0f;
+            }
+            int b = -1;
+            for (int i = 0; i < n_valid; i++) {
+                if (!std::isnan(row[i]) && (b < 0 || row[i] > row[b])) b = i;
+            }
+            best.push_back(b);
+        }
+        // State: tokens [rows], positions [rows], step, lengths [rows].
+        std::vector<int> state(3 * rows + 1, 0);
+        for (int r = 0; r < rows; r++) {
+            state[size_t(rows + r)] = 10 * r;
+            state[size_t(2 * rows + 1 + r)] = 10 * r + 1;
+        }
+        state[size_t(2 * rows)] = 2;
+        DeviceBuffer dl = upload(logits), ds = upload(state), dout = upload(std::vector<int>(size_t(4 * rows), -1));
+        DeviceBuffer scratch(cuda::argmax_rows_scratch(rows) * sizeof(float), "test");
+        int * s = ds.as<int>();
+        cuda::argmax_rows_advance(dl.as<float>(), rows, vocab, n_valid, scratch.as<float>(), s, s + rows, s + 2 * rows, s + 2 * rows + 1,
+                                  dout.as<int>(), nullptr);
+        std::vector<int> got(state.size()), out(size_t(4 * rows));
+        cudaDeviceSynchronize();
+        cudaMemcpy(got.data(), ds.get(), got.size() * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(out.data(), dout.get(), out.size() * 4, cudaMemcpyDeviceToHost);
+        for (int r = 0; r < rows; r++) {
+            EXPECT_EQ(got[size_t(r)], best[size_t(r)]) << "rows " << rows << " vocab " << vocab << " row " << r;
+            EXPECT_EQ(got[size_t(rows + r)], 10 * r + 1);
+            EXPECT_EQ(got[size_t(2 * rows + 1 + r)], 10 * r + 2);
+            EXPECT_EQ(out[size_t(2 * rows + r)], best[size_t(r)]);
+        }
+        EXPECT_EQ(got[size_t(2 * rows)], 3);
     }
-    // State: tokens [rows], positions [rows], step, lengths [rows].
-    std::vector<int> state(3 * rows + 1, 0);
-    for (int r = 0; r < rows; r++) {
-        state[size_t(rows + r)] = 10 * r;
-        state[size_t(2 * rows + 1 + r)] = 10 * r + 1;
-    }
-    state[size_t(2 * rows)] = 2;
-    DeviceBuffer dl = upload(logits), ds = upload(state), dout = upload(std::vector<int>(size_t(4 * rows), -1));
-    int * s = ds.as<int>();
-    cuda::argmax_rows_advance(dl.as<float>(), rows, vocab, n_valid, s, s + rows, s + 2 * rows, s + 2 * rows + 1, dout.as<int>(), nullptr);
-    std::vector<int> got(state.size()), out(size_t(4 * rows));
-    cudaDeviceSynchronize();
-    cudaMemcpy(got.data(), ds.get(), got.size() * 4, cudaMemcpyDeviceToHost);
-    cudaMemcpy(out.data(), dout.get(), out.size() * 4, cudaMemcpyDeviceToHost);
-    for (int r = 0; r < rows; r++) {
-        EXPECT_EQ(got[size_t(r)], best[size_t(r)]) << r;
-        EXPECT_EQ(got[size_t(rows + r)], 10 * r + 1);
-        EXPECT_EQ(got[size_t(2 * rows + 1 + r)], 10 * r + 2);
-        EXPECT_EQ(out[size_t(2 * rows + r)], best[size_t(r)]);
-    }
-    EXPECT_EQ(got[size_t(2 * rows)], 3);
 }

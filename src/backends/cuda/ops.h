@@ -75,8 +75,8 @@ size_t qgemv_scratch_bytes(int k_padded, int m);
 // in the tiled layout with affine codes, down without act-order, its k unpadded and a multiple of 64.
 bool qgemv_pair_io_ok(const QuantMatrix & gate_up, const QuantMatrix & down);
 // The tiled layout's o_proj / down kernels (input from global memory, added to a residual) with twice the code loads in
-// flight per lane where their grid holds at most two blocks per SM (qgemv_ring.cuh). By default for 4-bit affine codes
-// (GPTQ/AWQ/AutoRound Int4) only. set_qgemv_ring_deep forces it (true: every kind, false: never; tests);
+// flight per lane where their grid holds at most two blocks per SM (qgemv_ring.cuh). By default for affine codes
+// (GPTQ/AWQ/AutoRound, 4- and 8-bit), not for lookup codes (NF4/FP4). set_qgemv_ring_deep forces it (true: every kind, false: never; tests);
 // reset_qgemv_ring_deep puts back the default.
 void set_qgemv_ring_deep(bool on);
 void reset_qgemv_ring_deep();
@@ -305,9 +305,12 @@ void attention_decode(const bf16 * q, const KVLayer & cache, const int * len_dev
 constexpr int k_argmax_scratch = 256;
 void argmax_advance(const float * logits, int n_valid, float * scratch, int * state, int * out_tokens, cudaStream_t stream);
 // Greedy step of a batch of `rows` sequences: tokens[r] = argmax(logits[r, 0:n_valid]) (lowest id on ties),
-// out_tokens[*step * rows + r] = tokens[r], pos[r] and len[r] advance by one, then *step. logits fp32 [rows, vocab].
-void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, int * step, int * len,
-                         int * out_tokens, cudaStream_t stream);
+// out_tokens[*step * rows + r] = tokens[r], pos[r] and len[r] advance by one, then *step. logits fp32 [rows, vocab];
+// scratch fp32 [argmax_rows_scratch(rows)] on the device (each row's parts' pairs).
+constexpr int k_argmax_row_parts = 64;
+size_t argmax_rows_scratch(int rows);
+void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, float * scratch, int * tokens, int * pos, int * step,
+                         int * len, int * out_tokens, cudaStream_t stream);
 // Sampling step of a batch with the host Sampler's rules (runtime/sampler.h) for top_k in 1..k_sample_max_k and
 // temperature > 0: repetition penalty over the ids marked in `seen`, presence/frequency penalties from `counts`,
 // temperature, top-k, top-p, min-p, then a draw with the device's own random numbers (a hash of the seed, the token's

@@ -8,7 +8,6 @@
 // 16-byte chunk: s * (sum(q x) - z sum(x)), with sum(x) per chunk computed once per block.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -299,18 +298,16 @@ void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut o
 
 }  // namespace
 
-// The deep ring's mode: 1 every code kind, 0 none, -1 4-bit affine codes only (the default: on an H100, 7B GPTQ-Int4
-// down 25.2 -> 22.2 us and o_proj 8.1 -> 7.6, while GPTQ-Int8 lost 1.1-1.3 us and NF4 tied;
-// bench/results/2026-11-27-h100-early-kv). Tests force it with set_qgemv_ring_deep.
+// The deep ring's mode: 1 every code kind, 0 none, -1 affine codes, 4- and 8-bit (the default). On an H100, 7B
+// GPTQ-Int4 down 25.2 -> 22.2 us and o_proj 8.1 -> 7.6, while GPTQ-Int8 lost 1.1-1.3 us and NF4 tied
+// (bench/results/2026-11-27-h100-early-kv); on an H200 8-bit codes gain too: 7B Int8 down at m 1 / 4 30.4 / 31.8 ->
+// 23.6 / 26.2 us, o_proj 8.4 -> 7.4, 7B GPTQ-Int8 batch 1 331.2 -> 353.7 tok/s, batch 4 1,187.8 -> 1,248.7
+// (bench/results/2026-12-01-h200-int8-ring). Tests force it with set_qgemv_ring_deep.
 static std::atomic<int> ring_deep_mode{-1};
 
-bool qgemv_ring_deep(bool affine4) {
-    static const bool deep_all = [] {  // temporary A/B switch (QINFER_RING_DEEP=1: every code kind)
-        const char * e = std::getenv("QINFER_RING_DEEP");
-        return e && e[0] == '1';
-    }();
+bool qgemv_ring_deep(bool affine) {
     const int mode = ring_deep_mode;
-    return mode == 1 || (mode == -1 && (affine4 || deep_all));
+    return mode == 1 || (mode == -1 && affine);
 }
 void set_qgemv_ring_deep(bool on) { ring_deep_mode = on ? 1 : 0; }
 void reset_qgemv_ring_deep() { ring_deep_mode = -1; }

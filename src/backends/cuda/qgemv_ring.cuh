@@ -42,7 +42,7 @@ constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
 constexpr int k_ring = 6;             // 16-byte loads of codes in flight per lane (8 spilled at 80 registers)
 constexpr int k_blocks_per_sm = 3;    // the launch bound the register budget is set for
-// The deep ring (qgemv_ring_deep(); by default for 4-bit affine codes, qgemv.cu): twice the loads in flight per lane,
+// The deep ring (qgemv_ring_deep(); by default for affine codes, qgemv.cu): twice the loads in flight per lane,
 // for grids of at most two blocks per SM (7B's down and o_proj: 224 blocks), whose warps each stream a long stretch
 // of K with the SMs part-empty; a launch bound of two blocks per SM leaves the registers for it.
 constexpr int k_ring_deep = 12;

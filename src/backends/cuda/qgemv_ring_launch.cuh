@@ -20,9 +20,9 @@ void qgemv_ring_global(const QuantMatrix & w, const bf16 * x, int ldx, const Gem
 void qgemv_ring_stage_norm(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 
-// Whether launches that qualify use the deep ring (ring4::k_ring_deep) for this code kind (by default 4-bit affine
-// codes only; set_qgemv_ring_deep).
-bool qgemv_ring_deep(bool affine4);
+// Whether launches that qualify use the deep ring (ring4::k_ring_deep) for this code kind (by default affine codes,
+// 4- and 8-bit, not lookup codes; set_qgemv_ring_deep).
+bool qgemv_ring_deep(bool affine);
 // The fast rounds' mode (set_qgemv_ring_fast): -1 the rule of ring_launch::ring_fast_for, 1, 0.
 int qgemv_ring_fast_mode();
 
@@ -80,7 +80,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     const int grid = (n_rb + RBB - 1) / RBB;
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
-        if (plain_input && qgemv_ring_deep(C == ring4::Codes::Affine4) && grid <= 2 * sm_count()) {
+        if (plain_input && qgemv_ring_deep(C != ring4::Codes::Lookup4) && grid <= 2 * sm_count()) {
             auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
             static PerDevice<size_t> configured_deep;
             allow_dynamic_smem(deep, smem, configured_deep);
@@ -95,18 +95,21 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
 constexpr size_t k_ring_max_smem = 160 * 1024;
 
 // K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
-// split as row blocks x matrices x parts), with at least one 64-wide K block per part; more where the block's group
-// parameters (rows x groups) would not fit in shared memory. 0: no split fits.
+// split as row blocks x matrices x parts), with at least one 64-wide K block per part, and at least two for the
+// gate/up GEMV of one row; more where the block's group parameters (rows x groups) would not fit in shared memory.
+// 0: no split fits. (7B's gate/up at m 1 took one part, 296 blocks; two, 592 blocks in 1.5 waves of three an SM: on an
+// H200 7B GPTQ-Int4 batch 1 498.2 -> 504.5 tok/s with the kernel alone level, Int8 gate/up 42.6 -> 40.7 us; at m 2 /
+// 4 two parts lost, 28.4 / 30.8 -> 29.6 / 33.6 us, batch 4 -2%; bench/results/2026-12-01-h200-int8-ring.)
 template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
     constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
-    static const int gu_ks = [] {  // temporary A/B switch (QINFER_QKS_GU=2|4: K parts of the gate/up GEMV)
+    static const int gu_first = [] {  // temporary A/B switch (QINFER_QKS_GU=1: the gate/up GEMV of one row from one part)
         const char * e = std::getenv("QINFER_QKS_GU");
-        return e ? std::atoi(e) : 0;
+        return e ? std::atoi(e) : 2;
     }();
-    const int forced = MATS == 2 && gu_ks > 0 ? gu_ks : forced_ks();
-    int ks = forced ? std::min(forced, max_ks) : 1;
+    const int forced = forced_ks();
+    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 ? std::min(gu_first, max_ks) : 1;
     while (!forced && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;

@@ -1,7 +1,9 @@
 // The next token on the device: greedy argmax (one sequence: two passes over the vocabulary; a batch: a block per row)
 // and sampling with the host Sampler's rules (runtime/sampler.h), so decode steps that pick tokens run inside the CUDA
 // graph with no logits leaving the card.
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -64,6 +66,57 @@ __global__ void argmax_final_kernel(const float * partial, int * state, int * ou
         state[1] += 1;
         state[2] += 1;
         state[3] += 1;
+    }
+}
+
+// A batch's argmax in two passes. Pass 1: block (p, r) reduces part p of row r's n_valid ids (consecutive ids, eight
+// loads in flight per thread) to one (value, id) pair in partial [rows][parts].
+__global__ void __launch_bounds__(k_argmax_threads)
+    argmax_rows_partial_kernel(const float * logits, int vocab, int n_valid, int parts, float * partial) {
+    pdl_wait();
+    const int p = blockIdx.x, r = blockIdx.y;
+    const int per = (n_valid + parts - 1) / parts, begin = p * per, end = min(n_valid, begin + per);
+    const float * row = logits + int64_t(r) * vocab;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    constexpr int k_unroll = 8;
+    for (int i0 = begin + int(threadIdx.x); i0 < end; i0 += k_unroll * k_argmax_threads) {
+        float v[k_unroll];
+#pragma unroll
+        for (int u = 0; u < k_unroll; u++) {
+            const int i = i0 + u * k_argmax_threads;
+            v[u] = i < end ? row[i] : -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < k_unroll; u++) {
+            const int i = i0 + u * k_argmax_threads;
+            if (i < end) argmax_merge(bv, bi, v[u], i);
+        }
+    }
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        partial[2 * (size_t(r) * parts + p)] = bv;
+        reinterpret_cast<int *>(partial)[2 * (size_t(r) * parts + p) + 1] = bi;
+    }
+}
+
+// Pass 2: block r merges row r's parts (one a thread) and advances the decode state of its sequence.
+__global__ void argmax_rows_final_kernel(const float * partial, int parts, int rows, int * tokens, int * pos, const int * step, int * len, int * out) {
+    pdl_wait();
+    const int r = blockIdx.x;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    if (int(threadIdx.x) < parts) {
+        bv = partial[2 * (size_t(r) * parts + threadIdx.x)];
+        bi = reinterpret_cast<const int *>(partial)[2 * (size_t(r) * parts + threadIdx.x) + 1];
+    }
+    block_argmax(bv, bi);
+    if (threadIdx.x == 0) {
+        if (bi == 0x7fffffff) bi = 0;
+        tokens[r] = bi;
+        out[int64_t(*step) * rows + r] = bi;
+        pos[r] += 1;
+        len[r] += 1;
     }
 }
 
@@ -297,10 +350,26 @@ void argmax_advance(const float * logits, int n_valid, float * scratch, int * st
     launch_kernel(argmax_final_kernel, 1, k_argmax_blocks, 0, stream, scratch, state, out_tokens);
 }
 
-void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, int * step, int * len,
-                         int * out_tokens, cudaStream_t stream) {
+// Parts of a row in the batch argmax's first pass: four blocks an SM over the batch, at most k_argmax_row_parts.
+static int argmax_row_parts(int rows) { return std::clamp((4 * sm_count() + rows - 1) / rows, 1, k_argmax_row_parts); }
+
+size_t argmax_rows_scratch(int rows) { return size_t(std::max(rows, 1)) * k_argmax_row_parts * 2; }
+
+void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, float * scratch, int * tokens, int * pos, int * step,
+                         int * len, int * out_tokens, cudaStream_t stream) {
     if (rows == 0) return;
-    launch_kernel(argmax_rows_kernel, rows, k_argmax_threads, 0, stream, logits, rows, vocab, n_valid, tokens, pos, step, len, out_tokens);
+    static const bool split = [] {  // temporary A/B switch (QINFER_ARGMAX_SPLIT=0: one block a row)
+        const char * e = std::getenv("QINFER_ARGMAX_SPLIT");
+        return !(e && e[0] == '0');
+    }();
+    if (split) {
+        const int parts = argmax_row_parts(rows);
+        launch_kernel(argmax_rows_partial_kernel, dim3(parts, rows), k_argmax_threads, 0, stream, logits, vocab, n_valid, parts, scratch);
+        launch_kernel(argmax_rows_final_kernel, rows, k_argmax_row_parts, 0, stream, static_cast<const float *>(scratch), parts, rows, tokens,
+                      pos, static_cast<const int *>(step), len, out_tokens);
+    } else {
+        launch_kernel(argmax_rows_kernel, rows, k_argmax_threads, 0, stream, logits, rows, vocab, n_valid, tokens, pos, step, len, out_tokens);
+    }
     launch_kernel(step_advance_kernel, 1, 1, 0, stream, step);
 }
 
