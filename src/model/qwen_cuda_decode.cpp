@@ -2,7 +2,6 @@
 // GEMVs for a few rows and cuBLASLt beyond, the next token picked on the device (argmax or sampling) and the whole
 // step captured in a CUDA graph.
 #include <algorithm>
-#include <cstdlib>
 
 #include "model/qwen_cuda.h"
 
@@ -182,11 +181,7 @@ void CudaQwenEngine::decode_logits(int B, bool fused, const float * x, bf16 * xn
     const bf16 * w = lm_head_ + (split ? size_t(place_.rank) * V * H : 0);
     // Split: this rank's logits [B, V] land in its chunk of the gather buffer ([ranks, B, V]); one row gathers in place.
     float * y = !split ? logits_.as<float>() : (B == 1 ? logits_.as<float>() : logits_gather_.as<float>()) + size_t(place_.rank) * B * V;
-    static const bool lm_gemm = [] {  // temporary A/B switch (QINFER_LMHEAD_GEMM=1: one row's lm_head by RMSNorm + cuBLASLt)
-        const char * e = std::getenv("QINFER_LMHEAD_GEMM");
-        return e && e[0] == '1';
-    }();
-    if (fused && B <= k_dense_gemv_max_m && !lm_gemm) {
+    if (fused && B <= k_dense_gemv_max_m) {
         cuda::GemvArgs a;
         a.w = w;
         a.n = V;

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -98,18 +97,15 @@ constexpr size_t k_ring_max_smem = 160 * 1024;
 // split as row blocks x matrices x parts), with at least one 64-wide K block per part, and at least two for the
 // gate/up GEMV of one row; more where the block's group parameters (rows x groups) would not fit in shared memory.
 // 0: no split fits. (7B's gate/up at m 1 took one part, 296 blocks; two, 592 blocks in 1.5 waves of three an SM: on an
-// H200 7B GPTQ-Int4 batch 1 498.2 -> 504.5 tok/s with the kernel alone level, Int8 gate/up 42.6 -> 40.7 us; at m 2 /
-// 4 two parts lost, 28.4 / 30.8 -> 29.6 / 33.6 us, batch 4 -2%; bench/results/2026-12-01-h200-int8-ring.)
+// H200 7B GPTQ-Int4 batch 1 497.6 -> 504.0 tok/s with the kernel alone level, GPTQ-Int8 354.7 -> 363.2 with its gate/up
+// 42.6 -> 40.7 us; at m 2 / 4 two parts lost, 28.4 / 30.8 -> 29.6 / 33.6 us, batch 4 -2%;
+// bench/results/2026-12-01-h200-int8-ring.)
 template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
     constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
-    static const int gu_first = [] {  // temporary A/B switch (QINFER_QKS_GU=1: the gate/up GEMV of one row from one part)
-        const char * e = std::getenv("QINFER_QKS_GU");
-        return e ? std::atoi(e) : 2;
-    }();
     const int forced = forced_ks();
-    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 ? std::min(gu_first, max_ks) : 1;
+    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 ? std::min(2, max_ks) : 1;
     while (!forced && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;

@@ -1,9 +1,8 @@
-// The next token on the device: greedy argmax (one sequence: two passes over the vocabulary; a batch: a block per row)
+// The next token on the device: greedy argmax (two passes over the vocabulary: blocks of a slice each, then a merge)
 // and sampling with the host Sampler's rules (runtime/sampler.h), so decode steps that pick tokens run inside the CUDA
 // graph with no logits leaving the card.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -70,7 +69,9 @@ __global__ void argmax_final_kernel(const float * partial, int * state, int * ou
 }
 
 // A batch's argmax in two passes. Pass 1: block (p, r) reduces part p of row r's n_valid ids (consecutive ids, eight
-// loads in flight per thread) to one (value, id) pair in partial [rows][parts].
+// loads in flight per thread) to one (value, id) pair in partial [rows][parts]. (One block a row, one load in flight
+// a thread, took 33.9 us a step at batch 4 on an H200; this way 7B GPTQ-Int4 batch 4 / 16 +1.2 / +0.9%, BF16 +1.5 /
+// +0.6%; bench/results/2026-12-01-h200-int8-ring.)
 __global__ void __launch_bounds__(k_argmax_threads)
     argmax_rows_partial_kernel(const float * logits, int vocab, int n_valid, int parts, float * partial) {
     pdl_wait();
@@ -110,25 +111,6 @@ __global__ void argmax_rows_final_kernel(const float * partial, int parts, int r
         bv = partial[2 * (size_t(r) * parts + threadIdx.x)];
         bi = reinterpret_cast<const int *>(partial)[2 * (size_t(r) * parts + threadIdx.x) + 1];
     }
-    block_argmax(bv, bi);
-    if (threadIdx.x == 0) {
-        if (bi == 0x7fffffff) bi = 0;
-        tokens[r] = bi;
-        out[int64_t(*step) * rows + r] = bi;
-        pos[r] += 1;
-        len[r] += 1;
-    }
-}
-
-// One block per row of a batch: the row's argmax over n_valid ids, written to the decode state of its sequence.
-__global__ void __launch_bounds__(k_argmax_threads)
-    argmax_rows_kernel(const float * logits, int rows, int vocab, int n_valid, int * tokens, int * pos, const int * step, int * len, int * out) {
-    pdl_wait();
-    const int r = blockIdx.x;
-    const float * row = logits + int64_t(r) * vocab;
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n_valid; i += k_argmax_threads) argmax_merge(bv, bi, row[i], i);
     block_argmax(bv, bi);
     if (threadIdx.x == 0) {
         if (bi == 0x7fffffff) bi = 0;
@@ -358,18 +340,10 @@ size_t argmax_rows_scratch(int rows) { return size_t(std::max(rows, 1)) * k_argm
 void argmax_rows_advance(const float * logits, int rows, int vocab, int n_valid, float * scratch, int * tokens, int * pos, int * step,
                          int * len, int * out_tokens, cudaStream_t stream) {
     if (rows == 0) return;
-    static const bool split = [] {  // temporary A/B switch (QINFER_ARGMAX_SPLIT=0: one block a row)
-        const char * e = std::getenv("QINFER_ARGMAX_SPLIT");
-        return !(e && e[0] == '0');
-    }();
-    if (split) {
-        const int parts = argmax_row_parts(rows);
-        launch_kernel(argmax_rows_partial_kernel, dim3(parts, rows), k_argmax_threads, 0, stream, logits, vocab, n_valid, parts, scratch);
-        launch_kernel(argmax_rows_final_kernel, rows, k_argmax_row_parts, 0, stream, static_cast<const float *>(scratch), parts, rows, tokens,
-                      pos, static_cast<const int *>(step), len, out_tokens);
-    } else {
-        launch_kernel(argmax_rows_kernel, rows, k_argmax_threads, 0, stream, logits, rows, vocab, n_valid, tokens, pos, step, len, out_tokens);
-    }
+    const int parts = argmax_row_parts(rows);
+    launch_kernel(argmax_rows_partial_kernel, dim3(parts, rows), k_argmax_threads, 0, stream, logits, vocab, n_valid, parts, scratch);
+    launch_kernel(argmax_rows_final_kernel, rows, k_argmax_row_parts, 0, stream, static_cast<const float *>(scratch), parts, rows, tokens, pos,
+                  static_cast<const int *>(step), len, out_tokens);
     launch_kernel(step_advance_kernel, 1, 1, 0, stream, step);
 }
 
