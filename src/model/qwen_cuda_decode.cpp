@@ -265,9 +265,9 @@ bool CudaQwenEngine::run_decode_graph(const std::vector<int> & seqs, const std::
     const ModelConfig & cfg = model_->config;
     const int B = int(seqs.size());
     if (experts_on_host(B)) return false;  // quantized experts counted on the host: the per-token path
-    argmax_scratch_.ensure(std::max<size_t>(cuda::k_argmax_scratch, cuda::argmax_rows_scratch(B)) * sizeof(float), "argmax scratch");
     if (cfg.rope_scaling.type == RopeType::Dynamic) return false;
     if (!prepare_batch(seqs, tokens, n_steps)) return false;
+    argmax_scratch_.ensure(std::max<size_t>(cuda::k_argmax_scratch, cuda::argmax_rows_scratch(B)) * sizeof(float), "argmax scratch");
     const cuda::SampleParams & a = graph_sample_, & b = sample_params_;
     const bool same_sampling = end != StepEnd::Sample ||
                                (a.temperature == b.temperature && a.top_p == b.top_p && a.min_p == b.min_p && a.repetition_penalty == b.repetition_penalty &&

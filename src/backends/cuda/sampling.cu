@@ -70,7 +70,7 @@ __global__ void argmax_final_kernel(const float * partial, int * state, int * ou
 
 // A batch's argmax in two passes. Pass 1: block (p, r) reduces part p of row r's n_valid ids (consecutive ids, eight
 // loads in flight per thread) to one (value, id) pair in partial [rows][parts]. (One block a row, one load in flight
-// a thread, took 33.9 us a step at batch 4 on an H200; this way 7B GPTQ-Int4 batch 4 / 16 +1.2 / +0.9%, BF16 +1.5 /
+// a thread, took 33.9 us a step at batch 4 on an H200; this way 7B GPTQ-Int4 batch 4 / 16 +1.2 / +0.9%, BF16 +1.4 /
 // +0.6%; bench/results/2026-12-01-h200-int8-ring.)
 __global__ void __launch_bounds__(k_argmax_threads)
     argmax_rows_partial_kernel(const float * logits, int vocab, int n_valid, int parts, float * partial) {
