@@ -121,7 +121,7 @@ template <class Word> void put_field(int bits, int64_t pos, uint32_t v, Word wor
 
 float round_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
-// bitsandbytes' code tables (quant_map) for NF4 and FP4.
+// bitsandbytes' code tables (quant_map) for NF4 and FP4 (bnb_code_table).
 const float k_nf4[16] = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f, -0.28444138169288635f,
                          -0.18477343022823334f, -0.09105003625154495f, 0.0f, 0.07958029955625534f, 0.16093020141124725f,
                          0.24611230194568634f, 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f,
@@ -271,7 +271,7 @@ std::map<std::string, std::vector<uint8_t>> quantize_awq(const Linear & l, const
 
 std::map<std::string, std::vector<uint8_t>> quantize_bnb(const Linear & l, const std::vector<float> & w, const std::string & dtype) {
     const QuantScheme & s = l.scheme;
-    const float * table = s.packing == QuantPacking::Nf4 ? k_nf4 : k_fp4;
+    const float * table = bnb_code_table(s.packing);
     const int64_t total = int64_t(l.out_features) * l.in_features, bs = s.block_size, blocks = (total + bs - 1) / bs;
     std::vector<float> absmax(static_cast<size_t>(blocks));
     std::vector<uint8_t> codes(size_t((total + 1) / 2), 0);
@@ -318,6 +318,8 @@ std::map<std::string, std::vector<uint8_t>> quantize_bnb(const Linear & l, const
 }
 
 }  // namespace
+
+const float * bnb_code_table(QuantPacking packing) { return packing == QuantPacking::Nf4 ? k_nf4 : k_fp4; }
 
 std::map<std::string, std::vector<uint8_t>> quantize_linear(const Linear & l, const std::vector<float> & w, uint64_t perm_seed,
                                                             const std::string & dtype) {

@@ -35,6 +35,9 @@ std::string torch_dtype_name(DType t);
 // GPTQ's Hessian order is: "model.layers.3.self_attn.qkv" for model.layers.3.self_attn.k_proj.
 std::string act_order_key(const std::string & module);
 
+// bitsandbytes' code table (quant_map, 16 values) of NF4 (QuantPacking::Nf4) or else FP4.
+const float * bnb_code_table(QuantPacking packing);
+
 // bitsandbytes' per-weight JSON (fixed width, so its length is known before the weights are).
 std::string bnb_quant_state_json(const Linear & l, const std::string & dtype, float nested_offset);
 

@@ -58,22 +58,31 @@ struct Format {
     const char * name;
     int bits;
     bool zeros;  // a zero point per group (GPTQ asym, AWQ); else the constant 2^(bits-1) (GPTQ sym)
+    bool lut;    // bitsandbytes lookup codes: NF4's table, an fp32 absmax per 64 positions
 };
-const Format k_formats[] = {{"int4-g128", 4, true}, {"int8-g128", 8, false}};
+const Format k_formats[] = {{"int4-g128", 4, true, false}, {"int8-g128", 8, false, false}, {"nf4", 4, false, true}};
 
-// Random codes and group parameters in the tile layout (model/quant_repack.h) of an [n, k] weight, group 128.
+// Random codes and group parameters in the tile layout (model/quant_repack.h) of an [n, k] weight: affine codes in
+// groups of 128, lookup codes in bitsandbytes' blocks of 64.
 RepackedQuant random_tiled(int n, int k, const Format & f, uint64_t seed) {
     RepackedQuant r;
     r.rows = n;
     r.k = k;
     r.bits = f.bits;
-    r.group = 128;
-    r.groups = (k + 127) / 128;
+    r.lut = f.lut;
+    r.group = f.lut ? 64 : 128;
+    r.groups = (k + r.group - 1) / r.group;
     r.tiled = true;
     r.rows_padded = (n + 15) / 16 * 16;
     r.k_padded = (k + 63) / 64 * 64;
     r.codes.resize(size_t(r.rows_padded) * r.k_padded * f.bits / 32);
     for (size_t i = 0; i < r.codes.size(); i++) r.codes[i] = uint32_t(splitmix64(seed + i));
+    if (f.lut) {
+        r.table.assign(bnb_code_table(QuantPacking::Nf4), bnb_code_table(QuantPacking::Nf4) + 16);
+        r.absmax.resize(size_t(r.rows_padded) * r.groups);
+        for (size_t i = 0; i < r.absmax.size(); i++) r.absmax[i] = 0.01f + 0.01f * float(splitmix64(seed ^ (i * 31 + 7)) % 1024) / 1024.0f;
+        return r;
+    }
     r.scales.resize(size_t(r.rows_padded) * r.groups);
     for (size_t i = 0; i < r.scales.size(); i++) r.scales[i] = uint16_t(0x2000 + splitmix64(seed ^ (i * 31 + 7)) % 0x400);  // fp16 ~0.008-0.016
     r.const_zero = 1 << (f.bits - 1);
@@ -183,7 +192,7 @@ int run_kernels(const Args & a) {
             const size_t code_bytes = q.codes.bytes();
             DeviceBuffer codes_all;
             const int q_copies = replicate(codes_all, q.codes.get(), code_bytes, k_cycle, "bench");
-            const double q_bytes = double(code_bytes + q.scales.bytes() + q.zeros.bytes());
+            const double q_bytes = double(code_bytes + q.scales.bytes() + q.zeros.bytes() + q.absmax.bytes());
             DeviceBuffer gemv_scratch(cuda::qgemv_scratch_bytes(q.q.k_padded, cuda::k_qgemv_max_m), "bench");
             size_t scratch_bytes = size_t(sh.n) * sh.k * sizeof(bf16);  // room for every path
             scratch_bytes = std::max({scratch_bytes, cuda::qgemm_scratch_bytes(q.q, max_m), cuda::qgemm_mma_scratch_bytes(q.q, max_m), cuda::qgemm_rs_scratch_bytes(q.q, max_m)});
@@ -256,7 +265,7 @@ int run_kernels(const Args & a) {
     std::printf("\nbf16: the GEMV up to %d rows, cuBLASLt beyond (the engine's bf16 path). step gemv: the quantized GEMV as the\n"
                 "decode step runs it (qkv / gate_up normalising the fp32 residual in the kernel, gate_up with SiLU * up, o_proj /\n"
                 "down adding into the residual); the other columns take plain bf16 in and out. weight TB/s: codes, scales and\n"
-                "zeros of the rule's path per call; x bf16: the bf16 time over the rule's.\n",
+                "zeros (or absmax) of the rule's path per call; x bf16: the bf16 time over the rule's.\n",
                 cuda_engine::k_dense_gemv_max_m);
     write_json_output(json_path,
                       json{{"card", sys.card}, {"driver", sys.driver}, {"cuda", sys.cuda}, {"commit", git_commit()}, {"reps", reps}, {"rows", rows}});
@@ -273,7 +282,8 @@ int cmd_bench_kernels(int argc, char ** argv) {
     int (*run)(const Args &) = nullptr;
 #endif
     return gpu_bench_mode(argc, argv, "kernels",
-                          "usage: qinfer bench --kernels [--models 7b,0.5b (also 72b, 72b-tp2)] [--formats int4-g128,int8-g128] [--projs qkv,o_proj,gate_up,down]\n"
+                          "usage: qinfer bench --kernels [--models 7b,0.5b (also 72b, 72b-tp2)] [--formats int4-g128,int8-g128 (also nf4)]\n"
+                          "                            [--projs qkv,o_proj,gate_up,down]\n"
                           "                            [--m 1,2,4,...,512] [--reps 50] [--json FILE]\n"
                           "Times each quantized projection kernel (GEMV, mma GEMM, wgmma GEMM, dequantize + cuBLASLt) of Qwen2.5's\n"
                           "layer shapes against bf16 weights of the same shape, for each m; marks the one the engine picks. GPU only.\n",

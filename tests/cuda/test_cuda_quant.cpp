@@ -330,7 +330,7 @@ TEST(CudaQuant, RsGemmMatchesCpu) {
 }
 
 // qgemm_mma's SwiGLU tiles (silu_mul = true) on a stacked [gate; up] weight: the same bits as its y then
-// cuda::silu_mul, every affine format (act-order through the gathered inputs), token counts over one and several
+// cuda::silu_mul, every format it takes (affine and lookup codes; act-order through the gathered inputs), token counts over one and several
 // tiles and every token tile width, blocks of 6 and 8 warps (halves of 12 row blocks: whole tiles; 13: a last tile
 // cut short); refused (false, y untouched) where half the rows is not a multiple of 16 or K would be split (k 128 is
 // never split).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "core/check.h"
 
@@ -161,25 +162,27 @@ INSTANTIATE_TEST_SUITE_P(Backends, Batch, ::testing::ValuesIn(k_cases), test::ba
 // sequence still gets the logits it gets alone (there through the GEMVs). The MoE preset's quantized experts: the
 // batch's decode steps through cuda::moe_qexperts (24 assignments over 8 experts), its prompts through the grouped
 // GEMM (cuda::moe_qgemm) where they give an expert more than 8 rows on average on an sm_90a device, else one expert at
-// a time; with act-order, every expert its own g_idx, one by one throughout.
+// a time; with act-order, every expert its own g_idx, one by one throughout. NF4 (lookup codes) takes the same
+// GEMMs for its dense projections.
 TEST(BatchQuantCuda, ManyRowsEqualSequencesAlone) {
     if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-    for (const char * preset : {"tiny-qwen2-k128", "tiny-qwen2-moe-k64"}) {
-        for (const bool desc_act : {false, true}) {
-            const std::string dir = test::synth_quant(std::string("batch-gptq4-") + preset + (desc_act ? "-act" : ""), preset, "gptq-int4", 32, desc_act, 13);
-            EngineOptions eo;
-            eo.backend = "cuda";
-            eo.max_context = 32;
-            eo.max_sequences = 12;
-            auto engine = make_engine(dir, eo);
-            std::vector<std::vector<int>> ps = prompts(engine->config().vocab_size);
-            for (size_t i = 0; i < 6; i++) ps.push_back(std::vector<int>(ps[i].begin(), ps[i].end() - (ps[i].size() > 1 ? 1 : 0)));
-            // Act-order experts run one by one: alone through the GEMV, in the batch through the GEMM on several rows,
-            // each rounding to bf16 its own way, and a router near-tie turns such a difference into another expert:
-            // 3.0e-2 measured on an H200 for the MoE preset (its other rows within 2e-2), the golden tolerance beyond.
-            const double tol = desc_act && std::string(preset).find("moe") != std::string::npos ? 5e-2 : 2e-2;
-            EXPECT_LE(batch_vs_alone(*engine, ps), tol) << preset << ", batch of " << ps.size() << (desc_act ? ", act-order" : "");
-        }
+    const std::tuple<const char *, const char *, bool> cases[] = {{"tiny-qwen2-k128", "gptq-int4", false}, {"tiny-qwen2-k128", "gptq-int4", true},
+                                                                   {"tiny-qwen2-moe-k64", "gptq-int4", false}, {"tiny-qwen2-moe-k64", "gptq-int4", true},
+                                                                   {"tiny-qwen2-k128", "nf4", false}};
+    for (const auto & [preset, kind, desc_act] : cases) {
+        const std::string dir = test::synth_quant(std::string("batch-") + kind + "-" + preset + (desc_act ? "-act" : ""), preset, kind, 32, desc_act, 13);
+        EngineOptions eo;
+        eo.backend = "cuda";
+        eo.max_context = 32;
+        eo.max_sequences = 12;
+        auto engine = make_engine(dir, eo);
+        std::vector<std::vector<int>> ps = prompts(engine->config().vocab_size);
+        for (size_t i = 0; i < 6; i++) ps.push_back(std::vector<int>(ps[i].begin(), ps[i].end() - (ps[i].size() > 1 ? 1 : 0)));
+        // Act-order experts run one by one: alone through the GEMV, in the batch through the GEMM on several rows,
+        // each rounding to bf16 its own way, and a router near-tie turns such a difference into another expert:
+        // 3.0e-2 measured on an H200 for the MoE preset (its other rows within 2e-2), the golden tolerance beyond.
+        const double tol = desc_act && std::string(preset).find("moe") != std::string::npos ? 5e-2 : 2e-2;
+        EXPECT_LE(batch_vs_alone(*engine, ps), tol) << preset << " " << kind << ", batch of " << ps.size() << (desc_act ? ", act-order" : "");
     }
 }
 

@@ -1,10 +1,11 @@
-// GEMM for tiled 4- and 8-bit affine weights at decode-step sizes (the rule, qlinear.cpp, gives it 5-64 rows: those
-// of a continuous-batching step; any m works), on mma.sync (sm_80 and up): y[m, n] = x[m, k] W^T, weights dequantized in
-// registers, straight from the codes, never written anywhere. The arithmetic is the tensor-core GEMV's
-// (qgemv_ring.cuh): each lane's 16 bytes of codes per plane and 64-wide K block are its A fragments of four k16
-// steps, made bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the high plane's 16 (hi - zh) beside
-// it); the products accumulate in fp32 per quantization group and each group's sums are scaled by its fp16 scale in
-// fp32 into the totals. Where the GEMV multiplies one B column block of 8 tokens, this kernel multiplies NT of them
+// GEMM for tiled 4- and 8-bit affine weights and 4-bit lookup codes (bitsandbytes NF4 / FP4) at decode-step sizes
+// (the rule, qlinear.cpp, gives it 5-64 rows: those of a continuous-batching step; any m works), on mma.sync (sm_80 and
+// up): y[m, n] = x[m, k] W^T, weights dequantized in registers, straight from the codes, never written anywhere. The
+// arithmetic is the tensor-core GEMV's (qgemv_ring.cuh): each lane's 16 bytes of codes per plane and 64-wide K block
+// are its A fragments of four k16 steps, made bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the
+// high plane's 16 (hi - zh) beside it), or for lookup codes each register's pair read from a table of the 256 bf16
+// pairs in shared memory by its code byte (mma4::fill_pair_table); the products accumulate in fp32 per quantization
+// group and each group's sums are scaled by its fp16 scale (lookup codes: fp32 absmax) in fp32 into the totals. Where the GEMV multiplies one B column block of 8 tokens, this kernel multiplies NT of them
 // (BT = 8 NT tokens) with each dequantized fragment, so the dequantization is paid once per BT tokens.
 //
 //   block (token tile, row tile, K split): W warps (8; 6 at up to 32 tokens where that deals the grid more evenly over the
@@ -30,6 +31,7 @@
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -47,8 +49,14 @@ int row_tiles(const QuantMatrix & w, int warps) { return (w.rows_padded / 16 + w
 // K blocks a stage holds: 16 KB of codes a stage for 8 warps (8 KB for 64 tokens, whose x tile is the larger).
 __host__ __device__ constexpr int stage_kbs(int nt, int planes) { return (nt >= 8 ? 2 : 4) / planes; }
 
-// A kernel's shape for PLANES planes of codes, NT 8-token column blocks and W warps (each one 16-row block).
-template <int PLANES, int NT, int W> struct MmaShape {
+// Blocks per SM (the launch bound, and what the shared memory allows): three for 16 tokens (72 KB each for 4-bit
+// codes and 8 warps), so that the row blocks of 7B's gate_up (2368 warps' worth) run in one wave; two otherwise, and
+// for lookup codes, whose pair table takes 16-32 KB more.
+__host__ __device__ constexpr int blocks_per_sm(int nt, bool lut) { return nt <= 2 && !lut ? 3 : 2; }
+
+// A kernel's shape for PLANES planes of codes (LUT: lookup codes, one plane), NT 8-token column blocks and W warps
+// (each one 16-row block).
+template <int PLANES, bool LUT, int NT, int W> struct MmaShape {
     static constexpr int threads = 32 * W;
     static constexpr int BT = 8 * NT;                           // tokens per block
     static constexpr int KPS = stage_kbs(NT, PLANES);           // K blocks per stage
@@ -56,11 +64,14 @@ template <int PLANES, int NT, int W> struct MmaShape {
     static constexpr int code_chunks = W * KPS * TILE;          // uint4 of codes per stage
     static constexpr int x_chunks = BT * KPS * 8;               // uint4 of x per stage
     static constexpr int stage_chunks = code_chunks + x_chunks;
-    static constexpr size_t smem = size_t(k_stages) * stage_chunks * 16;
+    static constexpr size_t stages_bytes = size_t(k_stages) * stage_chunks * 16;
+    static constexpr int blocks = blocks_per_sm(NT, LUT);
+    // Lookup codes: the pair table after the stages (mma4::fill_pair_table), one copy a lane where two blocks still
+    // fit an SM, else 16.
+    static constexpr int lut_copies = !LUT ? 0 : (stages_bytes + 32 * 1024) * blocks <= 226 * 1024 ? 32 : 16;
+    static constexpr size_t smem = stages_bytes + size_t(256) * lut_copies * 4;
+    static_assert(smem * blocks <= 228 * 1024 - blocks * 1024, "the blocks fit an SM's shared memory");
 };
-// Blocks per SM (the launch bound, and what the shared memory allows): three for 16 tokens (72 KB each for 4-bit
-// codes and 8 warps), so that the row blocks of 7B's gate_up (2368 warps' worth) run in one wave; two otherwise.
-__host__ __device__ constexpr int blocks_per_sm(int nt) { return nt <= 2 ? 3 : 2; }
 
 // ldmatrix.x4: lane l gives the address of row l % 8 of matrix l / 8; register i receives matrix i's fragment.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t & r0, uint32_t & r1, uint32_t & r2, uint32_t & r3) {
@@ -75,6 +86,14 @@ template <int PLANES> struct GroupParams {
 
 using mma4::RawParams;
 using mma4::load_params;
+
+// Lookup codes: the absmax scales the group's fp32 sums (no zero point).
+template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_params(const mma4::LutParams & r) {
+    GroupParams<PLANES> p{};
+    p.s_lo = r.absmax[0];
+    p.s_hi = r.absmax[1];
+    return p;
+}
 
 template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_params(const RawParams & r) {
     GroupParams<PLANES> p;
@@ -92,15 +111,16 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-template <int PLANES, int NT, int W>
-__global__ void __launch_bounds__(32 * W, blocks_per_sm(NT))
+template <int PLANES, bool LUT, int NT, int W>
+__global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
                      int half_rb) {
-    using Sh = MmaShape<PLANES, NT, W>;
-    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, threads = Sh::threads;
+    using Sh = MmaShape<PLANES, LUT, NT, W>;
+    constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, threads = Sh::threads, C = Sh::lut_copies;
     static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
+    static_assert(!LUT || PLANES == 1, "lookup codes are 4-bit");
     static_assert(W % 2 == 0, "SwiGLU tiles take half the warps each");
-    extern __shared__ __align__(128) uint4 smem[];  // [stage][codes: warp, K block, plane, lane | x: token, K block, chunk]
+    extern __shared__ __align__(128) uint4 smem[];  // [stage][codes: warp, K block, plane, lane | x: token, K block, chunk], table
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
@@ -164,9 +184,11 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT))
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
     int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
-    GroupParams<PLANES> par = unpack_params<PLANES>(load_params(w, row0, gi));
-    RawParams next = load_params(w, row0, min(gi + 1, G - 1));
+    GroupParams<PLANES> par = unpack_params<PLANES>(mma4::load_group<LUT>(w, row0, gi));
+    mma4::GroupRaw<LUT> next = mma4::load_group<LUT>(w, row0, min(gi + 1, G - 1));
     const bool groups64 = w.group % 64 == 0;  // groups start only at a K block's first position
+    uint32_t * lut = reinterpret_cast<uint32_t *>(smem + size_t(k_stages) * Sh::stage_chunks);  // LUT: the pair table
+    if constexpr (LUT) mma4::fill_pair_table(w.table, lut, C, threads);  // (ready at the first stage's barrier)
 
     pdl_wait();  // x comes from the kernel ahead
 #pragma unroll
@@ -191,7 +213,7 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT))
         gi++;
         group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
         par = unpack_params<PLANES>(next);
-        next = load_params(w, row0, min(gi + 1, G - 1));
+        next = mma4::load_group<LUT>(w, row0, min(gi + 1, G - 1));
     };
     // ldmatrix addresses: lane l reads token 16 pair + 8 (l / 16) + l % 8, chunk 2 j + (l / 8) % 2 of k16 step j. Less
     // the stage and K block they are worked out once: a token's low 3 bits are l % 8 in every 16-token pair, so only
@@ -233,6 +255,14 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT))
                     for (int pr = 0; pr < NT / 2; pr++) {
                         ldmatrix_x4(sx + xoff[j] + uint32_t(kbl * 128) + pr * pair_bytes, b[2 * pr][0], b[2 * pr][1], b[2 * pr + 1][0],
                                     b[2 * pr + 1][1]);
+                    }
+                    if constexpr (LUT) {
+                        const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[0])[j];
+                        const uint32_t fr[4] = {mma4::lut_pair(lut + lane % C, C, word, 0), mma4::lut_pair(lut + lane % C, C, word, 1),
+                                                mma4::lut_pair(lut + lane % C, C, word, 2), mma4::lut_pair(lut + lane % C, C, word, 3)};
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
+                        continue;
                     }
                     constexpr uint32_t mask = 0x000F000Fu;
 #pragma unroll
@@ -312,7 +342,7 @@ Shape shape_with(const QuantMatrix & w, int m, int nt, int warps) {
     Shape sh{nt, warps, 1};
     const int kps = stage_kbs(nt, w.bits / 4);
     const int64_t blocks = int64_t((m + 8 * nt - 1) / (8 * nt)) * row_tiles(w, warps);
-    sh.splits = mma4::k_splits(blocks, int64_t(sm_count()) * blocks_per_sm(nt), (w.k_padded / 64) / (2 * kps));
+    sh.splits = mma4::k_splits(blocks, int64_t(sm_count()) * blocks_per_sm(nt, w.lut), (w.k_padded / 64) / (2 * kps));
     return sh;
 }
 
@@ -337,12 +367,11 @@ Shape shape_for(const QuantMatrix & w, int m) {
 }
 
 // y = x W^T (SwiGLU tiles where half_rb > 0) in blocks of W warps, K split `splits` ways.
-template <int PLANES, int NT, int W>
+template <int PLANES, bool LUT, int NT, int W>
 bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits, int half_rb, void * scratch, size_t scratch_bytes,
               cudaStream_t stream) {
-    using Sh = MmaShape<PLANES, NT, W>;
-    static_assert(Sh::smem * blocks_per_sm(NT) <= 228 * 1024 - blocks_per_sm(NT) * 1024, "the blocks fit an SM's shared memory");
-    auto kernel = qgemm_mma_kernel<PLANES, NT, W>;
+    using Sh = MmaShape<PLANES, LUT, NT, W>;
+    auto kernel = qgemm_mma_kernel<PLANES, LUT, NT, W>;
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(kernel, Sh::smem, configured);
     return mma4::run_split_gemm(w, x, m, y, splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int s, float * partial) {
@@ -351,18 +380,30 @@ bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits
     });
 }
 
-template <int PLANES, int NT>
+template <int PLANES, bool LUT, int NT>
 bool run(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, const Shape & sh, int half_rb, void * scratch, size_t scratch_bytes,
          cudaStream_t stream) {
     if constexpr (NT <= 4) {
-        if (sh.warps == 6) return run_with<PLANES, NT, 6>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream);
+        if (sh.warps == 6) return run_with<PLANES, LUT, NT, 6>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream);
     }
-    return run_with<PLANES, NT, 8>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream);
+    return run_with<PLANES, LUT, NT, 8>(w, x, m, y, sh.splits, half_rb, scratch, scratch_bytes, stream);
+}
+
+template <int PLANES, bool LUT>
+bool run_for(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, const Shape & sh, int half_rb, void * scratch, size_t scratch_bytes,
+             cudaStream_t stream) {
+    if (sh.nt == 2) return run<PLANES, LUT, 2>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
+    if (sh.nt == 4) return run<PLANES, LUT, 4>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
+    return run<PLANES, LUT, 8>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
 }
 
 }  // namespace
 
-bool qgemm_mma_applies(const QuantMatrix & w) { return w.tiled && !w.lut && (w.bits == 4 || w.bits == 8) && w.group > 0; }
+bool qgemm_mma_applies(const QuantMatrix & w) {
+    static const bool lut_off = std::getenv("QINFER_LUT_GEMM") && std::atoi(std::getenv("QINFER_LUT_GEMM")) == 0;  // A/B (temporary)
+    if (w.lut && lut_off) return false;
+    return w.tiled && (w.bits == 4 || (w.bits == 8 && !w.lut)) && w.group > 0;
+}
 
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_mma_applies(w)) return 0;
@@ -381,14 +422,9 @@ bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * sc
     const bool tiles_fit = w.rows == w.rows_padded && w.rows % 32 == 0;
     if (silu_mul && !(tiles_fit && sh.splits == 1)) return false;
     const int half_rb = silu_mul ? w.rows / 32 : 0;
-    if (w.bits == 4) {
-        if (sh.nt == 2) return run<1, 2>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
-        if (sh.nt == 4) return run<1, 4>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
-        return run<1, 8>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
-    }
-    if (sh.nt == 2) return run<2, 2>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
-    if (sh.nt == 4) return run<2, 4>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
-    return run<2, 8>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
+    if (w.lut) return run_for<1, true>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
+    if (w.bits == 4) return run_for<1, false>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
+    return run_for<2, false>(w, x, m, y, sh, half_rb, scratch, scratch_bytes, stream);
 }
 
 void set_qgemm_mma_warps(int warps) { warps_override = warps == 6 || warps == 8 ? warps : 0; }

@@ -1,4 +1,4 @@
-// GEMM for tiled 4- and 8-bit affine weights at decode-step sizes on Hopper (sm_90a): y[m, n] = x[m, k] W^T with the
+// GEMM for tiled 4- and 8-bit affine weights and 4-bit lookup codes (NF4 / FP4) at decode-step sizes on Hopper (sm_90a): y[m, n] = x[m, k] W^T with the
 // weights dequantized in registers straight into the A operand of warpgroup MMAs (wgmma with A from registers, B =
 // the tokens from shared memory), never written anywhere. The sm_80 kernel of the same job, qgemm_mma.cu, multiplies
 // each dequantized fragment by 8-token column blocks with mma.sync, loading every B fragment by ldmatrix and scaling
@@ -23,7 +23,9 @@
 //     layout, qgemv_ring.cuh); each register pair becomes q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the
 //     high plane's 16 (hi - zh) added, still exact: |q - z| < 256), then one HMUL2 by the group's scale rounded to
 //     bf16. So each weight is bf16(bf16(s) (q - z)), two roundings where cuda::dequantize rounds s (q - z) once
-//     (vLLM's Marlin also keeps bf16 scales for bf16 activations); the tests bound the difference.
+//     (vLLM's Marlin also keeps bf16 scales for bf16 activations); the tests bound the difference. Lookup codes:
+//     each register's pair from the table of 256 bf16 pairs in shared memory (one copy a lane, in place of stages),
+//     times the group's absmax rounded to bf16.
 //   MMAs: a K block's four k16 steps go in two groups of two, each with its own A registers (16 a thread in all); the
 //     wait for the group before comes after each commit, so a group's dequantization runs while the one before
 //     multiplies; when the K block before is done its stage goes back to the producer.
@@ -63,19 +65,25 @@ int row_tiles(const QuantMatrix & w, int nt) {
     return (w.rows_padded + rows - 1) / rows;
 }
 
-// A kernel's shape for PLANES planes of codes and BT = 8 NT tokens: a stage is one K block.
-template <int PLANES, int NT> struct RsShape {
+// A kernel's shape for PLANES planes of codes (LUT: lookup codes, one plane) and BT = 8 NT tokens: a stage is one
+// K block. Lookup codes keep their pair table (32 copies, mma4::fill_pair_table) after the barriers, in place of
+// stages.
+template <int PLANES, bool LUT, int NT> struct RsShape {
     static constexpr int BT = 8 * NT;
     static constexpr int CW = consumer_warps(NT);
     static constexpr int code_bytes = CW * PLANES * 512;  // the row blocks' codes of one K block
     static constexpr int panel_bytes = BT * 128;          // x: [BT tokens][64 bf16]
     static constexpr int stage_bytes = code_bytes + panel_bytes;
     static constexpr int BLOCKS = reg_blocks(NT);
-    static constexpr int STAGES = std::min(8, int((227 * 1024 / BLOCKS - 2048) / stage_bytes));
+    static constexpr int lut_copies = LUT ? 32 : 0;
+    static constexpr int lut_bytes = 256 * lut_copies * 4;
+    static constexpr int STAGES = std::min(8, int((227 * 1024 / BLOCKS - 2048 - lut_bytes) / stage_bytes));
     static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
-    static constexpr size_t smem = bar_offset + 2 * STAGES * sizeof(uint64_t) + 1024;  // + the base's 1024-byte alignment
+    static constexpr size_t lut_offset = bar_offset + 2 * STAGES * sizeof(uint64_t);
+    static constexpr size_t smem = lut_offset + lut_bytes + 1024;  // + the base's 1024-byte alignment
     static_assert(code_bytes % 1024 == 0 && panel_bytes % 1024 == 0, "panels keep the swizzle's 1024-byte alignment");
     static_assert(STAGES >= 3 && smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
+    static_assert(!LUT || PLANES == 1, "lookup codes are 4-bit");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -87,6 +95,14 @@ template <int PLANES> struct RsParams {
 
 __device__ __forceinline__ uint32_t bf16_pair(uint16_t half_bits) {
     return uint32_t(__bfloat16_as_ushort(__float2bfloat16(__half2float(__ushort_as_half(half_bits))))) * 0x10001u;
+}
+
+// Lookup codes: the group's absmax rounded to bf16 multiplies the table's pairs (no zero point).
+template <int PLANES> __device__ __forceinline__ RsParams<PLANES> unpack_params(const mma4::LutParams & r) {
+    RsParams<PLANES> p{};
+    p.s_lo = uint32_t(__bfloat16_as_ushort(__float2bfloat16(r.absmax[0]))) * 0x10001u;
+    p.s_hi = uint32_t(__bfloat16_as_ushort(__float2bfloat16(r.absmax[1]))) * 0x10001u;
+    return p;
 }
 
 template <int PLANES> __device__ __forceinline__ RsParams<PLANES> unpack_params(const mma4::RawParams & r) {
@@ -109,14 +125,20 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
     return *reinterpret_cast<uint32_t *>(&d);
 }
 
-// A fragments of k16 step j from this lane's code words: registers 0, 2 rows g, 1, 3 rows g + 8.
-template <int PLANES>
-__device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j, const RsParams<PLANES> & p, uint32_t (&a)[4]) {
+// A fragments of k16 step j from this lane's code words: registers 0, 2 rows g, 1, 3 rows g + 8. Lookup codes: the
+// pairs from the table at this lane's copy (lut_lane), times the absmax.
+template <int PLANES, bool LUT>
+__device__ __forceinline__ void dequantize_step(const uint4 (&cw)[PLANES], int j, const RsParams<PLANES> & p, const uint32_t * lut_lane,
+                                                uint32_t (&a)[4]) {
     constexpr uint32_t mask = 0x000F000Fu;
     const uint32_t lo_word = reinterpret_cast<const uint32_t *>(&cw[0])[j];
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const bool hi_row = r & 1;
+        if constexpr (LUT) {
+            a[r] = bf16x2_mul(mma4::lut_pair(lut_lane, 32, lo_word, r), hi_row ? p.s_hi : p.s_lo);
+            continue;
+        }
         uint32_t v = mma4::bf16x2_sub(mma4::lop3_and_or(lo_word >> (4 * r), mask, 0x43004300u), hi_row ? p.zz_hi[0] : p.zz_lo[0]);
         if constexpr (PLANES == 2) {
             const uint32_t hi_word = reinterpret_cast<const uint32_t *>(&cw[1])[j];
@@ -136,12 +158,12 @@ struct Deal {
     int blocks() const { return whole + (tiles - whole) * pieces; }
 };
 
-template <int PLANES, int NT>
-__global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS)
+template <int PLANES, bool LUT, int NT>
+__global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::BLOCKS)
     qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, const __grid_constant__ CUtensorMap x_map,
                     const __grid_constant__ CUtensorMap code_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Sh = RsShape<PLANES, NT>;
+    using Sh = RsShape<PLANES, LUT, NT>;
     constexpr int BT = Sh::BT, S = Sh::STAGES, CW = Sh::CW;
     extern __shared__ unsigned char smem_raw[];  // [stage][codes: row block, plane, lane | x: token, chunk], barriers
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
@@ -157,7 +179,9 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     const int tok0 = (tile % deal.token_tiles) * BT, rb0 = (tile / deal.token_tiles) * CW;
     const int present = min(CW, n_rb - rb0);  // row blocks of this tile inside the weight
 
-    sm90::init_stage_barriers(full, empty, S, CW);
+    uint32_t * lut = reinterpret_cast<uint32_t *>(smem + Sh::lut_offset);  // LUT: the pair table
+    if constexpr (LUT) mma4::fill_pair_table(w.table, lut, 32, block_threads(NT));
+    sm90::init_stage_barriers(full, empty, S, CW);  // (its block barrier also makes the table ready)
 
     if (warp == CW) {  // the producer
         if (lane == 0) {
@@ -185,8 +209,8 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
     int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
-    RsParams<PLANES> par = unpack_params<PLANES>(mma4::load_params(w, row0, gi));
-    mma4::RawParams next = mma4::load_params(w, row0, min(gi + 1, G - 1));
+    RsParams<PLANES> par = unpack_params<PLANES>(mma4::load_group<LUT>(w, row0, gi));
+    mma4::GroupRaw<LUT> next = mma4::load_group<LUT>(w, row0, min(gi + 1, G - 1));
 
     float d[BT / 2];
 #pragma unroll
@@ -221,10 +245,10 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, NT>::BLOCKS
                 gi++;
                 group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
                 par = unpack_params<PLANES>(next);
-                next = mma4::load_params(w, row0, min(gi + 1, G - 1));
+                next = mma4::load_group<LUT>(w, row0, min(gi + 1, G - 1));
             }
 #pragma unroll
-            for (int jj = 0; jj < 2; jj++) dequantize_step<PLANES>(cw, 2 * h + jj, par, af[h][jj]);
+            for (int jj = 0; jj < 2; jj++) dequantize_step<PLANES, LUT>(cw, 2 * h + jj, par, lut + lane, af[h][jj]);
             sm90::wgmma_fence();
 #pragma unroll
             for (int jj = 0; jj < 2; jj++) sm90::wgmma_rs_kmajor<BT>(d, af[h][jj], desc_x + 2 * (2 * h + jj));
@@ -347,17 +371,17 @@ size_t piece_bytes(const Shape & sh) {
     return size_t(sh.deal.tiles - sh.deal.whole) * sh.deal.pieces * 8 * sh.nt * rows * sizeof(float);
 }
 
-template <int PLANES, int NT>
+template <int PLANES, bool LUT, int NT>
 void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, const Deal & deal, float * partial, cudaStream_t stream) {
-    using Sh = RsShape<PLANES, NT>;
+    using Sh = RsShape<PLANES, LUT, NT>;
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, ldx, Sh::BT)) QINFER_FAIL() << "qgemm_rs: the tensor map of x [" << m << ", " << ldx << "] was refused";
     CUtensorMap code_map;
     if (!weight_code_tensor_map(&code_map, w.codes, w.rows_padded / 16, w.k_padded / 64, PLANES, Sh::CW))
         QINFER_FAIL() << "qgemm_rs: the tensor map of the codes (" << w.rows_padded / 16 << " row blocks x " << w.k_padded / 64 << " K blocks) was refused";
     static PerDevice<size_t> configured;  // once per instantiation
-    allow_dynamic_smem(qgemm_rs_kernel<PLANES, NT>, Sh::smem, configured);
-    launch_kernel(qgemm_rs_kernel<PLANES, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, x_map, code_map);
+    allow_dynamic_smem(qgemm_rs_kernel<PLANES, LUT, NT>, Sh::smem, configured);
+    launch_kernel(qgemm_rs_kernel<PLANES, LUT, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, x_map, code_map);
     CUDA_CHECK(cudaGetLastError());
     if (deal.whole < deal.tiles) {
         constexpr int quads = Sh::BT * 4 * Sh::CW;  // BT x 16 CW sums a tile, four a thread
@@ -367,12 +391,12 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
     }
 }
 
-template <int PLANES> void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, const Deal & deal, float * partial,
-                                      cudaStream_t stream) {
-    if (nt == 2) launch<PLANES, 2>(w, x, ldx, m, y, deal, partial, stream);
-    else if (nt == 4) launch<PLANES, 4>(w, x, ldx, m, y, deal, partial, stream);
-    else if (nt == 8) launch<PLANES, 8>(w, x, ldx, m, y, deal, partial, stream);
-    else launch<PLANES, 16>(w, x, ldx, m, y, deal, partial, stream);
+template <int PLANES, bool LUT>
+void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, const Deal & deal, float * partial, cudaStream_t stream) {
+    if (nt == 2) launch<PLANES, LUT, 2>(w, x, ldx, m, y, deal, partial, stream);
+    else if (nt == 4) launch<PLANES, LUT, 4>(w, x, ldx, m, y, deal, partial, stream);
+    else if (nt == 8) launch<PLANES, LUT, 8>(w, x, ldx, m, y, deal, partial, stream);
+    else launch<PLANES, LUT, 16>(w, x, ldx, m, y, deal, partial, stream);
 }
 
 }  // namespace
@@ -396,8 +420,9 @@ bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scr
         partial = mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, piece_bytes(sh));
         if (!partial) sh.deal = Deal{sh.deal.token_tiles, sh.deal.tiles, sh.deal.tiles, 1};  // no room: every tile whole
     }
-    if (w.bits == 4) launch_for<1>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
-    else launch_for<2>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
+    if (w.lut) launch_for<1, true>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
+    else if (w.bits == 4) launch_for<1, false>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
+    else launch_for<2, false>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
     return true;
 }
 

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -120,6 +121,37 @@ __device__ __forceinline__ RawParams load_params(const QuantMatrix & w, int64_t 
         p.z[h] = w.zeros ? int(w.zeros[gidx]) : w.const_zero;
     }
     return p;
+}
+
+// Lookup codes' (bitsandbytes NF4 / FP4) group parameters: the fp32 absmax of rows r and r + 8 for group gi.
+struct LutParams {
+    float absmax[2];
+};
+__device__ __forceinline__ LutParams load_absmax(const QuantMatrix & w, int64_t row, int gi) {
+    return {{w.absmax[row * w.groups + gi], w.absmax[(row + 8) * w.groups + gi]}};  // absmax covers rows_padded
+}
+// A group's raw parameters for affine (RawParams) or lookup (LutParams) codes.
+template <bool LUT> using GroupRaw = std::conditional_t<LUT, LutParams, RawParams>;
+template <bool LUT> __device__ __forceinline__ GroupRaw<LUT> load_group(const QuantMatrix & w, int64_t row, int gi) {
+    if constexpr (LUT) return load_absmax(w, row, gi);
+    else return load_params(w, row, gi);
+}
+
+// Lookup codes hold each A register's bf16 pair in one byte (quant_repack.h), which indexes a table of the 256 pairs
+// (table[b & 15], table[b >> 4]) in shared memory: `copies` copies of it, pair b's copy c at lut[b * copies + c], so
+// that lane l reading copy l % copies meets no other lane in its bank when copies is 32 (at most two when 16). The
+// values are rounded to bf16 (transformers rounds table * absmax instead: within bf16 tolerance). All `threads` threads
+// of the block call; the table is ready after a __syncthreads().
+__device__ __forceinline__ void fill_pair_table(const float * table, uint32_t * lut, int copies, int threads) {
+    for (int b = threadIdx.x; b < 256; b += threads) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(table[b & 15], table[b >> 4]);
+        const uint32_t bits = *reinterpret_cast<const uint32_t *>(&pair);
+        for (int c = 0; c < copies; c++) lut[b * copies + (c + b) % copies] = bits;  // stores of a warp in distinct banks
+    }
+}
+// A register of lookup codes: its pair from byte r of the code word (lut_lane: the table at this lane's copy).
+__device__ __forceinline__ uint32_t lut_pair(const uint32_t * lut_lane, int copies, uint32_t word, int r) {
+    return lut_lane[__byte_perm(word, 0, 0x4440 + r) * copies];
 }
 
 // The K splits of the register-dequantizing GEMMs (qgemm_mma.cu, qgemm_rs.cu) for a grid of `blocks` with `slots`

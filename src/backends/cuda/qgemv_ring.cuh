@@ -138,7 +138,7 @@ __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
 
 template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
-    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
+    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead, int l2_first) {
     constexpr int PLANES = planes_of(C);     // 16-byte loads per lane and 64-wide K block
     constexpr int RING = RINGK / PLANES;     // K blocks in flight
     constexpr int TILE = 32 * PLANES;        // uint4 per row block and K block
@@ -177,6 +177,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         if (lane == 0 && from < to) prefetch_l2(tile0 + size_t(from) * TILE, uint32_t(to - from) * TILE * 16u);
     };
     if (active && l2_ahead > 0) prefetch_blocks(kb_begin + RING, kb_begin + RING + l2_ahead);
+    if (active && l2_first > 0) prefetch_blocks(kb_begin + RING, kb_begin + RING + l2_first);
 
     bf16 * sx = reinterpret_cast<bf16 *>(smem_raw);
     const int xs = a.stage_stride;  // staged rows' stride
@@ -203,14 +204,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         }
     }
     uint32_t * lut = sq + RBB * MATS * 16 * gs;  // Lookup4: pair b's copy for lane l at lut[b * 32 + l]
-    if constexpr (C == Codes::Lookup4) {
-        static_assert(k_threads == 256, "one thread per table pair");
-        const int b = threadIdx.x;
-        const __nv_bfloat162 pair = __floats2bfloat162_rn(w.table[b & 15], w.table[b >> 4]);
-        const uint32_t bits = *reinterpret_cast<const uint32_t *>(&pair);
-#pragma unroll 8
-        for (int c = 0; c < 32; c++) lut[b * 32 + (c + b) % 32] = bits;  // banks (c + b) % 32: distinct within a warp
-    }
+    if constexpr (C == Codes::Lookup4) mma4::fill_pair_table(w.table, lut, 32, k_threads);
 
     // Inputs in b_pair_order (qstage.cuh) for 16-byte B loads: normalised ones staged so for the fast rounds, or bf16
     // rows that arrive so (a.pair_io: the SiluMulBf16 output of the gate/up GEMV before, staged as they are).
@@ -309,10 +303,9 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
             if (group_checks && (j == 0 || j == 2) && pos0 + j * 16 >= group_end) next_group();
             if constexpr (C == Codes::Lookup4) {
                 const uint32_t word = reinterpret_cast<const uint32_t *>(&codes[0])[j];
-                const uint32_t * lut_lane = lut + lane;
                 uint32_t fr[4];
 #pragma unroll
-                for (int r = 0; r < 4; r++) fr[r] = lut_lane[__byte_perm(word, 0, 0x4440 + r) * 32];
+                for (int r = 0; r < 4; r++) fr[r] = mma4::lut_pair(lut + lane, 32, word, r);
                 mma4::mma_bf16(c, fr, b[j][0], b[j][1]);
                 continue;
             }

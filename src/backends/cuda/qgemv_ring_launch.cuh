@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -76,6 +77,8 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     args.stage_stride = ring4::stage_stride(w.k_padded, a.m);
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
+    static const int l2_first_env = std::getenv("QINFER_L2_FIRST") ? std::atoi(std::getenv("QINFER_L2_FIRST")) : 0;
+    const int l2_first = plain_input ? 0 : l2_first_env / ring4::planes_of(C);
     const int grid = (n_rb + RBB - 1) / RBB;
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
@@ -84,11 +87,11 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
             static PerDevice<size_t> configured_deep;
             allow_dynamic_smem(deep, smem, configured_deep);
             args.ring_fast = ring_fast_for(w, KS, ring4::k_ring_deep, C);
-            launch_kernel(deep, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+            launch_kernel(deep, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead, l2_first);
             return;
         }
     }
-    launch_kernel(kernel, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+    launch_kernel(kernel, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead, l2_first);
 }
 
 constexpr size_t k_ring_max_smem = 160 * 1024;
