@@ -31,7 +31,6 @@
 // scratch's head), as the wgmma GEMM does.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -399,11 +398,7 @@ bool run_for(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, const Shape
 
 }  // namespace
 
-bool qgemm_mma_applies(const QuantMatrix & w) {
-    static const bool lut_off = std::getenv("QINFER_LUT_GEMM") && std::atoi(std::getenv("QINFER_LUT_GEMM")) == 0;  // A/B (temporary)
-    if (w.lut && lut_off) return false;
-    return w.tiled && (w.bits == 4 || (w.bits == 8 && !w.lut)) && w.group > 0;
-}
+bool qgemm_mma_applies(const QuantMatrix & w) { return w.tiled && (w.bits == 4 || (w.bits == 8 && !w.lut)) && w.group > 0; }
 
 size_t qgemm_mma_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_mma_applies(w)) return 0;

@@ -57,7 +57,10 @@ __host__ __device__ constexpr int stage_stride(int k_padded, int m) { return m >
 
 static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over qstage::k_threads threads");
 
-enum class XSrc { Global, StageNorm, StageBf16 };
+// Where the B operand comes from: global memory; RMSNorm of fp32 rows staged in shared memory row by row
+// (StageNorm) or with every row landed at once first (StageNormLanded, qstage::stage_norm_landed: 2-8 rows where
+// qstage::norm_land_ok); bf16 rows staged.
+enum class XSrc { Global, StageNorm, StageBf16, StageNormLanded };
 enum class Codes { Affine4, Affine8, Lookup4 };
 
 __host__ __device__ constexpr int planes_of(Codes c) { return c == Codes::Affine8 ? 2 : 1; }
@@ -138,7 +141,7 @@ __host__ __device__ inline int group_stride(int groups) { return groups | 1; }
 
 template <Codes C, GemvOut OUT, int KS, XSrc XS, int RINGK = k_ring>
 __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
-    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead, int l2_first) {
+    qgemv_ring_kernel(QuantMatrix w, const bf16 * x_global, int ldx, GemvArgs a, int l2_ahead) {
     constexpr int PLANES = planes_of(C);     // 16-byte loads per lane and 64-wide K block
     constexpr int RING = RINGK / PLANES;     // K blocks in flight
     constexpr int TILE = 32 * PLANES;        // uint4 per row block and K block
@@ -177,7 +180,6 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         if (lane == 0 && from < to) prefetch_l2(tile0 + size_t(from) * TILE, uint32_t(to - from) * TILE * 16u);
     };
     if (active && l2_ahead > 0) prefetch_blocks(kb_begin + RING, kb_begin + RING + l2_ahead);
-    if (active && l2_first > 0) prefetch_blocks(kb_begin + RING, kb_begin + RING + l2_first);
 
     bf16 * sx = reinterpret_cast<bf16 *>(smem_raw);
     const int xs = a.stage_stride;  // staged rows' stride
@@ -209,9 +211,12 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     // Inputs in b_pair_order (qstage.cuh) for 16-byte B loads: normalised ones staged so for the fast rounds, or bf16
     // rows that arrive so (a.pair_io: the SiluMulBf16 output of the gate/up GEMV before, staged as they are).
     // Lookup codes never take pair-ordered inputs (qgemv_pair_io_ok): their kernels keep the registers they had.
-    const bool pair_order = XS == XSrc::StageNorm ? a.ring_fast : C != Codes::Lookup4 && OUT != GemvOut::SiluMulBf16 && a.pair_io;
+    constexpr bool NORM_IN = XS == XSrc::StageNorm || XS == XSrc::StageNormLanded;
+    const bool pair_order = NORM_IN ? a.ring_fast : C != Codes::Lookup4 && OUT != GemvOut::SiluMulBf16 && a.pair_io;
     pdl_wait();  // the inputs come from the kernel ahead
-    if constexpr (XS != XSrc::Global) {
+    if constexpr (XS == XSrc::StageNormLanded) {
+        qstage::stage_norm_landed(a, m, a.k, kp, sx, xs, &red[0][0][0], pair_order);  // red: free until the end
+    } else if constexpr (XS != XSrc::Global) {
         constexpr GemvIn IN = XS == XSrc::StageNorm ? GemvIn::NormF32 : GemvIn::Bf16;
         if (XS == XSrc::StageBf16 && a.vec_bf16) {  // rows of k_padded bf16, 16-byte aligned: copied as they are
             const int row16 = kp / 8, n16 = m * row16;
@@ -341,7 +346,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
                 for (int u = 0; u < RING; u++) {
                     if (pos0 + 64 * u >= group_end) next_group();
                     // (pair_order is a.ring_fast, true here, for normalised inputs: spelt as a constant for them)
-                    multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm || pair_order);
+                    multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, NORM_IN || pair_order);
 #pragma unroll
                     for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
                 }

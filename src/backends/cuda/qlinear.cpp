@@ -11,6 +11,11 @@
 // qkv, o_proj and down: 41 / 31 / 150 us against 48 / 47 / 228; on gate_up qgemm_rs's 230 us beat the wgmma GEMM's 306
 // with the codes' tensor copies, but taking it for 257-512 rows where its tiles fill a wave left the throughput rows
 // level, 92.90 / 92.51 against 93.14 / 92.37 requests/s: their steps hold ~1000 rows, 2026-12-01-h200-code-map).
+// Lookup codes (NF4 / FP4) take qgemm_rs from 5 rows where it applies: its table lookups cost little beside the
+// MMAs, where qgemm_mma's (two blocks an SM) do not (7B NF4 gate_up at m 8 / 16 / 32 / 64: 48.6 / 49.3 / 46.8 / 53.8
+// us against qgemm_mma's 58.4 / 59.0 / 87.9 / 118.4 and dequantize + cuBLASLt's ~178; qkv at m 8 9.4 against the
+// GEMV's 11.1, o_proj 8.2 / 10.9; on 0.5B's shapes at m 8 the GEMV wins, 3.2-7.3 against 6.4-8.3: hence from 12M
+// codes; at m 512 dequantize + cuBLASLt wins on qkv / o_proj / down; bench/results/2026-12-02-h200-nf4-gemm).
 #include <algorithm>
 
 #include "backends/cuda/ops.h"
@@ -22,17 +27,17 @@ namespace {
 constexpr int k_mma_max_m = 64;
 // Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies.
 constexpr int k_rs_max_m = 256;
-// Codes from which the GEMM takes over from the tiled GEMV at 5 to 8 rows.
-constexpr int64_t k_mma_large_codes = int64_t(32) << 20;
+// Codes from which the GEMM takes over from the tiled GEMV at 5 to 8 rows (affine, lookup codes).
+constexpr int64_t k_mma_large_codes = int64_t(32) << 20, k_lut_large_codes = int64_t(12) << 20;
 }  // namespace
 
 QuantPath quant_path(const QuantMatrix & w, int m) {
     // 5 to 8 rows: the GEMM on large weights (7B Int4 at m 8: gate_up 39.3 us against the GEMV's 56.2, down 22.6 /
     // 37.9), the GEMV on the rest (qkv 9.9 / 9.4, o_proj 9.6 / 9.1; 0.5B's four 5.2-9.4 / 4.9-6.4).
-    const bool large = int64_t(w.rows_padded) * w.k_padded >= k_mma_large_codes;
+    const bool large = int64_t(w.rows_padded) * w.k_padded >= (w.lut ? k_lut_large_codes : k_mma_large_codes);
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
-    if (m <= k_rs_max_m && m >= (w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
+    if (m <= k_rs_max_m && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;

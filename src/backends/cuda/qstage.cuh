@@ -165,6 +165,83 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
     for (int i = K + threadIdx.x; i < n_pos; i += k_threads) dst[pair_order ? b_pair_order(i) : i] = __float2bfloat16(0.0f);
 }
 
+// Where stage_norm_landed may stage a.x: 2 or more fp32 rows (as stage_norm_vec: aligned, no act-order, K % 4 == 0)
+// of 128 to k_land_max_k values, m * K * 4 bytes within k_land_max_bytes.
+constexpr int k_land_max_k = 4 * k_threads * 4;  // a row's float4 in four registers a thread
+constexpr size_t k_land_max_bytes = 60 * 1024;
+inline bool norm_land_ok(const GemvArgs & a, bool perm) {
+    return !perm && vec_norm_ok(a) && a.m >= 2 && a.k >= 128 && a.k <= k_land_max_k && size_t(a.m) * a.k * 4 <= k_land_max_bytes;
+}
+
+// RMSNorm of m (2..8) fp32 rows [m, K] into bf16 rows dst [m][ds] (zero at positions K..n_pos, pair_order as
+// stage_norm_vec), where norm_land_ok: every row lands in shared memory at once by cp.async (one round trip for all
+// of them, where stage_norm_vec takes one a row), at dst itself, fp32 [m, K]: each row's bf16 form is written only
+// after that row was read (a block barrier) and ends before the next row's fp32 (2 ds <= 4 K for K >= 128), so the
+// rows convert in place, in order. One block reduction for the m sums of squares. red: shared float [8 k_threads / 32].
+// Same rounding as stage_norm_vec; the sums are added in another order (the last bit of rsqrt may differ).
+__device__ __forceinline__ void stage_norm_landed(const GemvArgs & a, int m, int K, int n_pos, bf16 * dst, int ds, float * red,
+                                                  bool pair_order) {
+    constexpr int R = 4, W = k_threads / 32;
+    const int n4 = K / 4;
+    float4 * land = reinterpret_cast<float4 *>(dst);
+    const float4 * x4 = static_cast<const float4 *>(a.x);
+    for (int i = threadIdx.x; i < m * n4; i += k_threads) cp_async16(land + i, x4 + i, true);
+    cp_async_commit();
+    const uint2 * w4 = reinterpret_cast<const uint2 *>(a.norm_w);  // 4 bf16 per uint2
+    cp_async_wait<0>();
+    __syncthreads();
+    // Each row's sum of squares by warps into red, then one block barrier for all of them.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int t = 0; t < m; t++) {
+        float sq = 0.0f;
+#pragma unroll
+        for (int u = 0; u < R; u++) {
+            const int i4 = threadIdx.x + u * k_threads;
+            if (i4 < n4) {
+                const float4 v = land[t * n4 + i4];
+                sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        }
+        sq = warp_sum(sq);
+        if (lane == 0) red[t * W + warp] = sq;
+    }
+    __syncthreads();
+    // Row by row: its values read, a barrier (every thread has them), its bf16 form written over them.
+    for (int t = 0; t < m; t++) {
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; w++) total += red[t * W + w];
+        const float inv = rsqrtf(total / K + a.eps);
+        float4 v[R];
+        uint2 nw[R];
+#pragma unroll
+        for (int u = 0; u < R; u++) {
+            const int i4 = threadIdx.x + u * k_threads;
+            nw[u] = i4 < n4 ? w4[i4] : make_uint2(0, 0);  // (L1 hits after the first row)
+            v[u] = i4 < n4 ? land[t * n4 + i4] : make_float4(0, 0, 0, 0);
+        }
+        __syncthreads();
+        bf16 * row = dst + size_t(t) * ds;
+#pragma unroll
+        for (int u = 0; u < R; u++) {
+            const int i4 = threadIdx.x + u * k_threads;
+            if (i4 >= n4) continue;
+            const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162 *>(&nw[u].x), w23 = *reinterpret_cast<const __nv_bfloat162 *>(&nw[u].y);
+            const __nv_bfloat162 y01 = __floats2bfloat162_rn(__low2float(w01) * (v[u].x * inv), __high2float(w01) * (v[u].y * inv));
+            const __nv_bfloat162 y23 = __floats2bfloat162_rn(__low2float(w23) * (v[u].z * inv), __high2float(w23) * (v[u].w * inv));
+            const int i = i4 * 4;
+            if (pair_order) {
+                *reinterpret_cast<__nv_bfloat162 *>(row + b_pair_order(i)) = y01;
+                *reinterpret_cast<__nv_bfloat162 *>(row + b_pair_order(i + 2)) = y23;
+            } else {
+                *reinterpret_cast<__nv_bfloat162 *>(row + i) = y01;
+                *reinterpret_cast<__nv_bfloat162 *>(row + i + 2) = y23;
+            }
+        }
+        for (int i = K + threadIdx.x; i < n_pos; i += k_threads) row[pair_order ? b_pair_order(i) : i] = __float2bfloat16(0.0f);
+    }
+}
+
 // The BF16 GEMVs' prologue: the m rows of an fp32 input RMS-normalised into bf16 xs [m, k] (float4 batches where
 // a.vec_norm, else one pass per 256 values). All threads must call; xs is ready after a __syncthreads().
 __device__ __forceinline__ void stage_norm_rows(const GemvArgs & a, int m_rows, bf16 * xs, float * red) {
