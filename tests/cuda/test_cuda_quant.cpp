@@ -110,9 +110,7 @@ TEST_P(QuantGemv, MatchesCpu) {
     const auto [n, k] = GetParam();
     check_quant_gemv(n, k);
     check_quant_gemv(n, k, true);
-    // The ring kernel's fast rounds wherever they fit (by default only on parts of three rounds): at k 896 with the
-    // normalised rows of m 3 and 8 landed in shared memory at once (qstage::stage_norm_landed) and staged in pair order.
-    if (k >= 896) {
+    if (k >= 1024) {  // the ring kernel's fast rounds wherever they fit (by default only on parts of three rounds)
         cuda::set_qgemv_ring_fast(1);
         check_quant_gemv(n, k);
         check_quant_gemv(n, k, true);

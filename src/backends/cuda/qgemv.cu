@@ -283,7 +283,7 @@ static bool stage_plain_input(int k) { return k >= k_stage_plain_min_k; }
 void qgemv_tiled(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t s) {
     const bool needs_stage = in == GemvIn::NormF32 || w.perm || a.k != w.k_padded;
     if ((needs_stage || stage_plain_input(a.k)) && size_t(a.m) * ring4::stage_stride(w.k_padded, a.m) * sizeof(bf16) <= ring4::k_max_stage_bytes) {
-        if (in == GemvIn::NormF32) return ring_launch::norm_land(w, a) ? qgemv_ring_stage_norm_landed(w, a, out, s) : qgemv_ring_stage_norm(w, a, out, s);
+        if (in == GemvIn::NormF32) return qgemv_ring_stage_norm(w, a, out, s);
         return qgemv_ring_stage_bf16(w, a, out, s);
     }
     const bf16 * x = static_cast<const bf16 *>(a.x);

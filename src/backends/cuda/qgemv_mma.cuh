@@ -146,6 +146,7 @@ __device__ __forceinline__ void fill_pair_table(const float * table, uint32_t * 
     for (int b = threadIdx.x; b < 256; b += threads) {
         const __nv_bfloat162 pair = __floats2bfloat162_rn(table[b & 15], table[b >> 4]);
         const uint32_t bits = *reinterpret_cast<const uint32_t *>(&pair);
+#pragma unroll 8
         for (int c = 0; c < copies; c++) lut[b * copies + (c + b) % copies] = bits;  // stores of a warp in distinct banks
     }
 }

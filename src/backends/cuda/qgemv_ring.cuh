@@ -57,10 +57,7 @@ __host__ __device__ constexpr int stage_stride(int k_padded, int m) { return m >
 
 static_assert(k_threads == qstage::k_threads, "the staging helpers reduce over qstage::k_threads threads");
 
-// Where the B operand comes from: global memory; RMSNorm of fp32 rows staged in shared memory row by row
-// (StageNorm) or with every row landed at once first (StageNormLanded, qstage::stage_norm_landed: 2-8 rows where
-// qstage::norm_land_ok); bf16 rows staged.
-enum class XSrc { Global, StageNorm, StageBf16, StageNormLanded };
+enum class XSrc { Global, StageNorm, StageBf16 };
 enum class Codes { Affine4, Affine8, Lookup4 };
 
 __host__ __device__ constexpr int planes_of(Codes c) { return c == Codes::Affine8 ? 2 : 1; }
@@ -211,12 +208,9 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     // Inputs in b_pair_order (qstage.cuh) for 16-byte B loads: normalised ones staged so for the fast rounds, or bf16
     // rows that arrive so (a.pair_io: the SiluMulBf16 output of the gate/up GEMV before, staged as they are).
     // Lookup codes never take pair-ordered inputs (qgemv_pair_io_ok): their kernels keep the registers they had.
-    constexpr bool NORM_IN = XS == XSrc::StageNorm || XS == XSrc::StageNormLanded;
-    const bool pair_order = NORM_IN ? a.ring_fast : C != Codes::Lookup4 && OUT != GemvOut::SiluMulBf16 && a.pair_io;
+    const bool pair_order = XS == XSrc::StageNorm ? a.ring_fast : C != Codes::Lookup4 && OUT != GemvOut::SiluMulBf16 && a.pair_io;
     pdl_wait();  // the inputs come from the kernel ahead
-    if constexpr (XS == XSrc::StageNormLanded) {
-        qstage::stage_norm_landed(a, m, a.k, kp, sx, xs, &red[0][0][0], pair_order);  // red: free until the end
-    } else if constexpr (XS != XSrc::Global) {
+    if constexpr (XS != XSrc::Global) {
         constexpr GemvIn IN = XS == XSrc::StageNorm ? GemvIn::NormF32 : GemvIn::Bf16;
         if (XS == XSrc::StageBf16 && a.vec_bf16) {  // rows of k_padded bf16, 16-byte aligned: copied as they are
             const int row16 = kp / 8, n16 = m * row16;
@@ -346,7 +340,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
                 for (int u = 0; u < RING; u++) {
                     if (pos0 + 64 * u >= group_end) next_group();
                     // (pair_order is a.ring_fast, true here, for normalised inputs: spelt as a constant for them)
-                    multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, NORM_IN || pair_order);
+                    multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm || pair_order);
 #pragma unroll
                     for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
                 }

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -18,7 +17,6 @@ namespace qinfer::cuda {
 // staged and normalised in the kernel (a.x fp32 residual rows), or staged in the kernel (a.x bf16).
 void qgemv_ring_global(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, GemvOut out, cudaStream_t s);
 void qgemv_ring_stage_norm(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
-void qgemv_ring_stage_norm_landed(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut out, cudaStream_t s);
 
 // Whether launches that qualify use the deep ring (ring4::k_ring_deep) for this code kind (by default affine codes,
@@ -39,17 +37,9 @@ inline ring4::Codes codes_of(const QuantMatrix & w) {
     return w.lut ? ring4::Codes::Lookup4 : w.bits == 8 ? ring4::Codes::Affine8 : ring4::Codes::Affine4;
 }
 
-// Whether the normalised rows of a staged launch land in shared memory all at once (qstage::stage_norm_landed).
-inline bool norm_land(const QuantMatrix & w, const GemvArgs & a) {
-    static const bool off = std::getenv("QINFER_NORM_LAND") && std::atoi(std::getenv("QINFER_NORM_LAND")) == 0;  // A/B (temporary)
-    return !off && qstage::norm_land_ok(a, w.perm != nullptr);
-}
-
-// Shared memory of a launch: the staged inputs (bf16 [m, stage_stride], or the fp32 rows landed where norm_landed),
-// the group parameters, the lookup table.
-inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks, bool landed = false) {
-    const size_t stage = staged ? std::max(size_t(m) * ring4::stage_stride(w.k_padded, m) * sizeof(bf16), landed ? size_t(m) * w.k * 4 : 0) : 0;
-    return stage + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4 + (w.lut ? ring4::k_lut_words * 4 : 0);
+inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int rows_blocks) {
+    return (staged ? size_t(m) * ring4::stage_stride(w.k_padded, m) * sizeof(bf16) : 0) + size_t(rows_blocks) * 16 * ring4::group_stride(w.groups) * 4 +
+           (w.lut ? ring4::k_lut_words * 4 : 0);
 }
 
 // Codes requested into L2 beyond the ring kernel's register ring, in 64-wide K blocks. On an H100 (7B GPTQ-Int4 shapes, m 1): down 29.4 -> 26.1 us with 6 blocks (27.9 with 12), o_proj unchanged,
@@ -88,7 +78,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
     const int grid = (n_rb + RBB - 1) / RBB;
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
-    if constexpr ((XS == ring4::XSrc::Global || XS == ring4::XSrc::StageBf16) && OUT == GemvOut::AddF32) {
+    if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
         if (plain_input && qgemv_ring_deep(C != ring4::Codes::Lookup4) && grid <= 2 * sm_count()) {
             auto deep = ring4::qgemv_ring_kernel<C, OUT, KS, XS, ring4::k_ring_deep>;
             static PerDevice<size_t> configured_deep;
@@ -110,24 +100,23 @@ constexpr size_t k_ring_max_smem = 160 * 1024;
 // H200 7B GPTQ-Int4 batch 1 497.6 -> 504.0 tok/s with the kernel alone level, GPTQ-Int8 354.7 -> 363.2 with its gate/up
 // 42.6 -> 40.7 us; at m 2 / 4 two parts lost, 28.4 / 30.8 -> 29.6 / 33.6 us, batch 4 -2%;
 // bench/results/2026-12-01-h200-int8-ring.)
-template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged, bool landed) {
+template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
     constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
     const int forced = forced_ks();
     int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 ? std::min(2, max_ks) : 1;
     while (!forced && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
-    while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks, landed) > k_ring_max_smem) ks *= 2;
-    return ring_smem_bytes(w, m, staged, ring4::k_warps / ks, landed) <= k_ring_max_smem ? ks : 0;
+    while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
+    return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
 
 template <ring4::Codes C, GemvOut OUT, ring4::XSrc XS>
 void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
     constexpr int MATS = mats_of<OUT>();
-    constexpr bool landed = XS == ring4::XSrc::StageNormLanded;
-    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global, landed);
+    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global);
     if (ks == 0) QINFER_FAIL() << "qgemv: " << w.groups << " quantization groups per row do not fit in shared memory";
-    const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks, landed);
+    const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks);
     switch (ks) {
     case 1: return launch_ring<C, OUT, 1, XS>(w, x, ldx, a, smem, s);
     case 2: return launch_ring<C, OUT, 2, XS>(w, x, ldx, a, smem, s);
