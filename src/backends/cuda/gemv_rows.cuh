@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/ops.h"
@@ -160,7 +161,10 @@ __global__ void __launch_bounds__(k_threads, MIN_BLOCKS) gemv_kernel(GemvArgs a)
 // (80 registers, 16-44 bytes spilled). H100, alternated twice in one call (bench/results/2026-11-28-h100-rows3):
 // 0.5B 1413.3 -> 1419.1 tok/s (+0.4%), 1.5B 672.4 -> 677.7 (+0.8%); 7B's rows (k 3584) lost 0.5% under it and keep
 // two.
-inline bool gemv_rows_three_blocks(int k) { return k <= 2048; }
+inline bool gemv_rows_three_blocks(int k, int n) {
+    static const bool lm3 = std::getenv("QINFER_LMHEAD3") && std::atoi(std::getenv("QINFER_LMHEAD3")) == 1;  // A/B (temporary)
+    return k <= 2048 || (lm3 && n >= 65536);
+}
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(const GemvArgs & a, cudaStream_t stream) {
     const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
@@ -169,7 +173,7 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(co
     // 7B; H100, bench/results/2026-11-26-h100-a050da2).
     constexpr int pair_max_k = 1024 * WPR;
     const bool pair = OUT != GemvOut::SiluMulBf16 || a.k <= pair_max_k;
-    const bool three = WPR == 1 && gemv_rows_three_blocks(a.k);
+    const bool three = WPR == 1 && gemv_rows_three_blocks(a.k, a.n);
     auto kernel = pair ? gemv_kernel<M, WPR, IN, OUT, true, LANES> : gemv_kernel<M, WPR, IN, OUT, false, LANES>;
     if constexpr (WPR == 1) {
         if (three) kernel = pair ? gemv_kernel<M, WPR, IN, OUT, true, LANES, 3> : gemv_kernel<M, WPR, IN, OUT, false, LANES, 3>;
