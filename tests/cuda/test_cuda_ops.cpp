@@ -92,6 +92,31 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, Gemv,
                          ::testing::Combine(::testing::Values(1, 7, 257, 4864), ::testing::Values(8, 96, 896, 4104),
                                             ::testing::Values(1, 3, 4)));
 
+// An lm_head's shape (n >= 65536) with rows longer than 2048: the row kernel in its three-blocks-an-SM form
+// (gemv_rows_three_blocks), as the decode step calls it (RMSNorm staged, fp32 logits), for 1 and 2 rows.
+TEST(CudaOps, GemvLmHeadShapeMatchesCpu) {
+    REQUIRE_GPU();
+    const int n = 65552, k = 2112;
+    cuda::set_gemv_balanced(false);
+    for (int m : {1, 2}) {
+        std::vector<float> w = randn(size_t(n) * k, 1.0f / std::sqrt(float(k))), x = randn(size_t(m) * k), norm_w = randn(size_t(k), 0.2f);
+        for (float & v : norm_w) v = round_bf16(v + 1.0f);
+        DeviceBuffer dw = upload_bf16(w), dnorm = upload_bf16(norm_w), dx = upload(x), dy = poisoned(size_t(m) * n * 4);
+        cuda::GemvArgs a = gemv_args(n, k, m, dx, dnorm, dy);
+        a.w = dw.as<bf16>();
+        cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::F32, nullptr);
+        const std::vector<float> xin = norm_rows(x, norm_w, m, k, 1e-6f);
+        const std::vector<float> want = reference_linear(xin, m, w, n, k), got = download_f32(dy, want.size());
+        double err = 0, mass = 1e-30;
+        for (size_t i = 0; i < want.size(); i++) {
+            err = std::max(err, std::isfinite(got[i]) ? std::fabs(double(got[i]) - want[i]) : INFINITY);
+            mass = std::max(mass, double(std::fabs(want[i])));
+        }
+        EXPECT_LT(err / mass, 2e-3) << "m " << m;
+    }
+    cuda::set_gemv_balanced(true);
+}
+
 // Times cuda::gemv on shape sh at m 1 under two settings, set(0) and set(1) before each timing, alternated twice:
 // us[rep][setting], microseconds per call. Weights are cycled through copies of at least 128 MB so no call finds them
 // in the 50 MB L2. Returns the weight bytes one call reads.

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/ops.h"
@@ -160,11 +159,9 @@ __global__ void __launch_bounds__(k_threads, MIN_BLOCKS) gemv_kernel(GemvArgs a)
 // One-warp rows of at most 2048 values run under the register cap that lets three blocks share an SM instead of two
 // (80 registers, 16-44 bytes spilled). H100, alternated twice in one call (bench/results/2026-11-28-h100-rows3):
 // 0.5B 1413.3 -> 1419.1 tok/s (+0.4%), 1.5B 672.4 -> 677.7 (+0.8%); 7B's rows (k 3584) lost 0.5% under it and keep
-// two.
-inline bool gemv_rows_three_blocks(int k, int n) {
-    static const bool lm3 = std::getenv("QINFER_LMHEAD3") && std::atoi(std::getenv("QINFER_LMHEAD3")) == 1;  // A/B (temporary)
-    return k <= 2048 || (lm3 && n >= 65536);
-}
+// two, except its lm_head (n >= 65536: only vocabularies): there, on an H200, 7B BF16 241.66 / 242.12 -> 243.83 /
+// 243.66 tok/s, GPTQ-Int4 503.96 / 503.91 -> 510.92 / 510.46 (bench/results/2026-12-02-h200-nf4-gemm, call 4).
+inline bool gemv_rows_three_blocks(int k, int n) { return k <= 2048 || n >= 65536; }
 
 template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(const GemvArgs & a, cudaStream_t stream) {
     const size_t smem = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
