@@ -5,8 +5,9 @@
 // are its A fragments of four k16 steps, made bf16 pairs q - z exactly (LOP3 into 128 + q, one HSUB2; 8-bit: the
 // high plane's 16 (hi - zh) beside it), or for lookup codes each register's pair read from a table of the 256 bf16
 // pairs in shared memory by its code byte (mma4::fill_pair_table); the products accumulate in fp32 per quantization
-// group and each group's sums are scaled by its fp16 scale (lookup codes: fp32 absmax) in fp32 into the totals. Where the GEMV multiplies one B column block of 8 tokens, this kernel multiplies NT of them
-// (BT = 8 NT tokens) with each dequantized fragment, so the dequantization is paid once per BT tokens.
+// group and each group's sums are scaled by its fp16 scale (lookup codes: fp32 absmax) in fp32 into the totals.
+// Where the GEMV multiplies one B column block of 8 tokens, this kernel multiplies NT of them (BT = 8 NT tokens) with
+// each dequantized fragment, so the dequantization is paid once per BT tokens.
 //
 //   block (token tile, row tile, K split): W warps (8; 6 at up to 32 tokens where that deals the grid more evenly over the
 //     SMs: shape_for), warp w owns 16-row block w of the 16 W-row tile and all BT tokens, over the split's K blocks;
