@@ -189,6 +189,7 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     const bool groups64 = w.group % 64 == 0;  // groups start only at a K block's first position
     uint32_t * lut = reinterpret_cast<uint32_t *>(smem + size_t(k_stages) * Sh::stage_chunks);  // LUT: the pair table
     if constexpr (LUT) mma4::fill_pair_table(w.table, lut, C, threads);  // (ready at the first stage's barrier)
+    const uint32_t * lut_lane = lut + (LUT ? lane % C : 0);                // this lane's copy of the table
 
     pdl_wait();  // x comes from the kernel ahead
 #pragma unroll
@@ -258,8 +259,8 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
                     }
                     if constexpr (LUT) {
                         const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[0])[j];
-                        const uint32_t fr[4] = {mma4::lut_pair(lut + lane % C, C, word, 0), mma4::lut_pair(lut + lane % C, C, word, 1),
-                                                mma4::lut_pair(lut + lane % C, C, word, 2), mma4::lut_pair(lut + lane % C, C, word, 3)};
+                        const uint32_t fr[4] = {mma4::lut_pair(lut_lane, C, word, 0), mma4::lut_pair(lut_lane, C, word, 1),
+                                                mma4::lut_pair(lut_lane, C, word, 2), mma4::lut_pair(lut_lane, C, word, 3)};
 #pragma unroll
                         for (int nt = 0; nt < NT; nt++) mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
                         continue;
