@@ -74,6 +74,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
                       reinterpret_cast<uintptr_t>(w.zeros) % 8 == 0;
     args.ring_fast = ring_fast_for(w, KS, ring4::k_ring, C);
     args.stage_stride = ring4::stage_stride(w.k_padded, a.m);
+    args.norm_joint = norm_joint_ab();
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
     const int grid = (n_rb + RBB - 1) / RBB;

@@ -89,6 +89,28 @@ __device__ __forceinline__ int b_pair_order(int i) {
     return (i & ~63) | ((w & 3) << 4) | ((w >> 2) << 1) | (e & 1);
 }
 
+// A thread's running sum of squares plus one float4's, in a fixed order of roundings (explicit intrinsics, no
+// contraction left to the compiler), so that every staging form below gets the same bits for the same row.
+__device__ __forceinline__ float add_sq4(float sq, const float4 & v) {
+    return __fadd_rn(sq, __fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.y, v.y, __fmul_rn(v.x, v.x)))));
+}
+
+// Four normalised values bf16(w * (x * inv)) stored at float4 index i4 of a staged row (in b_pair_order if asked).
+__device__ __forceinline__ void scale_store_norm(bf16 * dst, int i4, const float4 & v, const uint2 & nw, float inv, bool pair_order) {
+    const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.x), w23 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.y);
+    const __nv_bfloat162 y01 = __floats2bfloat162_rn(__low2float(w01) * (v.x * inv), __high2float(w01) * (v.y * inv));
+    const __nv_bfloat162 y23 = __floats2bfloat162_rn(__low2float(w23) * (v.z * inv), __high2float(w23) * (v.w * inv));
+    uint2 out;
+    out.x = *reinterpret_cast<const uint32_t *>(&y01);
+    out.y = *reinterpret_cast<const uint32_t *>(&y23);
+    if (pair_order) {
+        *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4)) = out.x;
+        *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4 + 2)) = out.y;
+        return;
+    }
+    *reinterpret_cast<uint2 *>(dst + size_t(i4) * 4) = out;
+}
+
 // RMSNorm of one fp32 row into bf16 dst [n_pos] (zero at positions >= K), without act-order, for K % 4 == 0: every
 // thread requests its float4 inputs and 4-value norm weights of a batch of up to R x 1024 positions at once, so a row
 // of up to R x 1024 costs one round trip to memory before the block sum instead of one per 256 positions (rows
@@ -101,20 +123,6 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
     const uint2 * w4 = reinterpret_cast<const uint2 *>(a.norm_w);  // 4 bf16 per uint2
     const int n4 = K / 4;
     constexpr int batch = R * k_threads;
-    auto scale_store = [&](int i4, const float4 & v, const uint2 & nw, float inv) {
-        const __nv_bfloat162 w01 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.x), w23 = *reinterpret_cast<const __nv_bfloat162 *>(&nw.y);
-        const __nv_bfloat162 y01 = __floats2bfloat162_rn(__low2float(w01) * (v.x * inv), __high2float(w01) * (v.y * inv));
-        const __nv_bfloat162 y23 = __floats2bfloat162_rn(__low2float(w23) * (v.z * inv), __high2float(w23) * (v.w * inv));
-        uint2 out;
-        out.x = *reinterpret_cast<const uint32_t *>(&y01);
-        out.y = *reinterpret_cast<const uint32_t *>(&y23);
-        if (pair_order) {
-            *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4)) = out.x;
-            *reinterpret_cast<uint32_t *>(dst + b_pair_order(i4 * 4 + 2)) = out.y;
-            return;
-        }
-        *reinterpret_cast<uint2 *>(dst + size_t(i4) * 4) = out;
-    };
     if (n4 <= batch) {
         float4 v[R];
         uint2 nw[R];
@@ -126,12 +134,12 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
             nw[u] = i4 < n4 ? w4[i4] : make_uint2(0, 0);
         }
 #pragma unroll
-        for (int u = 0; u < R; u++) sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+        for (int u = 0; u < R; u++) sq = add_sq4(sq, v[u]);
         const float inv = rsqrtf(block_sum<k_threads / 32>(sq, red) / K + a.eps);
 #pragma unroll
         for (int u = 0; u < R; u++) {
             const int i4 = threadIdx.x + u * k_threads;
-            if (i4 < n4) scale_store(i4, v[u], nw[u], inv);
+            if (i4 < n4) scale_store_norm(dst, i4, v[u], nw[u], inv, pair_order);
         }
     } else {
         float sq = 0;
@@ -143,7 +151,7 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
                 v[u] = i4 < n4 ? x4[i4] : make_float4(0, 0, 0, 0);
             }
 #pragma unroll
-            for (int u = 0; u < R; u++) sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+            for (int u = 0; u < R; u++) sq = add_sq4(sq, v[u]);
         }
         const float inv = rsqrtf(block_sum<k_threads / 32>(sq, red) / K + a.eps);
         for (int base = 0; base < n4; base += batch) {
@@ -158,17 +166,104 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
 #pragma unroll
             for (int u = 0; u < R; u++) {
                 const int i4 = base + threadIdx.x + u * k_threads;
-                if (i4 < n4) scale_store(i4, v[u], nw[u], inv);
+                if (i4 < n4) scale_store_norm(dst, i4, v[u], nw[u], inv, pair_order);
             }
         }
     }
     for (int i = K + threadIdx.x; i < n_pos; i += k_threads) dst[pair_order ? b_pair_order(i) : i] = __float2bfloat16(0.0f);
 }
 
-// The BF16 GEMVs' prologue: the m rows of an fp32 input RMS-normalised into bf16 xs [m, k] (float4 batches where
-// a.vec_norm, else one pass per 256 values). All threads must call; xs is ready after a __syncthreads().
+constexpr int k_max_norm_rows = 8;                                  // rows stage_norm_rows_vec stages at once
+constexpr int k_norm_red_floats = k_threads / 32 * k_max_norm_rows;  // its shared reduction space
+
+// RMSNorm of m <= k_max_norm_rows fp32 rows (row t at a.x + t K, K % 4 == 0, no act-order) into bf16 rows dst + t
+// stride [n_pos] (zero at positions >= K): the sums of squares of all rows first, the loads of two rows in flight at
+// once, then one block reduction for all of them, then a second pass over the rows (L1 hits) that scales and stores.
+// Staging m rows by stage_norm_vec costs m round trips to memory and m block reductions; this costs about m / 2 and
+// one. Each row gets the same bits as stage_norm_vec<R> gives it (same per-thread order, same reduction order).
+// red: shared float [k_norm_red_floats]. All threads must call; dst is ready after a __syncthreads().
+template <int R>
+__device__ __forceinline__ void stage_norm_rows_vec(const GemvArgs & a, int m, int K, int n_pos, bf16 * dst, int stride, float * red,
+                                                    bool pair_order = false) {
+    const float4 * x4 = reinterpret_cast<const float4 *>(a.x);
+    const uint2 * w4 = reinterpret_cast<const uint2 *>(a.norm_w);  // 4 bf16 per uint2
+    const int n4 = K / 4;
+    constexpr int batch = R * k_threads;
+    float sq[k_max_norm_rows] = {};
+    for (int base = 0; base < n4; base += batch) {
+#pragma unroll
+        for (int t0 = 0; t0 < k_max_norm_rows; t0 += 2) {
+            if (t0 >= m) break;
+            float4 v[2][R];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+#pragma unroll
+                for (int u = 0; u < R; u++) {
+                    const int i4 = base + threadIdx.x + u * k_threads;
+                    v[r][u] = i4 < n4 && t0 + r < m ? x4[size_t(t0 + r) * n4 + i4] : make_float4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+#pragma unroll
+                for (int u = 0; u < R; u++) sq[t0 + r] = add_sq4(sq[t0 + r], v[r][u]);
+            }
+        }
+    }
+    // block_sum's order for each row: the warp's butterfly, then warps 0..7 added to 0.
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int t = 0; t < k_max_norm_rows; t++) {
+        if (t >= m) break;
+        const float s = warp_sum(sq[t]);
+        if (lane == 0) red[warp * k_max_norm_rows + t] = s;
+    }
+    __syncthreads();
+    float inv[k_max_norm_rows];
+#pragma unroll
+    for (int t = 0; t < k_max_norm_rows; t++) {
+        float total = 0;
+#pragma unroll
+        for (int w = 0; w < k_threads / 32; w++) total += red[w * k_max_norm_rows + t];
+        inv[t] = rsqrtf(total / K + a.eps);
+    }
+    for (int base = 0; base < n4; base += batch) {
+        uint2 nw[R];
+#pragma unroll
+        for (int u = 0; u < R; u++) {
+            const int i4 = base + threadIdx.x + u * k_threads;
+            nw[u] = i4 < n4 ? w4[i4] : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int t = 0; t < k_max_norm_rows; t++) {
+            if (t >= m) break;
+            float4 v[R];
+#pragma unroll
+            for (int u = 0; u < R; u++) {
+                const int i4 = base + threadIdx.x + u * k_threads;
+                v[u] = i4 < n4 ? x4[size_t(t) * n4 + i4] : make_float4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < R; u++) {
+                const int i4 = base + threadIdx.x + u * k_threads;
+                if (i4 < n4) scale_store_norm(dst + size_t(t) * stride, i4, v[u], nw[u], inv[t], pair_order);
+            }
+        }
+    }
+    for (int t = 0; t < m; t++) {
+        for (int i = K + threadIdx.x; i < n_pos; i += k_threads) dst[size_t(t) * stride + (pair_order ? b_pair_order(i) : i)] = __float2bfloat16(0.0f);
+    }
+}
+
+// The BF16 GEMVs' prologue: the m rows of an fp32 input RMS-normalised into bf16 xs [m, k] (stage_norm_rows_vec where
+// a.vec_norm, else one pass per 256 values a row). All threads must call; xs is ready after a __syncthreads().
+// red: shared float [k_norm_red_floats].
 __device__ __forceinline__ void stage_norm_rows(const GemvArgs & a, int m_rows, bf16 * xs, float * red) {
     const int k = a.k;
+    if (a.vec_norm && a.norm_joint) {
+        stage_norm_rows_vec<4>(a, m_rows, k, k, xs, k, red);
+        return;
+    }
     for (int m = 0; m < m_rows; m++) {
         if (a.vec_norm) {
             stage_norm_vec<4>(a, m, k, k, xs + int64_t(m) * k, red);
