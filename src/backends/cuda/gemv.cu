@@ -62,16 +62,7 @@ static GemvArgs launch_args(const GemvArgs & args, GemvIn in, const char * who) 
     if (in == GemvIn::NormF32 && !args.norm_w) QINFER_FAIL() << who << ": NormF32 input needs norm weights";
     GemvArgs a = args;
     a.vec_norm = in == GemvIn::NormF32 && qstage::vec_norm_ok(a);
-    a.norm_joint = norm_joint_ab();
     return a;
-}
-
-bool norm_joint_ab() {
-    static const bool on = [] {
-        const char * v = std::getenv("QINFER_NORM_JOINT");
-        return !v || std::atoi(v) != 0;
-    }();
-    return on;
 }
 
 void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {

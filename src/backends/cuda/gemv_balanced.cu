@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
     extern __shared__ float4 smem_raw4[];
     float * table = reinterpret_cast<float *>(smem_raw4);                              // fp32 [M, table_rows, 256]
     bf16 * xs = reinterpret_cast<bf16 *>(table + size_t(M) * table_rows * k_threads);  // bf16 [M, k] (NormF32)
-    __shared__ float norm_red[qstage::k_norm_red_floats];
+    __shared__ float norm_red[k_threads / 32];
     __shared__ rope::PairTarget targets[ROPE ? k_table_rows / 2 : 1];  // ROPE: [M][the block's pairs]
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

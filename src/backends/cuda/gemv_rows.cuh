@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(k_threads, MIN_BLOCKS) gemv_kernel(GemvArgs a)
     extern __shared__ uint4 smem_raw[];
     bf16 * xs = reinterpret_cast<bf16 *>(smem_raw);  // bf16 [M, k]
     __shared__ float red[k_warps][M][2];
-    __shared__ float norm_red[qstage::k_norm_red_floats];
+    __shared__ float norm_red[k_warps];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int k = a.k;
     static_assert(LANES == 32 || (LANES == 16 && WPR == 1), "half-warp rows take one row per half");

@@ -40,10 +40,9 @@ struct GemvArgs {
     // (the gate/up -> down pair of a decode step: down's B fragments in two 16-byte loads; see qgemv_pair_io_ok).
     bool pair_io = false;
     int stage_stride = 0;  // qgemv ring: bf16 row stride of inputs staged in shared memory (set by its launch)
-    bool norm_joint = true;  // TEMPORARY A/B (QINFER_NORM_JOINT): 2-8 normalised rows staged by stage_norm_rows_vec
+    int norm_cluster = 0;  // qgemv ring: normalised rows staged by clusters of this many blocks (qstage::stage_norm_cluster)
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
-bool norm_joint_ab();  // TEMPORARY: QINFER_NORM_JOINT (default 1)
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)
 // unless this is off (default on; tests turn it off to check the row kernels on the same shapes).
 void set_gemv_balanced(bool on);

@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     static_assert(RBB >= 1 && RBB * MATS * KS == k_warps);
     extern __shared__ uint4 smem_raw[];
     __shared__ float red[k_warps][32][4];
-    __shared__ float norm_red[qstage::k_norm_red_floats];
+    __shared__ float norm_red[k_warps];
 
     const int kp = w.k_padded, nkb = kp / 64, m = a.m, G = w.groups, gs = group_stride(G);
     const int n_rb = (a.n + 15) / 16;
@@ -220,14 +220,19 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
             cp_async_commit();
             cp_async_wait<0>();
         }
-        // Normalised rows where a.vec_norm (set by qgemv.cu: aligned, no act-order): one row from registers, more
-        // rows with their sums of squares taken together.
-        const bool vec_norm = XS == XSrc::StageNorm && a.vec_norm;
-        if (vec_norm && (m == 1 || !a.norm_joint)) {
-            for (int tok = 0; tok < m; tok++) qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * xs, norm_red, pair_order);
+        // Clusters stage normalised rows together where the launch made them (a.norm_cluster; Hopper only).
+        bool clustered = false;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (XS == XSrc::StageNorm && a.norm_cluster > 1) {
+            qstage::stage_norm_cluster(a, m, kp, sx, xs, &red[0][0][0], &red[1][0][0], pair_order);
+            clustered = true;
         }
-        if (vec_norm && m > 1 && a.norm_joint) qstage::stage_norm_rows_vec<4>(a, m, a.k, kp, sx, xs, norm_red, pair_order);
-        for (int tok = 0; tok < (XS == XSrc::StageBf16 && a.vec_bf16 || vec_norm ? 0 : m); tok++) {
+#endif
+        for (int tok = 0; tok < (XS == XSrc::StageBf16 && a.vec_bf16 || clustered ? 0 : m); tok++) {
+            if (XS == XSrc::StageNorm && a.vec_norm) {  // set by qgemv.cu: aligned, no act-order
+                qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * xs, norm_red, pair_order);
+                continue;
+            }
             auto store = [&](int i, float v) {
                 // (bf16 rows in pair order are already so: copied as they are)
                 const bool reorder = XS == XSrc::StageNorm && pair_order;
