@@ -95,28 +95,6 @@ void launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t 
     CUDA_CHECK(cudaGetLastError());
 }
 
-// launch_kernel in clusters of cluster_x blocks along x (Hopper; gridDim.x a multiple of cluster_x).
-template <class... KernelArgs, class... Args>
-void launch_kernel_clustered(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, unsigned cluster_x,
-                             Args &&... args) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[2];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = cluster_x;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[1].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = pdl_enabled() ? 2 : 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-    CUDA_CHECK(cudaGetLastError());
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

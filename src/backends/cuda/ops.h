@@ -40,7 +40,6 @@ struct GemvArgs {
     // (the gate/up -> down pair of a decode step: down's B fragments in two 16-byte loads; see qgemv_pair_io_ok).
     bool pair_io = false;
     int stage_stride = 0;  // qgemv ring: bf16 row stride of inputs staged in shared memory (set by its launch)
-    int norm_cluster = 0;  // qgemv ring: normalised rows staged by clusters of this many blocks (qstage::stage_norm_cluster)
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)

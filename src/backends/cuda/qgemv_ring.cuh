@@ -220,15 +220,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
             cp_async_commit();
             cp_async_wait<0>();
         }
-        // Clusters stage normalised rows together where the launch made them (a.norm_cluster; Hopper only).
-        bool clustered = false;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (XS == XSrc::StageNorm && a.norm_cluster > 1) {
-            qstage::stage_norm_cluster(a, m, kp, sx, xs, &red[0][0][0], &red[1][0][0], pair_order);
-            clustered = true;
-        }
-#endif
-        for (int tok = 0; tok < (XS == XSrc::StageBf16 && a.vec_bf16 || clustered ? 0 : m); tok++) {
+        for (int tok = 0; tok < (XS == XSrc::StageBf16 && a.vec_bf16 ? 0 : m); tok++) {
             if (XS == XSrc::StageNorm && a.vec_norm) {  // set by qgemv.cu: aligned, no act-order
                 qstage::stage_norm_vec<4>(a, tok, a.k, kp, sx + size_t(tok) * xs, norm_red, pair_order);
                 continue;

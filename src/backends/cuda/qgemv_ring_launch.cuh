@@ -59,21 +59,6 @@ inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes
     return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= 3 * (ringk / ring4::planes_of(c)));
 }
 
-// Blocks a cluster that stages the normalised rows together (qstage::stage_norm_cluster): the fewest from `asked` on
-// (powers of two up to 8, the portable limit) whose parts fit; 0: none. TEMPORARY A/B switch QINFER_NORM_CLUSTER
-// (the smallest size asked, default 2; 0 off).
-inline int norm_cluster_for(int m, int k) {
-    static const int asked = [] {
-        const char * v = std::getenv("QINFER_NORM_CLUSTER");
-        return v ? std::atoi(v) : 2;
-    }();
-    if (asked < 2 || !sm90a_device()) return 0;
-    for (int c = asked; c <= 8; c *= 2) {
-        if (qstage::cluster_norm_fits(m, k, c)) return c;
-    }
-    return 0;
-}
-
 template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
@@ -91,15 +76,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     args.stage_stride = ring4::stage_stride(w.k_padded, a.m);
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
-    int grid = (n_rb + RBB - 1) / RBB;
-    if constexpr (XS == ring4::XSrc::StageNorm) {
-        args.norm_cluster = args.vec_norm ? norm_cluster_for(a.m, a.k) : 0;
-        if (args.norm_cluster > 1) {
-            grid = (grid + args.norm_cluster - 1) / args.norm_cluster * args.norm_cluster;
-            launch_kernel_clustered(kernel, dim3(grid), dim3(ring4::k_threads), smem, s, unsigned(args.norm_cluster), w, x, ldx, args, l2_ahead);
-            return;
-        }
-    }
+    const int grid = (n_rb + RBB - 1) / RBB;
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
         if (plain_input && qgemv_ring_deep(C != ring4::Codes::Lookup4) && grid <= 2 * sm_count()) {
