@@ -1,5 +1,10 @@
 // Staging a GEMV input row in shared memory for the quantized kernels: RMSNorm (rounded to bf16, as the unquantized
 // path does) or bf16, gathered in act-order, in one pass of global loads when the row fits in registers.
+// Every block stages its own copy of the rows, and what that costs is the fp32 bytes all blocks read from L2: 7B's qkv
+// (288 blocks) ~0.6 / 1.8 / 3.1 us over a plain bf16 input at 1 / 2 / 4 rows on an H200. Half as many blocks cut
+// that overhead to 0.7 us at 4 rows but slowed the GEMV more. Two other designs lost too
+// (bench/results/2026-12-02-h200-norm-cluster): all rows' sums of squares first and the rows read a second time (-2.8%
+// at batch 4), and thread-block clusters that split the rows between their blocks (-17% at batch 1, -5.7% at 4).
 #pragma once
 
 #include <cstdint>
