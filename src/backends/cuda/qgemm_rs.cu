@@ -1,10 +1,11 @@
 // GEMM for tiled 4- and 8-bit affine weights and 4-bit lookup codes (NF4 / FP4) at decode-step sizes on Hopper
 // (sm_90a): y[m, n] = x[m, k] W^T with the weights dequantized in registers straight into the A operand of warpgroup
-// MMAs (wgmma with A from registers, B = the tokens from shared memory), never written anywhere. The sm_80 kernel of the same job, qgemm_mma.cu, multiplies
-// each dequantized fragment by 8-token column blocks with mma.sync, loading every B fragment by ldmatrix and scaling
-// per-group fp32 sums: at 64 tokens it issued ~200 instructions a warp per K block for ~60 of arithmetic and ran at
-// ~190 TFLOP/s (7B Int4 gate_up at m 64 0.77x bf16 cuBLASLt on an H200, bench/results/2026-11-29-h200-qgemm-mma).
-// Here one wgmma.m64nBTk16 per k16 step covers a warpgroup's 64 rows and all BT tokens, B read by the tensor cores.
+// MMAs (wgmma with A from registers, B = the tokens from shared memory), never written anywhere. The sm_80 kernel of
+// the same job, qgemm_mma.cu, multiplies each dequantized fragment by 8-token column blocks with mma.sync, loading
+// every B fragment by ldmatrix and scaling per-group fp32 sums: at 64 tokens it issued ~200 instructions a warp per K
+// block for ~60 of arithmetic and ran at ~190 TFLOP/s (7B Int4 gate_up at m 64 0.77x bf16 cuBLASLt on an H200,
+// bench/results/2026-11-29-h200-qgemm-mma). Here one wgmma.m64nBTk16 per k16 step covers a warpgroup's 64 rows and all
+// BT tokens, B read by the tensor cores.
 //
 //   block (token tile, row tile, share of K: Deal): two or three consumer warpgroups (consumer_warps) and a producer warp;
 //     consumer warp w owns 16-row block w of the 128- or 192-row tile (warpgroup h: rows 64 h .. 64 h + 63, the m64 of
