@@ -5,6 +5,8 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 namespace qinfer::cuda_engine {
 
@@ -110,7 +112,13 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
         else prof_.mark("shared expert");
     }
-    router(L, c, xn, norm);
+    // One token through bf16 decode kernels: the router's logits from the gate/up launch (moe_decode.cu).
+    static const bool router_in_ab = [] {
+        const char * v = std::getenv("QINFER_MOE_ROUTER_IN");  // temporary A/B switch (default on)
+        return !v || std::string(v) != "0";
+    }();
+    const bool router_in_launch = router_in_ab && decode_kernels && cuda::moe_decode_router_applies(c, router_rows, E, H);
+    if (!router_in_launch) router(L, c, xn, norm);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     cuda::MoeRouting r = moe_routing();
@@ -130,6 +138,11 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         m.weights = r.weights;
         m.arrivals = moe_arrivals_.as<int>();
         m.norm = norm;
+        if (router_in_launch) {
+            m.router_w = L.router.ptr();
+            m.router_rows = router_rows;
+            m.router_count = moe_arrivals_.as<int>() + cuda::moe_decode_arrivals(std::min(ws_tokens_, cuda::k_moe_gemv_max_tokens), H);
+        }
         cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (q_routed) {

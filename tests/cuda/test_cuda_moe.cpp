@@ -374,6 +374,73 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
     EXPECT_LT(rel_err(normed.x, given.x), 1e-2);
 }
 
+// One token with the router's logits computed by the gate/up launch (MoeDecode::router_w, a shared expert's gate as
+// the last router row): the logits as the CPU's linear gives them; routing, experts and combine bit for bit as
+// moe_decode given those logits; the same again (the router count went back to zero); the input normalised in the
+// launch as given normalised.
+TEST_P(CudaMoeDecode, RouterInLaunchMatchesCpu) {
+    REQUIRE_GPU();
+    const DecodeCase p = GetParam();
+    const int E = p.experts, k = p.top_k, H = p.hidden, I = p.inter, R = E + 1;
+    ASSERT_TRUE(cuda::moe_decode_router_applies(1, R, E, H));
+    const std::vector<float> router = randn(size_t(R) * H, 1.0f / std::sqrt(float(H))), x0 = randn(size_t(H)), norm_w = randn(size_t(H), 0.3f);
+    const std::vector<float> gate_up = randn(size_t(E) * 2 * I * H, 1.0f / std::sqrt(float(H)));
+    const std::vector<float> down = randn(size_t(E) * H * I, 1.0f / std::sqrt(float(I)));
+    const std::vector<float> xn = norm_rows(x0, norm_w, 1, H, 1e-6f);
+    const std::vector<float> want_logits = reference_linear(xn, 1, router, R, H);
+    const DeviceBuffer router_d = upload_bf16(router), gu_d = upload_bf16(gate_up), down_d = upload_bf16(down), xn_d = upload_bf16(xn);
+    const DeviceBuffer x0_d = upload(x0), norm_w_d = upload_bf16(norm_w);
+    const size_t n_arrivals = cuda::moe_decode_arrivals(1, H) + 1;  // the combine's counters, then the router count
+    DeviceBuffer arrivals = upload(std::vector<int>(n_arrivals, 0));
+    struct Result {
+        std::vector<float> logits, weights, out, x;
+        std::vector<int> ids;
+    };
+    // given: logits to route by (router_w unset), or empty (the launch computes them).
+    auto run = [&](const std::vector<float> & given, bool normed) {
+        DeviceBuffer lg = given.empty() ? poisoned(size_t(R) * 4) : upload(given), x = upload(x0), ids_d = poisoned(size_t(k) * 4),
+                     w_d = poisoned(size_t(k) * 4), act = poisoned(size_t(k) * I * 2), out = poisoned(size_t(k) * H * 2);
+        cuda::MoeDecode m;
+        m.logits = lg.as<float>();
+        m.stride = R;
+        m.top_k = k;
+        m.renormalise = p.renormalise;
+        m.experts = cuda::MoeExperts{gu_d.as<cuda::bf16>(), down_d.as<cuda::bf16>(), E, H, I};
+        m.ids = ids_d.as<int>();
+        m.weights = w_d.as<float>();
+        m.arrivals = arrivals.as<int>();
+        if (normed) m.norm = cuda::MoeNormIn{x0_d.as<float>(), norm_w_d.as<cuda::bf16>(), 1e-6f};
+        if (given.empty()) {
+            m.router_w = router_d.as<cuda::bf16>();
+            m.router_rows = R;
+            m.router_count = arrivals.as<int>() + n_arrivals - 1;
+        }
+        cuda::moe_decode(normed ? nullptr : xn_d.as<cuda::bf16>(), 1, m, act.as<cuda::bf16>(), out.as<cuda::bf16>(), x.as<float>(), true, nullptr);
+        Result r;
+        r.logits = download_f32(lg, size_t(R));
+        r.ids = RoutingBuffers::ints(ids_d.as<int>(), size_t(k));
+        r.weights = download_f32(w_d, size_t(k));
+        r.out = download_bf16(out, size_t(k) * H);
+        r.x = download_f32(x, size_t(H));
+        return r;
+    };
+    const Result got = run({}, false);
+    EXPECT_LT(rel_err(got.logits, want_logits), 1e-5);
+    const Result routed = run(got.logits, false);
+    EXPECT_EQ(got.ids, routed.ids);
+    EXPECT_EQ(got.weights, routed.weights);
+    EXPECT_EQ(got.out, routed.out);
+    EXPECT_EQ(got.x, routed.x);
+    const Result again = run({}, false);
+    EXPECT_EQ(again.logits, got.logits);
+    EXPECT_EQ(again.x, got.x);
+    EXPECT_EQ(RoutingBuffers::ints(arrivals.as<int>(), n_arrivals), std::vector<int>(n_arrivals, 0)) << "counters left at zero";
+    const Result normed = run({}, true);
+    EXPECT_LT(rel_err(normed.logits, got.logits), 1e-2);
+    EXPECT_EQ(normed.ids, got.ids);
+    EXPECT_LT(rel_err(normed.x, got.x), 1e-2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeDecode,
                          ::testing::Values(DecodeCase{4, 1, 1, 96, 48, false}, DecodeCase{60, 4, 1, 256, 200, false}, DecodeCase{60, 4, 4, 264, 104, false},
                                            DecodeCase{64, 8, 3, 136, 88, false}, DecodeCase{128, 8, 4, 128, 64, true}, DecodeCase{8, 2, 2, 200, 72, true},

@@ -5,10 +5,15 @@
 //      Qwen3-30B-A3B's decode step on an H200 this launch took 15.7 us a layer against 15.0 + 3.5 for the grouped
 //      GEMV and the routing kernel. Given the residual (MoeDecode::norm), the block also stages its token's RMSNorm in
 //      shared memory, so no RMSNorm kernel runs ahead of the router.
+//      One token with MoeDecode::router_w: the router's logits come from this launch too. Blocks 0 .. router rows - 1
+//      (in launch order, so they are given SMs before any other block of the grid) each dot one router row with the
+//      token's input (its weights requested before pdl_wait), store the logit and count it in; every block waits for
+//      the count before routing, so no router kernel runs between the residual's producer and the experts.
 //   2. down: a block per (assignment, 32 output features), each warp four rows with every load in flight; where the
 //      caller gives x (no shared expert to wait for), the block of a token's feature tile that finishes last adds the
 //      token's top_k rows into x in moe_combine's order, so no combine kernel.
 #include <algorithm>
+#include <climits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_route.cuh"
@@ -50,16 +55,72 @@ template <int R> __device__ __forceinline__ void dot_rows(const uint4 * const (&
     for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
 }
 
+// A 16-byte load that stays where it is written (a volatile asm): router weights requested before pdl_wait().
+__device__ __forceinline__ uint4 load_early(const uint4 * p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ int load_acquire(const int * p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The router's logits of one token in the gate/up launch (MoeDecode::router_w): block b < router_rows (launch order)
+// dots router row b with xrow in fp32 (chunks a thread, then warps, then the block's warps in order), stores the
+// logit and counts it in; then every block waits until all router_rows are counted.
+constexpr int k_router_chunks = 4;  // 16-byte chunks of a router row a thread: hidden <= 8192
+__device__ __forceinline__ void router_logits_in_block(const MoeDecode & m, int row, const uint4 (&w)[k_router_chunks], const uint4 * xrow,
+                                                       float * red) {
+    const int chunks = m.experts.hidden / 8, lane = threadIdx.x % 32;
+    if (row < m.router_rows) {
+        float acc = 0;
+#pragma unroll
+        for (int u = 0; u < k_router_chunks; u++) {
+            const int c = threadIdx.x + u * k_warps * 32;
+            if (c < chunks) acc += dot8(w[u], xrow[c]);
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) red[threadIdx.x / 32] = acc;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float s = 0;
+            for (int i = 0; i < k_warps; i++) s += red[i];
+            m.logits[row] = s;
+            __threadfence();
+            atomicAdd(m.router_count, 1);
+        }
+    }
+    if (threadIdx.x == 0) {
+        while (load_acquire(m.router_count) < m.router_rows) __nanosleep(64);
+    }
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
-    pdl_wait();
     const MoeDecode & m = a.m;
     const int H = m.experts.hidden, I = m.experts.inter, k = m.top_k;
     const int p = blockIdx.y, t = p / k, j = p % k;  // assignment p: token t's j-th expert
+    // m.router_w: this block's router row (launch order), its weights requested ahead of the kernel before this one.
+    const int router_row = m.router_w ? int(blockIdx.y * gridDim.x + blockIdx.x) : INT_MAX;
+    uint4 rw[k_router_chunks];
+    if (router_row < m.router_rows) {
+        const uint4 * wr = reinterpret_cast<const uint4 *>(m.router_w + size_t(router_row) * H);
+#pragma unroll
+        for (int u = 0; u < k_router_chunks; u++) {
+            const int c = threadIdx.x + u * k_warps * 32;
+            rw[u] = c < H / 8 ? load_early(wr + c) : make_uint4(0, 0, 0, 0);
+        }
+    }
+    pdl_wait();
     __shared__ int ids[k_moe_max_topk];
     __shared__ float weights[k_moe_max_topk];
     __shared__ float norm_red[k_warps];
+    __shared__ float logits[k_moe_max_experts];
     extern __shared__ uint4 xs[];  // m.norm.x: the token's normalised row, bf16 [H]
-    if (threadIdx.x < 32) route_token(m.logits + size_t(t) * m.stride, m.experts.n_experts, k, m.renormalise, ids, weights);
+    if (!m.router_w && threadIdx.x < 32) route_token(m.logits + size_t(t) * m.stride, m.experts.n_experts, k, m.renormalise, ids, weights);
     const uint4 * xrow = reinterpret_cast<const uint4 *>(a.xn + size_t(t) * H);
     if (m.norm.x) {
         bf16 * xb = reinterpret_cast<bf16 *>(xs);
@@ -67,6 +128,16 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
         xrow = xs;
     }
     __syncthreads();
+    if (m.router_w) {
+        router_logits_in_block(m, router_row, rw, xrow, norm_red);
+        if (threadIdx.x < 32) {
+            // From L2: the logits were stored by other blocks of this launch, after any copy this SM's L1 may hold.
+            for (int e = threadIdx.x; e < m.experts.n_experts; e += 32) logits[e] = __ldcg(m.logits + e);
+            __syncwarp();
+            route_token(logits, m.experts.n_experts, k, m.renormalise, ids, weights);
+        }
+        __syncthreads();
+    }
     if (blockIdx.x == 0 && j == 0 && threadIdx.x < k) {
         m.ids[size_t(t) * k + threadIdx.x] = ids[threadIdx.x];
         m.weights[size_t(t) * k + threadIdx.x] = weights[threadIdx.x];
@@ -95,6 +166,8 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
 __global__ void __launch_bounds__(k_warps * 32) down_kernel(DecodeArgs a) {
     pdl_wait();
     const MoeDecode & m = a.m;
+    // The gate/up launch is over (pdl_wait): its router count goes back to zero for the next one.
+    if (m.router_w && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *m.router_count = 0;
     const int H = m.experts.hidden, I = m.experts.inter, k = m.top_k;
     const int p = blockIdx.y, t = p / k, lane = threadIdx.x % 32;
     const int f0 = (blockIdx.x * k_warps + threadIdx.x / 32) * k_dn_out;
@@ -141,6 +214,10 @@ bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter) {
            inter % 8 == 0 && inter > 0;
 }
 
+bool moe_decode_router_applies(int c, int router_rows, int n_experts, int hidden) {
+    return c == 1 && router_rows >= n_experts && router_rows <= k_moe_max_experts + 1 && hidden <= k_router_chunks * k_warps * 32 * 8;
+}
+
 size_t moe_decode_arrivals(int c, int hidden) { return size_t(c) * ((hidden + k_dn_per_block - 1) / k_dn_per_block); }
 
 void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream) {
@@ -161,7 +238,15 @@ void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * 
     if (m.norm.x) {
         QINFER_CHECK(xs_bytes <= 48 * 1024) << "MoE decode: a normalised row of " << w.hidden << " values does not fit in shared memory";
     }
-    launch_kernel(gate_up_kernel, dim3((w.inter + k_gu_per_block - 1) / k_gu_per_block, assignments), dim3(k_warps * 32), xs_bytes, stream, a);
+    int gu_tiles = (w.inter + k_gu_per_block - 1) / k_gu_per_block;
+    if (m.router_w) {
+        QINFER_CHECK(moe_decode_router_applies(c, m.router_rows, w.n_experts, w.hidden) && m.router_count)
+            << "MoE decode: the router in the gate/up launch takes one token, " << w.n_experts << "..." << k_moe_max_experts + 1
+            << " router rows and hidden <= " << k_router_chunks * k_warps * 32 * 8 << " (got " << c << " tokens, " << m.router_rows
+            << " rows, hidden " << w.hidden << ")";
+        gu_tiles = std::max(gu_tiles, (m.router_rows + assignments - 1) / assignments);  // a block for every router row
+    }
+    launch_kernel(gate_up_kernel, dim3(gu_tiles, assignments), dim3(k_warps * 32), xs_bytes, stream, a);
     launch_kernel(down_kernel, dim3((w.hidden + k_dn_per_block - 1) / k_dn_per_block, assignments), dim3(k_warps * 32), 0, stream, a);
 }
 

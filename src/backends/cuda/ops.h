@@ -416,7 +416,7 @@ struct MoeNormIn {
 // order (accumulate false: the sum alone). Models with a shared expert leave x null and combine with moe_combine
 // (slot_of null: assignment order) once their shared expert is done.
 struct MoeDecode {
-    const float * logits = nullptr;  // fp32 [c, stride]: the router's n_experts columns first
+    float * logits = nullptr;  // fp32 [c, stride]: the router's n_experts columns first (written where router_w is set)
     int stride = 0;
     int top_k = 0;
     bool renormalise = false;
@@ -425,9 +425,18 @@ struct MoeDecode {
     float * weights = nullptr;  // [c, top_k], written
     int * arrivals = nullptr;   // [moe_decode_arrivals(c, hidden)] zeros, left zero: the combine's per-tile counters
     MoeNormIn norm;             // norm.x set: xn is RMSNorm(norm.x), computed by the gate/up blocks (xn unused)
+    // One token (c == 1) with router_w set: the router's logits are computed by the gate/up launch itself, no router
+    // kernel ahead: router_w bf16 [router_rows, hidden] (the experts' rows first, then any other, such as a shared
+    // expert's gate), all router_rows logits written into logits; router_count one int, zero between launches (the
+    // down launch puts it back).
+    const bf16 * router_w = nullptr;
+    int router_rows = 0;
+    int * router_count = nullptr;
 };
 bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter);
 size_t moe_decode_arrivals(int c, int hidden);
+// Whether moe_decode can compute the router's logits in its gate/up launch (MoeDecode::router_w).
+bool moe_decode_router_applies(int c, int router_rows, int n_experts, int hidden);
 void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * out, float * x, bool accumulate, cudaStream_t stream);
 // Quantized routed experts (moe_quant.cu): every expert's 4- or 8-bit affine codes stacked in the tile layout of
 // model/quant_repack.h, gate_up rows [n_experts, gate inter | up inter] over hidden, down rows [n_experts, hidden]
