@@ -5,8 +5,6 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 namespace qinfer::cuda_engine {
 
@@ -61,7 +59,8 @@ void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn, const cu
 // the shared expert (if any), the router (with the shared expert's gate as its last row), routing and grouping on
 // the device, the routed experts (cuda::moe_experts; quantized: cuda::moe_qexperts, or cuda::moe_qgemm for many rows
 // an expert), the weighted combine. Decode steps of bf16 experts route, run the experts and (with no shared expert)
-// combine in the two launches of cuda::moe_decode. Quantized experts neither kernel takes (act-order, no sm_90a for
+// combine in the two launches of cuda::moe_decode; with no shared expert, one token's router logits come from there
+// too. Quantized experts neither kernel takes (act-order, no sm_90a for
 // prefill steps) run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
 void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode, const cuda::MoeNormIn & norm) {
     const ModelConfig & cfg = model_->config;
@@ -112,12 +111,12 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
         else prof_.mark("shared expert");
     }
-    // One token through bf16 decode kernels: the router's logits from the gate/up launch (moe_decode.cu).
-    static const bool router_in_ab = [] {
-        const char * v = std::getenv("QINFER_MOE_ROUTER_IN");  // temporary A/B switch (default on)
-        return !v || std::string(v) != "0";
-    }();
-    const bool router_in_launch = router_in_ab && decode_kernels && cuda::moe_decode_router_applies(c, router_rows, E, H);
+    // One token through bf16 decode kernels without a shared expert: the router's logits from the gate/up launch
+    // (moe_decode.cu). On an H200 (same call, alternated twice; bench/results/2026-12-02-h200-router-in-launch)
+    // Qwen3-30B-A3B BF16 decoded 374.19 / 374.26 -> 378.41 / 378.75 tok/s with it; Qwen1.5-MoE-A2.7B BF16, whose shared
+    // expert forks beside the router, 589.81 / 590.43 -> 568.01 / 567.33: the gate/up blocks, launched early and waiting
+    // for the router's count, held the SMs its shared expert's gate/up had taken at the fork (its duration doubled).
+    const bool router_in_launch = decode_kernels && !L.has_shared && cuda::moe_decode_router_applies(c, router_rows, E, H);
     if (!router_in_launch) router(L, c, xn, norm);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
