@@ -21,14 +21,6 @@ namespace {
 constexpr int k_probe_threads = 256;
 constexpr int k_copy_consumers = 4;  // warps that read the stages
 
-// mma4::load_stream (qgemv_mma.cuh): a volatile asm, so the loads stay where they are written; that header carries
-// kernels of its own, which this file should not instantiate.
-__device__ __forceinline__ uint4 ld_nc(const uint4 * p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
 // The XOR of every thread's `acc` into out[blockIdx.x].
 __device__ __forceinline__ void block_xor(uint32_t acc, uint32_t * out) {
     __shared__ uint32_t warp_acc[32];
@@ -50,7 +42,7 @@ template <int UNROLL> __global__ void __launch_bounds__(k_probe_threads) probe_l
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             const int64_t i = i0 + int64_t(u) * k_probe_threads;
-            v[u] = i < per_block ? ld_nc(q + i) : make_uint4(0, 0, 0, 0);
+            v[u] = i < per_block ? load_stream_pinned(q + i) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;

@@ -133,6 +133,14 @@ __device__ __forceinline__ uint4 load_stream(const uint4 * p) {
     return v;
 }
 
+// load_stream as a volatile asm: the load stays where it is written (requested ahead of its use: before pdl_wait(),
+// or a ring of loads ahead) instead of being moved next to its use.
+__device__ __forceinline__ uint4 load_stream_pinned(const uint4 * p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // Dot product of eight bf16 pairs (16 bytes each) in fp32, in order.
 __device__ __forceinline__ float dot8(const uint4 & w, const uint4 & x) {
     const __nv_bfloat162 * wp = reinterpret_cast<const __nv_bfloat162 *>(&w);

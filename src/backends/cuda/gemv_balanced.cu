@@ -13,6 +13,8 @@
 // are in flight, so the epilogue only multiplies and stores.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "backends/cuda/gemv_common.cuh"
@@ -30,8 +32,9 @@ constexpr int k_batch = 8;        // loads in flight per thread
 struct NoRope {};  // the kernel parameter of the variants without the RoPE epilogue
 template <bool ROPE> using RopeParam = std::conditional_t<ROPE, QkvRopeArgs, NoRope>;
 
-template <int M, GemvIn IN, GemvOut OUT, bool ROPE>
-__global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, int table_rows, RopeParam<ROPE> rope) {
+// The ring form keeps one row's bf16-input kernels at three blocks per SM (at most 85 registers), as the batch form fits them.
+template <int M, GemvIn IN, GemvOut OUT, bool ROPE, bool RING>
+__global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 && M == 1 ? 3 : 0) gemv_balanced_kernel(GemvArgs a, int table_rows, RopeParam<ROPE> rope) {
     extern __shared__ float4 smem_raw4[];
     float * table = reinterpret_cast<float *>(smem_raw4);                              // fp32 [M, table_rows, 256]
     bf16 * xs = reinterpret_cast<bf16 *>(table + size_t(M) * table_rows * k_threads);  // bf16 [M, k] (NormF32)
@@ -58,21 +61,27 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
     const uint4 * p = v < vrows ? row_ptr(v) : nullptr;
     uint4 wv[k_batch];
     int wrow[k_batch], wchunk[k_batch];
+    // Slot u takes the thread's next chunk.
+    auto next_load = [&](int u) {
+        wrow[u] = v;
+        wchunk[u] = c;
+        if constexpr (RING) {
+            wv[u] = v < vrows ? load_stream_pinned(p + c) : make_uint4(0, 0, 0, 0);
+        } else {
+            wv[u] = v < vrows ? load_stream(p + c) : make_uint4(0, 0, 0, 0);
+        }
+        c += k_threads;
+        if (c >= chunks) {
+            while (c >= chunks) {
+                c -= chunks;
+                v++;
+            }
+            p = v < vrows ? row_ptr(v) : nullptr;
+        }
+    };
     auto fetch = [&]() {
 #pragma unroll
-        for (int u = 0; u < k_batch; u++) {
-            wrow[u] = v;
-            wchunk[u] = c;
-            wv[u] = v < vrows ? load_stream(p + c) : make_uint4(0, 0, 0, 0);
-            c += k_threads;
-            if (c >= chunks) {
-                while (c >= chunks) {
-                    c -= chunks;
-                    v++;
-                }
-                p = v < vrows ? row_ptr(v) : nullptr;
-            }
-        }
+        for (int u = 0; u < k_batch; u++) next_load(u);
     };
 
     // The first batch is requested before pdl_wait() and the norm, as in gemv.cu.
@@ -104,20 +113,36 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
 #pragma unroll
         for (int m = 0; m < M; m++) table[(size_t(m) * table_rows + cur) * k_threads + tid] = acc[m];
     };
-    while (have_batch || v < vrows) {
-        if (!have_batch) fetch();
-        have_batch = false;
+    auto consume = [&](int u) {
+        if (wrow[u] != cur) {
+            flush();
+            cur = wrow[u];
 #pragma unroll
-        for (int u = 0; u < k_batch; u++) {
-            if (wrow[u] >= vrows) continue;
-            if (wrow[u] != cur) {
-                flush();
-                cur = wrow[u];
+            for (int m = 0; m < M; m++) acc[m] = 0;
+        }
 #pragma unroll
-                for (int m = 0; m < M; m++) acc[m] = 0;
+        for (int m = 0; m < M; m++) acc[m] += dot8(wv[u], reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[wchunk[u]]);
+    };
+    if constexpr (RING) {
+        // Each slot is refilled as soon as it is multiplied, so the thread's loads never drain between batches. Slots
+        // are taken and multiplied in turn, so the chunks are multiplied in the same order as below.
+        while (wrow[0] < vrows) {
+#pragma unroll
+            for (int u = 0; u < k_batch; u++) {
+                if (wrow[u] >= vrows) break;  // the slots after it are past the end too
+                consume(u);
+                next_load(u);
             }
+        }
+    } else {
+        while (have_batch || v < vrows) {
+            if (!have_batch) fetch();
+            have_batch = false;
 #pragma unroll
-            for (int m = 0; m < M; m++) acc[m] += dot8(wv[u], reinterpret_cast<const uint4 *>(xsrc + int64_t(m) * k)[wchunk[u]]);
+            for (int u = 0; u < k_batch; u++) {
+                if (wrow[u] >= vrows) continue;
+                consume(u);
+            }
         }
     }
     flush();
@@ -150,7 +175,11 @@ __global__ void __launch_bounds__(k_threads) gemv_balanced_kernel(GemvArgs a, in
 template <int M, GemvIn IN, GemvOut OUT, bool ROPE = false>
 bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rope = {}) {
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
-    auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE>;
+    static const bool ring = [] {
+        const char * v = std::getenv("QINFER_GEMV_RING");  // temporary A/B switch (default off)
+        return v && std::string(v) == "1";
+    }();
+    auto kernel = ring ? gemv_balanced_kernel<M, IN, OUT, ROPE, true> : gemv_balanced_kernel<M, IN, OUT, ROPE, false>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
     static PerDevice<size_t> configured;

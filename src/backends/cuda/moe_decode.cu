@@ -55,13 +55,6 @@ template <int R> __device__ __forceinline__ void dot_rows(const uint4 * const (&
     for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
 }
 
-// A 16-byte load that stays where it is written (a volatile asm): router weights requested before pdl_wait().
-__device__ __forceinline__ uint4 load_early(const uint4 * p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ int load_acquire(const int * p) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -111,7 +104,7 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
 #pragma unroll
         for (int u = 0; u < k_router_chunks; u++) {
             const int c = threadIdx.x + u * k_warps * 32;
-            rw[u] = c < H / 8 ? load_early(wr + c) : make_uint4(0, 0, 0, 0);
+            rw[u] = c < H / 8 ? load_stream_pinned(wr + c) : make_uint4(0, 0, 0, 0);
         }
     }
     pdl_wait();

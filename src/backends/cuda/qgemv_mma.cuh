@@ -21,13 +21,8 @@ namespace qinfer::cuda::mma4 {
 constexpr int k_warps = 8;
 constexpr int k_threads = k_warps * 32;
 
-// common.cuh's load_stream as a volatile asm: the ring kernel's loads stay where they are written (requested a
-// whole ring ahead) instead of being moved next to their use.
-__device__ __forceinline__ uint4 load_stream(const uint4 * p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
+// The ring kernels' loads stay where they are written (requested a whole ring ahead): common.cuh's pinned load.
+__device__ __forceinline__ uint4 load_stream(const uint4 * p) { return load_stream_pinned(p); }
 
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
     uint32_t d;
