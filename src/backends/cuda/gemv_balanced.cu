@@ -175,14 +175,16 @@ __global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 && M == 
 template <int M, GemvIn IN, GemvOut OUT, bool ROPE = false>
 bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rope = {}) {
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
-    static const bool ring = [] {
-        const char * v = std::getenv("QINFER_GEMV_RING");  // temporary A/B switch (default off)
-        return v && std::string(v) == "1";
+    // Temporary A/B switch: 0 batches (default), 1 the ring, 2 / 3 the ring for one row where each block streams at
+    // least three / two batches of weights.
+    static const int ring_mode = [] {
+        const char * v = std::getenv("QINFER_GEMV_RING");
+        return v ? std::atoi(v) : 0;
     }();
-    auto kernel = ring ? gemv_balanced_kernel<M, IN, OUT, ROPE, true> : gemv_balanced_kernel<M, IN, OUT, ROPE, false>;
+    auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, false>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
-    static PerDevice<size_t> configured;
+    static PerDevice<size_t> configured, configured_ring;
     static PerDevice<Occupancy> occupancy;
     allow_dynamic_smem(kernel, table_max_bytes + xs_bytes, configured);
     // One wave at the largest table: a smaller table can only let more blocks in.
@@ -192,6 +194,15 @@ bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rop
     const int table_rows = (a.n + grid - 1) / grid * n_mats;
     if (M * table_rows > k_table_rows) return false;
     const size_t smem = size_t(M) * table_rows * k_threads * sizeof(float) + xs_bytes;
+    // The ring form of one row holds the batch form's blocks per SM (its launch bounds), so the grid stands.
+    const int64_t batch_bytes = int64_t(k_batch) * k_threads * 16, block_bytes = int64_t(a.n) * n_mats * a.k * 2 / grid;
+    const bool ring = M == 1 && (ring_mode == 1 || (ring_mode == 2 && block_bytes >= 3 * batch_bytes) || (ring_mode == 3 && block_bytes >= 2 * batch_bytes));
+    if (ring) {
+        auto ring_kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, true>;
+        allow_dynamic_smem(ring_kernel, table_max_bytes + xs_bytes, configured_ring);
+        launch_kernel(ring_kernel, grid, k_threads, smem, stream, a, table_rows, rope);
+        return true;
+    }
     launch_kernel(kernel, grid, k_threads, smem, stream, a, table_rows, rope);
     return true;
 }
