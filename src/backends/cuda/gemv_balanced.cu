@@ -3,7 +3,9 @@
 // resident blocks the last wave runs part-empty: 7B's qkv (576 blocks of 8 rows) and o_proj / down (448) on an H100
 // holding two such blocks per SM are 2.2 and 1.7 waves. Here the grid is exactly one wave: block b owns rows
 // [b n / G, (b + 1) n / G) and its 256 threads walk the block's (row, 16-byte chunk) space flattened, 256 chunks
-// apart, so every thread issues the same number of loads (within one) whatever k is, eight in flight. A thread's
+// apart, so every thread issues the same number of loads (within one) whatever k is, eight in flight: as batches
+// (eight requested, waited for, multiplied) or, for one row where each block streams two batches or more, as a ring
+// (each slot requested again as soon as it is multiplied, so the loads never drain; launch()). A thread's
 // partial sum of a row goes to its own column of a shared table [token][row][thread]; after one barrier each warp
 // adds its rows' 256 columns in a fixed order, so the result does not depend on timing.
 // ROPE (the QKV projection of a bf16 cache without q/k norms): row r of the grid is RoPE pair r, the rows
@@ -13,8 +15,6 @@
 // are in flight, so the epilogue only multiplies and stores.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "backends/cuda/gemv_common.cuh"
@@ -32,9 +32,10 @@ constexpr int k_batch = 8;        // loads in flight per thread
 struct NoRope {};  // the kernel parameter of the variants without the RoPE epilogue
 template <bool ROPE> using RopeParam = std::conditional_t<ROPE, QkvRopeArgs, NoRope>;
 
-// The ring form keeps one row's bf16-input kernels at three blocks per SM (at most 85 registers), as the batch form fits them.
+// RING (one row only, launch()): the ring form, at three blocks per SM for bf16 inputs (at most 85 registers) as the
+// batch form fits them.
 template <int M, GemvIn IN, GemvOut OUT, bool ROPE, bool RING>
-__global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 && M == 1 ? 3 : 0) gemv_balanced_kernel(GemvArgs a, int table_rows, RopeParam<ROPE> rope) {
+__global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 ? 3 : 0) gemv_balanced_kernel(GemvArgs a, int table_rows, RopeParam<ROPE> rope) {
     extern __shared__ float4 smem_raw4[];
     float * table = reinterpret_cast<float *>(smem_raw4);                              // fp32 [M, table_rows, 256]
     bf16 * xs = reinterpret_cast<bf16 *>(table + size_t(M) * table_rows * k_threads);  // bf16 [M, k] (NormF32)
@@ -175,12 +176,6 @@ __global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 && M == 
 template <int M, GemvIn IN, GemvOut OUT, bool ROPE = false>
 bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rope = {}) {
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
-    // Temporary A/B switch: 0 batches (default), 1 the ring, 2 / 3 the ring for one row where each block streams at
-    // least three / two batches of weights.
-    static const int ring_mode = [] {
-        const char * v = std::getenv("QINFER_GEMV_RING");
-        return v ? std::atoi(v) : 0;
-    }();
     auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, false>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
@@ -194,14 +189,19 @@ bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rop
     const int table_rows = (a.n + grid - 1) / grid * n_mats;
     if (M * table_rows > k_table_rows) return false;
     const size_t smem = size_t(M) * table_rows * k_threads * sizeof(float) + xs_bytes;
-    // The ring form of one row holds the batch form's blocks per SM (its launch bounds), so the grid stands.
-    const int64_t batch_bytes = int64_t(k_batch) * k_threads * 16, block_bytes = int64_t(a.n) * n_mats * a.k * 2 / grid;
-    const bool ring = M == 1 && (ring_mode == 1 || (ring_mode == 2 && block_bytes >= 3 * batch_bytes) || (ring_mode == 3 && block_bytes >= 2 * batch_bytes));
-    if (ring) {
-        auto ring_kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, true>;
-        allow_dynamic_smem(ring_kernel, table_max_bytes + xs_bytes, configured_ring);
-        launch_kernel(ring_kernel, grid, k_threads, smem, stream, a, table_rows, rope);
-        return true;
+    if constexpr (M == 1) {
+        // The ring where each block streams at least two batches of weights (its launch bounds keep the batch
+        // form's blocks per SM, so the grid stands). On an H200 (bench/results/2026-12-02-h200-router-in-launch, calls
+        // 2-3, alternated twice): 7B BF16 249.21 / 249.09 -> 254.70 / 254.72 tok/s (qkv ~3.8 batches a block, down
+        // ~10.5), 1.5B 810.92 / 811.21 -> 830.36 / 830.75 (down ~2.2), A2.7B 590.76 / 590.81 -> 589.17 / 589.73 (qkv
+        // ~2.9); the ring everywhere lost where blocks stream a batch or less (0.5B 1,535 -> 1,499, A2.7B -1.6%).
+        const int64_t batch_bytes = int64_t(k_batch) * k_threads * 16, block_bytes = int64_t(a.n) * n_mats * a.k * 2 / grid;
+        if (block_bytes >= 2 * batch_bytes) {
+            auto ring_kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, true>;
+            allow_dynamic_smem(ring_kernel, table_max_bytes + xs_bytes, configured_ring);
+            launch_kernel(ring_kernel, grid, k_threads, smem, stream, a, table_rows, rope);
+            return true;
+        }
     }
     launch_kernel(kernel, grid, k_threads, smem, stream, a, table_rows, rope);
     return true;
