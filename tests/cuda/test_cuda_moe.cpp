@@ -278,6 +278,21 @@ void PrintTo(const DecodeCase & p, std::ostream * os) { *os << p.experts << "x" 
 
 class CudaMoeDecode : public ::testing::TestWithParam<DecodeCase> {};
 
+// moe_decode's arguments for a case over the tests' buffers: experts stacked as gate_up bf16 [E, 2I, H], down [E, H, I].
+cuda::MoeDecode decode_args(const DecodeCase & p, float * logits, int stride, const DeviceBuffer & gate_up, const DeviceBuffer & down, int * ids,
+                            float * weights, int * arrivals) {
+    cuda::MoeDecode m;
+    m.logits = logits;
+    m.stride = stride;
+    m.top_k = p.top_k;
+    m.renormalise = p.renormalise;
+    m.experts = cuda::MoeExperts{gate_up.as<cuda::bf16>(), down.as<cuda::bf16>(), p.experts, p.hidden, p.inter};
+    m.ids = ids;
+    m.weights = weights;
+    m.arrivals = arrivals;
+    return m;
+}
+
 TEST_P(CudaMoeDecode, MatchesCpu) {
     REQUIRE_GPU();
     const DecodeCase p = GetParam();
@@ -317,15 +332,7 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         const DeviceBuffer lg_d = upload(lg), xn_d = upload_bf16(xr);
         DeviceBuffer x = sum == Sum::Accumulate ? upload(xin) : poisoned(size_t(n) * H * 4), ids_d = poisoned(size_t(n) * k * 4),
                      w_d = poisoned(size_t(n) * k * 4), act = poisoned(size_t(n) * k * I * 2), out = poisoned(size_t(n) * k * H * 2);
-        cuda::MoeDecode m;
-        m.logits = lg_d.as<float>();
-        m.stride = stride;
-        m.top_k = k;
-        m.renormalise = p.renormalise;
-        m.experts = cuda::MoeExperts{gu_d.as<cuda::bf16>(), down_d.as<cuda::bf16>(), E, H, I};
-        m.ids = ids_d.as<int>();
-        m.weights = w_d.as<float>();
-        m.arrivals = arrivals.as<int>();
+        cuda::MoeDecode m = decode_args(p, lg_d.as<float>(), stride, gu_d, down_d, ids_d.as<int>(), w_d.as<float>(), arrivals.as<int>());
         m.norm = norm;
         cuda::moe_decode(norm.x ? nullptr : xn_d.as<cuda::bf16>(), n, m, act.as<cuda::bf16>(), out.as<cuda::bf16>(), sum == Sum::None ? nullptr : x.as<float>(),
                          sum == Sum::Accumulate, nullptr);
@@ -400,15 +407,7 @@ TEST_P(CudaMoeDecode, RouterInLaunchMatchesCpu) {
     auto run = [&](const std::vector<float> & given, bool normed) {
         DeviceBuffer lg = given.empty() ? poisoned(size_t(R) * 4) : upload(given), x = upload(x0), ids_d = poisoned(size_t(k) * 4),
                      w_d = poisoned(size_t(k) * 4), act = poisoned(size_t(k) * I * 2), out = poisoned(size_t(k) * H * 2);
-        cuda::MoeDecode m;
-        m.logits = lg.as<float>();
-        m.stride = R;
-        m.top_k = k;
-        m.renormalise = p.renormalise;
-        m.experts = cuda::MoeExperts{gu_d.as<cuda::bf16>(), down_d.as<cuda::bf16>(), E, H, I};
-        m.ids = ids_d.as<int>();
-        m.weights = w_d.as<float>();
-        m.arrivals = arrivals.as<int>();
+        cuda::MoeDecode m = decode_args(p, lg.as<float>(), R, gu_d, down_d, ids_d.as<int>(), w_d.as<float>(), arrivals.as<int>());
         if (normed) m.norm = cuda::MoeNormIn{x0_d.as<float>(), norm_w_d.as<cuda::bf16>(), 1e-6f};
         if (given.empty()) {
             m.router_w = router_d.as<cuda::bf16>();
