@@ -3,7 +3,8 @@
 # Every GPU test (kernels against the CPU, end-to-end goldens, batches, KV dtypes) without the CPU-only suites, with
 # the failures' full messages; the kernel timing lines; then the quantized-attention tests repeated (a flaky case).
 # GPU_TEST_SKIP: a gtest negative filter, e.g. '*Timings*' (the kernel timing tests: a minute and more);
-# GPU_TEST_FILTER: the tests to run instead of all of them; FLAKY_REPEAT=0 leaves the repetition out.
+# GPU_TEST_FILTER: the tests to run instead of all of them (parameterised suites carry a prefix: 'Shapes/CudaMoeDecode.X/0'
+# matches '*CudaMoeDecode*', not 'CudaMoeDecode.*'); FLAKY_REPEAT=0 leaves the repetition out.
 t_test=$(date +%s)
 timeout ${GPU_TEST_TIMEOUT:-900} build-device/tests/qinfer_tests \
     --gtest_filter="${GPU_TEST_FILTER:-Cuda*:*Attention*:*Gemv*:*GoldenCuda*:*cuda*:*KvBackends*:*ArgmaxRows*:*CudaMoe*:*DummyWeights*}${GPU_TEST_SKIP:+-$GPU_TEST_SKIP}" \
