@@ -5,6 +5,7 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace qinfer::cuda_engine {
 
@@ -116,7 +117,11 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // Qwen3-30B-A3B BF16 decoded 374.19 / 374.26 -> 378.41 / 378.75 tok/s with it; Qwen1.5-MoE-A2.7B BF16, whose shared
     // expert forks beside the router, 589.81 / 590.43 -> 568.01 / 567.33: the gate/up blocks, launched early and waiting
     // for the router's count, held the SMs its shared expert's gate/up had taken at the fork (its duration doubled).
-    const bool router_in_launch = decode_kernels && !L.has_shared && cuda::moe_decode_router_applies(c, router_rows, E, H);
+    static const int shared_arm = [] {
+        const char * v = std::getenv("QINFER_MOE_ROUTER_SHARED");
+        return v ? std::atoi(v) : 0;
+    }();
+    const bool router_in_launch = decode_kernels && (!L.has_shared || shared_arm > 0) && cuda::moe_decode_router_applies(c, router_rows, E, H);
     if (!router_in_launch) router(L, c, xn, norm);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
@@ -141,6 +146,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
             m.router_w = L.router.ptr();
             m.router_rows = router_rows;
             m.router_count = moe_arrivals_.as<int>() + cuda::moe_decode_arrivals(std::min(ws_tokens_, cuda::k_moe_gemv_max_tokens), H);
+            m.gate_up_without_pdl = beside && shared_arm == 2;
         }
         cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order

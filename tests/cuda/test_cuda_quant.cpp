@@ -323,7 +323,10 @@ TEST(CudaQuant, RsGemmMatchesCpu) {
     for (int sms : {0, 4, 6}) {
         SCOPED_TRACE(testing::Message() << "SMs " << (sms ? std::to_string(sms) : "of the device"));
         cuda::set_qgemm_rs_slots(sms);
-        const int checked = check_register_gemm({"wgmma-rs", cuda::qgemm_rs_applies, cuda::qgemm_rs_scratch_bytes, cuda::qgemm_rs});
+        auto plain = [](const cuda::QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t bytes, cudaStream_t stream) {
+            return cuda::qgemm_rs(w, x, m, y, scratch, bytes, stream);
+        };
+        const int checked = check_register_gemm({"wgmma-rs", cuda::qgemm_rs_applies, cuda::qgemm_rs_scratch_bytes, plain});
         cuda::set_qgemm_rs_slots(0);
         if (checked == 0) GTEST_SKIP() << "no register-sourced wgmma GEMM on this build or device (sm_90a only)";
     }
@@ -377,6 +380,64 @@ TEST(CudaQuant, MmaGemmSwigluMatchesSiluMul) {
     }
     cuda::set_qgemm_mma_warps(0);
     EXPECT_GT(checked, 0);
+}
+
+// qgemm_rs's SwiGLU tiles (silu_mul = true) on a stacked [gate; up] weight, every format it takes, one and several
+// token tiles of every width: where K is whole (k 128) the same bits as its y then cuda::silu_mul; where K is dealt out
+// in pieces (k 4160, as if the device had 4 or 6 SMs, or the device's own: every tile in pieces) against that within
+// bf16 rounding, and the same bits on a second call; halves of 13 row blocks cut the last tile short; refused (false,
+// y untouched) where half the rows is not a multiple of 16.
+TEST(CudaQuant, RsGemmSwigluMatchesSiluMul) {
+    REQUIRE_GPU();
+    int checked = 0;
+    for (const QuantScheme & s : cuda_schemes()) {
+        for (auto [inter, k, fits] : {std::tuple{192, 128, true}, std::tuple{208, 128, true}, std::tuple{200, 128, false}, std::tuple{576, 4160, true}}) {
+            const int n = 2 * inter;
+            auto ql = make_quant_linear(s, n, k, rng()());
+            DevQuant dq = upload_quant(ql->l);
+            if (!cuda::qgemm_rs_applies(dq.q)) continue;
+            for (int sms : {0, 4, 6}) {
+                if (sms && k == 128) continue;
+                cuda::set_qgemm_rs_slots(sms);
+                for (int m : {5, 16, 17, 40, 64, 129}) {
+                    const std::string what = s.describe() + " m " + std::to_string(m) + " inter " + std::to_string(inter) + " k " +
+                                             std::to_string(k) + " SMs " + std::to_string(sms);
+                    DeviceBuffer dx = upload_bf16(randn(size_t(m) * k)), gu = poisoned(size_t(m) * n * 2), want = poisoned(size_t(m) * inter * 2);
+                    DeviceBuffer got = poisoned(size_t(m) * inter * 2 + 16);
+                    DeviceBuffer scratch(size_t(m) * dq.q.k_padded * 2 + cuda::qgemm_rs_scratch_bytes(dq.q, m), "test");
+                    if (!cuda::qgemm_rs(dq.q, dx.as<bf16>(), m, gu.as<bf16>(), scratch.get(), scratch.bytes(), nullptr)) {
+                        ADD_FAILURE() << what << ": the GEMM did not run";
+                        continue;
+                    }
+                    cuda::silu_mul(gu.as<bf16>(), m, inter, want.as<bf16>(), nullptr);
+                    const bool ran = cuda::qgemm_rs(dq.q, dx.as<bf16>(), m, got.as<bf16>(), scratch.get(), scratch.bytes(), nullptr, true);
+                    const std::vector<uint16_t> got_bits = download_u16(got, size_t(m) * inter + 8);
+                    if (!fits) {
+                        EXPECT_FALSE(ran) << what;
+                        EXPECT_TRUE(std::all_of(got_bits.begin(), got_bits.end(), [](uint16_t v) { return v == 0xFFFFu; })) << what << ": a refused call wrote y";
+                        continue;
+                    }
+                    if (!ran) {
+                        ADD_FAILURE() << what << ": refused";
+                        continue;
+                    }
+                    for (size_t i = size_t(m) * inter; i < got_bits.size(); i++) EXPECT_EQ(got_bits[i], 0xFFFFu) << what << " wrote past y";
+                    if (k == 128) {
+                        const std::vector<uint16_t> want_bits = download_u16(want, size_t(m) * inter);
+                        EXPECT_TRUE(std::equal(want_bits.begin(), want_bits.end(), got_bits.begin())) << what << ": not silu_mul's bits";
+                    } else {
+                        EXPECT_LT(rel_err(download_bf16(got, size_t(m) * inter), download_bf16(want, size_t(m) * inter)), 1e-2) << what;
+                        DeviceBuffer again = poisoned(size_t(m) * inter * 2);
+                        EXPECT_TRUE(cuda::qgemm_rs(dq.q, dx.as<bf16>(), m, again.as<bf16>(), scratch.get(), scratch.bytes(), nullptr, true)) << what;
+                        EXPECT_TRUE(download_u16(again, size_t(m) * inter) == download_u16(got, size_t(m) * inter)) << what << ": second call differs";
+                    }
+                    checked++;
+                }
+            }
+            cuda::set_qgemm_rs_slots(0);
+        }
+    }
+    if (checked == 0) GTEST_SKIP() << "no register-sourced wgmma GEMM on this build or device (sm_90a only)";
 }
 
 // cuda::quant_linear on the path cuda::quant_path picks, for m on both sides of each of the rule's bounds, every format

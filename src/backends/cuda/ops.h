@@ -117,10 +117,13 @@ bool qgemm_mma(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * sc
 void set_qgemm_mma_warps(int warps);
 // The same on Hopper (qgemm_rs.cu, sm_90a build and device): the dequantized fragments go from registers straight
 // into warpgroup MMAs over all of a block's tokens. Scratch and failure as qgemm_mma's; K is dealt out in pieces where
-// the grid is under half a wave and for the tiles of a last, partial wave (their fp32 sums in the scratch).
+// the grid is under half a wave and for the tiles of a last, partial wave (their fp32 sums in the scratch). silu_mul
+// as qgemm_mma's (gate and up rounded to bf16 first), false only where the halves are not multiples of 16 rows; where
+// K is dealt out the sums may add in another order than quant_linear's (not its bits, the same on every call).
 bool qgemm_rs_applies(const QuantMatrix & w);
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m);
-bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
+bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream,
+              bool silu_mul = false);
 // qgemm_rs's rule as if the device had `sms` SMs (its K splits and last-wave pieces), for tests; 0 = the device's.
 void set_qgemm_rs_slots(int sms);
 
@@ -432,6 +435,10 @@ struct MoeDecode {
     const bf16 * router_w = nullptr;
     int router_rows = 0;
     int * router_count = nullptr;
+    // The gate/up launch starts only once the kernel ahead has ended (no programmatic dependent launch), so that its
+    // blocks do not hold SMs while they wait: where a second stream forks at the same point (a shared expert), its
+    // kernels then get the SMs as the kernel ahead leaves them.
+    bool gate_up_without_pdl = false;
 };
 bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter);
 size_t moe_decode_arrivals(int c, int hidden);

@@ -61,9 +61,11 @@ __host__ __device__ constexpr int consumer_warps(int nt) { return nt == 16 ? 12 
 __host__ __device__ constexpr int block_threads(int nt) { return 32 * consumer_warps(nt) + 32; }  // + the producer warp
 __host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 2 ? 3 : nt <= 8 ? 2 : 1; }
 
-int row_tiles(const QuantMatrix & w, int nt) {
-    const int rows = 16 * consumer_warps(nt);
-    return (w.rows_padded + rows - 1) / rows;
+// Row tiles of a launch: CW row blocks each, or with SwiGLU (swiglu_fits) CW / 2 of the gate half and the same
+// features' row blocks of the up half.
+int row_tiles(const QuantMatrix & w, int nt, bool swiglu) {
+    const int rbs = swiglu ? consumer_warps(nt) / 2 : consumer_warps(nt), n_rb = swiglu ? w.rows_padded / 32 : w.rows_padded / 16;
+    return (n_rb + rbs - 1) / rbs;
 }
 
 // A kernel's shape for PLANES planes of codes (LUT: lookup codes, one plane) and BT = 8 NT tokens: a stage is one
@@ -159,10 +161,15 @@ struct Deal {
     int blocks() const { return whole + (tiles - whole) * pieces; }
 };
 
+// half_rb > 0: SwiGLU over a stacked [gate; up] weight of 2 half_rb row blocks. A tile's warps 0 .. CW / 2 - 1 own
+// gate row blocks, the others the same features' up row blocks (codes: two boxes of CW / 2 row blocks, code_map's box);
+// a whole tile's up warps hand their sums to the gate warps through the stages' shared memory, and y [m, rows / 2] =
+// silu(bf16(gate)) * bf16(up) (transformers rounds both before silu_mul); a piece's sums go to the scratch as they
+// are, and add_pieces_kernel applies the SwiGLU.
 template <int PLANES, bool LUT, int NT>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::BLOCKS)
-    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, const __grid_constant__ CUtensorMap x_map,
-                    const __grid_constant__ CUtensorMap code_map) {
+    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, int half_rb,
+                    const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap code_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, LUT, NT>;
     constexpr int BT = Sh::BT, S = Sh::STAGES, CW = Sh::CW;
@@ -177,8 +184,9 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
     const int z = piece_block < 0 ? 0 : piece_block % deal.pieces, shares = piece_block < 0 ? 1 : deal.pieces;
     const int kb_begin = int(int64_t(z) * nkb / shares), kb_end = int(int64_t(z + 1) * nkb / shares);
     const int nk = kb_end - kb_begin;
-    const int tok0 = (tile % deal.token_tiles) * BT, rb0 = (tile / deal.token_tiles) * CW;
-    const int present = min(CW, n_rb - rb0);  // row blocks of this tile inside the weight
+    const int tile_rbs = half_rb ? CW / 2 : CW;  // row blocks of the weight (of each half) a tile covers
+    const int tok0 = (tile % deal.token_tiles) * BT, rb0 = (tile / deal.token_tiles) * tile_rbs;
+    const int present = min(tile_rbs, (half_rb ? half_rb : n_rb) - rb0);  // row blocks of this tile inside the weight (half)
 
     uint32_t * lut = reinterpret_cast<uint32_t *>(smem + Sh::lut_offset);  // LUT: the pair table
     if constexpr (LUT) mma4::fill_pair_table(w.table, lut, 32, block_threads(NT));
@@ -198,14 +206,16 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
                 sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Sh::panel_bytes + Sh::code_bytes));
                 sm90::tma_load_2d(stage + Sh::code_bytes, &x_map, &full[s], kb * 64, tok0);
                 sm90::tma_load_3d(stage, &code_map, &full[s], 0, kb * PLANES, rb0);
+                if (half_rb) sm90::tma_load_3d(stage + Sh::code_bytes / 2, &code_map, &full[s], 0, kb * PLANES, half_rb + rb0);
             }
         }
         return;
     }
 
     // Consumers. Row blocks past the weight multiply stale shared memory; their outputs are never stored.
-    const int rb = rb0 + warp;
-    const bool active = warp < present;
+    const int local = half_rb ? warp % (CW / 2) : warp;  // SwiGLU: warps w and CW / 2 + w hold one feature's gate and up
+    const int rb = (half_rb && warp >= CW / 2 ? half_rb : 0) + rb0 + local;
+    const bool active = local < present;
     const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
     int gi = min(kb_begin * 64 / w.group, G - 1);
@@ -268,17 +278,40 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
     }
     sm90::wgmma_wait<0>();
     sm90::fence_operands(d);
-    if (!active) return;
+    static_assert(size_t(S) * Sh::stage_bytes >= size_t(CW / 2) * (BT / 2) * 32 * sizeof(float), "the up warps' sums fit in the stages");
 
     // Lane (g, t) holds rows g, g + 8 and tokens 2t, 2t + 1 of each 8-token column block: d[4 nt + i].
-    float * sums = piece_block < 0 ? nullptr : partial + size_t(piece_block) * BT * 16 * CW;  // [BT][16 CW]
+    float * sums = piece_block < 0 ? nullptr : partial + size_t(piece_block) * BT * 16 * CW;  // [BT][16 CW]: warp w's rows at 16 w
+    if (half_rb && !sums) {  // a whole SwiGLU tile: the up warps' sums to the gate warps through the stages
+        sm90::named_barrier(1, 32 * CW);  // every consumer is done with the stages (their copies have all landed)
+        float * up = reinterpret_cast<float *>(smem) + size_t(local) * (BT / 2) * 32 + lane;  // [gate warp][d index][lane]
+        if (warp >= CW / 2) {
+#pragma unroll
+            for (int i = 0; i < BT / 2; i++) up[i * 32] = d[i];
+        }
+        sm90::named_barrier(1, 32 * CW);
+        if (warp >= CW / 2 || !active) return;
+        const int inter = n / 2;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
+                if (tok >= m) continue;
+                const float gt = __bfloat162float(__float2bfloat16(d[4 * nt + e])), u = __bfloat162float(__float2bfloat16(up[(4 * nt + e) * 32]));
+                y[size_t(tok) * inter + row] = __float2bfloat16(silu(gt) * u);
+            }
+        }
+        return;
+    }
+    if (!active) return;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
             if (row >= n || tok >= m) continue;
-            if (sums) sums[size_t(tok - tok0) * 16 * CW + row - rb0 * 16] = d[4 * nt + e];
+            if (sums) sums[size_t(tok - tok0) * 16 * CW + warp * 16 + g + (e >= 2 ? 8 : 0)] = d[4 * nt + e];
             else y[size_t(tok) * n + row] = __float2bfloat16(d[4 * nt + e]);
         }
     }
@@ -292,40 +325,60 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
 // adds four consecutive rows of one token in 16-byte loads, in 32-bit index arithmetic. (A first form, one value a
 // thread with 64-bit divisions for its indices, had 7B Int4 qkv at m 64 at 13.4 us in one call against 11.5 in
 // earlier calls of the old reduce; bench/results/2026-12-01-h200-rs-pieces, call 2. Not compared in one call.)
+// SWIGLU: a tile's local rows [0, R / 2) are gate rows, [R / 2, R) the same features' up rows (qgemm_rs_kernel's
+// half_rb); a thread adds four of each and writes y [m, n / 2] = silu(bf16(gate)) * bf16(up).
+template <bool SWIGLU>
 __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, int BT, int R, int m, int n, bf16 * __restrict__ y) {
     pdl_wait();
-    const int j = blockIdx.y, tile = deal.whole + j, quads = R / 4;
+    const int j = blockIdx.y, tile = deal.whole + j, rows_out = SWIGLU ? R / 2 : R, quads = rows_out / 4, n_out = SWIGLU ? n / 2 : n;
     const int q = blockIdx.x * blockDim.x + threadIdx.x;  // R is a multiple of 16
     if (q >= BT * quads) return;
-    const int tok = (tile % deal.token_tiles) * BT + q / quads, row = (tile / deal.token_tiles) * R + 4 * (q % quads);
-    if (tok >= m || row >= n) return;
-    const int stride = BT * quads;  // float4 per piece
-    const float4 * p = reinterpret_cast<const float4 *>(sums) + size_t(j) * deal.pieces * stride + q;
+    const int local = 4 * (q % quads), tok = (tile % deal.token_tiles) * BT + q / quads, row = (tile / deal.token_tiles) * rows_out + local;
+    if (tok >= m || row >= n_out) return;
+    const int stride = BT * R / 4;  // float4 per piece
+    const float4 * p = reinterpret_cast<const float4 *>(sums) + size_t(j) * deal.pieces * stride + (q / quads) * (R / 4) + local / 4;
     auto add = [](float4 & a, const float4 & b) {
         a.x += b.x;
         a.y += b.y;
         a.z += b.z;
         a.w += b.w;
     };
-    // Pieces 1-15 asked for at once, then added in order. (One dependent load a piece: 7B Int4 at m 64 qkv 12.2 ->
-    // 11.4 us this way, o_proj 11.9 -> 10.8, down 29.9 -> 28.6; at m 128 qkv 16.6 -> 17.3, the 80 registers leaving
-    // three blocks an SM; bench/results/2026-12-01-h200-rs-pieces, call 4.)
-    constexpr int k_ahead = 15;
-    float4 sum = p[0], v[k_ahead];
+    // Pieces 1-15 asked for at once (SWIGLU: 1-7, both halves), then added in order. (One dependent load a piece: 7B
+    // Int4 at m 64 qkv 12.2 -> 11.4 us this way, o_proj 11.9 -> 10.8, down 29.9 -> 28.6; at m 128 qkv 16.6 -> 17.3,
+    // the 80 registers leaving three blocks an SM; bench/results/2026-12-01-h200-rs-pieces, call 4.)
+    constexpr int k_ahead = SWIGLU ? 7 : 15, halves = SWIGLU ? 2 : 1;
+    const int half_offset = R / 8;  // float4s from a gate row's four to its up row's
+    float4 sum[halves], v[halves][k_ahead];
+#pragma unroll
+    for (int h = 0; h < halves; h++) sum[h] = p[h * half_offset];
 #pragma unroll
     for (int u = 0; u < k_ahead; u++) {
-        if (1 + u < deal.pieces) v[u] = p[size_t(1 + u) * stride];
+#pragma unroll
+        for (int h = 0; h < halves; h++) {
+            if (1 + u < deal.pieces) v[h][u] = p[size_t(1 + u) * stride + h * half_offset];
+        }
     }
 #pragma unroll
     for (int u = 0; u < k_ahead; u++) {
-        if (1 + u < deal.pieces) add(sum, v[u]);
+#pragma unroll
+        for (int h = 0; h < halves; h++) {
+            if (1 + u < deal.pieces) add(sum[h], v[h][u]);
+        }
     }
-    for (int z = 1 + k_ahead; z < deal.pieces; z++) add(sum, p[size_t(z) * stride]);
-    const float e[4] = {sum.x, sum.y, sum.z, sum.w};
-    bf16 * out = y + size_t(tok) * n + row;
+    for (int z = 1 + k_ahead; z < deal.pieces; z++) {
+#pragma unroll
+        for (int h = 0; h < halves; h++) add(sum[h], p[size_t(z) * stride + h * half_offset]);
+    }
+    float e[4] = {sum[0].x, sum[0].y, sum[0].z, sum[0].w};
+    if constexpr (SWIGLU) {
+        const float u[4] = {sum[halves - 1].x, sum[halves - 1].y, sum[halves - 1].z, sum[halves - 1].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) e[i] = silu(__bfloat162float(__float2bfloat16(e[i]))) * __bfloat162float(__float2bfloat16(u[i]));
+    }
+    bf16 * out = y + size_t(tok) * n_out + row;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        if (row + i < n) out[i] = __float2bfloat16(e[i]);
+        if (row + i < n_out) out[i] = __float2bfloat16(e[i]);
     }
 }
 
@@ -346,10 +399,10 @@ struct Shape {
     Deal deal;
 };
 
-Shape shape_for(const QuantMatrix & w, int m) {
+Shape shape_for(const QuantMatrix & w, int m, bool swiglu) {
     Shape sh;
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : 16;
-    const int token_tiles = (m + 8 * sh.nt - 1) / (8 * sh.nt), tiles = token_tiles * row_tiles(w, sh.nt);
+    const int token_tiles = (m + 8 * sh.nt - 1) / (8 * sh.nt), tiles = token_tiles * row_tiles(w, sh.nt, swiglu);
     const int64_t slots = int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
     const int most = (w.k_padded / 64) / 4;
     int whole, pieces;
@@ -373,31 +426,34 @@ size_t piece_bytes(const Shape & sh) {
 }
 
 template <int PLANES, bool LUT, int NT>
-void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, const Deal & deal, float * partial, cudaStream_t stream) {
+void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, const Deal & deal, bool swiglu, float * partial, cudaStream_t stream) {
     using Sh = RsShape<PLANES, LUT, NT>;
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, m, ldx, Sh::BT)) QINFER_FAIL() << "qgemm_rs: the tensor map of x [" << m << ", " << ldx << "] was refused";
     CUtensorMap code_map;
-    if (!weight_code_tensor_map(&code_map, w.codes, w.rows_padded / 16, w.k_padded / 64, PLANES, Sh::CW))
+    const int half_rb = swiglu ? w.rows_padded / 32 : 0;
+    if (!weight_code_tensor_map(&code_map, w.codes, w.rows_padded / 16, w.k_padded / 64, PLANES, swiglu ? Sh::CW / 2 : Sh::CW))
         QINFER_FAIL() << "qgemm_rs: the tensor map of the codes (" << w.rows_padded / 16 << " row blocks x " << w.k_padded / 64 << " K blocks) was refused";
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, LUT, NT>, Sh::smem, configured);
-    launch_kernel(qgemm_rs_kernel<PLANES, LUT, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, x_map, code_map);
+    launch_kernel(qgemm_rs_kernel<PLANES, LUT, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, half_rb, x_map,
+                  code_map);
     CUDA_CHECK(cudaGetLastError());
     if (deal.whole < deal.tiles) {
-        constexpr int quads = Sh::BT * 4 * Sh::CW;  // BT x 16 CW sums a tile, four a thread
-        launch_kernel(add_pieces_kernel, dim3((quads + 255) / 256, deal.tiles - deal.whole), dim3(256), 0, stream,
-                      static_cast<const float *>(partial), deal, Sh::BT, 16 * Sh::CW, m, w.rows, y);
+        const int quads = Sh::BT * 4 * Sh::CW / (swiglu ? 2 : 1);  // BT x 16 CW sums a tile, four a thread (SwiGLU: four of each half)
+        launch_kernel(swiglu ? add_pieces_kernel<true> : add_pieces_kernel<false>, dim3((quads + 255) / 256, deal.tiles - deal.whole), dim3(256), 0,
+                      stream, static_cast<const float *>(partial), deal, Sh::BT, 16 * Sh::CW, m, w.rows, y);
         CUDA_CHECK(cudaGetLastError());
     }
 }
 
 template <int PLANES, bool LUT>
-void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, const Deal & deal, float * partial, cudaStream_t stream) {
-    if (nt == 2) launch<PLANES, LUT, 2>(w, x, ldx, m, y, deal, partial, stream);
-    else if (nt == 4) launch<PLANES, LUT, 4>(w, x, ldx, m, y, deal, partial, stream);
-    else if (nt == 8) launch<PLANES, LUT, 8>(w, x, ldx, m, y, deal, partial, stream);
-    else launch<PLANES, LUT, 16>(w, x, ldx, m, y, deal, partial, stream);
+void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, const Deal & deal, bool swiglu, float * partial,
+                cudaStream_t stream) {
+    if (nt == 2) launch<PLANES, LUT, 2>(w, x, ldx, m, y, deal, swiglu, partial, stream);
+    else if (nt == 4) launch<PLANES, LUT, 4>(w, x, ldx, m, y, deal, swiglu, partial, stream);
+    else if (nt == 8) launch<PLANES, LUT, 8>(w, x, ldx, m, y, deal, swiglu, partial, stream);
+    else launch<PLANES, LUT, 16>(w, x, ldx, m, y, deal, swiglu, partial, stream);
 }
 
 }  // namespace
@@ -407,13 +463,16 @@ bool qgemm_rs_applies(const QuantMatrix & w) { return sm90a_device() && qgemm_mm
 size_t qgemm_rs_scratch_bytes(const QuantMatrix & w, int m) {
     if (!qgemm_rs_applies(w)) return 0;
     size_t pieces = 0;
-    for (int mm = 1; mm <= m; mm++) pieces = std::max(pieces, piece_bytes(shape_for(w, mm)));
+    for (int mm = 1; mm <= m; mm++) {
+        for (bool swiglu : {false, true}) pieces = std::max(pieces, piece_bytes(shape_for(w, mm, swiglu)));
+    }
     return mma4::gather_scratch_bytes(w, m) + pieces;
 }
 
-bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
+bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream, bool silu_mul) {
     if (!qgemm_rs_applies(w) || m <= 0) return false;
-    Shape sh = shape_for(w, m);
+    if (silu_mul && !(w.rows == w.rows_padded && w.rows % 32 == 0)) return false;  // halves of whole row blocks
+    Shape sh = shape_for(w, m, silu_mul);
     const mma4::GemmInput in = mma4::gemm_input(w, x, m, scratch, scratch_bytes, stream);
     if (!in.x) return false;
     float * partial = nullptr;
@@ -421,9 +480,9 @@ bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scr
         partial = mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, piece_bytes(sh));
         if (!partial) sh.deal = Deal{sh.deal.token_tiles, sh.deal.tiles, sh.deal.tiles, 1};  // no room: every tile whole
     }
-    if (w.lut) launch_for<1, true>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
-    else if (w.bits == 4) launch_for<1, false>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
-    else launch_for<2, false>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, partial, stream);
+    if (w.lut) launch_for<1, true>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, silu_mul, partial, stream);
+    else if (w.bits == 4) launch_for<1, false>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, silu_mul, partial, stream);
+    else launch_for<2, false>(sh.nt, w, in.x, in.ldx, m, y, sh.deal, silu_mul, partial, stream);
     return true;
 }
 

@@ -17,6 +17,7 @@
 // GEMV's 11.1, o_proj 8.2 / 10.9; on 0.5B's shapes at m 8 the GEMV wins, 3.2-7.3 against 6.4-8.3: hence from 12M
 // codes; at m 512 dequantize + cuBLASLt wins on qkv / o_proj / down; bench/results/2026-12-02-h200-nf4-gemm).
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/ops.h"
 
@@ -102,6 +103,11 @@ bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, 
 
 bool quant_linear_silu(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * act, void * scratch, size_t scratch_bytes,
                        cudaStream_t stream) {
+    static const bool rs_silu = [] {
+        const char * v = std::getenv("QINFER_RS_SILU");
+        return v && std::atoi(v) == 1;
+    }();
+    if (path == QuantPath::Rs && rs_silu) return qgemm_rs(w, x, m, act, scratch, scratch_bytes, stream, true);
     return path == QuantPath::Mma && qgemm_mma(w, x, m, act, scratch, scratch_bytes, stream, true);
 }
 
