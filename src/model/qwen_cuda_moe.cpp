@@ -5,7 +5,6 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace qinfer::cuda_engine {
 
@@ -117,11 +116,10 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // Qwen3-30B-A3B BF16 decoded 374.19 / 374.26 -> 378.41 / 378.75 tok/s with it; Qwen1.5-MoE-A2.7B BF16, whose shared
     // expert forks beside the router, 589.81 / 590.43 -> 568.01 / 567.33: the gate/up blocks, launched early and waiting
     // for the router's count, held the SMs its shared expert's gate/up had taken at the fork (its duration doubled).
-    static const int shared_arm = [] {
-        const char * v = std::getenv("QINFER_MOE_ROUTER_SHARED");
-        return v ? std::atoi(v) : 0;
-    }();
-    const bool router_in_launch = decode_kernels && (!L.has_shared || shared_arm > 0) && cuda::moe_decode_router_applies(c, router_rows, E, H);
+    // That launch without PDL instead (the blocks start only when o_proj ends, beside the shared expert's): 587.66 /
+    // 587.70 -> 551.47 / 551.95 (-6.1%): the router's rows then run on the critical path after o_proj, their weights
+    // not asked for ahead (routed gate/up 30.9 us a layer against ~26; bench/results/2026-12-02-h200-rs-silu, call 1).
+    const bool router_in_launch = decode_kernels && !L.has_shared && cuda::moe_decode_router_applies(c, router_rows, E, H);
     if (!router_in_launch) router(L, c, xn, norm);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
@@ -146,7 +144,6 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
             m.router_w = L.router.ptr();
             m.router_rows = router_rows;
             m.router_count = moe_arrivals_.as<int>() + cuda::moe_decode_arrivals(std::min(ws_tokens_, cuda::k_moe_gemv_max_tokens), H);
-            m.gate_up_without_pdl = beside && shared_arm == 2;
         }
         cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order

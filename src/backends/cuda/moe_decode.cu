@@ -239,10 +239,7 @@ void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * 
             << " rows, hidden " << w.hidden << ")";
         gu_tiles = std::max(gu_tiles, (m.router_rows + assignments - 1) / assignments);  // a block for every router row
     }
-    {
-        ScopedNoPdl no_pdl(m.gate_up_without_pdl);
-        launch_kernel(gate_up_kernel, dim3(gu_tiles, assignments), dim3(k_warps * 32), xs_bytes, stream, a);
-    }
+    launch_kernel(gate_up_kernel, dim3(gu_tiles, assignments), dim3(k_warps * 32), xs_bytes, stream, a);
     launch_kernel(down_kernel, dim3((w.hidden + k_dn_per_block - 1) / k_dn_per_block, assignments), dim3(k_warps * 32), 0, stream, a);
 }
 

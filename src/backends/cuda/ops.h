@@ -144,9 +144,9 @@ size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m);
 bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * gemv_scratch, void * scratch,
                   size_t scratch_bytes, cudaStream_t stream);
 // act bf16 [m, w.rows / 2] = SiLU(x W_gate^T) * (x W_up^T) for a stacked [gate; up] weight in one launch, where
-// `path` is qgemm_mma and its SwiGLU tiles fit w (equal to quant_linear then silu_mul, bit for bit). False, with
-// nothing launched, elsewhere: the caller then runs quant_linear and silu_mul. (qgemm_rs's 64 + 64-row tiles measured
-// level at 64 rows on an H200 and were removed: bench/results/2026-12-01-h200-norm-ahead.)
+// `path` is qgemm_mma and its SwiGLU tiles fit w (equal to quant_linear then silu_mul, bit for bit), or qgemm_rs at up
+// to 64 rows (the same but for the order of K pieces' sums). False, with nothing launched, elsewhere: the caller then
+// runs quant_linear and silu_mul.
 bool quant_linear_silu(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * act, void * scratch, size_t scratch_bytes,
                        cudaStream_t stream);
 
@@ -435,10 +435,6 @@ struct MoeDecode {
     const bf16 * router_w = nullptr;
     int router_rows = 0;
     int * router_count = nullptr;
-    // The gate/up launch starts only once the kernel ahead has ended (no programmatic dependent launch), so that its
-    // blocks do not hold SMs while they wait: where a second stream forks at the same point (a shared expert), its
-    // kernels then get the SMs as the kernel ahead leaves them.
-    bool gate_up_without_pdl = false;
 };
 bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter);
 size_t moe_decode_arrivals(int c, int hidden);

@@ -32,7 +32,11 @@
 //     multiplies; when the K block before is done its stage goes back to the producer.
 //   epilogue: bf16 y, or for a piece of a tile whose K is dealt to several blocks its fp32 sums into the scratch,
 //     added in piece order by add_pieces_kernel (deterministic). K is dealt out where the grid is under half a wave,
-//     and for the tiles of a last, partial wave (shape_for).
+//     and for the tiles of a last, partial wave (shape_for). (The pieces adding their tile's sums themselves, each
+//     its share once a per-tile count says all have stored theirs, no add_pieces launch: 7B GPTQ-Int4 batch 64
+//     13,796.17 / 13,803.18 -> 13,663.53 / 13,663.56 tok/s, -1.0%; bench/results/2026-12-02-h200-rs-silu, call 2.)
+//     SwiGLU (silu_mul): a tile's CW / 2 gate row blocks beside the same features' up row blocks, y = SiLU(gate) *
+//     up [m, rows / 2], in the epilogue of whole tiles and in add_pieces_kernel for pieces.
 // Grid (1-D): tiles with token tiles fastest, so the token tiles of one row tile run together and read its codes
 // from L2; a tile's pieces side by side.
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered into bf16 [m, k_padded] first (the
@@ -41,7 +45,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -167,82 +170,9 @@ struct Deal {
 // a whole tile's up warps hand their sums to the gate warps through the stages' shared memory, and y [m, rows / 2] =
 // silu(bf16(gate)) * bf16(up) (transformers rounds both before silu_mul); a piece's sums go to the scratch as they
 // are, and add_pieces_kernel applies the SwiGLU.
-// Four consecutive output values of one token of a tile whose K was dealt out: quad q of its BT x R / 4 (SWIGLU: BT x
-// R / 8) quads, the pieces' sums (tile_sums [pieces][BT][R], fp32, read from L2) added in piece order into y [m, n]
-// (SWIGLU: [m, n / 2] = silu(bf16(gate)) * bf16(up), the tile's local rows [0, R / 2) gate, [R / 2, R) the same
-// features' up). 16-byte loads, 32-bit index arithmetic. (A first form, one value a thread with 64-bit divisions for
-// its indices, had 7B Int4 qkv at m 64 at 13.4 us in one call against 11.5 in earlier calls of the old reduce;
-// bench/results/2026-12-01-h200-rs-pieces, call 2. Not compared in one call.)
-template <bool SWIGLU, int K_AHEAD>
-__device__ __forceinline__ void add_tile_quad(const float * __restrict__ tile_sums, const Deal & deal, int tile, int q, int BT, int R, int m, int n,
-                                              bf16 * __restrict__ y) {
-    const int rows_out = SWIGLU ? R / 2 : R, quads = rows_out / 4, n_out = SWIGLU ? n / 2 : n;  // R is a multiple of 16
-    const int local = 4 * (q % quads), tok = (tile % deal.token_tiles) * BT + q / quads, row = (tile / deal.token_tiles) * rows_out + local;
-    if (tok >= m || row >= n_out) return;
-    const int stride = BT * R / 4;  // float4 per piece
-    const float4 * p = reinterpret_cast<const float4 *>(tile_sums) + (q / quads) * (R / 4) + local / 4;
-    auto add = [](float4 & a, const float4 & b) {
-        a.x += b.x;
-        a.y += b.y;
-        a.z += b.z;
-        a.w += b.w;
-    };
-    // Pieces 1 .. K_AHEAD asked for at once (both halves), then added in order. (One dependent load a piece: 7B Int4 at
-    // m 64 qkv 12.2 -> 11.4 us with 15 ahead, o_proj 11.9 -> 10.8, down 29.9 -> 28.6; at m 128 qkv 16.6 -> 17.3, the
-    // 80 registers leaving three blocks an SM; bench/results/2026-12-01-h200-rs-pieces, call 4.)
-    constexpr int k_ahead = K_AHEAD, halves = SWIGLU ? 2 : 1;
-    const int half_offset = R / 8;  // float4s from a gate row's four to its up row's
-    float4 sum[halves], v[halves][k_ahead];
-#pragma unroll
-    for (int h = 0; h < halves; h++) sum[h] = __ldcg(p + h * half_offset);
-#pragma unroll
-    for (int u = 0; u < k_ahead; u++) {
-#pragma unroll
-        for (int h = 0; h < halves; h++) {
-            if (1 + u < deal.pieces) v[h][u] = __ldcg(p + size_t(1 + u) * stride + h * half_offset);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < k_ahead; u++) {
-#pragma unroll
-        for (int h = 0; h < halves; h++) {
-            if (1 + u < deal.pieces) add(sum[h], v[h][u]);
-        }
-    }
-    for (int z = 1 + k_ahead; z < deal.pieces; z++) {
-#pragma unroll
-        for (int h = 0; h < halves; h++) add(sum[h], __ldcg(p + size_t(z) * stride + h * half_offset));
-    }
-    float e[4] = {sum[0].x, sum[0].y, sum[0].z, sum[0].w};
-    if constexpr (SWIGLU) {
-        const float u[4] = {sum[halves - 1].x, sum[halves - 1].y, sum[halves - 1].z, sum[halves - 1].w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) e[i] = silu(__bfloat162float(__float2bfloat16(e[i]))) * __bfloat162float(__float2bfloat16(u[i]));
-    }
-    bf16 * out = y + size_t(tok) * n_out + row;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (row + i < n_out) out[i] = __float2bfloat16(e[i]);
-    }
-}
-
-// Arrivals of a launch's pieces, one counter per tile in pieces (fixup): zero at load, and back to zero at the end of
-// every launch (each piece counts in, then out; the last out resets it). One launch of qgemm_rs at a time per device.
-constexpr int k_max_piece_tiles = 1024;
-// Pieces' loads in flight a thread in the fixup: the most without spills (72 registers a thread at 16 tokens, 96 at
-// 32-64; 8 spilled there).
-__host__ __device__ constexpr int fixup_ahead(int nt) { return nt == 2 ? 2 : 4; }
-__device__ unsigned int rs_piece_counts[k_max_piece_tiles];
-
-__device__ __forceinline__ unsigned int load_acquire_gpu(const unsigned int * p) {
-    unsigned int v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 template <int PLANES, bool LUT, int NT>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::BLOCKS)
-    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, int half_rb, bool fixup,
+    qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, int half_rb,
                     const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap code_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, LUT, NT>;
@@ -378,37 +308,16 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
         }
         return;
     }
-    if (active) {
+    if (!active) return;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
+    for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
-                if (row >= n || tok >= m) continue;
-                if (sums) sums[size_t(tok - tok0) * 16 * CW + warp * 16 + g + (e >= 2 ? 8 : 0)] = d[4 * nt + e];
-                else y[size_t(tok) * n + row] = __float2bfloat16(d[4 * nt + e]);
-            }
+        for (int e = 0; e < 4; e++) {
+            const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
+            if (row >= n || tok >= m) continue;
+            if (sums) sums[size_t(tok - tok0) * 16 * CW + warp * 16 + g + (e >= 2 ? 8 : 0)] = d[4 * nt + e];
+            else y[size_t(tok) * n + row] = __float2bfloat16(d[4 * nt + e]);
         }
-    }
-    if (!sums || !fixup) return;
-    // fixup: the tile's pieces add its sums themselves, piece z its z-th share of the quads, once all have stored
-    // theirs. Every piece block of a launch is resident at once (at most a wave of them, and the next kernel's blocks
-    // are scheduled only after every block of this one has started), so the wait ends.
-    __threadfence();
-    sm90::named_barrier(1, 32 * CW);
-    unsigned int * count = rs_piece_counts + (tile - deal.whole);
-    const unsigned int pieces = unsigned(deal.pieces);
-    if (threadIdx.x == 0) {
-        atomicAdd(count, 1u);
-        while (load_acquire_gpu(count) < pieces) __nanosleep(32);
-        if (atomicAdd(count, 1u) == 2 * pieces - 1) atomicExch(count, 0u);  // every piece is past its wait
-    }
-    sm90::named_barrier(1, 32 * CW);
-    const float * tile_sums = partial + size_t(tile - deal.whole) * deal.pieces * BT * 16 * CW;
-    const int quads = BT * (half_rb ? 2 : 4) * CW, q_begin = int(int64_t(z) * quads / shares), q_end = int(int64_t(z + 1) * quads / shares);
-    for (int q = q_begin + int(threadIdx.x); q < q_end; q += 32 * CW) {
-        if (half_rb) add_tile_quad<true, fixup_ahead(NT) / 2>(tile_sums, deal, tile, q, BT, 16 * CW, m, n, y);
-        else add_tile_quad<false, fixup_ahead(NT)>(tile_sums, deal, tile, q, BT, 16 * CW, m, n, y);
     }
 #else
     __trap();  // launched only where qgemm_rs_applies (an sm_90a build on a compute capability 9.0 device)
@@ -416,12 +325,65 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
 }
 
 // The pieces' sums added in piece order (the same bits on every call): y [m, n] (bf16) of tiles [whole, tiles) from
-// sums [(tile - whole) pieces + z][BT][R] (fp32). Grid: (quads of a tile's BT x R sums / 256, tiles - whole).
+// sums [(tile - whole) pieces + z][BT][R] (fp32). Grid: (quads of a tile's BT x R sums / 256, tiles - whole); a thread
+// adds four consecutive rows of one token in 16-byte loads, in 32-bit index arithmetic. (A first form, one value a
+// thread with 64-bit divisions for its indices, had 7B Int4 qkv at m 64 at 13.4 us in one call against 11.5 in
+// earlier calls of the old reduce; bench/results/2026-12-01-h200-rs-pieces, call 2. Not compared in one call.)
+// SWIGLU: a tile's local rows [0, R / 2) are gate rows, [R / 2, R) the same features' up rows (qgemm_rs_kernel's
+// half_rb); a thread adds four of each and writes y [m, n / 2] = silu(bf16(gate)) * bf16(up).
 template <bool SWIGLU>
 __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, int BT, int R, int m, int n, bf16 * __restrict__ y) {
     pdl_wait();
-    const int j = blockIdx.y, q = blockIdx.x * blockDim.x + threadIdx.x;
-    if (q < BT * (SWIGLU ? R / 2 : R) / 4) add_tile_quad<SWIGLU, SWIGLU ? 7 : 15>(sums + size_t(j) * deal.pieces * BT * R, deal, deal.whole + j, q, BT, R, m, n, y);
+    const int j = blockIdx.y, tile = deal.whole + j, rows_out = SWIGLU ? R / 2 : R, quads = rows_out / 4, n_out = SWIGLU ? n / 2 : n;
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;  // R is a multiple of 16
+    if (q >= BT * quads) return;
+    const int local = 4 * (q % quads), tok = (tile % deal.token_tiles) * BT + q / quads, row = (tile / deal.token_tiles) * rows_out + local;
+    if (tok >= m || row >= n_out) return;
+    const int stride = BT * R / 4;  // float4 per piece
+    const float4 * p = reinterpret_cast<const float4 *>(sums) + size_t(j) * deal.pieces * stride + (q / quads) * (R / 4) + local / 4;
+    auto add = [](float4 & a, const float4 & b) {
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+    };
+    // Pieces 1-15 asked for at once (SWIGLU: 1-7, both halves), then added in order. (One dependent load a piece: 7B
+    // Int4 at m 64 qkv 12.2 -> 11.4 us this way, o_proj 11.9 -> 10.8, down 29.9 -> 28.6; at m 128 qkv 16.6 -> 17.3,
+    // the 80 registers leaving three blocks an SM; bench/results/2026-12-01-h200-rs-pieces, call 4.)
+    constexpr int k_ahead = SWIGLU ? 7 : 15, halves = SWIGLU ? 2 : 1;
+    const int half_offset = R / 8;  // float4s from a gate row's four to its up row's
+    float4 sum[halves], v[halves][k_ahead];
+#pragma unroll
+    for (int h = 0; h < halves; h++) sum[h] = p[h * half_offset];
+#pragma unroll
+    for (int u = 0; u < k_ahead; u++) {
+#pragma unroll
+        for (int h = 0; h < halves; h++) {
+            if (1 + u < deal.pieces) v[h][u] = p[size_t(1 + u) * stride + h * half_offset];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < k_ahead; u++) {
+#pragma unroll
+        for (int h = 0; h < halves; h++) {
+            if (1 + u < deal.pieces) add(sum[h], v[h][u]);
+        }
+    }
+    for (int z = 1 + k_ahead; z < deal.pieces; z++) {
+#pragma unroll
+        for (int h = 0; h < halves; h++) add(sum[h], p[size_t(z) * stride + h * half_offset]);
+    }
+    float e[4] = {sum[0].x, sum[0].y, sum[0].z, sum[0].w};
+    if constexpr (SWIGLU) {
+        const float u[4] = {sum[halves - 1].x, sum[halves - 1].y, sum[halves - 1].z, sum[halves - 1].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) e[i] = silu(__bfloat162float(__float2bfloat16(e[i]))) * __bfloat162float(__float2bfloat16(u[i]));
+    }
+    bf16 * out = y + size_t(tok) * n_out + row;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (row + i < n_out) out[i] = __float2bfloat16(e[i]);
+    }
 }
 
 int slots_override = 0;  // set_qgemm_rs_slots
@@ -478,19 +440,10 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
         QINFER_FAIL() << "qgemm_rs: the tensor map of the codes (" << w.rows_padded / 16 << " row blocks x " << w.k_padded / 64 << " K blocks) was refused";
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, LUT, NT>, Sh::smem, configured);
-    static const bool fixup_switch = [] {
-        const char * v = std::getenv("QINFER_RS_FIXUP");
-        return v && std::atoi(v) == 1;
-    }();
-    // The fixup's wait needs every piece block resident at once: the deal assumes Sh::BLOCKS a SM, so it runs only
-    // where the device gives the kernel that many.
-    static PerDevice<int> resident(-1);
-    if (resident.here() < 0) CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident.here(), qgemm_rs_kernel<PLANES, LUT, NT>, block_threads(NT), Sh::smem));
-    const bool fixup = fixup_switch && deal.whole < deal.tiles && deal.tiles - deal.whole <= k_max_piece_tiles && resident.here() >= Sh::BLOCKS;
-    launch_kernel(qgemm_rs_kernel<PLANES, LUT, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, half_rb, fixup,
-                  x_map, code_map);
+    launch_kernel(qgemm_rs_kernel<PLANES, LUT, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, half_rb, x_map,
+                  code_map);
     CUDA_CHECK(cudaGetLastError());
-    if (deal.whole < deal.tiles && !fixup) {
+    if (deal.whole < deal.tiles) {
         const int quads = Sh::BT * 4 * Sh::CW / (swiglu ? 2 : 1);  // BT x 16 CW sums a tile, four a thread (SwiGLU: four of each half)
         launch_kernel(swiglu ? add_pieces_kernel<true> : add_pieces_kernel<false>, dim3((quads + 255) / 256, deal.tiles - deal.whole), dim3(256), 0,
                       stream, static_cast<const float *>(partial), deal, Sh::BT, 16 * Sh::CW, m, w.rows, y);

@@ -17,7 +17,6 @@
 // GEMV's 11.1, o_proj 8.2 / 10.9; on 0.5B's shapes at m 8 the GEMV wins, 3.2-7.3 against 6.4-8.3: hence from 12M
 // codes; at m 512 dequantize + cuBLASLt wins on qkv / o_proj / down; bench/results/2026-12-02-h200-nf4-gemm).
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/ops.h"
 
@@ -103,11 +102,12 @@ bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, 
 
 bool quant_linear_silu(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, bf16 * act, void * scratch, size_t scratch_bytes,
                        cudaStream_t stream) {
-    static const bool rs_silu = [] {
-        const char * v = std::getenv("QINFER_RS_SILU");
-        return v && std::atoi(v) == 1;
-    }();
-    if (path == QuantPath::Rs && rs_silu) return qgemm_rs(w, x, m, act, scratch, scratch_bytes, stream, true);
+    // qgemm_rs's SwiGLU tiles (CW / 2 gate row blocks beside their up row blocks) at up to 64 rows. On an H200, 7B
+    // GPTQ-Int4 at batch 64: 13,921.05 / 13,905.03 -> 14,026.04 / 13,966.42 tok/s (+0.6%); at batch 128 (with a K-piece
+    // fixup that lost, in both arms) 18,001.44 / 18,008.95 -> 17,952.11 / 17,959.61 (-0.3%), alternated twice
+    // (bench/results/2026-12-02-h200-rs-silu, calls 1-2). (Tiles of 64 + 64 rows before the last wave was dealt in K
+    // pieces: level at batch 64, bench/results/2026-12-01-h200-norm-ahead.)
+    if (path == QuantPath::Rs && m <= 64) return qgemm_rs(w, x, m, act, scratch, scratch_bytes, stream, true);
     return path == QuantPath::Mma && qgemm_mma(w, x, m, act, scratch, scratch_bytes, stream, true);
 }
 
