@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <gtest/gtest.h>
 
@@ -332,6 +333,43 @@ TEST(CudaQuant, RsGemmMatchesCpu) {
     }
 }
 
+// One check of a GEMM's SwiGLU tiles on dq, a stacked [gate; up] weight of 2 inter rows: gemm(x, y, silu_mul) with
+// silu_mul false, then cuda::silu_mul, against gemm with silu_mul true. fits false: refused, y untouched. exact: the
+// same bits, else within bf16 rounding and the same bits on a second call. 1 where it was checked.
+static int check_swiglu(const DevQuant & dq, int m, int inter, bool fits, bool exact, const std::string & what,
+                        const std::function<bool(const bf16 *, bf16 *, bool)> & gemm) {
+    const int n = 2 * inter, k = dq.q.k;
+    DeviceBuffer dx = upload_bf16(randn(size_t(m) * k)), gu = poisoned(size_t(m) * n * 2), want = poisoned(size_t(m) * inter * 2);
+    DeviceBuffer got = poisoned(size_t(m) * inter * 2 + 16);
+    if (!gemm(dx.as<bf16>(), gu.as<bf16>(), false)) {
+        ADD_FAILURE() << what << ": the GEMM did not run";
+        return 0;
+    }
+    cuda::silu_mul(gu.as<bf16>(), m, inter, want.as<bf16>(), nullptr);
+    const bool ran = gemm(dx.as<bf16>(), got.as<bf16>(), true);
+    const std::vector<uint16_t> got_bits = download_u16(got, size_t(m) * inter + 8);
+    if (!fits) {
+        EXPECT_FALSE(ran) << what;
+        EXPECT_TRUE(std::all_of(got_bits.begin(), got_bits.end(), [](uint16_t v) { return v == 0xFFFFu; })) << what << ": a refused call wrote y";
+        return 0;
+    }
+    if (!ran) {
+        ADD_FAILURE() << what << ": refused";
+        return 0;
+    }
+    for (size_t i = size_t(m) * inter; i < got_bits.size(); i++) EXPECT_EQ(got_bits[i], 0xFFFFu) << what << " wrote past y";
+    if (exact) {
+        const std::vector<uint16_t> want_bits = download_u16(want, size_t(m) * inter);
+        EXPECT_TRUE(std::equal(want_bits.begin(), want_bits.end(), got_bits.begin())) << what << ": not silu_mul's bits";
+    } else {
+        EXPECT_LT(rel_err(download_bf16(got, size_t(m) * inter), download_bf16(want, size_t(m) * inter)), 1e-2) << what;
+        DeviceBuffer again = poisoned(size_t(m) * inter * 2);
+        EXPECT_TRUE(gemm(dx.as<bf16>(), again.as<bf16>(), true)) << what;
+        EXPECT_TRUE(download_u16(again, size_t(m) * inter) == download_u16(got, size_t(m) * inter)) << what << ": second call differs";
+    }
+    return 1;
+}
+
 // qgemm_mma's SwiGLU tiles (silu_mul = true) on a stacked [gate; up] weight: the same bits as its y then
 // cuda::silu_mul, every format it takes (affine and lookup codes; act-order through the gathered inputs), token counts over one and several
 // tiles and every token tile width, blocks of 6 and 8 warps (halves of 12 row blocks: whole tiles; 13: a last tile
@@ -343,42 +381,21 @@ TEST(CudaQuant, MmaGemmSwigluMatchesSiluMul) {
     for (const QuantScheme & s : cuda_schemes()) {
         for (auto [inter, k, fits, warps] : {std::tuple{192, 128, true, 8}, std::tuple{208, 128, true, 8}, std::tuple{192, 128, true, 6},
                                              std::tuple{208, 128, true, 6}, std::tuple{200, 128, false, 0}, std::tuple{64, 8192, false, 0}}) {
-            const int n = 2 * inter;
-            auto ql = make_quant_linear(s, n, k, rng()());
+            auto ql = make_quant_linear(s, 2 * inter, k, rng()());
             DevQuant dq = upload_quant(ql->l);
             if (!cuda::qgemm_mma_applies(dq.q)) continue;
             for (int m : {5, 16, 17, 40, 64}) {
                 const std::string what = s.describe() + " m " + std::to_string(m) + " inter " + std::to_string(inter) + " k " +
                                          std::to_string(k) + " warps " + std::to_string(warps);
-                cuda::set_qgemm_mma_warps(warps);
-                DeviceBuffer dx = upload_bf16(randn(size_t(m) * k)), gu = poisoned(size_t(m) * n * 2), want = poisoned(size_t(m) * inter * 2);
-                DeviceBuffer got = poisoned(size_t(m) * inter * 2 + 16);
                 DeviceBuffer scratch(size_t(m) * dq.q.k_padded * 2 + cuda::qgemm_mma_scratch_bytes(dq.q, m), "test");
-                if (!cuda::qgemm_mma(dq.q, dx.as<bf16>(), m, gu.as<bf16>(), scratch.get(), scratch.bytes(), nullptr)) {
-                    ADD_FAILURE() << what << ": the GEMM did not run";
-                    continue;
-                }
-                cuda::silu_mul(gu.as<bf16>(), m, inter, want.as<bf16>(), nullptr);
-                const bool ran = cuda::qgemm_mma(dq.q, dx.as<bf16>(), m, got.as<bf16>(), scratch.get(), scratch.bytes(), nullptr, true);
+                cuda::set_qgemm_mma_warps(warps);
+                checked += check_swiglu(dq, m, inter, fits, true, what, [&](const bf16 * x, bf16 * y, bool silu) {
+                    return cuda::qgemm_mma(dq.q, x, m, y, scratch.get(), scratch.bytes(), nullptr, silu);
+                });
                 cuda::set_qgemm_mma_warps(0);
-                const std::vector<uint16_t> got_bits = download_u16(got, size_t(m) * inter + 8);
-                if (!fits) {
-                    EXPECT_FALSE(ran) << what;
-                    EXPECT_TRUE(std::all_of(got_bits.begin(), got_bits.end(), [](uint16_t v) { return v == 0xFFFFu; })) << what << ": a refused call wrote y";
-                    continue;
-                }
-                if (!ran) {
-                    ADD_FAILURE() << what << ": refused";
-                    continue;
-                }
-                const std::vector<uint16_t> want_bits = download_u16(want, size_t(m) * inter);
-                EXPECT_TRUE(std::equal(want_bits.begin(), want_bits.end(), got_bits.begin())) << what << ": not silu_mul's bits";
-                for (size_t i = size_t(m) * inter; i < got_bits.size(); i++) EXPECT_EQ(got_bits[i], 0xFFFFu) << what << " wrote past y";
-                checked++;
             }
         }
     }
-    cuda::set_qgemm_mma_warps(0);
     EXPECT_GT(checked, 0);
 }
 
@@ -392,8 +409,7 @@ TEST(CudaQuant, RsGemmSwigluMatchesSiluMul) {
     int checked = 0;
     for (const QuantScheme & s : cuda_schemes()) {
         for (auto [inter, k, fits] : {std::tuple{192, 128, true}, std::tuple{208, 128, true}, std::tuple{200, 128, false}, std::tuple{576, 4160, true}}) {
-            const int n = 2 * inter;
-            auto ql = make_quant_linear(s, n, k, rng()());
+            auto ql = make_quant_linear(s, 2 * inter, k, rng()());
             DevQuant dq = upload_quant(ql->l);
             if (!cuda::qgemm_rs_applies(dq.q)) continue;
             for (int sms : {0, 4, 6}) {
@@ -402,36 +418,10 @@ TEST(CudaQuant, RsGemmSwigluMatchesSiluMul) {
                 for (int m : {5, 16, 17, 40, 64, 129}) {
                     const std::string what = s.describe() + " m " + std::to_string(m) + " inter " + std::to_string(inter) + " k " +
                                              std::to_string(k) + " SMs " + std::to_string(sms);
-                    DeviceBuffer dx = upload_bf16(randn(size_t(m) * k)), gu = poisoned(size_t(m) * n * 2), want = poisoned(size_t(m) * inter * 2);
-                    DeviceBuffer got = poisoned(size_t(m) * inter * 2 + 16);
                     DeviceBuffer scratch(size_t(m) * dq.q.k_padded * 2 + cuda::qgemm_rs_scratch_bytes(dq.q, m), "test");
-                    if (!cuda::qgemm_rs(dq.q, dx.as<bf16>(), m, gu.as<bf16>(), scratch.get(), scratch.bytes(), nullptr)) {
-                        ADD_FAILURE() << what << ": the GEMM did not run";
-                        continue;
-                    }
-                    cuda::silu_mul(gu.as<bf16>(), m, inter, want.as<bf16>(), nullptr);
-                    const bool ran = cuda::qgemm_rs(dq.q, dx.as<bf16>(), m, got.as<bf16>(), scratch.get(), scratch.bytes(), nullptr, true);
-                    const std::vector<uint16_t> got_bits = download_u16(got, size_t(m) * inter + 8);
-                    if (!fits) {
-                        EXPECT_FALSE(ran) << what;
-                        EXPECT_TRUE(std::all_of(got_bits.begin(), got_bits.end(), [](uint16_t v) { return v == 0xFFFFu; })) << what << ": a refused call wrote y";
-                        continue;
-                    }
-                    if (!ran) {
-                        ADD_FAILURE() << what << ": refused";
-                        continue;
-                    }
-                    for (size_t i = size_t(m) * inter; i < got_bits.size(); i++) EXPECT_EQ(got_bits[i], 0xFFFFu) << what << " wrote past y";
-                    if (k == 128) {
-                        const std::vector<uint16_t> want_bits = download_u16(want, size_t(m) * inter);
-                        EXPECT_TRUE(std::equal(want_bits.begin(), want_bits.end(), got_bits.begin())) << what << ": not silu_mul's bits";
-                    } else {
-                        EXPECT_LT(rel_err(download_bf16(got, size_t(m) * inter), download_bf16(want, size_t(m) * inter)), 1e-2) << what;
-                        DeviceBuffer again = poisoned(size_t(m) * inter * 2);
-                        EXPECT_TRUE(cuda::qgemm_rs(dq.q, dx.as<bf16>(), m, again.as<bf16>(), scratch.get(), scratch.bytes(), nullptr, true)) << what;
-                        EXPECT_TRUE(download_u16(again, size_t(m) * inter) == download_u16(got, size_t(m) * inter)) << what << ": second call differs";
-                    }
-                    checked++;
+                    checked += check_swiglu(dq, m, inter, fits, k == 128, what, [&](const bf16 * x, bf16 * y, bool silu) {
+                        return cuda::qgemm_rs(dq.q, x, m, y, scratch.get(), scratch.bytes(), nullptr, silu);
+                    });
                 }
             }
             cuda::set_qgemm_rs_slots(0);
