@@ -157,4 +157,10 @@ __device__ __forceinline__ float dot8(const uint4 & w, const uint4 & x) {
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
+// SwiGLU of fp32 gate and up sums as transformers computes it after its two projections: both rounded to bf16 first
+// (the unfused path's silu_mul reads them so), then silu(gate) * up in fp32.
+__device__ __forceinline__ float silu_mul_rounded(float gate, float up) {
+    return silu(__bfloat162float(__float2bfloat16(gate))) * __bfloat162float(__float2bfloat16(up));
+}
+
 }  // namespace qinfer::cuda

@@ -305,9 +305,7 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
             for (int i = 0; i < 4; i++) {
                 const int row = rb * 16 + g + (i >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (i & 1);
                 if (row >= inter || tok >= m) continue;
-                // transformers rounds gate and up to bf16 before silu(gate) * up (as silu_mul_kernel reads them).
-                const float gt = __bfloat162float(__float2bfloat16(tot[nt][i])), u = __bfloat162float(__float2bfloat16(up[(nt * 4 + i) * 32]));
-                y[size_t(tok) * inter + row] = __float2bfloat16(silu(gt) * u);
+                y[size_t(tok) * inter + row] = __float2bfloat16(silu_mul_rounded(tot[nt][i], up[(nt * 4 + i) * 32]));
             }
         }
         return;

@@ -65,7 +65,7 @@ __host__ __device__ constexpr int consumer_warps(int nt) { return nt == 16 ? 12 
 __host__ __device__ constexpr int block_threads(int nt) { return 32 * consumer_warps(nt) + 32; }  // + the producer warp
 __host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 2 ? 3 : nt <= 8 ? 2 : 1; }
 
-// Row tiles of a launch: CW row blocks each, or with SwiGLU (swiglu_fits) CW / 2 of the gate half and the same
+// Row tiles of a launch: CW row blocks each, or with SwiGLU CW / 2 row blocks of the gate half and the same
 // features' row blocks of the up half.
 int row_tiles(const QuantMatrix & w, int nt, bool swiglu) {
     const int rbs = swiglu ? consumer_warps(nt) / 2 : consumer_warps(nt), n_rb = swiglu ? w.rows_padded / 32 : w.rows_padded / 16;
@@ -302,8 +302,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
             for (int e = 0; e < 4; e++) {
                 const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
                 if (tok >= m) continue;
-                const float gt = __bfloat162float(__float2bfloat16(d[4 * nt + e])), u = __bfloat162float(__float2bfloat16(up[(4 * nt + e) * 32]));
-                y[size_t(tok) * inter + row] = __float2bfloat16(silu(gt) * u);
+                y[size_t(tok) * inter + row] = __float2bfloat16(silu_mul_rounded(d[4 * nt + e], up[(4 * nt + e) * 32]));
             }
         }
         return;
@@ -377,7 +376,7 @@ __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, in
     if constexpr (SWIGLU) {
         const float u[4] = {sum[halves - 1].x, sum[halves - 1].y, sum[halves - 1].z, sum[halves - 1].w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) e[i] = silu(__bfloat162float(__float2bfloat16(e[i]))) * __bfloat162float(__float2bfloat16(u[i]));
+        for (int i = 0; i < 4; i++) e[i] = silu_mul_rounded(e[i], u[i]);
     }
     bf16 * out = y + size_t(tok) * n_out + row;
 #pragma unroll

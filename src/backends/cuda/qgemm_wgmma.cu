@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
             const float * gate = so + tok * Layout::out_ld + f, * up = gate + k_bm / 2;
             float v[8];
 #pragma unroll
-            for (int i = 0; i < 8; i++) v[i] = silu(__bfloat162float(__float2bfloat16(gate[i]))) * __bfloat162float(__float2bfloat16(up[i]));
+            for (int i = 0; i < 8; i++) v[i] = silu_mul_rounded(gate[i], up[i]);
             *reinterpret_cast<uint4 *>(y + size_t(tok0 + tok) * n + f0 + f) =
                 make_uint4(pack_rn(v[0], v[1]), pack_rn(v[2], v[3]), pack_rn(v[4], v[5]), pack_rn(v[6], v[7]));
         }

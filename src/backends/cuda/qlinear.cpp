@@ -25,8 +25,9 @@ namespace qinfer::cuda {
 namespace {
 // Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over the wgmma GEMM and dequantize + cuBLASLt.
 constexpr int k_mma_max_m = 64;
-// Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies.
-constexpr int k_rs_max_m = 256;
+// Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies, and up to which its gate/up
+// tiles write SiLU(gate) * up themselves (quant_linear_silu).
+constexpr int k_rs_max_m = 256, k_rs_silu_max_m = 64;
 // Codes from which the GEMM takes over from the tiled GEMV at 5 to 8 rows (affine, lookup codes).
 constexpr int64_t k_mma_large_codes = int64_t(32) << 20, k_lut_large_codes = int64_t(12) << 20;
 }  // namespace
@@ -107,7 +108,7 @@ bool quant_linear_silu(QuantPath path, const QuantMatrix & w, const bf16 * x, in
     // fixup that lost, in both arms) 18,001.44 / 18,008.95 -> 17,952.11 / 17,959.61 (-0.3%), alternated twice
     // (bench/results/2026-12-02-h200-rs-silu, calls 1-2). (Tiles of 64 + 64 rows before the last wave was dealt in K
     // pieces: level at batch 64, bench/results/2026-12-01-h200-norm-ahead.)
-    if (path == QuantPath::Rs && m <= 64) return qgemm_rs(w, x, m, act, scratch, scratch_bytes, stream, true);
+    if (path == QuantPath::Rs && m <= k_rs_silu_max_m) return qgemm_rs(w, x, m, act, scratch, scratch_bytes, stream, true);
     return path == QuantPath::Mma && qgemm_mma(w, x, m, act, scratch, scratch_bytes, stream, true);
 }
 
