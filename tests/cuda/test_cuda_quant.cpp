@@ -318,17 +318,20 @@ TEST(CudaQuant, MmaGemmMatchesCpu) {
 
 // qgemm_rs by its rule, then as if the device had 4 or 6 SMs, so that tiles of the last wave are dealt out in
 // pieces of K (1160 rows, k 4160: 10 tiles at m 33 / 64 on 8 slots, 8 whole and 2 in four pieces; 14 at m 129, 12
-// whole and 2 in two pieces on 4 slots, in three on 6).
+// whole and 2 in two pieces on 4 slots, in three on 6); then with tiles of 256 tokens from 129 rows (the
+// QINFER_RS_WIDE A/B) on the device's SMs and on 4.
 TEST(CudaQuant, RsGemmMatchesCpu) {
     REQUIRE_GPU();
-    for (int sms : {0, 4, 6}) {
-        SCOPED_TRACE(testing::Message() << "SMs " << (sms ? std::to_string(sms) : "of the device"));
+    for (auto [sms, wide] : {std::pair{0, 0}, std::pair{4, 0}, std::pair{6, 0}, std::pair{0, 129}, std::pair{4, 129}}) {
+        SCOPED_TRACE(testing::Message() << "SMs " << (sms ? std::to_string(sms) : "of the device") << ", 256-token tiles from " << wide << " rows");
         cuda::set_qgemm_rs_slots(sms);
+        cuda::set_qgemm_rs_wide(wide);
         auto plain = [](const cuda::QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t bytes, cudaStream_t stream) {
             return cuda::qgemm_rs(w, x, m, y, scratch, bytes, stream);
         };
         const int checked = check_register_gemm({"wgmma-rs", cuda::qgemm_rs_applies, cuda::qgemm_rs_scratch_bytes, plain});
         cuda::set_qgemm_rs_slots(0);
+        cuda::set_qgemm_rs_wide(-1);
         if (checked == 0) GTEST_SKIP() << "no register-sourced wgmma GEMM on this build or device (sm_90a only)";
     }
 }

@@ -45,6 +45,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -55,6 +56,8 @@
 namespace qinfer::cuda {
 
 namespace {
+
+int wide_override = -1;  // set_qgemm_rs_wide
 
 // Consumer warps per block for BT = 8 NT tokens, and blocks per SM (registers: the accumulators are BT / 2 floats a
 // thread). Every consumer warpgroup of a block multiplies the same x panel; 12 warps (+ the producer: 13, four a
@@ -386,6 +389,15 @@ __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, in
 }
 
 int slots_override = 0;  // set_qgemm_rs_slots
+// Rows from which a launch takes tiles of 256 tokens (NT 32: two consumer warpgroups of m64n256 MMAs, one block an
+// SM), 0: never. A/B switch QINFER_RS_WIDE (the rows) or set_qgemm_rs_wide.
+int wide_rows() {
+    static const int from_env = [] {
+        const char * v = std::getenv("QINFER_RS_WIDE");
+        return v ? std::max(0, std::atoi(v)) : 0;
+    }();
+    return wide_override >= 0 ? wide_override : from_env;
+}
 
 // A launch's shape: BT = 8 nt tokens per block (16, 32, 64 or 128; more rows take several token tiles) and how its
 // tiles are dealt to blocks, every piece at least four K blocks long:
@@ -405,6 +417,7 @@ struct Shape {
 Shape shape_for(const QuantMatrix & w, int m, bool swiglu) {
     Shape sh;
     sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : 16;
+    if (wide_rows() > 0 && m >= wide_rows()) sh.nt = 32;
     const int token_tiles = (m + 8 * sh.nt - 1) / (8 * sh.nt), tiles = token_tiles * row_tiles(w, sh.nt, swiglu);
     const int64_t slots = int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
     const int most = (w.k_padded / 64) / 4;
@@ -456,7 +469,8 @@ void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, b
     if (nt == 2) launch<PLANES, LUT, 2>(w, x, ldx, m, y, deal, swiglu, partial, stream);
     else if (nt == 4) launch<PLANES, LUT, 4>(w, x, ldx, m, y, deal, swiglu, partial, stream);
     else if (nt == 8) launch<PLANES, LUT, 8>(w, x, ldx, m, y, deal, swiglu, partial, stream);
-    else launch<PLANES, LUT, 16>(w, x, ldx, m, y, deal, swiglu, partial, stream);
+    else if (nt == 16) launch<PLANES, LUT, 16>(w, x, ldx, m, y, deal, swiglu, partial, stream);
+    else launch<PLANES, LUT, 32>(w, x, ldx, m, y, deal, swiglu, partial, stream);
 }
 
 }  // namespace
@@ -490,5 +504,9 @@ bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scr
 }
 
 void set_qgemm_rs_slots(int sms) { slots_override = sms > 0 ? sms : 0; }
+
+void set_qgemm_rs_wide(int rows) { wide_override = rows; }
+
+bool qgemm_rs_wide(int m) { return wide_rows() > 0 && m >= wide_rows(); }
 
 }  // namespace qinfer::cuda

@@ -38,7 +38,7 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     const bool large = int64_t(w.rows_padded) * w.k_padded >= (w.lut ? k_lut_large_codes : k_mma_large_codes);
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
-    if (m <= k_rs_max_m && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
+    if (m <= (qgemm_rs_wide(m) ? k_rs_wide_max_m : k_rs_max_m) && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;
@@ -69,7 +69,7 @@ size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m) {
     };
     // Every m' <= m; past qgemm's largest m every path dequantizes, so the rows beyond 1024 add nothing but m itself.
     size_t most = at(m);
-    for (int mm = 1; mm <= std::min(m, 1024); mm++) most = std::max(most, at(mm));
+    for (int mm = 1; mm <= std::min(m, std::max(1024, k_rs_wide_max_m)); mm++) most = std::max(most, at(mm));
     return most;
 }
 
