@@ -65,7 +65,11 @@ int wide_override = -1;  // set_qgemm_rs_wide
 // 256 156 -> 139 us, m 128 94 -> 92). For 64 tokens 16 warps lost (gate_up 67 -> 103 us at m 64: 148 blocks, one a
 // SM, a second wave of 16) to 8 warps two blocks an SM (66 us; bench/results/2026-11-30-h200x2-qgemm-rs).
 __host__ __device__ constexpr int consumer_warps(int nt) { return nt == 16 ? 12 : 8; }
-__host__ __device__ constexpr int block_threads(int nt) { return 32 * consumer_warps(nt) + 32; }  // + the producer warp
+// Tiles of 256 tokens (NT 32) hold 128 accumulators a thread: at 9 warps ptxas grants 168 registers (three warps on
+// one SM quarter) and serialised their m64n256 MMAs (C7512), so the producer comes as a warpgroup of its own that
+// hands registers to the consumers with setmaxnreg (one warp copies, three leave), as attention_prefill_tma does.
+__host__ __device__ constexpr bool producer_warpgroup(int nt) { return nt == 32; }
+__host__ __device__ constexpr int block_threads(int nt) { return 32 * consumer_warps(nt) + (producer_warpgroup(nt) ? 128 : 32); }
 __host__ __device__ constexpr int reg_blocks(int nt) { return nt <= 2 ? 3 : nt <= 8 ? 2 : 1; }
 
 // Row tiles of a launch: CW row blocks each, or with SwiGLU CW / 2 row blocks of the gate half and the same
@@ -180,6 +184,8 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, LUT, NT>;
     constexpr int BT = Sh::BT, S = Sh::STAGES, CW = Sh::CW;
+    // With a producer warpgroup an SM quarter holds a producer warp and two consumer warps: 40 x 32 + 2 x 232 x 32 <= 16K.
+    constexpr int k_producer_registers = 40, k_consumer_registers = 232;
     extern __shared__ unsigned char smem_raw[];  // [stage][codes: row block, plane, lane | x: token, chunk], barriers
     unsigned char * smem = smem_raw + ((1024 - sm90::smem_addr(smem_raw) % 1024) % 1024);
     uint64_t * full = reinterpret_cast<uint64_t *>(smem + Sh::bar_offset), * empty = full + S;
@@ -199,7 +205,11 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
     if constexpr (LUT) mma4::fill_pair_table(w.table, lut, 32, block_threads(NT));
     sm90::init_stage_barriers(full, empty, S, CW);  // (its block barrier also makes the table ready)
 
-    if (warp == CW) {  // the producer
+    if (warp >= CW) {  // the producer
+        if constexpr (producer_warpgroup(NT)) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(k_producer_registers));
+            if (warp != CW) return;
+        }
         if (lane == 0) {
             sm90::prefetch_tensor_map(&x_map);
             sm90::prefetch_tensor_map(&code_map);
@@ -220,6 +230,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
     }
 
     // Consumers. Row blocks past the weight multiply stale shared memory; their outputs are never stored.
+    if constexpr (producer_warpgroup(NT)) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(k_consumer_registers));
     const int local = half_rb ? warp % (CW / 2) : warp;  // SwiGLU: warps w and CW / 2 + w hold one feature's gate and up
     const int rb = (half_rb && warp >= CW / 2 ? half_rb : 0) + rb0 + local;
     const bool active = local < present;

@@ -56,20 +56,24 @@ const char * quant_path_name(QuantPath path) {
 }
 
 size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m) {
-    // The scratch of each path at exactly mm rows (qgemm_mma's and qgemm's own answers cover every m' <= mm).
-    auto at = [&](int mm) -> size_t {
-        switch (quant_path(w, mm)) {
-            case QuantPath::Gemv: return 0;
-            case QuantPath::Mma: return qgemm_mma_scratch_bytes(w, mm);
-            case QuantPath::Rs: return qgemm_rs_scratch_bytes(w, mm);
-            case QuantPath::Wgmma: return qgemm_scratch_bytes(w, mm);
-            case QuantPath::Dequantize: return size_t(w.rows) * w.k * sizeof(bf16);
+    // Each path's scratch function answers for every m' <= its rows (they take the most over m' themselves), so each
+    // path is asked once, at the most rows <= m it takes; past qgemm's largest m every path dequantizes, so the rows
+    // beyond that add nothing but m itself. (Asking every path at every m' cost O(m^2) shapes a projection.)
+    int most_rows[5] = {0, 0, 0, 0, 0};  // by QuantPath
+    for (int mm = 1; mm <= std::min(m, std::max(1024, k_rs_wide_max_m)); mm++) most_rows[int(quant_path(w, mm))] = mm;
+    most_rows[int(quant_path(w, m))] = m;
+    size_t most = 0;
+    for (int p = 0; p < 5; p++) {
+        const int mm = most_rows[p];
+        if (mm == 0) continue;
+        switch (QuantPath(p)) {
+            case QuantPath::Gemv: break;
+            case QuantPath::Mma: most = std::max(most, qgemm_mma_scratch_bytes(w, mm)); break;
+            case QuantPath::Rs: most = std::max(most, qgemm_rs_scratch_bytes(w, mm)); break;
+            case QuantPath::Wgmma: most = std::max(most, qgemm_scratch_bytes(w, mm)); break;
+            case QuantPath::Dequantize: most = std::max(most, size_t(w.rows) * w.k * sizeof(bf16)); break;
         }
-        return 0;
-    };
-    // Every m' <= m; past qgemm's largest m every path dequantizes, so the rows beyond 1024 add nothing but m itself.
-    size_t most = at(m);
-    for (int mm = 1; mm <= std::min(m, std::max(1024, k_rs_wide_max_m)); mm++) most = std::max(most, at(mm));
+    }
     return most;
 }
 
