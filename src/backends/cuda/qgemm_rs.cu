@@ -180,7 +180,8 @@ struct Deal {
 template <int PLANES, bool LUT, int NT>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::BLOCKS)
     qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, int half_rb,
-                    const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap code_map) {
+                    const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap code_map,
+                    const __grid_constant__ CUtensorMap y_map, int tma_store) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, LUT, NT>;
     constexpr int BT = Sh::BT, S = Sh::STAGES, CW = Sh::CW;
@@ -300,6 +301,34 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
 
     // Lane (g, t) holds rows g, g + 8 and tokens 2t, 2t + 1 of each 8-token column block: d[4 nt + i].
     float * sums = piece_block < 0 ? nullptr : partial + size_t(piece_block) * BT * 16 * CW;  // [BT][16 CW]: warp w's rows at 16 w
+    if (NT == 32 && tma_store && !sums && !half_rb) {
+        // A/B (QINFER_RS_EPI): a whole tile's outputs by stmatrix into the stages, as y_map's box [BT tokens][64 rows]
+        // a warpgroup in the 128-byte swizzle, then one tensor store a warpgroup (rows past n and tokens past m are
+        // not written), instead of BT / 2 two-byte stores a thread.
+        sm90::named_barrier(1, 32 * CW);  // every consumer's MMAs are done with the stages
+        const int wg = warp / 4, wi = warp % 4, mat = lane / 8, r = lane % 8;
+        unsigned char * box = smem + size_t(wg) * BT * 128;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            // Matrix mat: 8-token block nt + mat / 2, rows g (mat even) or g + 8 of this warp's; lane 8 mat + r gives
+            // token row r's 16 bytes, chunk 2 wi + mat % 2 of the token's 128, swizzled by the token (r).
+            const int tok = 8 * (nt + mat / 2) + r, chunk = 2 * wi + mat % 2;
+            auto pair = [&](int i) {
+                __nv_bfloat162 v = __floats2bfloat162_rn(d[i], d[i + 1]);
+                return *reinterpret_cast<uint32_t *>(&v);
+            };
+            sm90::stmatrix_x4_trans(sm90::smem_addr(box + tok * 128 + ((chunk ^ r) * 16)), pair(4 * nt), pair(4 * nt + 2), pair(4 * nt + 4),
+                                    pair(4 * nt + 6));
+        }
+        sm90::fence_proxy_async_smem();
+        sm90::named_barrier(2 + wg, 128);
+        const int row0_wg = (rb0 + 4 * wg) * 16;
+        if (wi == 0 && lane == 0 && row0_wg < n) {
+            sm90::tma_store_2d(&y_map, box, row0_wg, tok0);
+            sm90::bulk_commit_and_wait_read();
+        }
+        return;
+    }
     if (half_rb && !sums) {  // a whole SwiGLU tile: the up warps' sums to the gate warps through the stages
         sm90::named_barrier(1, 32 * CW);  // every consumer is done with the stages (their copies have all landed)
         float * up = reinterpret_cast<float *>(smem) + size_t(local) * (BT / 2) * 32 + lane;  // [gate warp][d index][lane]
@@ -400,6 +429,14 @@ __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, in
 }
 
 int slots_override = 0;  // set_qgemm_rs_slots
+// A/B switch QINFER_RS_EPI: 1 = tiles of 256 tokens store y by stmatrix and a tensor store a warpgroup.
+bool rs_tma_store() {
+    static const bool on = [] {
+        const char * v = std::getenv("QINFER_RS_EPI");
+        return v && std::atoi(v) == 1;
+    }();
+    return on;
+}
 // Rows from which a launch takes tiles of 256 tokens (NT 32: two consumer warpgroups of m64n256 MMAs, one block an
 // SM), 0: never. A/B switch QINFER_RS_WIDE (the rows) or set_qgemm_rs_wide.
 int wide_rows() {
@@ -461,10 +498,12 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
     const int half_rb = swiglu ? w.rows_padded / 32 : 0;
     if (!weight_code_tensor_map(&code_map, w.codes, w.rows_padded / 16, w.k_padded / 64, PLANES, swiglu ? Sh::CW / 2 : Sh::CW))
         QINFER_FAIL() << "qgemm_rs: the tensor map of the codes (" << w.rows_padded / 16 << " row blocks x " << w.k_padded / 64 << " K blocks) was refused";
+    CUtensorMap y_map{};
+    const int tma_store = NT == 32 && !swiglu && rs_tma_store() && cache_tensor_map(&y_map, y, m, w.rows, Sh::BT);
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, LUT, NT>, Sh::smem, configured);
     launch_kernel(qgemm_rs_kernel<PLANES, LUT, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, half_rb, x_map,
-                  code_map);
+                  code_map, y_map, tma_store);
     CUDA_CHECK(cudaGetLastError());
     if (deal.whole < deal.tiles) {
         const int quads = Sh::BT * 4 * Sh::CW / (swiglu ? 2 : 1);  // BT x 16 CW sums a tile, four a thread (SwiGLU: four of each half)

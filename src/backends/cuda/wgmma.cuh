@@ -114,6 +114,21 @@ __device__ __forceinline__ void bulk_load(void * dst, const void * src, uint32_t
                  "r"(bytes), "r"(smem_addr(bar))
                  : "memory");
 }
+// The tensor copy engine the other way: shared memory at src (the map's box layout, swizzle included) to box (c0, c1)
+// of `map`; elements outside the tensor are not written. Then a bulk group committed and its reads of src waited for.
+__device__ __forceinline__ void tma_store_2d(const void * map, const void * src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map), "r"(smem_addr(src)), "r"(c0), "r"(c1)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit_and_wait_read() {
+    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Four 8 x 8 bf16 matrices from their mma fragments (register i: matrix i, a lane's row lane / 4, columns 2 (lane % 4)
+// and + 1), each stored transposed: lane 8 i + j gives the address of the 16 bytes of matrix i's column j.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
 __device__ __forceinline__ void prefetch_tensor_map(const void * map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
