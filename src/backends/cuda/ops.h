@@ -126,11 +126,6 @@ bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scr
               bool silu_mul = false);
 // qgemm_rs's rule as if the device had `sms` SMs (its K splits and last-wave pieces), for tests; 0 = the device's.
 void set_qgemm_rs_slots(int sms);
-// A/B (QINFER_RS_WIDE=rows): tiles of 256 tokens from `rows` rows on, and quant_path takes qgemm_rs up to
-// k_rs_wide_max_m rows; set_qgemm_rs_wide for tests (-1: the environment's, 0: never).
-void set_qgemm_rs_wide(int rows);
-bool qgemm_rs_wide(int m);
-constexpr int k_rs_wide_max_m = 2048;
 
 // ---- quantized projections: the rule (qlinear.cpp) ----
 constexpr int k_qgemv_max_m = 8;        // rows the tiled quantized GEMV takes in one pass

@@ -9,7 +9,12 @@
 //
 //   block (token tile, row tile, share of K: Deal): two or three consumer warpgroups (consumer_warps) and a producer warp;
 //     consumer warp w owns 16-row block w of the 128- or 192-row tile (warpgroup h: rows 64 h .. 64 h + 63, the m64 of
-//     its MMAs), over the block's K blocks.
+//     its MMAs), over the block's K blocks. Tiles of 256 tokens (from 192 rows, affine codes) hold 128 accumulators a
+//     thread: their producer is a warpgroup that hands registers to the two consumer warpgroups (setmaxnreg). They
+//     took 7B Int4 gate_up at m 256 / 512 / 1024 from 110.6 / 217.4 / 441.1 us to 104.7 / 200.2 / 388.4 (bf16
+//     cuBLASLt 98.7 / 186.0 / 346.9) and 7B GPTQ-Int4 `bench --throughput` 1000 x (100 -> 250), whose steps hold
+//     ~1000 rows and dequantized every weight before, from 92.32 / 92.00 to 102.83 / 103.10 requests/s
+//     (bench/results/2026-12-02-h200-rs-wide, call 1).
 //   producer: per K block one tensor copy of x as a [BT tokens][64 bf16] panel in the 128-byte swizzle wgmma reads
 //     (tokens past m and positions past k arrive as zeros) and one of the tile's codes (a 3-D map over the tile
 //     layout: CW row blocks x planes x 512 bytes, weight_code_tensor_map), into a stage of shared memory guarded by
@@ -30,7 +35,8 @@
 //   MMAs: a K block's four k16 steps go in two groups of two, each with its own A registers (16 a thread in all); the
 //     wait for the group before comes after each commit, so a group's dequantization runs while the one before
 //     multiplies; when the K block before is done its stage goes back to the producer.
-//   epilogue: bf16 y, or for a piece of a tile whose K is dealt to several blocks its fp32 sums into the scratch,
+//   epilogue: bf16 y (tiles of 256 tokens: by stmatrix into shared memory and a tensor store a warpgroup), or for a
+//     piece of a tile whose K is dealt to several blocks its fp32 sums into the scratch,
 //     added in piece order by add_pieces_kernel (deterministic). K is dealt out where the grid is under half a wave,
 //     and for the tiles of a last, partial wave (shape_for). (The pieces adding their tile's sums themselves, each
 //     its share once a per-tile count says all have stored theirs, no add_pieces launch: 7B GPTQ-Int4 batch 64
@@ -45,7 +51,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -56,8 +61,6 @@
 namespace qinfer::cuda {
 
 namespace {
-
-int wide_override = -1;  // set_qgemm_rs_wide
 
 // Consumer warps per block for BT = 8 NT tokens, and blocks per SM (registers: the accumulators are BT / 2 floats a
 // thread). Every consumer warpgroup of a block multiplies the same x panel; 12 warps (+ the producer: 13, four a
@@ -302,9 +305,11 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
     // Lane (g, t) holds rows g, g + 8 and tokens 2t, 2t + 1 of each 8-token column block: d[4 nt + i].
     float * sums = piece_block < 0 ? nullptr : partial + size_t(piece_block) * BT * 16 * CW;  // [BT][16 CW]: warp w's rows at 16 w
     if (NT == 32 && tma_store && !sums && !half_rb) {
-        // A/B (QINFER_RS_EPI): a whole tile's outputs by stmatrix into the stages, as y_map's box [BT tokens][64 rows]
-        // a warpgroup in the 128-byte swizzle, then one tensor store a warpgroup (rows past n and tokens past m are
-        // not written), instead of BT / 2 two-byte stores a thread.
+        // A whole tile of 256 tokens: its outputs by stmatrix into the stages, as y_map's box [BT tokens][64 rows] a
+        // warpgroup in the 128-byte swizzle, then one tensor store a warpgroup (rows past n and tokens past m are not
+        // written), instead of 128 two-byte stores a thread, each instruction's over 8 rows x 4 tokens (7B Int4 at m
+        // 1024: gate_up 383.2 -> 362.5 us, o_proj 42.5 -> 37.7, qkv 57.1 -> 54.9; 7B GPTQ-Int4 `bench --throughput`
+        // 1000 x (100 -> 250) 103.04 / 102.63 -> 105.62 / 105.72 requests/s; bench/results/2026-12-02-h200-rs-wide).
         sm90::named_barrier(1, 32 * CW);  // every consumer's MMAs are done with the stages
         const int wg = warp / 4, wi = warp % 4, mat = lane / 8, r = lane % 8;
         unsigned char * box = smem + size_t(wg) * BT * 128;
@@ -429,23 +434,12 @@ __global__ void add_pieces_kernel(const float * __restrict__ sums, Deal deal, in
 }
 
 int slots_override = 0;  // set_qgemm_rs_slots
-// A/B switch QINFER_RS_EPI: 1 = tiles of 256 tokens store y by stmatrix and a tensor store a warpgroup.
-bool rs_tma_store() {
-    static const bool on = [] {
-        const char * v = std::getenv("QINFER_RS_EPI");
-        return v && std::atoi(v) == 1;
-    }();
-    return on;
-}
-// Rows from which a launch takes tiles of 256 tokens (NT 32: two consumer warpgroups of m64n256 MMAs, one block an
-// SM), 0: never. A/B switch QINFER_RS_WIDE (the rows) or set_qgemm_rs_wide.
-int wide_rows() {
-    static const int from_env = [] {
-        const char * v = std::getenv("QINFER_RS_WIDE");
-        return v ? std::max(0, std::atoi(v)) : 0;
-    }();
-    return wide_override >= 0 ? wide_override : from_env;
-}
+// Rows from which affine codes take tiles of 256 tokens (two consumer warpgroups of m64n256 MMAs, one block an SM).
+// 7B Int4 at m 136 / 160 / 192 / 224, 128-token tiles against 256 (us; bench/results/2026-12-02-h200-rs-wide, call 2):
+// gate_up 117.3 / 109.8 / 105.8 / 108.0 against 127.6 / 120.2 / 104.6 / 102.7, down 62.9 / 62.1 / 62.1 / 62.4 against
+// 74.2 / 63.7 / 59.3 / 56.2, qkv 23.3 / 23.1 / 23.0 / 23.4 against 26.0 / 24.7 / 20.9 / 21.0 (Int8 alike). Lookup
+// codes keep 128-token tiles (not measured wider).
+constexpr int k_rs_wide_min_m = 192;
 
 // A launch's shape: BT = 8 nt tokens per block (16, 32, 64 or 128; more rows take several token tiles) and how its
 // tiles are dealt to blocks, every piece at least four K blocks long:
@@ -464,8 +458,7 @@ struct Shape {
 
 Shape shape_for(const QuantMatrix & w, int m, bool swiglu) {
     Shape sh;
-    sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : 16;
-    if (wide_rows() > 0 && m >= wide_rows()) sh.nt = 32;
+    sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : m < k_rs_wide_min_m || w.lut ? 16 : 32;
     const int token_tiles = (m + 8 * sh.nt - 1) / (8 * sh.nt), tiles = token_tiles * row_tiles(w, sh.nt, swiglu);
     const int64_t slots = int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
     const int most = (w.k_padded / 64) / 4;
@@ -499,7 +492,7 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
     if (!weight_code_tensor_map(&code_map, w.codes, w.rows_padded / 16, w.k_padded / 64, PLANES, swiglu ? Sh::CW / 2 : Sh::CW))
         QINFER_FAIL() << "qgemm_rs: the tensor map of the codes (" << w.rows_padded / 16 << " row blocks x " << w.k_padded / 64 << " K blocks) was refused";
     CUtensorMap y_map{};
-    const int tma_store = NT == 32 && !swiglu && rs_tma_store() && cache_tensor_map(&y_map, y, m, w.rows, Sh::BT);
+    const int tma_store = NT == 32 && !swiglu && cache_tensor_map(&y_map, y, m, w.rows, Sh::BT);
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, LUT, NT>, Sh::smem, configured);
     launch_kernel(qgemm_rs_kernel<PLANES, LUT, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, half_rb, x_map,
@@ -520,7 +513,7 @@ void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, b
     else if (nt == 4) launch<PLANES, LUT, 4>(w, x, ldx, m, y, deal, swiglu, partial, stream);
     else if (nt == 8) launch<PLANES, LUT, 8>(w, x, ldx, m, y, deal, swiglu, partial, stream);
     else if (nt == 16) launch<PLANES, LUT, 16>(w, x, ldx, m, y, deal, swiglu, partial, stream);
-    else launch<PLANES, LUT, 32>(w, x, ldx, m, y, deal, swiglu, partial, stream);
+    else if constexpr (!LUT) launch<PLANES, LUT, 32>(w, x, ldx, m, y, deal, swiglu, partial, stream);
 }
 
 }  // namespace
@@ -554,9 +547,5 @@ bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scr
 }
 
 void set_qgemm_rs_slots(int sms) { slots_override = sms > 0 ? sms : 0; }
-
-void set_qgemm_rs_wide(int rows) { wide_override = rows; }
-
-bool qgemm_rs_wide(int m) { return wide_rows() > 0 && m >= wide_rows(); }
 
 }  // namespace qinfer::cuda

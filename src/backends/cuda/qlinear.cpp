@@ -16,6 +16,14 @@
 // us against qgemm_mma's 58.4 / 59.0 / 87.9 / 118.4 and dequantize + cuBLASLt's ~178; qkv at m 8 9.4 against the
 // GEMV's 11.1, o_proj 8.2 / 10.9; on 0.5B's shapes at m 8 the GEMV wins, 3.2-7.3 against 6.4-8.3: hence from 12M
 // codes; at m 512 dequantize + cuBLASLt wins on qkv / o_proj / down; bench/results/2026-12-02-h200-nf4-gemm).
+// Since qgemm_rs takes tiles of 256 tokens from 192 rows (m64n256 MMAs, y by tensor stores) affine codes keep it up to
+// 4096 rows (4-bit) and 2048 (8-bit), so that steps of ~1000 rows (`bench --throughput`) write no bf16 weight: 7B Int4
+// at m 1024 / 2048 / 4096, qgemm_rs against dequantize + cuBLASLt (us): gate_up 362.5 / 717.6 / 1,498.2 against 459.4 /
+// 829.8 / 1,594.0, down 195.4 / 407.2 / 755.5 against 234.0 / 445.2 / 839.9, qkv 54.9 / 98.3 / 190.5 against 61.1 /
+// 104.4 / 191.9, o_proj 37.7 / 76.7 / 150.8 against 48.9 / 88.5 / 158.3 (bf16 cuBLASLt gate_up 352.5 / 697.4 / 1,525.7);
+// Int8 at 4096 loses on three of four (qkv 205.2 against 191.8, gate_up 1,656.7 against 1,573.6) and wins at 2048
+// (gate_up 780.2 against 817.3, qkv 105.3 / 104.7); bench/results/2026-12-02-h200-rs-wide, call 2. Beyond, prefill
+// chunks dequantize.
 #include <algorithm>
 
 #include "backends/cuda/ops.h"
@@ -25,9 +33,10 @@ namespace qinfer::cuda {
 namespace {
 // Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over the wgmma GEMM and dequantize + cuBLASLt.
 constexpr int k_mma_max_m = 64;
-// Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies, and up to which its gate/up
-// tiles write SiLU(gate) * up themselves (quant_linear_silu).
-constexpr int k_rs_max_m = 256, k_rs_silu_max_m = 64;
+// Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies (4-bit affine, 8-bit affine,
+// lookup codes), and up to which its gate/up tiles write SiLU(gate) * up themselves (quant_linear_silu).
+constexpr int k_rs_max_m_int4 = 4096, k_rs_max_m_int8 = 2048, k_rs_max_m_lut = 256, k_rs_silu_max_m = 64;
+int rs_max_m(const QuantMatrix & w) { return w.lut ? k_rs_max_m_lut : w.bits == 8 ? k_rs_max_m_int8 : k_rs_max_m_int4; }
 // Codes from which the GEMM takes over from the tiled GEMV at 5 to 8 rows (affine, lookup codes).
 constexpr int64_t k_mma_large_codes = int64_t(32) << 20, k_lut_large_codes = int64_t(12) << 20;
 }  // namespace
@@ -38,7 +47,7 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     const bool large = int64_t(w.rows_padded) * w.k_padded >= (w.lut ? k_lut_large_codes : k_mma_large_codes);
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
-    if (m <= (qgemm_rs_wide(m) ? k_rs_wide_max_m : k_rs_max_m) && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
+    if (m <= rs_max_m(w) && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;
@@ -60,7 +69,7 @@ size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m) {
     // path is asked once, at the most rows <= m it takes; past qgemm's largest m every path dequantizes, so the rows
     // beyond that add nothing but m itself. (Asking every path at every m' cost O(m^2) shapes a projection.)
     int most_rows[5] = {0, 0, 0, 0, 0};  // by QuantPath
-    for (int mm = 1; mm <= std::min(m, std::max(1024, k_rs_wide_max_m)); mm++) most_rows[int(quant_path(w, mm))] = mm;
+    for (int mm = 1; mm <= std::min(m, std::max(1024, k_rs_max_m_int4)); mm++) most_rows[int(quant_path(w, mm))] = mm;
     most_rows[int(quant_path(w, m))] = m;
     size_t most = 0;
     for (int p = 0; p < 5; p++) {
