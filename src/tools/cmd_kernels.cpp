@@ -1,7 +1,7 @@
 // qinfer bench --kernels: the quantized projections' kernels against bf16 on the same shapes (the GEMV for
 // k_dense_gemv_max_m rows, cuBLASLt beyond: what the engine runs for bf16 weights), for each projection of a model's layer
 // and each number of rows m. Every path a quantized shape can take is timed (the GEMV, the register-dequantizing
-// GEMM, the wgmma GEMM, dequantize + cuBLASLt) and the one cuda::quant_path picks is marked, so one run both
+// GEMMs on mma.sync and on wgmma, dequantize + cuBLASLt) and the one cuda::quant_path picks is marked, so one run both
 // measures the engine and shows where its rule should change. Those take plain bf16 in and out; "step gemv" is the
 // quantized GEMV as the decode step runs it (RMSNorm staged in the kernel for qkv / gate_up, SiLU * up, residual
 // added for o_proj / down): launch rules for the decode step are judged on it (a K-parts rule chosen on the plain
@@ -168,7 +168,7 @@ int run_kernels(const Args & a) {
     const int max_m = *std::max_element(ms.begin(), ms.end());
     json rows = json::array();
     std::printf("card: %s, commit %s; weights cycled over >= 256 MB; times are means of %d calls\n\n", sys.card.c_str(), git_commit().c_str(), reps);
-    std::printf("| model | proj | n x k | format | m | bf16 us | step gemv | gemv | mma | wgmma-rs | wgmma | dequant+cublaslt | rule | us | weight TB/s | TFLOP/s | x bf16 |\n");
+    std::printf("| model | proj | n x k | format | m | bf16 us | step gemv | gemv | mma | wgmma-rs | dequant+cublaslt | rule | us | weight TB/s | TFLOP/s | x bf16 |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const ProjShape & sh : k_shapes) {
         if (!listed(models, sh.model) || !listed(projs, sh.name)) continue;
@@ -195,7 +195,7 @@ int run_kernels(const Args & a) {
             const double q_bytes = double(code_bytes + q.scales.bytes() + q.zeros.bytes() + q.absmax.bytes());
             DeviceBuffer gemv_scratch(cuda::qgemv_scratch_bytes(q.q.k_padded, cuda::k_qgemv_max_m), "bench");
             size_t scratch_bytes = size_t(sh.n) * sh.k * sizeof(bf16);  // room for every path
-            scratch_bytes = std::max({scratch_bytes, cuda::qgemm_scratch_bytes(q.q, max_m), cuda::qgemm_mma_scratch_bytes(q.q, max_m), cuda::qgemm_rs_scratch_bytes(q.q, max_m)});
+            scratch_bytes = std::max({scratch_bytes, cuda::qgemm_mma_scratch_bytes(q.q, max_m), cuda::qgemm_rs_scratch_bytes(q.q, max_m)});
             DeviceBuffer scratch(scratch_bytes, "bench");
             for (int m : ms) {
                 int call = 0;
@@ -236,7 +236,7 @@ int run_kernels(const Args & a) {
                 }
                 std::string cells = std::string(step_cell) + " | ";
                 double rule_us = 0;
-                for (cuda::QuantPath p : {cuda::QuantPath::Gemv, cuda::QuantPath::Mma, cuda::QuantPath::Rs, cuda::QuantPath::Wgmma, cuda::QuantPath::Dequantize}) {
+                for (cuda::QuantPath p : {cuda::QuantPath::Gemv, cuda::QuantPath::Mma, cuda::QuantPath::Rs, cuda::QuantPath::Dequantize}) {
                     cuda::QuantMatrix qm = q.q;
                     bool ok = true;
                     const double us = time_us(reps, 3, [&] {
@@ -285,7 +285,7 @@ int cmd_bench_kernels(int argc, char ** argv) {
                           "usage: qinfer bench --kernels [--models 7b,0.5b (also 72b, 72b-tp2)] [--formats int4-g128,int8-g128 (also nf4)]\n"
                           "                            [--projs qkv,o_proj,gate_up,down]\n"
                           "                            [--m 1,2,4,...,512] [--reps 50] [--json FILE]\n"
-                          "Times each quantized projection kernel (GEMV, mma GEMM, wgmma GEMM, dequantize + cuBLASLt) of Qwen2.5's\n"
+                          "Times each quantized projection kernel (GEMV, mma GEMM, wgmma-rs GEMM, dequantize + cuBLASLt) of Qwen2.5's\n"
                           "layer shapes against bf16 weights of the same shape, for each m; marks the one the engine picks. GPU only.\n",
                           run);
 }

@@ -85,23 +85,9 @@ void reset_qgemv_ring_deep();
 void set_qgemv_ring_fast(int mode);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
-// Prefill GEMM with the weights dequantized into shared memory (qgemm_wgmma.cu): y bf16 [m, w.rows] = x bf16 [m, w.k]
-// W^T, for the tiled 4-/8-bit affine layout on an sm_90a build and device (qgemm_applies).
-// Act-order inputs, k not a multiple of 8 and x not 16-byte aligned are gathered into scratch first: bf16 [m,
-// w.k_padded]; after them the scratch holds the K splits' fp32 partial sums (qgemm_scratch_bytes: what act-order / k
-// and the splits of any m' <= m need; unaligned x needs the gather on top; with too little room for the partial
-// sums K is not split). False where it does not apply or the scratch cannot hold the gathered inputs (the caller
-// then dequantizes and multiplies with cuBLASLt).
+// The GEMM with the weights dequantized into shared memory (qgemm_wgmma.cu, wgmma) takes the tiled 4-/8-bit affine
+// layout on an sm_90a build and device: MoE prefill's grouped projections (moe_qgemm).
 bool qgemm_applies(const QuantMatrix & w);
-size_t qgemm_scratch_bytes(const QuantMatrix & w, int m);
-// The engine's rule: qgemm for m up to 512 on weights of at least one 128-row tile per SM, and up to 128 where K
-// splits of at least 16 K blocks fill the SMs (7B's down, not its qkv / o_proj); dequantize + cuBLASLt otherwise
-// (faster there, measured: qgemm_wgmma.cu).
-bool qgemm_pays(const QuantMatrix & w, int m);
-bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream);
-// The fused GEMM's tile for timing: 1 = 256 tokens, 2 = 128 tokens, 3 = 128 tokens with two blocks per SM (4-bit
-// codes; 8-bit take 2); 0 = the rule in qgemm_wgmma.cu.
-void set_qgemm_tile(int tile);
 // Decode-step GEMM with the weights dequantized in registers (qgemm_mma.cu, mma.sync: sm_80 and up): y bf16 [m,
 // w.rows] = x bf16 [m, w.k] W^T for the tiled 4-/8-bit affine layout, any m (made for the 9 to a few hundred rows of a
 // continuous-batching step). Scratch as qgemm's: gathered inputs (act-order, k % 8, unaligned x), then the K splits'
@@ -133,7 +119,7 @@ constexpr int k_qgemv_rowwise_max_m = 4;  // rows the other quantized GEMVs take
 // Which kernel y = x W^T of m rows (bf16 in, bf16 out) goes to, chosen per shape from measurements (qlinear.cpp says
 // which): the GEMV, the register-dequantizing GEMMs (qgemm_mma; qgemm_rs on Hopper), the wgmma GEMM (qgemm) or
 // dequantize + cuBLASLt.
-enum class QuantPath { Gemv, Mma, Rs, Wgmma, Dequantize };
+enum class QuantPath { Gemv, Mma, Rs, Dequantize };
 QuantPath quant_path(const QuantMatrix & w, int m);
 const char * quant_path_name(QuantPath path);
 // Bytes of `scratch` quant_linear needs for any m' <= m rows (the dequantized weight where a path dequantizes).

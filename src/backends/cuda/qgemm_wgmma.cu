@@ -1,17 +1,17 @@
-// Prefill GEMM for tiled 4- and 8-bit affine weights on Hopper (sm_90a): y[m, n] = x[m, k] W^T with W dequantized
-// tile by tile into shared memory on its way into warpgroup MMAs, never written to global memory (the dequantize +
-// cuBLASLt path writes and re-reads 2 bytes per weight, 0.19 ms for 7B's gate_up at any m). Measured on an H100
-// (bench/results/2026-11-27-h100-qgemm, -27-h100-qgemm-splitk): 7B gate_up 1.9x faster than dequantize + cuBLASLt at
-// m 64-128, 1.07x at 512, slower from 1024 (66% of bf16 cuBLASLt on the same weights, the split path 73%); weights of
-// fewer row tiles than SMs only with K split, at small m and long K. The engine's rule (qgemm_pays) follows that.
+// GEMM for tiled 4- and 8-bit affine weights on Hopper (sm_90a) with the weights dequantized tile by tile into shared
+// memory on their way into warpgroup MMAs: MoE prefill's grouped projections (moe_qgemm: each block one routing row
+// tile of sorted tokens times its expert's rows of the stacked matrix, gate/up with SwiGLU in the epilogue). Dense
+// projections of every row count go to qgemm_rs (weights dequantized in registers as wgmma's A), which beat this
+// kernel's dense form on every 7B shape from 128 to 1024 rows by 1.6-2.5x (gate_up Int4 at m 512 184.2 against 298.6
+// us; bench/results/2026-12-02-h200-rs-wide, call 3); the dense form and its K splits were removed then.
 //
 // The weights are the A operand (rows of W along the MMA's M), the tokens the B operand:
-//   block (token tile, row tile): 128 rows of W x BN tokens (BN 128 or 256), K in steps of 64 (one K block of the
-//   tile layout, model/quant_repack.h), k_stages stages in shared memory guarded by mbarriers; two consumer
-//   warpgroups of 64 rows (warp w owns 16-row block w of the tile) and one producer warp.
-//   producer: per K block one tensor copy of the x tile (BN rows of 64 bf16, 128-byte swizzle; rows past m and
-//     columns past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes per plane (the tile
-//     layout keeps a row block's K block contiguous).
+//   block (routing row tile, row tile): 128 rows of W x BN tokens, K in steps of 64 (one K block of the tile layout,
+//   model/quant_repack.h), STAGES stages in shared memory guarded by mbarriers; two consumer warpgroups of 64 rows
+//   (warp w owns 16-row block w of the tile) and one producer warp.
+//   producer: per K block one tensor copy of the x tile (BN rows of 64 bf16, 128-byte swizzle; rows past the step's
+//     sorted rows and columns past k arrive as zeros) and one bulk copy per row block of its 512 bytes of codes per
+//     plane (the tile layout keeps a row block's K block contiguous).
 //   consumers: while the four wgmma.m64nBNk16 of K block kb run (both operands from shared memory), each warp turns
 //     its row block's codes of K block kb + 1 into that stage's A tile (128 rows x 64, 128-byte swizzle) by
 //     stmatrix: a lane's 16 bytes per plane are the A fragments of four k16 steps (the GEMV's layout,
@@ -23,14 +23,11 @@
 //     stage released a K block later, was slower on an H100: 7B Int4 gate_up at m 1024 0.517 -> 0.533 ms, at m 128
 //     with three stages 0.126 -> 0.178; bench/results/2026-11-27-h100-qgemm-splitk.)
 //   epilogue: the fp32 accumulators (rows x tokens) are written to shared memory transposed, then out as bf16 in
-//     16-byte row chunks of y (rows past n and tokens past m are not written), or as fp32 partial sums of a K split.
-//   split K: where the grid has fewer blocks than SMs (7B's qkv, o_proj, down: 28-36 row tiles) each block takes a
-//     contiguous share of the K blocks and a second kernel adds the splits' sums in split order.
+//     16-byte row chunks of y (rows past n and tokens past the tile's are not written); SwiGLU tiles hold 64 gate
+//     rows beside the same features' 64 up rows.
 // Earlier forms, measured on an H100 (7B gate_up, m 1024; cuBLASLt 800 TFLOP/s on the same bf16 weights): A from the
 // consumers' registers, 516 TFLOP/s (ptxas serialised the MMAs whose register operands were being written, C7513,
 // so dequantization and MMAs alternated); a separate warpgroup of three dequantizing warps, 411 (too few warps).
-// Grid: token tiles fastest, so the few token tiles of one row tile run together and read its codes from L2.
-// Act-order weights, k not a multiple of 8 and unaligned x take x gathered / padded into bf16 [m, k_padded] first.
 #include <cuda.h>
 
 #include <algorithm>
@@ -50,18 +47,15 @@ constexpr int k_bm = 128;  // weight rows per block: two consumer warpgroups of 
 constexpr int k_consumer_threads = 256;
 constexpr int k_threads = k_consumer_threads + 32;  // + the producer warp (288 threads: up to 224 registers each)
 
-// Blocks of k_bm weight rows (the grid's y).
-int row_tiles(const QuantMatrix & w) { return (w.rows_padded + k_bm - 1) / k_bm; }
-
 // A kernel's shape: BN tokens per block, STAGES stages, BLOCKS blocks per SM (launch bound; 2 leaves 112 registers
-// per thread, enough for BN 128's 64 accumulators).
+// per thread, enough for 64 accumulators).
 template <int BN, int PLANES, int STAGES> struct QgemmSmem {
     static constexpr int x_bytes = BN * 128;             // x tile: [BN tokens][64 K] bf16, 128-byte swizzle
     static constexpr int a_bytes = k_bm * 128;           // A tile: [128 rows][64 K] bf16, 128-byte swizzle
     static constexpr int code_bytes = 8 * PLANES * 512;  // the 8 row blocks' codes of one K block
     static constexpr int stage_bytes = x_bytes + a_bytes + code_bytes;
     // Staged output: fp32 [BN tokens][out_ld], rows of the tile along it (132: the warp's 4 token columns x 8 rows
-    // fall in distinct banks); fp32 for the K splits' partial sums, rounded to bf16 on the way out otherwise.
+    // fall in distinct banks), rounded to bf16 on the way out.
     static constexpr int out_ld = k_bm + 4;
     static constexpr size_t bar_offset = size_t(STAGES) * stage_bytes;
     static constexpr size_t bytes = bar_offset + 2 * STAGES * sizeof(uint64_t) + 1024;  // + the base's alignment
@@ -138,19 +132,19 @@ __device__ __forceinline__ void dequantize_fragments(const uint4 (&codes)[PLANES
 }
 #endif
 
-// MODE: k_dense (one matrix, y [m, w.rows]); k_grouped (the routed experts of a step, moe_qgemm: block x is the
-// routing's row tile x of BN sorted rows, its expert's rows of the stacked matrix multiplied; y [sorted rows,
-// g.w_rows]); k_grouped_swiglu (the same over gate_up: a block's first four row blocks are 64 gate rows, the last
-// four the same features' up rows, and y [sorted rows, g.w_rows / 2] = silu(bf16(gate)) * bf16(up)).
-constexpr int k_dense = 0, k_grouped = 1, k_grouped_swiglu = 2;
+// MODE: k_grouped (the routed experts of a step, moe_qgemm: block x is the routing's row tile x of BN sorted rows,
+// its expert's rows of the stacked matrix multiplied; y [sorted rows, g.w_rows]); k_grouped_swiglu (the same over
+// gate_up: a block's first four row blocks are 64 gate rows, the last four the same features' up rows, and y [sorted
+// rows, g.w_rows / 2] = silu(bf16(gate)) * bf16(up)).
+constexpr int k_grouped = 1, k_grouped_swiglu = 2;
 struct Groups {
     const int * offsets = nullptr, * tiles = nullptr;  // MoeRouting's, built with tile_rows = BN
     int n_experts = 0, w_rows = 0;                     // rows of one expert in the stacked matrix
 };
 
-template <int BN, int PLANES, int STAGES, int BLOCKS, int MODE = k_dense>
+template <int BN, int PLANES, int STAGES, int BLOCKS, int MODE>
 __global__ void __launch_bounds__(k_threads, BLOCKS)
-    qgemm_wgmma_kernel(QuantMatrix w, int m, bf16 * y, float * partial, const __grid_constant__ CUtensorMap x_map, Groups grp) {
+    qgemm_wgmma_kernel(QuantMatrix w, bf16 * y, const __grid_constant__ CUtensorMap x_map, Groups grp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int k_stages = STAGES;
     using Layout = QgemmSmem<BN, PLANES, STAGES>;
@@ -162,19 +156,11 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
     auto a_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes; };
     auto code_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes + Layout::a_bytes; };
 
-    // Split K (gridDim.z > 1): block z multiplies K blocks [kb0, kb1) and writes fp32 partial sums to partial[z].
-    const int nkb = w.k_padded / 64;
-    const int kb0 = int(blockIdx.z) * nkb / int(gridDim.z), kb1 = (int(blockIdx.z) + 1) * nkb / int(gridDim.z), nk = kb1 - kb0;
-    // The block's tokens (rows of x and y from tok0, tok_rows of them) and its matrix's row blocks (from rb_base, n_rb).
-    int tok0 = blockIdx.x * BN, tok_rows = m - tok0, rb_base = 0, n_rb = w.rows_padded / 16;
-    if constexpr (MODE != k_dense) {
-        MoeTile tl;
-        if (!moe_tile_of(grp.tiles, grp.offsets, grp.n_experts, blockIdx.x, BN, tl)) return;  // past the step's tiles
-        tok0 = tl.row0;
-        tok_rows = tl.rows;
-        n_rb = grp.w_rows / 16;
-        rb_base = tl.expert * n_rb;
-    }
+    const int nkb = w.k_padded / 64, kb0 = 0, nk = nkb;
+    // The block's tokens (rows of x and y from tok0, tok_rows of them) and its expert's row blocks (from rb_base, n_rb).
+    MoeTile tl;
+    if (!moe_tile_of(grp.tiles, grp.offsets, grp.n_experts, blockIdx.x, BN, tl)) return;  // past the step's tiles
+    const int tok0 = tl.row0, tok_rows = tl.rows, n_rb = grp.w_rows / 16, rb_base = tl.expert * n_rb;
     // Local row block l's row block of the matrix, -1 past it (SwiGLU: gate blocks 0-3, the up blocks of the same
     // features 4-7).
     auto rb_of = [&](int l) {
@@ -308,21 +294,11 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
         }
         return;
     }
-    const int n = MODE == k_dense ? w.rows : grp.w_rows, row_tile = blockIdx.y * k_bm;
+    const int n = grp.w_rows, row_tile = blockIdx.y * k_bm;
     for (int c = threadIdx.x; c < BN * (k_bm / 8); c += k_consumer_threads) {
         const int tok = c / (k_bm / 8), row = row_tile + (c % (k_bm / 8)) * 8;
         if (tok >= tok_rows || row >= n) continue;
         const float * src = so + tok * Layout::out_ld + (row - row_tile);
-        if (partial) {  // this split's fp32 sums, added up by mma4::reduce_splits_kernel
-            float * dst = partial + (size_t(blockIdx.z) * m + tok0 + tok) * n + row;
-            if (n % 8 == 0) {
-                reinterpret_cast<float4 *>(dst)[0] = reinterpret_cast<const float4 *>(src)[0];
-                reinterpret_cast<float4 *>(dst)[1] = reinterpret_cast<const float4 *>(src)[1];
-            } else {
-                for (int i = 0; i < 8 && row + i < n; i++) dst[i] = src[i];
-            }
-            continue;
-        }
         bf16 * dst = y + size_t(tok0 + tok) * n + row;
         if (n % 8 == 0) {
             const float4 lo = *reinterpret_cast<const float4 *>(src), hi = *reinterpret_cast<const float4 *>(src + 4);
@@ -334,24 +310,6 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
 #else
     __trap();  // launched only where qgemm_applies (an sm_90a build on a compute capability 9.0 device)
 #endif
-}
-
-template <int BN, int PLANES, int STAGES, int BLOCKS>
-void launch(const QuantMatrix & w, const bf16 * x, int kx, int m, bf16 * y, int splits, float * partial, cudaStream_t stream) {
-    CUtensorMap x_map;
-    if (!cache_tensor_map(&x_map, x, m, kx, BN)) QINFER_FAIL() << "qgemm: the tensor map of x [" << m << ", " << kx << "] was refused";
-    constexpr size_t smem = QgemmSmem<BN, PLANES, STAGES>::bytes;
-    static_assert(smem * BLOCKS <= 228 * 1024 - BLOCKS * 1024, "the blocks fit an SM's shared memory");
-    static PerDevice<size_t> configured;  // once per instantiation
-    allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS>, smem, configured);
-    const dim3 grid((m + BN - 1) / BN, row_tiles(w), splits);
-    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS><<<grid, k_threads, smem, stream>>>(w, m, y, splits > 1 ? partial : nullptr, x_map, Groups{});
-    CUDA_CHECK(cudaGetLastError());
-    if (splits > 1) {
-        const size_t mn = size_t(m) * w.rows;
-        mma4::reduce_splits_kernel<bf16><<<int(std::min<size_t>((mn + 255) / 256, 4096)), 256, 0, stream>>>(partial, splits, mn, y);
-        CUDA_CHECK(cudaGetLastError());
-    }
 }
 
 // The grouped kernels (moe_qgemm): a block per (routing row tile, row tile of the expert's matrix), no K split.
@@ -366,85 +324,14 @@ void launch_grouped(const QuantMatrix & w, const bf16 * x, int x_rows, int kx, c
     allow_dynamic_smem(qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS, MODE>, smem, configured);
     const int row_tiles = MODE == k_grouped_swiglu ? (grp.w_rows / 2 + k_bm / 2 - 1) / (k_bm / 2) : (grp.w_rows + k_bm - 1) / k_bm;
     const dim3 grid(max_tiles, row_tiles, 1);
-    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS, MODE><<<grid, k_threads, smem, stream>>>(w, x_rows, y, nullptr, x_map, grp);
+    qgemm_wgmma_kernel<BN, PLANES, STAGES, BLOCKS, MODE><<<grid, k_threads, smem, stream>>>(w, y, x_map, grp);
     CUDA_CHECK(cudaGetLastError());
-}
-
-// A launch's shape: the tile (1 = 256 tokens, 2 = 128, 3 = 128 with two blocks per SM; set_qgemm_tile overrides) and
-// the K splits: where the grid has fewer blocks than SMs (qkv, o_proj and down of 7B: 28-36 row tiles), K is split
-// until it does, at least 4 K blocks per split.
-struct Shape {
-    int tile, bn, splits;
-    int blocks;  // token tiles x row tiles, before the split
-};
-int tile_override = 0;  // set_qgemm_tile
-Shape shape_for(const QuantMatrix & w, int m) {
-    Shape sh;
-    sh.tile = tile_override ? tile_override : m > 128 ? 1 : w.bits == 4 ? 3 : 2;
-    if (w.bits != 4 && sh.tile == 3) sh.tile = 2;
-    sh.bn = sh.tile == 1 ? 256 : 128;
-    sh.blocks = ((m + sh.bn - 1) / sh.bn) * row_tiles(w);
-    const int slots = sm_count() * (sh.tile == 3 ? 2 : 1), most = std::max(1, (w.k_padded / 64) / 4);
-    sh.splits = std::min(most, std::max(1, (slots + sh.blocks - 1) / sh.blocks));
-    return sh;
-}
-// The splits' fp32 partial sums of y [m, w.rows] (none for one split).
-size_t partial_bytes(const QuantMatrix & w, int m, const Shape & sh) {
-    return sh.splits > 1 ? size_t(sh.splits) * m * w.rows * sizeof(float) : 0;
 }
 
 }  // namespace
 
-void set_qgemm_tile(int tile) { tile_override = tile >= 1 && tile <= 3 ? tile : 0; }
-
 bool qgemm_applies(const QuantMatrix & w) {
     return sm90a_device() && w.tiled && !w.lut && (w.bits == 4 || w.bits == 8) && w.group > 0;
-}
-
-// Scratch: the gathered inputs (act-order, k % 8) first, then the splits' partial sums. For any m' <= m: the most
-// partial sums fill one token tile (m' 128 or 256) or all m rows.
-size_t qgemm_scratch_bytes(const QuantMatrix & w, int m) {
-    if (!qgemm_applies(w)) return 0;
-    size_t partials = 0;
-    for (int mm : {m, std::min(m, 128), std::min(m, 256)}) partials = std::max(partials, partial_bytes(w, mm, shape_for(w, mm)));
-    return mma4::gather_scratch_bytes(w, m) + partials;
-}
-
-// On an H100 (bench/results/2026-11-27-h100-qgemm-splitk, 7B shapes, against dequantize + cuBLASLt with the
-// whole-line dequantize stores) the fused kernel wins on gate_up (296 row tiles) up to m 512 (Int4 m 64-128: 1.9x,
-// 256: 1.4x, 512: 1.07x; Int8 1.5x / 1.3x / 1.0x). With K split, down (k 18944) wins at m <= 128 (Int4 1.6x, Int8
-// 1.1x); qkv and o_proj (k 3584, 6-10 K blocks per split) mostly lose (Int4 qkv 1.25x at m 16, 0.94x at 128; Int8
-// 0.85-0.97x). Hence: m up to k_qgemm_max_m on weights of at least one row tile per SM; m up to k_qgemm_split_max_m
-// where the K splits fill the SMs with at least k_split_min_kb K blocks each.
-constexpr int k_qgemm_max_m = 512, k_qgemm_split_max_m = 128, k_split_min_kb = 16;
-bool qgemm_pays(const QuantMatrix & w, int m) {
-    if (!qgemm_applies(w) || m > k_qgemm_max_m) return false;
-    if (row_tiles(w) >= sm_count()) return true;
-    const Shape sh = shape_for(w, m);
-    return m <= k_qgemm_split_max_m && sh.blocks * sh.splits >= sm_count() && (w.k_padded / 64) / sh.splits >= k_split_min_kb;
-}
-
-bool qgemm(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scratch, size_t scratch_bytes, cudaStream_t stream) {
-    if (!qgemm_applies(w) || m <= 0) return false;
-    const mma4::GemmInput in = mma4::gemm_input(w, x, m, scratch, scratch_bytes, stream);
-    if (!in.x) return false;
-    x = in.x;
-    const int kx = in.ldx;
-    // Tiles: 256 tokens, one block per SM, where m fills them; else 128 tokens, and for 4-bit codes two blocks per SM
-    // of three stages each (one block's MMA waits and epilogue overlap the other's work). K split where the grid is
-    // short of the SMs and the scratch holds the partial sums (else one split).
-    Shape sh = shape_for(w, m);
-    float * partial = sh.splits > 1 ? mma4::partial_scratch(scratch, scratch_bytes, in.scratch_used, partial_bytes(w, m, sh)) : nullptr;
-    if (!partial) sh.splits = 1;
-    if (w.bits == 4) {
-        if (sh.tile == 1) launch<256, 1, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
-        else if (sh.tile == 2) launch<128, 1, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
-        else launch<128, 1, 3, 2>(w, x, kx, m, y, sh.splits, partial, stream);
-    } else {
-        if (sh.tile == 1) launch<256, 2, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
-        else launch<128, 2, 4, 1>(w, x, kx, m, y, sh.splits, partial, stream);
-    }
-    return true;
 }
 
 bool moe_qgemm_apply(const MoeQuantExperts & w) {

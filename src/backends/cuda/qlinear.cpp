@@ -23,7 +23,9 @@
 // 104.4 / 191.9, o_proj 37.7 / 76.7 / 150.8 against 48.9 / 88.5 / 158.3 (bf16 cuBLASLt gate_up 352.5 / 697.4 / 1,525.7);
 // Int8 at 4096 loses on three of four (qkv 205.2 against 191.8, gate_up 1,656.7 against 1,573.6) and wins at 2048
 // (gate_up 780.2 against 817.3, qkv 105.3 / 104.7); bench/results/2026-12-02-h200-rs-wide, call 2. Beyond, prefill
-// chunks dequantize.
+// chunks dequantize. The wgmma GEMM that dequantizes into shared memory (qgemm_wgmma.cu) left the rule then: qgemm_rs
+// beat it on every shape from 128 to 1024 rows by 1.6-2.5x (gate_up Int4 at 512 184.2 against 298.6 us; call 3), and
+// it serves MoE prefill's grouped projections only.
 #include <algorithm>
 
 #include "backends/cuda/ops.h"
@@ -49,7 +51,6 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
     if (m <= rs_max_m(w) && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
-    if (qgemm_pays(w, m)) return QuantPath::Wgmma;
     return QuantPath::Dequantize;
 }
 
@@ -58,7 +59,6 @@ const char * quant_path_name(QuantPath path) {
         case QuantPath::Gemv: return "gemv";
         case QuantPath::Mma: return "mma";
         case QuantPath::Rs: return "wgmma-rs";
-        case QuantPath::Wgmma: return "wgmma";
         case QuantPath::Dequantize: return "dequantize+cublaslt";
     }
     return "?";
@@ -66,20 +66,19 @@ const char * quant_path_name(QuantPath path) {
 
 size_t quant_linear_scratch_bytes(const QuantMatrix & w, int m) {
     // Each path's scratch function answers for every m' <= its rows (they take the most over m' themselves), so each
-    // path is asked once, at the most rows <= m it takes; past qgemm's largest m every path dequantizes, so the rows
-    // beyond that add nothing but m itself. (Asking every path at every m' cost O(m^2) shapes a projection.)
-    int most_rows[5] = {0, 0, 0, 0, 0};  // by QuantPath
-    for (int mm = 1; mm <= std::min(m, std::max(1024, k_rs_max_m_int4)); mm++) most_rows[int(quant_path(w, mm))] = mm;
+    // path is asked once, at the most rows <= m it takes; past qgemm_rs's largest m every path dequantizes, so the
+    // rows beyond that add nothing but m itself. (Asking every path at every m' cost O(m^2) shapes a projection.)
+    int most_rows[4] = {0, 0, 0, 0};  // by QuantPath
+    for (int mm = 1; mm <= std::min(m, k_rs_max_m_int4); mm++) most_rows[int(quant_path(w, mm))] = mm;
     most_rows[int(quant_path(w, m))] = m;
     size_t most = 0;
-    for (int p = 0; p < 5; p++) {
+    for (int p = 0; p < 4; p++) {
         const int mm = most_rows[p];
         if (mm == 0) continue;
         switch (QuantPath(p)) {
             case QuantPath::Gemv: break;
             case QuantPath::Mma: most = std::max(most, qgemm_mma_scratch_bytes(w, mm)); break;
             case QuantPath::Rs: most = std::max(most, qgemm_rs_scratch_bytes(w, mm)); break;
-            case QuantPath::Wgmma: most = std::max(most, qgemm_scratch_bytes(w, mm)); break;
             case QuantPath::Dequantize: most = std::max(most, size_t(w.rows) * w.k * sizeof(bf16)); break;
         }
     }
@@ -102,7 +101,6 @@ bool quant_linear(QuantPath path, const QuantMatrix & w, const bf16 * x, int m, 
         }
         case QuantPath::Mma: return qgemm_mma(w, x, m, y, scratch, scratch_bytes, stream);
         case QuantPath::Rs: return qgemm_rs(w, x, m, y, scratch, scratch_bytes, stream);
-        case QuantPath::Wgmma: return qgemm(w, x, m, y, scratch, scratch_bytes, stream);
         case QuantPath::Dequantize: {
             if (!scratch || scratch_bytes < size_t(w.rows) * w.k * sizeof(bf16)) return false;
             bf16 * dq = static_cast<bf16 *>(scratch);
