@@ -441,7 +441,7 @@ int slots_override = 0;  // set_qgemm_rs_slots
 // codes keep 128-token tiles (not measured wider).
 constexpr int k_rs_wide_min_m = 192;
 
-// A launch's shape: BT = 8 nt tokens per block (16, 32, 64 or 128; more rows take several token tiles) and how its
+// A launch's shape: BT = 8 nt tokens per block (16, 32, 64, 128 or 256; more rows take several token tiles) and how its
 // tiles are dealt to blocks, every piece at least four K blocks long:
 // - a grid under half a wave of `slots` (blocks resident at once) splits every tile's K into up to a wave
 //   (mma4::k_splits);
