@@ -169,7 +169,7 @@ int run_kernels(const Args & a) {
     json rows = json::array();
     std::printf("card: %s, commit %s; weights cycled over >= 256 MB; times are means of %d calls\n\n", sys.card.c_str(), git_commit().c_str(), reps);
     std::printf("| model | proj | n x k | format | m | bf16 us | step gemv | gemv | mma | wgmma-rs | dequant+cublaslt | rule | us | weight TB/s | TFLOP/s | x bf16 |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const ProjShape & sh : k_shapes) {
         if (!listed(models, sh.model) || !listed(projs, sh.name)) continue;
         // bf16 weights of this shape, cycled, and the inputs.

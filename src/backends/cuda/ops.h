@@ -90,7 +90,7 @@ void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 bool qgemm_applies(const QuantMatrix & w);
 // Decode-step GEMM with the weights dequantized in registers (qgemm_mma.cu, mma.sync: sm_80 and up): y bf16 [m,
 // w.rows] = x bf16 [m, w.k] W^T for the tiled 4-/8-bit affine layout, any m (made for the 9 to a few hundred rows of a
-// continuous-batching step). Scratch as qgemm's: gathered inputs (act-order, k % 8, unaligned x), then the K splits'
+// continuous-batching step). Scratch: first the gathered inputs (act-order, k % 8, unaligned x), then the K splits'
 // fp32 partial sums (qgemm_mma_scratch_bytes covers every m' <= m); with too little room K is not split. False where
 // it does not apply or the inputs cannot be gathered. silu_mul: w is a stacked [gate; up] weight and y bf16 [m,
 // w.rows / 2] = SiLU(x W_gate^T) * (x W_up^T), gate and up rounded to bf16 first (silu_mul's result, bit for bit);
@@ -117,8 +117,7 @@ void set_qgemm_rs_slots(int sms);
 constexpr int k_qgemv_max_m = 8;        // rows the tiled quantized GEMV takes in one pass
 constexpr int k_qgemv_rowwise_max_m = 4;  // rows the other quantized GEMVs take (one pass per row)
 // Which kernel y = x W^T of m rows (bf16 in, bf16 out) goes to, chosen per shape from measurements (qlinear.cpp says
-// which): the GEMV, the register-dequantizing GEMMs (qgemm_mma; qgemm_rs on Hopper), the wgmma GEMM (qgemm) or
-// dequantize + cuBLASLt.
+// which): the GEMV, the register-dequantizing GEMMs (qgemm_mma; qgemm_rs on Hopper) or dequantize + cuBLASLt.
 enum class QuantPath { Gemv, Mma, Rs, Dequantize };
 QuantPath quant_path(const QuantMatrix & w, int m);
 const char * quant_path_name(QuantPath path);

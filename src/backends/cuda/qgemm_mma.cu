@@ -29,7 +29,7 @@
 //     silu_mul; bench/results/2026-12-01-h200-norm-ahead).
 // Grid: token tiles fastest, so the token tiles of one row tile run together and read its codes from L2.
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered into bf16 [m, k_padded] first (the
-// scratch's head), as the wgmma GEMM does.
+// scratch's head), as qgemm_rs does.
 #include <algorithm>
 #include <climits>
 

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
     auto a_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes; };
     auto code_tile = [&](int s) { return smem + s * Layout::stage_bytes + Layout::x_bytes + Layout::a_bytes; };
 
-    const int nkb = w.k_padded / 64, kb0 = 0, nk = nkb;
+    const int nk = w.k_padded / 64;  // K blocks, all of them in every block
     // The block's tokens (rows of x and y from tok0, tok_rows of them) and its expert's row blocks (from rb_base, n_rb).
     MoeTile tl;
     if (!moe_tile_of(grp.tiles, grp.offsets, grp.n_experts, blockIdx.x, BN, tl)) return;  // past the step's tiles
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
         const unsigned char * codes = reinterpret_cast<const unsigned char *>(w.codes);
         if (lane == 0) sm90::prefetch_tensor_map(&x_map);
         for (int i = 0; i < nk; i++) {
-            const int kb = kb0 + i, s = i % k_stages;
+            const int kb = i, s = i % k_stages;
             if (i >= k_stages) sm90::mbar_wait(&empty[s], (i / k_stages - 1) & 1);
             if (lane == 0) {
                 sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Layout::x_bytes + present * PLANES * 512));
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
             __syncwarp();
             const int rb = lane < k_bm / 16 ? rb_of(lane) : -1;
             if (rb >= 0) {
-                const size_t at = (size_t(rb_base + rb) * nkb + kb) * PLANES * 512;
+                const size_t at = (size_t(rb_base + rb) * nk + kb) * PLANES * 512;
                 sm90::bulk_load(code_tile(s) + lane * PLANES * 512, codes + at, PLANES * 512, &full[s]);
             }
         }
@@ -239,11 +239,11 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
     Params next = {};
-    load_params(kb0, next);
+    load_params(0, next);
     {
         const Params p = next;
         dequantize_block(0, p);
-        if (nk > 1) load_params(kb0 + 1, next);
+        if (nk > 1) load_params(1, next);
     }
     sm90::named_barrier(1 + wg, 128);
     for (int i = 0; i < nk; i++) {
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(k_threads, BLOCKS)
             // them (a guess from the first timings: ~0.9 us per K block at any m, far above the MMAs' time).
             const Params p = next;
             dequantize_block(i + 1, p);
-            if (i + 2 < nk) load_params(kb0 + i + 2, next);
+            if (i + 2 < nk) load_params(i + 2, next);
         }
         sm90::wgmma_wait<0>();
         sm90::mbar_arrive(&empty[s]);

@@ -33,7 +33,7 @@
 namespace qinfer::cuda {
 
 namespace {
-// Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over the wgmma GEMM and dequantize + cuBLASLt.
+// Rows up to which the register-dequantizing GEMM (qgemm_mma) is taken over dequantize + cuBLASLt.
 constexpr int k_mma_max_m = 64;
 // Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies (4-bit affine, 8-bit affine,
 // lookup codes), and up to which its gate/up tiles write SiLU(gate) * up themselves (quant_linear_silu).
