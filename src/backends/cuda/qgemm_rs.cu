@@ -51,6 +51,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -458,7 +459,7 @@ struct Shape {
 
 Shape shape_for(const QuantMatrix & w, int m, bool swiglu) {
     Shape sh;
-    sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : m < k_rs_wide_min_m || w.lut ? 16 : 32;
+    sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : m < k_rs_wide_min_m || (w.lut && !qgemm_rs_lut_wide()) ? 16 : 32;
     const int token_tiles = (m + 8 * sh.nt - 1) / (8 * sh.nt), tiles = token_tiles * row_tiles(w, sh.nt, swiglu);
     const int64_t slots = int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
     const int most = (w.k_padded / 64) / 4;
@@ -513,7 +514,7 @@ void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, b
     else if (nt == 4) launch<PLANES, LUT, 4>(w, x, ldx, m, y, deal, swiglu, partial, stream);
     else if (nt == 8) launch<PLANES, LUT, 8>(w, x, ldx, m, y, deal, swiglu, partial, stream);
     else if (nt == 16) launch<PLANES, LUT, 16>(w, x, ldx, m, y, deal, swiglu, partial, stream);
-    else if constexpr (!LUT) launch<PLANES, LUT, 32>(w, x, ldx, m, y, deal, swiglu, partial, stream);
+    else launch<PLANES, LUT, 32>(w, x, ldx, m, y, deal, swiglu, partial, stream);
 }
 
 }  // namespace
@@ -547,5 +548,13 @@ bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scr
 }
 
 void set_qgemm_rs_slots(int sms) { slots_override = sms > 0 ? sms : 0; }
+
+bool qgemm_rs_lut_wide() {
+    static const bool on = [] {
+        const char * v = std::getenv("QINFER_RS_LUT_WIDE");
+        return v && v[0] == '1';
+    }();
+    return on;
+}
 
 }  // namespace qinfer::cuda

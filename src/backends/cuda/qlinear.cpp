@@ -38,7 +38,7 @@ constexpr int k_mma_max_m = 64;
 // Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies (4-bit affine, 8-bit affine,
 // lookup codes), and up to which its gate/up tiles write SiLU(gate) * up themselves (quant_linear_silu).
 constexpr int k_rs_max_m_int4 = 4096, k_rs_max_m_int8 = 2048, k_rs_max_m_lut = 256, k_rs_silu_max_m = 64;
-int rs_max_m(const QuantMatrix & w) { return w.lut ? k_rs_max_m_lut : w.bits == 8 ? k_rs_max_m_int8 : k_rs_max_m_int4; }
+int rs_max_m(const QuantMatrix & w) { return w.lut ? (qgemm_rs_lut_wide() ? 2048 : k_rs_max_m_lut) : w.bits == 8 ? k_rs_max_m_int8 : k_rs_max_m_int4; }
 // Codes from which the GEMM takes over from the tiled GEMV at 5 to 8 rows (affine, lookup codes).
 constexpr int64_t k_mma_large_codes = int64_t(32) << 20, k_lut_large_codes = int64_t(12) << 20;
 }  // namespace
