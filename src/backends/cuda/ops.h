@@ -112,9 +112,6 @@ bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scr
               bool silu_mul = false);
 // qgemm_rs's rule as if the device had `sms` SMs (its K splits and last-wave pieces), for tests; 0 = the device's.
 void set_qgemm_rs_slots(int sms);
-// A/B switch (QINFER_RS_LUT_WIDE=1): lookup codes (NF4 / FP4) take 256-token tiles from 192 rows and qgemm_rs up to
-// 2048 rows, as affine codes do. Temporary: removed with the A/B's conclusion.
-bool qgemm_rs_lut_wide();
 
 // ---- quantized projections: the rule (qlinear.cpp) ----
 constexpr int k_qgemv_max_m = 8;        // rows the tiled quantized GEMV takes in one pass

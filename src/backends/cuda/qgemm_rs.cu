@@ -9,7 +9,7 @@
 //
 //   block (token tile, row tile, share of K: Deal): two or three consumer warpgroups (consumer_warps) and a producer warp;
 //     consumer warp w owns 16-row block w of the 128- or 192-row tile (warpgroup h: rows 64 h .. 64 h + 63, the m64 of
-//     its MMAs), over the block's K blocks. Tiles of 256 tokens (from 192 rows, affine codes) hold 128 accumulators a
+//     its MMAs), over the block's K blocks. Tiles of 256 tokens (from 192 rows) hold 128 accumulators a
 //     thread: their producer is a warpgroup that hands registers to the two consumer warpgroups (setmaxnreg). They
 //     took 7B Int4 gate_up at m 256 / 512 / 1024 from 110.6 / 217.4 / 441.1 us to 104.7 / 200.2 / 388.4 (bf16
 //     cuBLASLt 98.7 / 186.0 / 346.9) and 7B GPTQ-Int4 `bench --throughput` 1000 x (100 -> 250), whose steps hold
@@ -51,7 +51,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -439,7 +438,8 @@ int slots_override = 0;  // set_qgemm_rs_slots
 // 7B Int4 at m 136 / 160 / 192 / 224, 128-token tiles against 256 (us; bench/results/2026-12-02-h200-rs-wide, call 2):
 // gate_up 117.3 / 109.8 / 105.8 / 108.0 against 127.6 / 120.2 / 104.6 / 102.7, down 62.9 / 62.1 / 62.1 / 62.4 against
 // 74.2 / 63.7 / 59.3 / 56.2, qkv 23.3 / 23.1 / 23.0 / 23.4 against 26.0 / 24.7 / 20.9 / 21.0 (Int8 alike). Lookup
-// codes keep 128-token tiles (not measured wider).
+// codes alike: 7B NF4 at m 192 / 256, 128-token tiles against 256, gate_up 125.0 / 126.2 against 104.6 / 103.4 us, qkv
+// 26.7 / 27.3 against 22.4 / 23.0, down 71.8 / 72.8 against 56.4 / 58.0 (bench/results/2026-12-02-h200-lut-wide).
 constexpr int k_rs_wide_min_m = 192;
 
 // A launch's shape: BT = 8 nt tokens per block (16, 32, 64, 128 or 256; more rows take several token tiles) and how its
@@ -459,7 +459,7 @@ struct Shape {
 
 Shape shape_for(const QuantMatrix & w, int m, bool swiglu) {
     Shape sh;
-    sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : m < k_rs_wide_min_m || (w.lut && !qgemm_rs_lut_wide()) ? 16 : 32;
+    sh.nt = m <= 16 ? 2 : m <= 32 ? 4 : m <= 64 ? 8 : m < k_rs_wide_min_m ? 16 : 32;
     const int token_tiles = (m + 8 * sh.nt - 1) / (8 * sh.nt), tiles = token_tiles * row_tiles(w, sh.nt, swiglu);
     const int64_t slots = int64_t(slots_override > 0 ? slots_override : sm_count()) * reg_blocks(sh.nt);
     const int most = (w.k_padded / 64) / 4;
@@ -548,13 +548,5 @@ bool qgemm_rs(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, void * scr
 }
 
 void set_qgemm_rs_slots(int sms) { slots_override = sms > 0 ? sms : 0; }
-
-bool qgemm_rs_lut_wide() {
-    static const bool on = [] {
-        const char * v = std::getenv("QINFER_RS_LUT_WIDE");
-        return v && v[0] == '1';
-    }();
-    return on;
-}
 
 }  // namespace qinfer::cuda

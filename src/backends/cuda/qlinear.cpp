@@ -25,7 +25,12 @@
 // (gate_up 780.2 against 817.3, qkv 105.3 / 104.7); bench/results/2026-12-02-h200-rs-wide, call 2. Beyond, prefill
 // chunks dequantize. The wgmma GEMM that dequantizes into shared memory (qgemm_wgmma.cu) left the rule then: qgemm_rs
 // beat it on every shape from 128 to 1024 rows by 1.6-2.5x (gate_up Int4 at 512 184.2 against 298.6 us; call 3), and
-// it serves MoE prefill's grouped projections only.
+// it serves MoE prefill's grouped projections only. Lookup codes take the 256-token tiles too and qgemm_rs up to 2048
+// rows (it had dequantize + cuBLASLt from 257): 7B NF4 at m 1024 / 2048, qgemm_rs against dequantize + cuBLASLt (us):
+// gate_up 403.8-415.9 / 745.5-747.7 against 448.8-473.8 / 784.5-791.7, down 193.5 / 405.5-406.6 against 226.5 /
+// 422.3-425.6, qkv 56.0 / 100.6-101.0 against 60.2-60.6 / 102.2-102.3, o_proj 39.0 / 79.2 against 48.7-49.0 / 87.0-87.2;
+// 7B NF4 `bench --throughput` 1000 x (100 -> 250) 92.03 / 91.57 -> 101.37 / 101.16 requests/s
+// (bench/results/2026-12-02-h200-lut-wide, call 1).
 #include <algorithm>
 
 #include "backends/cuda/ops.h"
@@ -37,8 +42,8 @@ namespace {
 constexpr int k_mma_max_m = 64;
 // Rows up to which the register-sourced wgmma GEMM (qgemm_rs) is taken where it applies (4-bit affine, 8-bit affine,
 // lookup codes), and up to which its gate/up tiles write SiLU(gate) * up themselves (quant_linear_silu).
-constexpr int k_rs_max_m_int4 = 4096, k_rs_max_m_int8 = 2048, k_rs_max_m_lut = 256, k_rs_silu_max_m = 64;
-int rs_max_m(const QuantMatrix & w) { return w.lut ? (qgemm_rs_lut_wide() ? 2048 : k_rs_max_m_lut) : w.bits == 8 ? k_rs_max_m_int8 : k_rs_max_m_int4; }
+constexpr int k_rs_max_m_int4 = 4096, k_rs_max_m_int8 = 2048, k_rs_max_m_lut = 2048, k_rs_silu_max_m = 64;
+int rs_max_m(const QuantMatrix & w) { return w.lut ? k_rs_max_m_lut : w.bits == 8 ? k_rs_max_m_int8 : k_rs_max_m_int4; }
 // Codes from which the GEMM takes over from the tiled GEMV at 5 to 8 rows (affine, lookup codes).
 constexpr int64_t k_mma_large_codes = int64_t(32) << 20, k_lut_large_codes = int64_t(12) << 20;
 }  // namespace
