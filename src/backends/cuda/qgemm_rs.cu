@@ -51,7 +51,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -181,7 +180,7 @@ struct Deal {
 // a whole tile's up warps hand their sums to the gate warps through the stages' shared memory, and y [m, rows / 2] =
 // silu(bf16(gate)) * bf16(up) (transformers rounds both before silu_mul); a piece's sums go to the scratch as they
 // are, and add_pieces_kernel applies the SwiGLU.
-template <int PLANES, bool LUT, int NT, bool AHEAD>
+template <int PLANES, bool LUT, int NT>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::BLOCKS)
     qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, int half_rb,
                     const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap code_map,
@@ -266,27 +265,12 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
     const uint64_t desc_x0 = sm90::desc128(sm90::smem_addr(smem + Sh::code_bytes), 16, 1024);
     const uint4 * codes_mine = reinterpret_cast<const uint4 *>(smem) + warp * PLANES * 32 + lane;
     int s = 0, phase = 0, s_prev = S - 1;
-    // AHEAD: the next K block's codes are waited for and read while this one's second group is dequantized, so that
-    // neither the full barrier nor the shared load sits between two K blocks' MMAs.
-    uint4 cw_next[PLANES];
-    if constexpr (AHEAD) {
-        if (nk > 0) {
-            sm90::mbar_wait(&full[0], 0);
-#pragma unroll
-            for (int p = 0; p < PLANES; p++) cw_next[p] = codes_mine[p * 32];
-        }
-    }
     for (int i = 0; i < nk; i++) {
         const int kb = kb_begin + i;
+        sm90::mbar_wait(&full[s], phase);
         uint4 cw[PLANES];
-        if constexpr (AHEAD) {
 #pragma unroll
-            for (int p = 0; p < PLANES; p++) cw[p] = cw_next[p];
-        } else {
-            sm90::mbar_wait(&full[s], phase);
-#pragma unroll
-            for (int p = 0; p < PLANES; p++) cw[p] = codes_mine[s * (Sh::stage_bytes / 16) + p * 32];
-        }
+        for (int p = 0; p < PLANES; p++) cw[p] = codes_mine[s * (Sh::stage_bytes / 16) + p * 32];
         const uint64_t desc_x = desc_x0 + uint64_t(s * (Sh::stage_bytes / 16));
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -306,14 +290,6 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
             if (h == 0 && i > 0) {  // ... and it was the K block before's last: that stage goes back
                 __syncwarp();
                 if (lane == 0) sm90::mbar_arrive(&empty[s_prev]);
-            }
-            if constexpr (AHEAD) {
-                if (h == 0 && i + 1 < nk) {
-                    const int s_next = s + 1 == S ? 0 : s + 1;
-                    sm90::mbar_wait(&full[s_next], s + 1 == S ? phase ^ 1 : phase);
-#pragma unroll
-                    for (int p = 0; p < PLANES; p++) cw_next[p] = codes_mine[s_next * (Sh::stage_bytes / 16) + p * 32];
-                }
             }
         }
         s_prev = s;
@@ -518,15 +494,10 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
         QINFER_FAIL() << "qgemm_rs: the tensor map of the codes (" << w.rows_padded / 16 << " row blocks x " << w.k_padded / 64 << " K blocks) was refused";
     CUtensorMap y_map{};
     const int tma_store = NT == 32 && !swiglu && cache_tensor_map(&y_map, y, m, w.rows, Sh::BT);
-    static const bool ahead = [] {
-        const char * v = std::getenv("QINFER_RS_AHEAD");
-        return v && v[0] == '1';
-    }();
-    auto kernel = ahead ? qgemm_rs_kernel<PLANES, LUT, NT, true> : qgemm_rs_kernel<PLANES, LUT, NT, false>;
-    static PerDevice<size_t> configured[2];  // once per instantiation
-    allow_dynamic_smem(kernel, Sh::smem, configured[ahead]);
-    launch_kernel(kernel, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, half_rb, x_map, code_map, y_map,
-                  tma_store);
+    static PerDevice<size_t> configured;  // once per instantiation
+    allow_dynamic_smem(qgemm_rs_kernel<PLANES, LUT, NT>, Sh::smem, configured);
+    launch_kernel(qgemm_rs_kernel<PLANES, LUT, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, half_rb, x_map,
+                  code_map, y_map, tma_store);
     CUDA_CHECK(cudaGetLastError());
     if (deal.whole < deal.tiles) {
         const int quads = Sh::BT * 4 * Sh::CW / (swiglu ? 2 : 1);  // BT x 16 CW sums a tile, four a thread (SwiGLU: four of each half)
