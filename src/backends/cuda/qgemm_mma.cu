@@ -32,6 +32,7 @@
 // scratch's head), as qgemm_rs does.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -111,7 +112,7 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-template <int PLANES, bool LUT, int NT, int W>
+template <int PLANES, bool LUT, int NT, int W, bool LEAN>
 __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
                      int half_rb) {
@@ -175,10 +176,48 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
             cp_async16(dst + tok * (KPS * 8) + ((x_ch ^ tok) & 7), valid ? x_src + (size_t(i) * x_rows * ldx + (kb_begin + st * KPS) * 64) : x, valid);
         }
     };
+    // LEAN: the stages whose K blocks all lie inside the split and x's row (all but the last at most) are loaded from
+    // pointers advanced a stage at a time, without the per-chunk bounds, modulo and 64-bit index arithmetic above.
+    const int full_stages = max(0, min((kb_end - kb_begin) / KPS, (ldx / 64 - kb_begin) / KPS));
+    const uint32_t smem_base = uint32_t(__cvta_generic_to_shared(smem));
+    const uint32_t c_dst0 = smem_base + uint32_t(warp * (KPS * TILE) + lane) * 16;
+    const uint4 * c_next = c_src;
+    const bf16 * x_next[n_xc];
+    uint32_t x_dst[n_xc];
+    int x_step[n_xc];
+    unsigned x_in_tile = 0;  // bit i: this thread's chunk i is a token row of the tile
+#pragma unroll
+    for (int i = 0; i < n_xc; i++) {
+        const int tok = x_r0 + i * x_rows;
+        x_in_tile |= unsigned(tok < BT) << i;
+        const bool ok = x_toks_ok >> i & 1u;
+        x_next[i] = ok ? x_src + (size_t(i) * x_rows * ldx + size_t(kb_begin) * 64) : x;
+        x_step[i] = ok ? KPS * 64 : 0;
+        x_dst[i] = smem_base + uint32_t(Sh::code_chunks + (x_ch & ~7) + tok * (KPS * 8) + ((x_ch ^ tok) & 7)) * 16;
+    }
+    auto cp_async16_shared = [](uint32_t dst, const void * src, bool valid) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+    };
+    auto load_codes_lean = [&](int buf) {
+        if (!active) return;
+        const uint32_t dst = c_dst0 + uint32_t(buf * Sh::stage_chunks) * 16;
+#pragma unroll
+        for (int i = 0; i < n_cc; i++) cp_async16_shared(dst + 32 * 16 * i, c_next + 32 * i, true);
+        c_next += KPS * TILE;
+    };
+    auto load_x_lean = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < n_xc; i++) {
+            if (!(x_in_tile >> i & 1u)) continue;
+            cp_async16_shared(x_dst[i] + uint32_t(buf * Sh::stage_chunks) * 16, x_next[i], x_toks_ok >> i & 1u);
+            x_next[i] += x_step[i];
+        }
+    };
     // The first stages' codes and the first group's parameters do not depend on the kernel ahead.
 #pragma unroll
     for (int st = 0; st < k_stages - 1; st++) {
-        if (st < n_stages) load_codes(st);
+        if (LEAN && st < full_stages) load_codes_lean(st);
+        else if (st < n_stages) load_codes(st);
     }
     const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
@@ -194,9 +233,11 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     pdl_wait();  // x comes from the kernel ahead
 #pragma unroll
     for (int st = 0; st < k_stages - 1; st++) {
-        if (st < n_stages) load_x(st);
+        if (LEAN && st < full_stages) load_x_lean(st);
+        else if (st < n_stages) load_x(st);
         cp_async_commit();
     }
+    int load_buf = k_stages - 1;  // LEAN: the buffer of the stage loaded next
 
     float c[NT][4] = {}, tot[NT][4] = {};
     auto flush = [&]() {
@@ -234,10 +275,14 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     for (int st = 0; st < n_stages; st++) {
         cp_async_wait<k_stages - 2>();
         __syncthreads();  // stage st is complete, and every warp is done with the stage loaded next
-        if (st + k_stages - 1 < n_stages) {
+        if (LEAN && st + k_stages - 1 < full_stages) {
+            load_codes_lean(load_buf);
+            load_x_lean(load_buf);
+        } else if (st + k_stages - 1 < n_stages) {
             load_codes(st + k_stages - 1);
             load_x(st + k_stages - 1);
         }
+        if constexpr (LEAN) load_buf = load_buf == k_stages - 1 ? 0 : load_buf + 1;
         cp_async_commit();
         if (active) {
             const uint4 * scodes = scodes_lane + buf * Sh::stage_chunks;
@@ -370,9 +415,13 @@ template <int PLANES, bool LUT, int NT, int W>
 bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits, int half_rb, void * scratch, size_t scratch_bytes,
               cudaStream_t stream) {
     using Sh = MmaShape<PLANES, LUT, NT, W>;
-    auto kernel = qgemm_mma_kernel<PLANES, LUT, NT, W>;
-    static PerDevice<size_t> configured;  // once per instantiation
-    allow_dynamic_smem(kernel, Sh::smem, configured);
+    static const bool lean = [] {
+        const char * v = std::getenv("QINFER_MMA_LEAN");
+        return v && v[0] == '1';
+    }();
+    auto kernel = lean ? qgemm_mma_kernel<PLANES, LUT, NT, W, true> : qgemm_mma_kernel<PLANES, LUT, NT, W, false>;
+    static PerDevice<size_t> configured[2];  // once per instantiation
+    allow_dynamic_smem(kernel, Sh::smem, configured[lean]);
     return mma4::run_split_gemm(w, x, m, y, splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int s, float * partial) {
         const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, W), s);
         launch_kernel(kernel, grid, dim3(Sh::threads), Sh::smem, stream, w, xin, ldx, m, y, partial, half_rb);
