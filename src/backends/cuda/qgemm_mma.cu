@@ -32,7 +32,6 @@
 // scratch's head), as qgemm_rs does.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -112,7 +111,7 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-template <int PLANES, bool LUT, int NT, int W, bool LEAN>
+template <int PLANES, bool LUT, int NT, int W>
 __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
                      int half_rb) {
@@ -176,8 +175,12 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
             cp_async16(dst + tok * (KPS * 8) + ((x_ch ^ tok) & 7), valid ? x_src + (size_t(i) * x_rows * ldx + (kb_begin + st * KPS) * 64) : x, valid);
         }
     };
-    // LEAN: the stages whose K blocks all lie inside the split and x's row (all but the last at most) are loaded from
-    // pointers advanced a stage at a time, without the per-chunk bounds, modulo and 64-bit index arithmetic above.
+    // The stages whose K blocks all lie inside the split and x's row (all but the last at most) are loaded from
+    // pointers advanced a stage at a time, without the per-chunk bounds, modulo and 64-bit index arithmetic of the two
+    // loaders above, which load the rest. (Those paths were ~111 of the ~561 instructions a warp took per stage of 7B
+    // Int4 gate_up at m 16, ncu; this way gate_up at m 16 / 24 / 32 34.2 / 50.9 / 51.3 -> 32.7 / 48.6 / 48.9 us, down at
+    // 24 / 32 27.6 / 27.9 -> 26.6 / 27.0, down at 16 23.6 -> 24.1, qkv / o_proj level; bench/results/2026-12-02-h200-lut-wide,
+    // call 5.)
     const int full_stages = max(0, min((kb_end - kb_begin) / KPS, (ldx / 64 - kb_begin) / KPS));
     const uint32_t smem_base = uint32_t(__cvta_generic_to_shared(smem));
     const uint32_t c_dst0 = smem_base + uint32_t(warp * (KPS * TILE) + lane) * 16;
@@ -198,14 +201,14 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     auto cp_async16_shared = [](uint32_t dst, const void * src, bool valid) {
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
     };
-    auto load_codes_lean = [&](int buf) {
+    auto load_codes_full = [&](int buf) {
         if (!active) return;
         const uint32_t dst = c_dst0 + uint32_t(buf * Sh::stage_chunks) * 16;
 #pragma unroll
         for (int i = 0; i < n_cc; i++) cp_async16_shared(dst + 32 * 16 * i, c_next + 32 * i, true);
         c_next += KPS * TILE;
     };
-    auto load_x_lean = [&](int buf) {
+    auto load_x_full = [&](int buf) {
 #pragma unroll
         for (int i = 0; i < n_xc; i++) {
             if (!(x_in_tile >> i & 1u)) continue;
@@ -216,7 +219,7 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     // The first stages' codes and the first group's parameters do not depend on the kernel ahead.
 #pragma unroll
     for (int st = 0; st < k_stages - 1; st++) {
-        if (LEAN && st < full_stages) load_codes_lean(st);
+        if (st < full_stages) load_codes_full(st);
         else if (st < n_stages) load_codes(st);
     }
     const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
@@ -233,11 +236,11 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     pdl_wait();  // x comes from the kernel ahead
 #pragma unroll
     for (int st = 0; st < k_stages - 1; st++) {
-        if (LEAN && st < full_stages) load_x_lean(st);
+        if (st < full_stages) load_x_full(st);
         else if (st < n_stages) load_x(st);
         cp_async_commit();
     }
-    int load_buf = k_stages - 1;  // LEAN: the buffer of the stage loaded next
+    int load_buf = k_stages - 1;  // the buffer of the stage loaded next
 
     float c[NT][4] = {}, tot[NT][4] = {};
     auto flush = [&]() {
@@ -275,14 +278,14 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     for (int st = 0; st < n_stages; st++) {
         cp_async_wait<k_stages - 2>();
         __syncthreads();  // stage st is complete, and every warp is done with the stage loaded next
-        if (LEAN && st + k_stages - 1 < full_stages) {
-            load_codes_lean(load_buf);
-            load_x_lean(load_buf);
+        if (st + k_stages - 1 < full_stages) {
+            load_codes_full(load_buf);
+            load_x_full(load_buf);
         } else if (st + k_stages - 1 < n_stages) {
             load_codes(st + k_stages - 1);
             load_x(st + k_stages - 1);
         }
-        if constexpr (LEAN) load_buf = load_buf == k_stages - 1 ? 0 : load_buf + 1;
+        load_buf = load_buf == k_stages - 1 ? 0 : load_buf + 1;
         cp_async_commit();
         if (active) {
             const uint4 * scodes = scodes_lane + buf * Sh::stage_chunks;
@@ -415,13 +418,9 @@ template <int PLANES, bool LUT, int NT, int W>
 bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits, int half_rb, void * scratch, size_t scratch_bytes,
               cudaStream_t stream) {
     using Sh = MmaShape<PLANES, LUT, NT, W>;
-    static const bool lean = [] {
-        const char * v = std::getenv("QINFER_MMA_LEAN");
-        return v && v[0] == '1';
-    }();
-    auto kernel = lean ? qgemm_mma_kernel<PLANES, LUT, NT, W, true> : qgemm_mma_kernel<PLANES, LUT, NT, W, false>;
-    static PerDevice<size_t> configured[2];  // once per instantiation
-    allow_dynamic_smem(kernel, Sh::smem, configured[lean]);
+    auto kernel = qgemm_mma_kernel<PLANES, LUT, NT, W>;
+    static PerDevice<size_t> configured;  // once per instantiation
+    allow_dynamic_smem(kernel, Sh::smem, configured);
     return mma4::run_split_gemm(w, x, m, y, splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int s, float * partial) {
         const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, W), s);
         launch_kernel(kernel, grid, dim3(Sh::threads), Sh::smem, stream, w, xin, ldx, m, y, partial, half_rb);
