@@ -26,11 +26,14 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// 16 bytes global -> shared without registers; valid false zero-fills them (sm_80 and up).
-__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool valid) {
-    const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+// 16 bytes global -> shared without registers; valid false zero-fills them (sm_80 and up). The destination as a
+// shared-memory address (where a kernel keeps its addresses that way) or as a pointer.
+__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void * gmem, bool valid) {
     const int bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async16(void * smem, const void * gmem, bool valid) {
+    cp_async16(uint32_t(__cvta_generic_to_shared(smem)), gmem, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

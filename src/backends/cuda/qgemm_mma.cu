@@ -198,21 +198,18 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
         x_step[i] = ok ? KPS * 64 : 0;
         x_dst[i] = smem_base + uint32_t(Sh::code_chunks + (x_ch & ~7) + tok * (KPS * 8) + ((x_ch ^ tok) & 7)) * 16;
     }
-    auto cp_async16_shared = [](uint32_t dst, const void * src, bool valid) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-    };
     auto load_codes_full = [&](int buf) {
         if (!active) return;
         const uint32_t dst = c_dst0 + uint32_t(buf * Sh::stage_chunks) * 16;
 #pragma unroll
-        for (int i = 0; i < n_cc; i++) cp_async16_shared(dst + 32 * 16 * i, c_next + 32 * i, true);
+        for (int i = 0; i < n_cc; i++) cp_async16(dst + 32 * 16 * i, c_next + 32 * i, true);
         c_next += KPS * TILE;
     };
     auto load_x_full = [&](int buf) {
 #pragma unroll
         for (int i = 0; i < n_xc; i++) {
             if (!(x_in_tile >> i & 1u)) continue;
-            cp_async16_shared(x_dst[i] + uint32_t(buf * Sh::stage_chunks) * 16, x_next[i], x_toks_ok >> i & 1u);
+            cp_async16(x_dst[i] + uint32_t(buf * Sh::stage_chunks) * 16, x_next[i], x_toks_ok >> i & 1u);
             x_next[i] += x_step[i];
         }
     };
