@@ -32,6 +32,7 @@
 // scratch's head), as qgemm_rs does.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -111,10 +112,14 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
+// Registers a thread may take so that `blocks` blocks of W warps share an SM's 64 K (a multiple of 8). Stated as
+// __maxnreg__: __launch_bounds__(192, 3) held ptxas to 96 where 112 fit, and the straight-line stages below spilled.
+__host__ __device__ constexpr int max_regs(int warps, int blocks) { return 65536 / (32 * warps * blocks) / 8 * 8; }
+
 template <int PLANES, bool LUT, int NT, int W>
-__global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
+__global__ void __maxnreg__(max_regs(W, blocks_per_sm(NT, LUT)))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
-                     int half_rb) {
+                     int half_rb, bool ab_fixed) {
     using Sh = MmaShape<PLANES, LUT, NT, W>;
     constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, threads = Sh::threads, C = Sh::lut_copies;
     static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
@@ -247,15 +252,22 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
             tot[nt][1] = fmaf(par.s_lo, c[nt][1], tot[nt][1]);
             tot[nt][2] = fmaf(par.s_hi, c[nt][2], tot[nt][2]);
             tot[nt][3] = fmaf(par.s_hi, c[nt][3], tot[nt][3]);
-            c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
         }
+    };
+    auto clear = [&]() {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+    };
+    auto take_next = [&]() {
+        gi++;
+        par = unpack_params<PLANES>(next);
+        next = mma4::load_group<LUT>(w, row0, min(gi + 1, G - 1));
     };
     auto next_group = [&]() {
         flush();
-        gi++;
+        clear();
+        take_next();
         group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
-        par = unpack_params<PLANES>(next);
-        next = mma4::load_group<LUT>(w, row0, min(gi + 1, G - 1));
     };
     // ldmatrix addresses: lane l reads token 16 pair + 8 (l / 16) + l % 8, chunk 2 j + (l / 8) % 2 of k16 step j. Less
     // the stage and K block they are worked out once: a token's low 3 bits are l % 8 in every 16-token pair, so only
@@ -271,10 +283,11 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     int buf = 0;
     const uint4 * scodes_lane = smem + size_t(warp) * KPS * TILE + lane;
     uint32_t sx = smem0 + uint32_t(Sh::code_chunks * 16);
-    int kb = kb_begin;
-    for (int st = 0; st < n_stages; st++) {
+    // Stage st's top: it is complete and every warp is done with the buffer loaded next, which takes stage
+    // st + k_stages - 1.
+    auto stage_top = [&](int st) {
         cp_async_wait<k_stages - 2>();
-        __syncthreads();  // stage st is complete, and every warp is done with the stage loaded next
+        __syncthreads();
         if (st + k_stages - 1 < full_stages) {
             load_codes_full(load_buf);
             load_x_full(load_buf);
@@ -284,50 +297,88 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
         }
         load_buf = load_buf == k_stages - 1 ? 0 : load_buf + 1;
         cp_async_commit();
-        if (active) {
-            const uint4 * scodes = scodes_lane + buf * Sh::stage_chunks;
+    };
+    auto stage_bottom = [&]() {
+        buf = buf == k_stages - 1 ? 0 : buf + 1;
+        sx = smem0 + uint32_t((size_t(buf) * Sh::stage_chunks + Sh::code_chunks) * 16);
+    };
+    // K block kbl of the stage in buffer buf, at position pos0. group_checks: a group may start inside it (checked at
+    // j = 0 and 2); fresh: a group starts at it and c holds the last group's sums, already flushed.
+    auto k_block = [&](int kbl, int pos0, bool group_checks, bool fresh) {
+        const uint4 * scodes = scodes_lane + buf * Sh::stage_chunks;
+        uint4 cw[PLANES];
 #pragma unroll
-            for (int kbl = 0; kbl < KPS; kbl++, kb++) {
-                if (kb >= kb_end) break;
-                uint4 cw[PLANES];
+        for (int p = 0; p < PLANES; p++) cw[p] = scodes[kbl * TILE + p * 32];
 #pragma unroll
-                for (int p = 0; p < PLANES; p++) cw[p] = scodes[kbl * TILE + p * 32];
-                const int pos0 = kb * 64;
+        for (int j = 0; j < 4; j++) {
+            if (group_checks && (j == 0 || (j == 2 && !groups64)) && pos0 + 16 * j >= group_end) next_group();
+            uint32_t b[NT][2];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    if ((j == 0 || (j == 2 && !groups64)) && pos0 + 16 * j >= group_end) next_group();
-                    uint32_t b[NT][2];
+            for (int pr = 0; pr < NT / 2; pr++) {
+                ldmatrix_x4(sx + xoff[j] + uint32_t(kbl * 128) + pr * pair_bytes, b[2 * pr][0], b[2 * pr][1], b[2 * pr + 1][0],
+                            b[2 * pr + 1][1]);
+            }
+            auto multiply = [&](const uint32_t (&fr)[4], bool first) {
 #pragma unroll
-                    for (int pr = 0; pr < NT / 2; pr++) {
-                        ldmatrix_x4(sx + xoff[j] + uint32_t(kbl * 128) + pr * pair_bytes, b[2 * pr][0], b[2 * pr][1], b[2 * pr + 1][0],
-                                    b[2 * pr + 1][1]);
-                    }
-                    if constexpr (LUT) {
-                        const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[0])[j];
-                        const uint32_t fr[4] = {mma4::lut_pair(lut_lane, C, word, 0), mma4::lut_pair(lut_lane, C, word, 1),
-                                                mma4::lut_pair(lut_lane, C, word, 2), mma4::lut_pair(lut_lane, C, word, 3)};
+                for (int nt = 0; nt < NT; nt++) {
+                    if (first) mma4::mma_bf16_fresh(c[nt], fr, b[nt][0], b[nt][1]);
+                    else mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
+                }
+            };
+            if constexpr (LUT) {
+                const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[0])[j];
+                const uint32_t fr[4] = {mma4::lut_pair(lut_lane, C, word, 0), mma4::lut_pair(lut_lane, C, word, 1),
+                                        mma4::lut_pair(lut_lane, C, word, 2), mma4::lut_pair(lut_lane, C, word, 3)};
+                multiply(fr, fresh && j == 0);
+                continue;
+            }
+            constexpr uint32_t mask = 0x000F000Fu;
 #pragma unroll
-                        for (int nt = 0; nt < NT; nt++) mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
-                        continue;
-                    }
-                    constexpr uint32_t mask = 0x000F000Fu;
+            for (int p = 0; p < PLANES; p++) {
+                const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
+                const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[p])[j];
+                const uint32_t fr[4] = {mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), par.zz_lo[p]),
+                                        mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), par.zz_hi[p]),
+                                        mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), par.zz_lo[p]),
+                                        mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), par.zz_hi[p])};
+                multiply(fr, fresh && j == 0 && p == 0);
+            }
+        }
+    };
+    int st = 0;
+    // Groups of GKB whole K blocks (GPTQ / AWQ's 128, bitsandbytes' 64) that tile the stages: in the full stages a group
+    // ends at fixed K blocks, so they run without a bounds or group check: straight-line code from barrier to barrier.
+    constexpr int GKB = LUT ? 1 : 2;
+    if (ab_fixed && KPS % GKB == 0 && w.group == 64 * GKB && kb_begin % GKB == 0) {
+        for (; st < full_stages; st++) {
+            stage_top(st);
+            if (active) {
 #pragma unroll
-                    for (int p = 0; p < PLANES; p++) {
-                        const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
-                        const uint32_t word = reinterpret_cast<const uint32_t *>(&cw[p])[j];
-                        const uint32_t fr[4] = {mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), par.zz_lo[p]),
-                                                mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), par.zz_hi[p]),
-                                                mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), par.zz_lo[p]),
-                                                mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), par.zz_hi[p])};
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++) mma4::mma_bf16(c[nt], fr, b[nt][0], b[nt][1]);
+                for (int kbl = 0; kbl < KPS; kbl++) {
+                    k_block(kbl, 0, false, kbl % GKB == 0);
+                    if (kbl % GKB == GKB - 1) {
+                        flush();
+                        take_next();
                     }
                 }
             }
+            stage_bottom();
         }
-        kb = kb_begin + (st + 1) * KPS;
-        buf = buf == k_stages - 1 ? 0 : buf + 1;
-        sx = smem0 + uint32_t((size_t(buf) * Sh::stage_chunks + Sh::code_chunks) * 16);
+        // The tail (checked) starts at group gi's first position, c cleared.
+        clear();
+        group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;
+    }
+    for (; st < n_stages; st++) {
+        stage_top(st);
+        if (active) {
+            int kb = kb_begin + st * KPS;
+#pragma unroll
+            for (int kbl = 0; kbl < KPS; kbl++, kb++) {
+                if (kb >= kb_end) break;
+                k_block(kbl, kb * 64, true, false);
+            }
+        }
+        stage_bottom();
     }
     cp_async_wait<0>();
     if (half_rb) {  // SwiGLU: the up warps hand their sums to the gate warps through the stages' shared memory
@@ -420,7 +471,11 @@ bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits
     allow_dynamic_smem(kernel, Sh::smem, configured);
     return mma4::run_split_gemm(w, x, m, y, splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int s, float * partial) {
         const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, W), s);
-        launch_kernel(kernel, grid, dim3(Sh::threads), Sh::smem, stream, w, xin, ldx, m, y, partial, half_rb);
+        static const bool ab_fixed = [] {
+            const char * e = std::getenv("QINFER_MMA_FIXED");
+            return !(e && e[0] == '0');
+        }();
+        launch_kernel(kernel, grid, dim3(Sh::threads), Sh::smem, stream, w, xin, ldx, m, y, partial, half_rb, ab_fixed);
     });
 }
 

@@ -48,6 +48,13 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// c = a b: a group's first k16 step, its sums starting from zero (no zeroing of c beforehand).
+__device__ __forceinline__ void mma_bf16_fresh(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+                 : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
 // Inputs of the tensor-core GEMV: out bf16 [m, k_padded] = RMSNorm(x) or x, in act-order, zero beyond k. One block per token.
 template <GemvIn IN> __global__ void __launch_bounds__(k_threads) stage_inputs_kernel(QuantMatrix w, GemvArgs a, bf16 * out) {
     pdl_wait();
