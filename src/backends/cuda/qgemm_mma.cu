@@ -129,7 +129,9 @@ __global__ void __maxnreg__(max_regs(W, blocks_per_sm(NT, LUT)))
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
-    const int kb_begin = int(int64_t(blockIdx.z) * nkb / gridDim.z), kb_end = int(int64_t(blockIdx.z + 1) * nkb / gridDim.z);
+    // K splits begin on even K blocks, so that groups of 128 start each split's stages alike (fixed_groups below).
+    const int pairs = (nkb + 1) / 2;
+    const int kb_begin = 2 * int(int64_t(blockIdx.z) * pairs / gridDim.z), kb_end = min(nkb, 2 * int(int64_t(blockIdx.z + 1) * pairs / gridDim.z));
     const int n_stages = (kb_end - kb_begin + KPS - 1) / KPS;
     // Row blocks: tile t's warps own row blocks W t .. W t + W - 1. SwiGLU tiles (half_rb > 0: the gate half's row
     // blocks): its first W / 2 warps own gate row blocks (W / 2) t .., the others the up row blocks half_rb + (W / 2)
