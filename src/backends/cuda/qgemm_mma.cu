@@ -112,12 +112,8 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
     return p;
 }
 
-// Registers a thread may take so that `blocks` blocks of W warps share an SM's 64 K (a multiple of 8). Stated as
-// __maxnreg__: __launch_bounds__(192, 3) held ptxas to 96 where 112 fit, and the straight-line stages below spilled.
-__host__ __device__ constexpr int max_regs(int warps, int blocks) { return 65536 / (32 * warps * blocks) / 8 * 8; }
-
 template <int PLANES, bool LUT, int NT, int W>
-__global__ void __maxnreg__(max_regs(W, blocks_per_sm(NT, LUT)))
+__global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
                      int half_rb, bool ab_fixed) {
     using Sh = MmaShape<PLANES, LUT, NT, W>;

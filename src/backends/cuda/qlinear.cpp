@@ -32,6 +32,7 @@
 // 7B NF4 `bench --throughput` 1000 x (100 -> 250) 92.03 / 91.57 -> 101.37 / 101.16 requests/s
 // (bench/results/2026-12-02-h200-lut-wide, call 1).
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/ops.h"
 
@@ -54,7 +55,12 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     const bool large = int64_t(w.rows_padded) * w.k_padded >= (w.lut ? k_lut_large_codes : k_mma_large_codes);
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
-    if (m <= rs_max_m(w) && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
+    static const bool ab_lut_mma = [] {
+        const char * e = std::getenv("QINFER_LUT_MMA");
+        return !(e && e[0] == '0');
+    }();
+    const bool lut_mma = ab_lut_mma && w.lut && m <= 16 && int64_t(w.rows_padded) * w.k_padded >= k_mma_large_codes;
+    if (!lut_mma && m <= rs_max_m(w) && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     return QuantPath::Dequantize;
 }
