@@ -32,7 +32,6 @@
 // scratch's head), as qgemm_rs does.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -115,7 +114,7 @@ template <int PLANES> __device__ __forceinline__ GroupParams<PLANES> unpack_para
 template <int PLANES, bool LUT, int NT, int W>
 __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     qgemm_mma_kernel(QuantMatrix w, const bf16 * __restrict__ x, int ldx, int m, bf16 * __restrict__ y, float * __restrict__ partial,
-                     int half_rb, bool ab_fixed) {
+                     int half_rb) {
     using Sh = MmaShape<PLANES, LUT, NT, W>;
     constexpr int BT = Sh::BT, KPS = Sh::KPS, TILE = Sh::TILE, threads = Sh::threads, C = Sh::lut_copies;
     static_assert(NT % 2 == 0, "ldmatrix.x4 takes two 8-token column blocks");
@@ -344,10 +343,14 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
         }
     };
     int st = 0;
-    // Groups of GKB whole K blocks (GPTQ / AWQ's 128, bitsandbytes' 64) that tile the stages: in the full stages a group
-    // ends at fixed K blocks, so they run without a bounds or group check: straight-line code from barrier to barrier.
+    // Groups of GKB whole K blocks (GPTQ / AWQ's 128, bitsandbytes' 64) that tile the stages (K splits begin on even K
+    // blocks): in the full stages a group ends at fixed K blocks, so they run without a bounds or group check, as
+    // straight-line code from barrier to barrier; a group's first k16 step starts its sums from zero. The checked loop
+    // below takes the tail and other group sizes. (Against the checked loop for every stage, 7B Int4 at m 24 / 32:
+    // gate_up 48.6 / 48.9 -> 43.5 / 43.9 us, down 26.6 / 26.8 -> 24.5 / 24.7; NF4 gate_up at m 16 56.7 -> 37.8;
+    // Int8 gate_up at 16-32 3-5% slower, down 3% faster; bench/results/2026-12-02-h200-mma-fixed, call 2.)
     constexpr int GKB = LUT ? 1 : 2;
-    if (ab_fixed && KPS % GKB == 0 && w.group == 64 * GKB && kb_begin % GKB == 0) {
+    if (KPS % GKB == 0 && w.group == 64 * GKB && kb_begin % GKB == 0) {
         for (; st < full_stages; st++) {
             stage_top(st);
             if (active) {
@@ -469,11 +472,7 @@ bool run_with(const QuantMatrix & w, const bf16 * x, int m, bf16 * y, int splits
     allow_dynamic_smem(kernel, Sh::smem, configured);
     return mma4::run_split_gemm(w, x, m, y, splits, scratch, scratch_bytes, stream, [&](const bf16 * xin, int ldx, int s, float * partial) {
         const dim3 grid((m + Sh::BT - 1) / Sh::BT, row_tiles(w, W), s);
-        static const bool ab_fixed = [] {
-            const char * e = std::getenv("QINFER_MMA_FIXED");
-            return !(e && e[0] == '0');
-        }();
-        launch_kernel(kernel, grid, dim3(Sh::threads), Sh::smem, stream, w, xin, ldx, m, y, partial, half_rb, ab_fixed);
+        launch_kernel(kernel, grid, dim3(Sh::threads), Sh::smem, stream, w, xin, ldx, m, y, partial, half_rb);
     });
 }
 

@@ -32,7 +32,6 @@
 // 7B NF4 `bench --throughput` 1000 x (100 -> 250) 92.03 / 91.57 -> 101.37 / 101.16 requests/s
 // (bench/results/2026-12-02-h200-lut-wide, call 1).
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/ops.h"
 
@@ -55,11 +54,10 @@ QuantPath quant_path(const QuantMatrix & w, int m) {
     const bool large = int64_t(w.rows_padded) * w.k_padded >= (w.lut ? k_lut_large_codes : k_mma_large_codes);
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
-    static const bool ab_lut_mma = [] {
-        const char * e = std::getenv("QINFER_LUT_MMA");
-        return !(e && e[0] == '0');
-    }();
-    const bool lut_mma = ab_lut_mma && w.lut && m <= 16 && int64_t(w.rows_padded) * w.k_padded >= k_mma_large_codes;
+    // Lookup codes at 9-16 rows on weights of 32 M codes or more (7B gate_up, down) take qgemm_mma, whose full stages
+    // run straight-line where groups tile them: 7B NF4 at m 16 gate_up 37.8 us against qgemm_rs's 49.2, down 23.4 / 23.7;
+    // on qkv / o_proj qgemm_rs is as fast or faster (9.7 / 9.7, 8.7 / 9.5); bench/results/2026-12-02-h200-mma-fixed, call 2.
+    const bool lut_mma = w.lut && m >= 9 && m <= 16 && int64_t(w.rows_padded) * w.k_padded >= k_mma_large_codes;
     if (!lut_mma && m <= rs_max_m(w) && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     return QuantPath::Dequantize;
