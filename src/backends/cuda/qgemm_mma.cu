@@ -124,7 +124,8 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
-    // K splits begin on even K blocks, so that groups of 128 start each split's stages alike (fixed_groups below).
+    // K splits begin on even K blocks, so that groups of 128 line up with every split's stages (the fixed-group stages
+    // below).
     const int pairs = (nkb + 1) / 2;
     const int kb_begin = 2 * int(int64_t(blockIdx.z) * pairs / gridDim.z), kb_end = min(nkb, 2 * int(int64_t(blockIdx.z + 1) * pairs / gridDim.z));
     const int n_stages = (kb_end - kb_begin + KPS - 1) / KPS;
@@ -346,11 +347,13 @@ __global__ void __launch_bounds__(32 * W, blocks_per_sm(NT, LUT))
     // Groups of GKB whole K blocks (GPTQ / AWQ's 128, bitsandbytes' 64) that tile the stages (K splits begin on even K
     // blocks): in the full stages a group ends at fixed K blocks, so they run without a bounds or group check, as
     // straight-line code from barrier to barrier; a group's first k16 step starts its sums from zero. The checked loop
-    // below takes the tail and other group sizes. (Against the checked loop for every stage, 7B Int4 at m 24 / 32:
-    // gate_up 48.6 / 48.9 -> 43.5 / 43.9 us, down 26.6 / 26.8 -> 24.5 / 24.7; NF4 gate_up at m 16 56.7 -> 37.8;
-    // Int8 gate_up at 16-32 3-5% slower, down 3% faster; bench/results/2026-12-02-h200-mma-fixed, call 2.)
+    // below takes the tail and other group sizes. (Against ec03430's kernel, the checked loop for every stage, in a
+    // build that differed only in taking 112 registers, which keeps the two blocks an SM of 24-32 tokens and of lookup
+    // codes: 7B Int4 at m 24 / 32 gate_up 48.6 / 48.9 -> 43.5 / 43.9 us, down 26.6 / 26.8 -> 24.5 / 24.7; NF4 gate_up
+    // at m 16 56.7 -> 37.8; Int8 gate_up at 16-32 3-5% slower, down 3% faster; bench/results/2026-12-02-h200-mma-fixed,
+    // call 2.)
     constexpr int GKB = LUT ? 1 : 2;
-    if (KPS % GKB == 0 && w.group == 64 * GKB && kb_begin % GKB == 0) {
+    if (KPS % GKB == 0 && w.group == 64 * GKB) {
         for (; st < full_stages; st++) {
             stage_top(st);
             if (active) {

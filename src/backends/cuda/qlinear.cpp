@@ -51,13 +51,15 @@ constexpr int64_t k_mma_large_codes = int64_t(32) << 20, k_lut_large_codes = int
 QuantPath quant_path(const QuantMatrix & w, int m) {
     // 5 to 8 rows: the GEMM on large weights (7B Int4 at m 8: gate_up 39.3 us against the GEMV's 56.2, down 22.6 /
     // 37.9), the GEMV on the rest (qkv 9.9 / 9.4, o_proj 9.6 / 9.1; 0.5B's four 5.2-9.4 / 4.9-6.4).
-    const bool large = int64_t(w.rows_padded) * w.k_padded >= (w.lut ? k_lut_large_codes : k_mma_large_codes);
+    const int64_t codes = int64_t(w.rows_padded) * w.k_padded;
+    const bool large = codes >= (w.lut ? k_lut_large_codes : k_mma_large_codes);
     if (m <= k_qgemv_rowwise_max_m) return QuantPath::Gemv;
     if (w.tiled && m <= k_qgemv_max_m && !(large && qgemm_mma_applies(w))) return QuantPath::Gemv;
-    // Lookup codes at 9-16 rows on weights of 32 M codes or more (7B gate_up, down) take qgemm_mma, whose full stages
-    // run straight-line where groups tile them: 7B NF4 at m 16 gate_up 37.8 us against qgemm_rs's 49.2, down 23.4 / 23.7;
-    // on qkv / o_proj qgemm_rs is as fast or faster (9.7 / 9.7, 8.7 / 9.5); bench/results/2026-12-02-h200-mma-fixed, call 2.
-    const bool lut_mma = w.lut && m >= 9 && m <= 16 && int64_t(w.rows_padded) * w.k_padded >= k_mma_large_codes;
+    // Lookup codes at 9-16 rows (one 16-token tile) on weights of 32 M codes or more (7B gate_up, down) take qgemm_mma,
+    // whose full stages run straight-line where groups tile them: 7B NF4 at m 16, qgemm_mma against qgemm_rs, gate_up
+    // 37.8 against 49.2 us, down 23.4 against 23.7; on qkv / o_proj qgemm_rs is as fast or faster (9.7 against 9.75,
+    // 8.7 against 9.5); bench/results/2026-12-02-h200-mma-fixed, call 2.
+    const bool lut_mma = w.lut && m >= 9 && m <= 16 && codes >= k_mma_large_codes;
     if (!lut_mma && m <= rs_max_m(w) && m >= (w.lut ? 5 : w.bits == 8 ? 9 : 33) && qgemm_rs_applies(w)) return QuantPath::Rs;
     if (m <= k_mma_max_m && qgemm_mma_applies(w)) return QuantPath::Mma;
     return QuantPath::Dequantize;
