@@ -412,6 +412,24 @@ TEST(CudaQuant, QuantLinearMatchesCpu) {
     }
 }
 
+// Lookup codes at 9-16 rows on a weight of 32 M codes (the rule's bound) take qgemm_mma through cuda::quant_linear,
+// and match the CPU.
+TEST(CudaQuant, QuantLinearLargeLutTakesMma) {
+    REQUIRE_GPU();
+    const int n = 4096, k = 8192, m = 16;
+    auto ql = make_quant_linear(bnb_scheme(QuantPacking::Nf4, false), n, k, rng()());
+    DevQuant dq = upload_quant(ql->l);
+    const cuda::QuantPath path = cuda::quant_path(dq.q, m);
+    ASSERT_EQ(path, cuda::QuantPath::Mma) << cuda::quant_path_name(path);
+    std::vector<float> x = randn(size_t(m) * k), want(size_t(m) * n);
+    cpu::linear(x.data(), m, ql->l, want.data());
+    DeviceBuffer dx = upload_bf16(x), dy = poisoned(size_t(m) * n * 2);
+    DeviceBuffer gemv_scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, cuda::k_qgemv_max_m), "test");
+    DeviceBuffer scratch(std::max<size_t>(16, cuda::quant_linear_scratch_bytes(dq.q, m)), "test");
+    ASSERT_TRUE(cuda::quant_linear(path, dq.q, dx.as<bf16>(), m, dy.as<bf16>(), gemv_scratch.get(), scratch.get(), scratch.bytes(), nullptr));
+    EXPECT_LT(rel_err(download_bf16(dy, want.size()), want), 1.5e-2);
+}
+
 // Timings for the record (not assertions): 1024 tokens through each Qwen2.5-7B projection, quantized (GPTQ-Int4 and
 // -Int8 with group 128, NF4: dequantize to bf16, then cuBLASLt; and where it applies qgemm_rs, which the engine
 // takes at 1024 rows for affine codes) against cuBLASLt on bf16 weights of the same shape, and the dequantization
