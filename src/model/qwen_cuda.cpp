@@ -340,7 +340,7 @@ void CudaQwenEngine::upload_weights() {
 void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const ModelConfig & c = model_->config;
     ws_tokens_ = 0;
-    for (DeviceBuffer * b : {&ids_, &x_, &x_fold_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &prefill_k_, &prefill_v_, &router_logits_, &moe_idx_, &moe_w_,
+    for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &prefill_k_, &prefill_v_, &router_logits_, &moe_idx_, &moe_w_,
                              &moe_act_, &moe_out_, &moe_shared_, &moe_gu_, &moe_in_, &moe_arrivals_, &sample_seen_, &sample_counts_, &sample_work_}) {
         *b = DeviceBuffer();
     }
@@ -482,10 +482,7 @@ void CudaQwenEngine::ensure_workspace(int c) {
         moe_arrivals_ = DeviceBuffer(arrivals * sizeof(int), "workspace");
         CUDA_CHECK(cudaMemset(moe_arrivals_.get(), 0, arrivals * sizeof(int)));
         moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");
-        if (Is > 0) {
-            moe_shared_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
-            x_fold_ = DeviceBuffer(size_t(std::min(c, k_gemv_max_m)) * H * sizeof(float), "workspace");
-        }
+        if (Is > 0) moe_shared_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
         if (Is > 0 || on_host) moe_gu_ = DeviceBuffer(size_t(c) * 2 * std::max(Ie, Is) * sizeof(bf16), "workspace");
         if (on_host) {
             moe_in_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");

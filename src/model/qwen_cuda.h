@@ -260,10 +260,7 @@ private:
     void project(const DevLinear & l, cuda::GemvArgs a, cuda::GemvIn in, cuda::GemvOut out);
     // decode: the routed sum may go through peer_partial (decode steps only; prefill's sums stay with NCCL).
     // norm.x set (decode steps where L.moe_normalises): xn is not computed, every launch of the block normalises x.
-    // fold: where given, a decode step's combine of the routed and shared experts may be left to the next layer's qkv
-    // GEMV (filled in; rows stay null where it is done here).
-    void moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode = false, const cuda::MoeNormIn & norm = {},
-             cuda::ResidualFold * fold = nullptr);
+    void moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode = false, const cuda::MoeNormIn & norm = {});
     void router(const DevLayer & L, int c, const bf16 * xn, const cuda::MoeNormIn & norm = {});
     // Tensor parallel: o_proj, down and the experts of a rank hold partial sums over its heads and intermediate
     // columns; reduce() sums them over the ranks (a no-op on one GPU). The residual is added once: ranks after the
@@ -338,7 +335,6 @@ private:
     // Workspaces for `ws_tokens_` tokens at a time.
     int ws_tokens_ = 0;
     DeviceBuffer ids_, x_, xn_, qkv_, q_, attn_, tmp_, gu_, act_, logits_;
-    DeviceBuffer x_fold_;  // fp32 [c, hidden]: the residual's other buffer in decode steps that fold MoE combines (ResidualFold)
     DeviceBuffer logits_gather_;  // tensor parallel: fp32 [ranks, k_tp_split_logits_rows, vocab / ranks] (split_logits)
     DeviceBuffer heads_gather_, heads_;  // tensor parallel, o_whole layers: bf16 [ranks, c, q_dim], [c, ranks q_dim]
     // The prompt's token ids in pinned memory, so each pass's copy to ids_ is asynchronous: from pageable memory

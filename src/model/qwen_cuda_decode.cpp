@@ -67,9 +67,6 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     prof_.mark("embedding");
     cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_};
     bool pending = false;  // unfused: tmp_ holds an MLP output not yet added to x
-    // A MoE block's combine left to the next layer's qkv GEMV, which writes the combined residual to the other buffer.
-    cuda::ResidualFold fold;
-    float * x_other = x_fold_.as<float>();
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         const DevLayer & L = layers_[size_t(l)];
         cuda::QkvRopeArgs r = rope_args(l, kv_layer_batch(l), B);
@@ -84,12 +81,6 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.norm_w = L.input_norm.as<bf16>();
             a.eps = eps;
             a.y = qkv_.get();
-            if (fold.rows) {
-                fold.out = x_other;
-                a.fold = fold;
-                std::swap(x, x_other);
-                fold = cuda::ResidualFold{};
-            }
             if (L.qkv.quantized) {
                 project(L.qkv, a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16);
             } else {
@@ -131,8 +122,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         }
         prof_.mark("o_proj gemv");
         if (L.moe) {
-            const bool fold_next = fused && l + 1 < cfg.num_hidden_layers && x_other;
-            moe(L, B, xn, x, /*decode=*/true, moe_norm, fold_next ? &fold : nullptr);
+            moe(L, B, xn, x, /*decode=*/true, moe_norm);
         } else if (fused) {
             cuda::GemvArgs a;
             a.n = L.mlp.down.k;

@@ -5,8 +5,6 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 namespace qinfer::cuda_engine {
 
@@ -64,7 +62,7 @@ void CudaQwenEngine::router(const DevLayer & L, int c, const bf16 * xn, const cu
 // combine in the two launches of cuda::moe_decode; with no shared expert, one token's router logits come from there
 // too. Quantized experts neither kernel takes (act-order, no sm_90a for
 // prefill steps) run one by one through linear() on their rows, counted on the host (DevLayer::experts_on_host).
-void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode, const cuda::MoeNormIn & norm, cuda::ResidualFold * fold) {
+void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, bool decode, const cuda::MoeNormIn & norm) {
     const ModelConfig & cfg = model_->config;
     const int H = cfg.hidden_size, E = cfg.num_experts, k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
     const int router_rows = L.router.n;  // E (+ 1)
@@ -176,15 +174,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     }
     prof_.mark("experts");
     if (beside) CUDA_CHECK(cudaStreamWaitEvent(stream_, moe_join_, 0));
-    // The combine left to the next layer's qkv GEMV (ResidualFold): experts' rows in assignment order, x whole here.
-    static const bool fold_on = [] {
-        const char * v = std::getenv("QINFER_MOE_FOLD");
-        return !v || std::string(v) != "0";
-    }();
-    if (fold && fold_on && (!decode_kernels || L.has_shared) && !r.slot_of && accumulate && !part && !place_.link && c <= k_gemv_max_m) {
-        *fold = cuda::ResidualFold{moe_out_.as<bf16>(), r.weights, k, L.has_shared ? moe_shared_.as<bf16>() : nullptr,
-                                   L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, nullptr};
-    } else if (!decode_kernels || L.has_shared) {
+    if (!decode_kernels || L.has_shared) {
         cuda::moe_combine(sum, accumulate, c, H, k, r, moe_out_.as<bf16>(), L.has_shared ? moe_shared_.as<bf16>() : nullptr,
                           L.has_shared ? router_logits_.as<float>() + E : nullptr, router_rows, stream_);
         prof_.mark("combine");

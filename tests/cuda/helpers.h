@@ -164,44 +164,6 @@ inline std::vector<float> norm_rows(const std::vector<float> & x, const std::vec
     return y;
 }
 
-// A MoE combine left to a GEMV (cuda::ResidualFold) over m rows of k: top_k experts' rows in assignment order, their
-// weights, a shared expert's rows and gate logits (every `stride` floats) where `shared`; combined() is the CPU's
-// x + sum_j w_j row_j + sigmoid(gate) shared in moe_combine's order (fp32).
-struct FoldInputs {
-    int m, k, top_k, stride;
-    bool shared;
-    std::vector<float> rows, weights, shared_rows, gate;
-    DeviceBuffer rows_d, weights_d, shared_d, gate_d;
-    FoldInputs(int m_, int k_, int top_k_, bool shared_) : m(m_), k(k_), top_k(top_k_), stride(top_k_ + 3), shared(shared_) {
-        rows = randn(size_t(m) * top_k * k, 0.5f);
-        std::uniform_real_distribution<float> u(0.05f, 1.0f);
-        for (int i = 0; i < m * top_k; i++) weights.push_back(u(rng()));
-        shared_rows = randn(size_t(m) * k, 0.5f);
-        gate = randn(size_t(m) * stride, 2.0f);
-        rows_d = upload_bf16(rows);
-        weights_d = upload(weights);
-        shared_d = upload_bf16(shared_rows);
-        gate_d = upload(gate);
-    }
-    cuda::ResidualFold fold(float * out) const {
-        return cuda::ResidualFold{rows_d.as<cuda::bf16>(), weights_d.as<float>(), top_k, shared ? shared_d.as<cuda::bf16>() : nullptr,
-                                  shared ? gate_d.as<float>() + 1 : nullptr, stride, out};
-    }
-    std::vector<float> combined(const std::vector<float> & x) const {
-        std::vector<float> y = x;
-        for (int t = 0; t < m; t++) {
-            const float sg = 1.0f / (1.0f + std::exp(-gate[size_t(t) * stride + 1]));
-            for (int j = 0; j < k; j++) {
-                float v = y[size_t(t) * k + j];
-                for (int e = 0; e < top_k; e++) v += weights[size_t(t) * top_k + e] * rows[(size_t(t) * top_k + e) * k + j];
-                if (shared) v += sg * shared_rows[size_t(t) * k + j];
-                y[size_t(t) * k + j] = v;
-            }
-        }
-        return y;
-    }
-};
-
 // The prefill attention kernels that take this head_dim (the pipelined one: 64 and 128).
 inline std::vector<cuda::PrefillKernel> prefill_kernels(int head_dim) {
     if (cuda::prefill_wgmma_available(head_dim)) {

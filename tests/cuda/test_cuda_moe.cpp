@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <string>
 
 #include "backends/cpu/ops.h"
 #include "backends/cuda/ops.h"
@@ -453,57 +452,6 @@ TEST(CudaMoeDecode, TakesOnlyWhatItCan) {
     EXPECT_FALSE(cuda::moe_decode_applies(60, 4, 2048, 1404));   // nor the intermediate size
     EXPECT_FALSE(cuda::moe_decode_applies(300, 4, 2048, 1408));  // more experts than the routing takes
     EXPECT_FALSE(cuda::moe_decode_applies(4, 8, 2048, 1408));    // top-8 of 4
-}
-
-// A decode step's MoE combine folded into the next layer's normalised GEMV (cuda::ResidualFold): the combined rows
-// written out as the CPU gives them and as moe_combine writes them, and the GEMV of their RMSNorm as the CPU's, through
-// the balanced kernel's fold (qkv form: bf16 out; float4 staging, or rows over 4096 values one at a time) and through
-// the kernels that combine ahead (the row kernels, fp32 outputs).
-TEST(CudaMoe, CombineFoldedIntoGemvMatchesCpu) {
-    REQUIRE_GPU();
-    const int n = 300;
-    for (int k : {2048, 1000, 4104}) {
-        for (int m : {1, 3}) {
-            for (int top_k : {4, 8}) {
-                for (bool shared : {true, false}) {
-                    const FoldInputs f(m, k, top_k, shared);
-                    const std::vector<float> x = randn(size_t(m) * k), w = randn(size_t(n) * k, 1.0f / std::sqrt(float(k)));
-                    std::vector<float> nw = randn(size_t(k), 0.2f);
-                    for (float & v : nw) v = round_bf16(v + 1.0f);
-                    const std::vector<float> combined = f.combined(x);
-                    const std::vector<float> want = reference_linear(norm_rows(combined, nw, m, k, 1e-6f), m, w, n, k);
-                    const DeviceBuffer dx = upload(x), dw = upload_bf16(w), dnw = upload_bf16(nw);
-                    // moe_combine's rows, the ones the fold replaces.
-                    DeviceBuffer dc = upload(x);
-                    cuda::MoeRouting r;
-                    r.weights = f.weights_d.as<float>();
-                    cuda::moe_combine(dc.as<float>(), true, m, k, top_k, r, f.rows_d.as<cuda::bf16>(), shared ? f.shared_d.as<cuda::bf16>() : nullptr,
-                                      shared ? f.gate_d.as<float>() + 1 : nullptr, f.stride, nullptr);
-                    const std::vector<float> by_combine = download_f32(dc, combined.size());
-                    for (bool balanced : {true, false}) {
-                        for (cuda::GemvOut out : {cuda::GemvOut::Bf16, cuda::GemvOut::F32}) {
-                            const std::string what = "k " + std::to_string(k) + " m " + std::to_string(m) + " top " + std::to_string(top_k) +
-                                                     (shared ? " shared" : "") + (balanced ? " balanced" : " rows") +
-                                                     (out == cuda::GemvOut::F32 ? " f32" : " bf16");
-                            cuda::set_gemv_balanced(balanced);
-                            DeviceBuffer dy = poisoned(size_t(m) * n * 4), fold_out = poisoned(size_t(m) * k * 4);
-                            cuda::GemvArgs a = gemv_args(n, k, m, dx, dnw, dy);
-                            a.w = dw.as<cuda::bf16>();
-                            a.fold = f.fold(fold_out.as<float>());
-                            cuda::gemv(a, cuda::GemvIn::NormF32, out, nullptr);
-                            const std::vector<float> rows = download_f32(fold_out, combined.size());
-                            EXPECT_LT(rel_err(rows, combined), 1e-6) << what;
-                            EXPECT_LT(rel_err(rows, by_combine), 1e-6) << what;
-                            const std::vector<float> y = out == cuda::GemvOut::F32 ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
-                            EXPECT_LT(rel_err(y, want), out == cuda::GemvOut::F32 ? 5e-3 : 1e-2) << what;
-                            EXPECT_EQ(std::vector<float>(x), download_f32(dx, x.size())) << "x is left as it was, " << what;
-                        }
-                    }
-                    cuda::set_gemv_balanced(true);
-                }
-            }
-        }
-    }
 }
 
 struct QuantMoeCase {

@@ -529,14 +529,11 @@ TEST(CudaOps, QkvRopeCache) {
 // The QKV GEMV with bias, RoPE and the cache store in its epilogue (gemv_qkv_rope), as the decode step of a batch
 // runs it (RMSNorm of fp32 rows fused in, positions and block-table rows per token), against the CPU: norm, matmul,
 // bf16 output, bias, RoPE, and the q / K / V rows where they belong. One case: head_dim d, m tokens of a decode
-// batch, with or without bias, under fused-RoPE mode `mode` (already set with set_fused_rope); fold_k > 0: the
-// previous layer's MoE combine of fold_k experts and a shared expert folded in (ResidualFold), its rows written out.
-static void check_qkv_rope(int d, int m, bool with_bias, int mode, int fold_k = 0) {
+// batch, with or without bias, under fused-RoPE mode `mode` (already set with set_fused_rope).
+static void check_qkv_rope(int d, int m, bool with_bias, int mode) {
     const int n_head = 6, n_kv = 2, k = 200, rows = (n_head + 2 * n_kv) * d, bs = 16, stride = 4, pool = 13;
     const std::vector<int> positions = {37, 5, 50};
     std::vector<float> x = randn(size_t(m) * k), nw = randn(size_t(k), 0.2f), w = randn(size_t(rows) * k, 0.1f);
-    const FoldInputs fold(m, k, std::max(fold_k, 1), true);
-    DeviceBuffer fold_out = poisoned(size_t(m) * k * 4);
     std::vector<float> bias = randn(size_t(rows), 0.3f);
     for (float & v : nw) v = round_bf16(v + 1);
     std::vector<int> blocks(pool), tables(size_t(m) * stride, 0);
@@ -575,14 +572,9 @@ static void check_qkv_rope(int d, int m, bool with_bias, int mode, int fold_k = 
     r.pos_dev = dpos.as<int>();
     r.cache = {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), bs, stride, {}};
     r.q_out = dq.as<bf16>();
-    if (fold_k > 0) a.fold = fold.fold(fold_out.as<float>());
     cuda::gemv_qkv_rope(a, cuda::GemvIn::NormF32, r, nullptr);
 
     // CPU: RMSNorm (bf16), projection rounded to bf16, bias, RoPE of q and k at each token's position.
-    if (fold_k > 0) {
-        x = fold.combined(x);
-        EXPECT_LT(rel_err(download_f32(fold_out, x.size()), x), 1e-6) << "combined rows, d " << d << " m " << m;
-    }
     const std::vector<float> xn = norm_rows(x, nw, m, k, 1e-6f);
     std::vector<float> q(size_t(m) * n_head * d), kk(size_t(m) * n_kv * d), vv(size_t(m) * n_kv * d);
     for (int t = 0; t < m; t++) {
@@ -600,8 +592,7 @@ static void check_qkv_rope(int d, int m, bool with_bias, int mode, int fold_k = 
         cpu::rope(q.data() + size_t(t) * n_head * d, 1, n_head, d, cs.data(), sn.data());
         cpu::rope(kk.data() + size_t(t) * n_kv * d, 1, n_kv, d, cs.data(), sn.data());
     }
-    const std::string what = "d " + std::to_string(d) + " m " + std::to_string(m) + (with_bias ? " bias" : "") + " mode " + std::to_string(mode) +
-                             " fold " + std::to_string(fold_k);
+    const std::string what = "d " + std::to_string(d) + " m " + std::to_string(m) + (with_bias ? " bias" : "") + " mode " + std::to_string(mode);
     EXPECT_LT(rel_err(download_bf16(dq, q.size()), q), 1e-2) << what;
     const std::vector<float> kc = download_bf16(dk, cache_elems), vc = download_bf16(dv, cache_elems);
     std::vector<float> got_k, got_v;
@@ -624,7 +615,6 @@ TEST(CudaOps, GemvQkvRopeFused) {
         for (int d : {64, 128}) {
             for (int m : {1, 3}) {
                 for (bool with_bias : {true, false}) check_qkv_rope(d, m, with_bias, mode);
-                check_qkv_rope(d, m, true, mode, m == 1 ? 4 : 8);  // a MoE combine folded in (ResidualFold)
             }
         }
     }

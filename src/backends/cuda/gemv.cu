@@ -60,39 +60,14 @@ bool gemv_half_rows_on() { return half_rows_on; }
 static GemvArgs launch_args(const GemvArgs & args, GemvIn in, const char * who) {
     if (args.k % 8 != 0) QINFER_FAIL() << who << ": k = " << args.k << " must be a multiple of 8";
     if (in == GemvIn::NormF32 && !args.norm_w) QINFER_FAIL() << who << ": NormF32 input needs norm weights";
-    if (args.fold.rows && in != GemvIn::NormF32) QINFER_FAIL() << who << ": a residual fold needs a normalised input";
-    if (args.fold.rows && (!args.fold.out || args.fold.out == args.x)) QINFER_FAIL() << who << ": a residual fold needs an output apart from x";
     GemvArgs a = args;
     a.vec_norm = in == GemvIn::NormF32 && qstage::vec_norm_ok(a);
     return a;
 }
 
-namespace {
-// out[t] = x[t] with the fold added, for the m rows of a ResidualFold's GEMV (qstage::folded: moe_combine's order).
-__global__ void residual_fold_kernel(GemvArgs a) {
-    pdl_wait();
-    const int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= a.k) return;
-    const float * x = static_cast<const float *>(a.x) + size_t(t) * a.k;
-    a.fold.out[size_t(t) * a.k + j] = qstage::folded(a.fold, t, a.k, j, x[j], qstage::fold_gate(a.fold, t));
-}
-}  // namespace
-
-GemvArgs residual_fold(const GemvArgs & a, cudaStream_t stream) {
-    if (!a.fold.rows) return a;
-    if (!a.fold.out || a.fold.out == a.x) QINFER_FAIL() << "gemv: a residual fold needs an output apart from x";
-    constexpr int threads = 256;
-    launch_kernel(residual_fold_kernel, dim3((a.k + threads - 1) / threads, a.m), dim3(threads), 0, stream, a);
-    GemvArgs b = a;
-    b.x = a.fold.out;
-    b.fold = ResidualFold{};
-    return b;
-}
-
 void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
-    GemvArgs a = launch_args(args, in, "gemv");
+    const GemvArgs a = launch_args(args, in, "gemv");
     if (gemv_balanced(a, in, out, stream)) return;
-    a = residual_fold(a, stream);  // kernels without the fold: combined ahead
     if (in == GemvIn::Bf16) gemv_rows_bf16(a, out, stream);
     else gemv_rows_norm(a, out, stream);
 }

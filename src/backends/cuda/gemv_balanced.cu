@@ -33,8 +33,8 @@ struct NoRope {};  // the kernel parameter of the variants without the RoPE epil
 template <bool ROPE> using RopeParam = std::conditional_t<ROPE, QkvRopeArgs, NoRope>;
 
 // RING (one row only, launch()): the ring form, at three blocks per SM for bf16 inputs (at most 85 registers) as the
-// batch form fits them. FOLD (qkv: a normalised input, bf16 out): a.fold added to x in the prologue (ResidualFold).
-template <int M, GemvIn IN, GemvOut OUT, bool ROPE, bool RING, bool FOLD>
+// batch form fits them.
+template <int M, GemvIn IN, GemvOut OUT, bool ROPE, bool RING>
 __global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 ? 3 : 0) gemv_balanced_kernel(GemvArgs a, int table_rows, RopeParam<ROPE> rope) {
     extern __shared__ float4 smem_raw4[];
     float * table = reinterpret_cast<float *>(smem_raw4);                              // fp32 [M, table_rows, 256]
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 ? 3 : 0)
         for (int r = 0; r < vrows; r++) table[(size_t(m) * table_rows + r) * k_threads + tid] = 0;
     }
     if constexpr (IN == GemvIn::NormF32) {
-        qstage::stage_norm_rows<FOLD>(a, M, xs, norm_red);
+        qstage::stage_norm_rows(a, M, xs, norm_red);
         __syncthreads();
     }
     const bf16 * xsrc = IN == GemvIn::NormF32 ? xs : static_cast<const bf16 *>(a.x);
@@ -173,11 +173,10 @@ __global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 ? 3 : 0)
     }
 }
 
-template <int M, GemvIn IN, GemvOut OUT, bool ROPE = false, bool FOLD = false>
+template <int M, GemvIn IN, GemvOut OUT, bool ROPE = false>
 bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rope = {}) {
-    static_assert(!FOLD || (IN == GemvIn::NormF32 && OUT == GemvOut::Bf16), "folds are taken by the qkv forms");
     constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
-    auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, false, FOLD>;
+    auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, false>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
     static PerDevice<size_t> configured, configured_ring;
@@ -198,7 +197,7 @@ bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rop
         // ~2.9); the ring everywhere lost where blocks stream a batch or less (0.5B 1,535 -> 1,499, A2.7B -1.6%).
         const int64_t batch_bytes = int64_t(k_batch) * k_threads * 16, block_bytes = int64_t(a.n) * n_mats * a.k * 2 / grid;
         if (block_bytes >= 2 * batch_bytes) {
-            auto ring_kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, true, FOLD>;
+            auto ring_kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, true>;
             allow_dynamic_smem(ring_kernel, table_max_bytes + xs_bytes, configured_ring);
             launch_kernel(ring_kernel, grid, k_threads, smem, stream, a, table_rows, rope);
             return true;
@@ -208,9 +207,7 @@ bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rop
     return true;
 }
 
-// A ResidualFold only in the qkv forms (NormF32 in, Bf16 out); elsewhere false, and gemv() combines ahead.
 template <int M> bool dispatch(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t s) {
-    if (a.fold.rows) return in == GemvIn::NormF32 && out == GemvOut::Bf16 && launch<M, GemvIn::NormF32, GemvOut::Bf16, false, true>(a, s);
     if (in == GemvIn::Bf16) {
         switch (out) {
         case GemvOut::Bf16: return launch<M, GemvIn::Bf16, GemvOut::Bf16>(a, s);
@@ -230,8 +227,7 @@ template <int M> bool dispatch(const GemvArgs & a, GemvIn in, GemvOut out, cudaS
 }
 
 template <int M> bool dispatch_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t s) {
-    if (in == GemvIn::Bf16) return !a.fold.rows && launch<M, GemvIn::Bf16, GemvOut::Bf16, true>(a, s, r);
-    if (a.fold.rows) return launch<M, GemvIn::NormF32, GemvOut::Bf16, true, true>(a, s, r);
+    if (in == GemvIn::Bf16) return launch<M, GemvIn::Bf16, GemvOut::Bf16, true>(a, s, r);
     return launch<M, GemvIn::NormF32, GemvOut::Bf16, true>(a, s, r);
 }
 

@@ -24,19 +24,6 @@ enum class GemvOut {
     AddF32,       // y: fp32 [m, n] += result (residual stream)
     SiluMulBf16,  // W holds gate rows [0, n) then up rows [n, 2n); y: bf16 [m, n] = silu(gate) * up
 };
-// A MoE block's combine left to the next normalised GEMV (its x: the residual before the combine): the kernels that
-// stage x add sum_j weights[t, j] rows[t top_k + j] (+ sigmoid(shared_gate[t gate_stride]) shared[t]) to each row t in
-// moe_combine's order before the RMSNorm, and one block writes the combined rows to `out` fp32 [m, k], the residual
-// from then on. rows null: nothing to combine.
-struct ResidualFold {
-    const bf16 * rows = nullptr;          // [m top_k, k]: the routed experts' outputs in assignment order
-    const float * weights = nullptr;      // [m, top_k]
-    int top_k = 0;
-    const bf16 * shared = nullptr;        // [m, k], or null: no shared expert
-    const float * shared_gate = nullptr;  // the shared expert's gate logit of token t at t * gate_stride
-    int gate_stride = 0;
-    float * out = nullptr;                // fp32 [m, k], not x
-};
 struct GemvArgs {
     const bf16 * w = nullptr;       // [n, k] (SiluMulBf16: [2n, k])
     int n = 0, k = 0;
@@ -53,12 +40,8 @@ struct GemvArgs {
     // (the gate/up -> down pair of a decode step: down's B fragments in two 16-byte loads; see qgemv_pair_io_ok).
     bool pair_io = false;
     int stage_stride = 0;  // qgemv ring: bf16 row stride of inputs staged in shared memory (set by its launch)
-    ResidualFold fold;     // NormF32 only: a MoE combine applied to x first (gemv(); qgemv() where it stages in the kernel)
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
-// a.fold applied by a kernel of its own (fold.out = x + the fold), and a's GEMV arguments reading fold.out without it:
-// for the GEMV kernels that do not take a fold (qgemv, the row kernels). a unchanged where it has none.
-GemvArgs residual_fold(const GemvArgs & a, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)
 // unless this is off (default on; tests turn it off to check the row kernels on the same shapes).
 void set_gemv_balanced(bool on);

@@ -325,9 +325,7 @@ bool qgemv_pair_io_ok(const QuantMatrix & gate_up, const QuantMatrix & down) {
     return gate_up.tiled && down.tiled && !gate_up.lut && !down.lut && !down.perm && down.k == down.k_padded && down.k % 64 == 0 && gate_up.rows == 2 * down.k;
 }
 
-void qgemv(const QuantMatrix & w, const GemvArgs & args, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream) {
-    if (args.fold.rows && in != GemvIn::NormF32) QINFER_FAIL() << "qgemv: a residual fold needs a normalised input";
-    const GemvArgs a = residual_fold(args, stream);  // no quantized kernel takes a fold: combined ahead
+void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream) {
     const int rows_needed = out == GemvOut::SiluMulBf16 ? 2 * a.n : a.n;
     if (w.rows != rows_needed || w.k != a.k) {
         QINFER_FAIL() << "qgemv: weight is [" << w.rows << ", " << w.k << "], the call needs [" << rows_needed << ", " << a.k << "]";

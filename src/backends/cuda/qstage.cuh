@@ -17,80 +17,6 @@ namespace qinfer::cuda::qstage {
 constexpr int k_threads = 256;
 constexpr int k_reg_values = 32;  // normalised inputs of up to 8192 values are held in registers (one pass)
 
-// ResidualFold (ops.h): the block that writes the combined rows (the first of the grid; every kernel that stages a
-// fold stages all m rows in every block, or one row a launch).
-__device__ __forceinline__ bool fold_writer() { return blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0; }
-
-// sigmoid of token tok's shared-expert gate, as moe_combine computes it (0 without a shared expert).
-__device__ __forceinline__ float fold_gate(const ResidualFold & f, int tok) {
-    return f.shared ? 1.0f / (1.0f + expf(-f.shared_gate[size_t(tok) * f.gate_stride])) : 0.0f;
-}
-
-// Channel j of token tok's residual row with the fold added in moe_combine's order (fp32, one weight after another).
-__device__ __forceinline__ float folded(const ResidualFold & f, int tok, int K, int j, float x, float gate) {
-    const int k = f.top_k;
-    for (int e = 0; e < k; e++) x += f.weights[size_t(tok) * k + e] * __bfloat162float(f.rows[(size_t(tok) * k + e) * K + j]);
-    if (f.shared) x += gate * __bfloat162float(f.shared[size_t(tok) * K + j]);
-    return x;
-}
-
-// v += s * the four bf16 of u, in order.
-__device__ __forceinline__ void fold_add4(float4 & v, float s, const uint2 & u) {
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
-    v.x += s * a.x;
-    v.y += s * a.y;
-    v.z += s * b.x;
-    v.w += s * b.y;
-}
-
-// The fold of token tok added to v[u] = positions [4 i4, 4 i4 + 4), i4 = threadIdx.x + 256 u < n4 (stage_norm_vec's
-// single batch), then stored to f.out by the writer block. Two of a thread's positions and four experts (the shared
-// expert with the last four) at a time, every load of such a group in flight together: a row of up to 2048 values
-// and four experts (Qwen1.5-MoE-A2.7B) is one round trip to L2.
-template <int R> __device__ __forceinline__ void fold_vec(const ResidualFold & f, int tok, int K, int n4, float4 (&v)[R]) {
-    const int k = f.top_k;
-    const float gate = fold_gate(f, tok);
-    const bool writer = fold_writer();
-#pragma unroll
-    for (int u0 = 0; u0 < R; u0 += 2) {
-        if (int(threadIdx.x) + u0 * k_threads >= n4) break;
-        for (int e0 = 0; e0 < k; e0 += 4) {
-            const bool with_shared = f.shared && e0 + 4 >= k;
-            float we[4];
-            uint2 r[2][4], sh[2];
-#pragma unroll
-            for (int e = 0; e < 4; e++) we[e] = e0 + e < k ? f.weights[size_t(tok) * k + e0 + e] : 0.0f;
-#pragma unroll
-            for (int h = 0; h < 2 && u0 + h < R; h++) {
-                const int i4 = threadIdx.x + (u0 + h) * k_threads;
-                const bool in = i4 < n4;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    r[h][e] = in && e0 + e < k ? *reinterpret_cast<const uint2 *>(f.rows + (size_t(tok) * k + e0 + e) * K + size_t(i4) * 4)
-                                               : make_uint2(0, 0);
-                }
-                sh[h] = in && with_shared ? *reinterpret_cast<const uint2 *>(f.shared + size_t(tok) * K + size_t(i4) * 4) : make_uint2(0, 0);
-            }
-#pragma unroll
-            for (int h = 0; h < 2 && u0 + h < R; h++) {
-                if (int(threadIdx.x) + (u0 + h) * k_threads >= n4) break;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (e0 + e < k) fold_add4(v[u0 + h], we[e], r[h][e]);
-                }
-                if (with_shared) fold_add4(v[u0 + h], gate, sh[h]);
-            }
-        }
-    }
-    if (!writer) return;
-#pragma unroll
-    for (int u = 0; u < R; u++) {
-        const int i4 = threadIdx.x + u * k_threads;
-        if (i4 < n4) reinterpret_cast<float4 *>(f.out + size_t(tok) * K)[i4] = v[u];
-    }
-}
-
 // Calls f(i, value) for positions i = base + threadIdx.x over bases 0, 256, ... < n_pos, so the 32 lanes of a warp
 // hold 32 consecutive positions (f may reduce over a warp); value is 0 at positions >= K. All threads must call.
 // ONE_PASS = false reads the row twice instead of holding 64 values per thread (for kernels short of registers).
@@ -156,13 +82,8 @@ __device__ __forceinline__ void stage_rms_norm_row(const float * x, const bf16 *
 }
 
 // Host: whether stage_norm_vec may stage a.x (fp32 rows 16-byte aligned, norm weights 8-byte aligned, K % 4 == 0).
-// With a ResidualFold: rows of at most 4096 values (stage_norm_vec<4>'s single batch, where the fold is added), its
-// rows and shared rows 8-byte aligned, its output 16-byte aligned.
 inline bool vec_norm_ok(const GemvArgs & a) {
-    const ResidualFold & f = a.fold;
-    const bool fold_ok = !f.rows || (a.k <= 4 * 4 * k_threads && reinterpret_cast<uintptr_t>(f.rows) % 8 == 0 &&
-                                     reinterpret_cast<uintptr_t>(f.shared) % 8 == 0 && reinterpret_cast<uintptr_t>(f.out) % 16 == 0);
-    return a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0 && fold_ok;
+    return a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
 }
 
 // Where position i of a row is staged for the ring GEMV's 16-byte B loads (qgemv_ring.cuh): within each 64-wide K
@@ -177,9 +98,8 @@ __device__ __forceinline__ int b_pair_order(int i) {
 // thread requests its float4 inputs and 4-value norm weights of a batch of up to R x 1024 positions at once, so a row
 // of up to R x 1024 costs one round trip to memory before the block sum instead of one per 256 positions (rows
 // longer than that are read twice, a batch at a time). All threads must call. Same rounding as for_each_input.
-// pair_order: positions stored where b_pair_order puts them (n_pos a multiple of 64). FOLD: a.fold added first where
-// set (the BF16 GEMVs; vec_norm_ok keeps such rows to one batch).
-template <int R, bool FOLD = false>
+// pair_order: positions stored where b_pair_order puts them (n_pos a multiple of 64).
+template <int R>
 __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int K, int n_pos, bf16 * dst, float * red,
                                                bool pair_order = false) {
     const float4 * x4 = reinterpret_cast<const float4 *>(static_cast<const float *>(a.x) + size_t(tok) * K);
@@ -210,7 +130,6 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
             v[u] = i4 < n4 ? x4[i4] : make_float4(0, 0, 0, 0);
             nw[u] = i4 < n4 ? w4[i4] : make_uint2(0, 0);
         }
-        if (FOLD && a.fold.rows) fold_vec<R>(a.fold, tok, K, n4, v);
 #pragma unroll
         for (int u = 0; u < R; u++) sq += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
         const float inv = rsqrtf(block_sum<k_threads / 32>(sq, red) / K + a.eps);
@@ -252,31 +171,20 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
 }
 
 // The BF16 GEMVs' prologue: the m rows of an fp32 input RMS-normalised into bf16 xs [m, k] (float4 batches where
-// a.vec_norm, else one pass per 256 values). FOLD (the balanced kernel's qkv forms): a.fold added to each row first
-// where set; every block of those kernels stages all m rows. All threads must call; xs is ready after a __syncthreads().
-template <bool FOLD = false>
+// a.vec_norm, else one pass per 256 values). All threads must call; xs is ready after a __syncthreads().
 __device__ __forceinline__ void stage_norm_rows(const GemvArgs & a, int m_rows, bf16 * xs, float * red) {
     const int k = a.k;
-    const ResidualFold & f = a.fold;
-    const bool fold = FOLD && f.rows;
     for (int m = 0; m < m_rows; m++) {
         if (a.vec_norm) {
-            stage_norm_vec<4, FOLD>(a, m, k, k, xs + int64_t(m) * k, red);
+            stage_norm_vec<4>(a, m, k, k, xs + int64_t(m) * k, red);
             continue;
         }
         const float * x = static_cast<const float *>(a.x) + int64_t(m) * k;
-        const float gate = fold ? fold_gate(f, m) : 0.0f;
-        const bool writer = fold && fold_writer();
         float ss = 0;
-        for (int i = threadIdx.x; i < k; i += k_threads) {
-            const float v = fold ? folded(f, m, k, i, x[i], gate) : x[i];
-            if (writer) f.out[int64_t(m) * k + i] = v;
-            ss += v * v;
-        }
+        for (int i = threadIdx.x; i < k; i += k_threads) ss += x[i] * x[i];
         const float inv = rsqrtf(block_sum<k_threads / 32>(ss, red) / k + a.eps);
         for (int i = threadIdx.x; i < k; i += k_threads) {
-            const float v = fold ? folded(f, m, k, i, x[i], gate) : x[i];
-            xs[int64_t(m) * k + i] = __float2bfloat16(__bfloat162float(a.norm_w[i]) * (v * inv));
+            xs[int64_t(m) * k + i] = __float2bfloat16(__bfloat162float(a.norm_w[i]) * (x[i] * inv));
         }
     }
 }
