@@ -77,6 +77,7 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     if (c.num_experts > 0 && c.shared_expert_intermediate_size > 0) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+        cuda::gemm_reserve(side_stream_);  // the shared expert's GEMMs there may first run in a captured step
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_fork_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_join_, cudaEventDisableTiming));
     }
@@ -91,8 +92,12 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
 CudaQwenEngine::~CudaQwenEngine() {
     if (graph_) cudaGraphExecDestroy(graph_);
     drop_pool_graphs();
-    if (stream_) cudaStreamDestroy(stream_);
-    if (side_stream_) cudaStreamDestroy(side_stream_);
+    for (cudaStream_t s : {stream_, side_stream_}) {
+        if (!s) continue;
+        cudaStreamSynchronize(s);  // no GEMM of it still running when its workspace goes
+        cuda::gemm_release(s);
+        cudaStreamDestroy(s);
+    }
     for (cudaEvent_t e : {moe_fork_, moe_join_}) {
         if (e) cudaEventDestroy(e);
     }
@@ -341,7 +346,7 @@ void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const ModelConfig & c = model_->config;
     ws_tokens_ = 0;
     for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &prefill_k_, &prefill_v_, &router_logits_, &moe_idx_, &moe_w_,
-                             &moe_act_, &moe_out_, &moe_shared_, &moe_gu_, &moe_in_, &moe_arrivals_, &sample_seen_, &sample_counts_, &sample_work_}) {
+                             &moe_act_, &moe_out_, &moe_shared_, &moe_shared_act_, &moe_gu_, &moe_in_, &moe_arrivals_, &sample_seen_, &sample_counts_, &sample_work_}) {
         *b = DeviceBuffer();
     }
     if (graph_) cudaGraphExecDestroy(graph_);
@@ -482,7 +487,10 @@ void CudaQwenEngine::ensure_workspace(int c) {
         moe_arrivals_ = DeviceBuffer(arrivals * sizeof(int), "workspace");
         CUDA_CHECK(cudaMemset(moe_arrivals_.get(), 0, arrivals * sizeof(int)));
         moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");
-        if (Is > 0) moe_shared_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
+        if (Is > 0) {
+            moe_shared_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");
+            moe_shared_act_ = DeviceBuffer(size_t(std::min(c, k_moe_beside_max_rows)) * Is * sizeof(bf16), "workspace");
+        }
         if (Is > 0 || on_host) moe_gu_ = DeviceBuffer(size_t(c) * 2 * std::max(Ie, Is) * sizeof(bf16), "workspace");
         if (on_host) {
             moe_in_ = DeviceBuffer(size_t(c) * H * sizeof(bf16), "workspace");

@@ -37,6 +37,9 @@ using cuda::DeviceBuffer;
 using cuda::HostMappedBuffer;
 
 constexpr int k_gemv_max_m = 4;  // up to this many tokens go through the GEMV kernels (quantized: cuda::quant_path)
+// Steps of up to this many tokens (decode batches) run a MoE block's shared expert on the second stream beside the
+// router and the routed experts; longer ones (prefill) run it first.
+constexpr int k_moe_beside_max_rows = 256;
 // bf16 weights only one row: on an H200 the bf16 GEMV took 7B's gate_up 87.7 us at m 2 and 152.8 at 4 against 67.6
 // for cuBLASLt at m 8 (qkv 27.2 at 4 against 11.4; bench/results/2026-11-29-h200-qgemm-mma, `bench --kernels`).
 constexpr int k_dense_gemv_max_m = 1;
@@ -353,6 +356,7 @@ private:
     // outputs bf16 [c top_k, hidden], the shared expert's output [c, hidden] and gate_up [c, 2 inter] (also the quantized
     // experts'), their gathered inputs [c, hidden], the routing's offsets on the host.
     DeviceBuffer router_logits_, moe_idx_, moe_w_, moe_act_, moe_out_, moe_shared_, moe_gu_, moe_in_;
+    DeviceBuffer moe_shared_act_;  // bf16 [min(c, k_moe_beside_max_rows), shared inter]: its SwiGLU products when beside
     DeviceBuffer moe_arrivals_;  // int, zeros between launches: cuda::moe_decode's combine counters
     cuda::HostMappedBuffer moe_offsets_host_;
     cuda::MoeRouting moe_routing() const;

@@ -5,6 +5,8 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 namespace qinfer::cuda_engine {
 
@@ -73,11 +75,16 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     const bool q_routed = c == 1 && L.expert_q_route;
     const bool on_host = L.experts_on_host(c, k);
     QINFER_CHECK(!norm.x || L.moe_normalises(c, k)) << "MoE: this step's experts read a normalised input";
-    // The shared expert does not depend on the routing. In decode steps of experts on the device (GEMVs only: no
-    // cuBLASLt workspace is shared, and the routed experts' kernels use no scratch) it runs on a second stream beside
-    // the router and the routed experts, a branch of the decode graph joined before the combine: those kernels are
-    // short and latency-bound, so the two chains overlap.
-    const bool beside = L.has_shared && !on_host && c <= k_gemv_max_m;
+    // The shared expert does not depend on the routing. In decode steps of experts on the device it runs on a second
+    // stream beside the router and the routed experts, a branch of the decode graph joined before the combine: those
+    // kernels are short and latency-bound, so the two chains overlap. GEMVs up to k_gemv_max_m tokens; bf16 cuBLASLt
+    // GEMMs (a workspace a stream) into a SwiGLU buffer of their own up to k_moe_beside_max_rows.
+    static const bool beside_gemms = [] {
+        const char * v = std::getenv("QINFER_MOE_SHARED_BESIDE");
+        return !v || std::string(v) != "0";
+    }();
+    const bool beside = L.has_shared && !on_host &&
+                        (c <= k_gemv_max_m || (beside_gemms && !L.shared.gate_up.quantized && !L.shared.down.quantized && c <= k_moe_beside_max_rows));
     if (L.has_shared) {
         struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
             cudaStream_t & cur;
@@ -106,7 +113,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
             a.y = moe_shared_.get();
             project(L.shared.down, a, cuda::GemvIn::Bf16, cuda::GemvOut::Bf16);
         } else {
-            mlp(L.shared, xn, c, moe_gu_.as<bf16>(), moe_act_.as<bf16>(), moe_shared_.as<bf16>());
+            mlp(L.shared, xn, c, moe_gu_.as<bf16>(), beside ? moe_shared_act_.as<bf16>() : moe_act_.as<bf16>(), moe_shared_.as<bf16>());
         }
         if (beside) CUDA_CHECK(cudaEventRecord(moe_join_, side_stream_));
         else prof_.mark("shared expert");

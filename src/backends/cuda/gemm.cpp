@@ -29,7 +29,9 @@ struct Plan {
 
 struct Context {
     cublasLtHandle_t handle = nullptr;
-    DeviceBuffer workspace;
+    // One workspace a stream: GEMMs of two streams may run at once (a MoE block's shared expert beside its routed
+    // experts), and cuBLASLt's workspace is scratch for the duration of a call.
+    std::map<cudaStream_t, DeviceBuffer> workspaces;
     std::map<std::tuple<int, int, int, bool>, Plan> plans;
 
     Plan & plan(int m, int n, int k, bool y_f32) {
@@ -57,7 +59,7 @@ struct Context {
     }
 };
 
-// One context per device (its workspace lives there), made on the device's first GEMM; each device is driven by one
+// One context per device (its workspaces live there), made on the device's first GEMM; each device is driven by one
 // thread (a tensor-parallel rank), so a context is never shared between threads.
 Context & context() {
     static Context contexts[k_max_devices];
@@ -70,14 +72,19 @@ Context & context() {
 
 }  // namespace
 
+void gemm_reserve(cudaStream_t stream) { context().workspaces[stream].ensure(k_workspace, "cuBLASLt workspace"); }
+
+void gemm_release(cudaStream_t stream) { context().workspaces.erase(stream); }
+
 void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_f32, cudaStream_t stream) {
     if (m == 0) return;
     Context & ctx = context();
-    ctx.workspace.ensure(k_workspace, "cuBLASLt workspace");
+    DeviceBuffer & workspace = ctx.workspaces[stream];
+    workspace.ensure(k_workspace, "cuBLASLt workspace");
     Plan & p = ctx.plan(m, n, k, y_f32);
     const float alpha = 1.0f, beta = 0.0f;
     CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
-                                ctx.workspace.get(), k_workspace, stream));
+                                workspace.get(), k_workspace, stream));
 }
 
 }  // namespace qinfer::cuda

@@ -461,6 +461,11 @@ void moe_qgemm(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, con
 // ---- prefill GEMM (cuBLASLt) ----
 // y[m, n] = x[m, k] W[n, k]^T; x, W bf16; y bf16 or fp32.
 void gemm(const bf16 * x, const bf16 * w, int m, int n, int k, void * y, bool y_f32, cudaStream_t stream);
+// The cuBLASLt workspace of `stream` on this device, allocated now (gemm() allocates it at a stream's first GEMM, which
+// must not fall inside a graph capture).
+void gemm_reserve(cudaStream_t stream);
+// Frees the workspace of a stream about to be destroyed (its handle may come back for another stream).
+void gemm_release(cudaStream_t stream);
 
 // ---- read-bandwidth probes (bandwidth_probe.cu; `qinfer bench --bandwidth`) ----
 // One kernel streaming a region: `blocks` blocks of 16-byte loads, `unroll` in flight a thread; or (copies, sm_90a)
