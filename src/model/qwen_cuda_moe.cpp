@@ -5,8 +5,6 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 namespace qinfer::cuda_engine {
 
@@ -78,13 +76,12 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // The shared expert does not depend on the routing. In decode steps of experts on the device it runs on a second
     // stream beside the router and the routed experts, a branch of the decode graph joined before the combine: those
     // kernels are short and latency-bound, so the two chains overlap. GEMVs up to k_gemv_max_m tokens; bf16 cuBLASLt
-    // GEMMs (a workspace a stream) into a SwiGLU buffer of their own up to k_moe_beside_max_rows.
-    static const bool beside_gemms = [] {
-        const char * v = std::getenv("QINFER_MOE_SHARED_BESIDE");
-        return !v || std::string(v) != "0";
-    }();
+    // GEMMs (a workspace a stream) into a SwiGLU buffer of their own up to k_moe_beside_max_rows. On an H200 (same
+    // call, alternated twice; bench/results/2026-12-03-h200-moe-beside-lean) Qwen1.5-MoE-A2.7B BF16 at batch 16
+    // decoded 2,181.19 / 2,182.46 -> 2,325.32 / 2,325.29 tok/s with the GEMMs beside (+6.6%), at batch 64 5,360.40 /
+    // 5,365.54 -> 5,534.45 / 5,528.89 (+3.2%).
     const bool beside = L.has_shared && !on_host &&
-                        (c <= k_gemv_max_m || (beside_gemms && !L.shared.gate_up.quantized && !L.shared.down.quantized && c <= k_moe_beside_max_rows));
+                        (c <= k_gemv_max_m || (!L.shared.gate_up.quantized && !L.shared.down.quantized && c <= k_moe_beside_max_rows));
     if (L.has_shared) {
         struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
             cudaStream_t & cur;
