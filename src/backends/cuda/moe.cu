@@ -5,6 +5,7 @@
 // decode step can be captured in a graph.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_route.cuh"
@@ -198,7 +199,7 @@ template <int BM, int BN, int WM, int WN, int STAGES> constexpr size_t gemm_smem
     return ring > out ? ring : out;
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU>
+template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU, bool LEAN>
 __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     constexpr int threads = WM * WN * 32, TM = BM / WM, TN = BN / WN, MT = TM / 16, NT = TN / 8;
     static_assert(TM % 16 == 0 && TN % 8 == 0 && (NT == 1 || NT % 2 == 0), "warp tile");
@@ -225,7 +226,45 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     __syncthreads();
     const bf16 * w = a.w + int64_t(e) * a.w_stride;
     const int nk = (a.k + k_bk - 1) / k_bk;
+    // LEAN: each thread copies one fixed column of 16 bytes of fixed rows of every stage (threads / cpr rows apart),
+    // their sources found once: a stage's copies are then an address add and a cp.async each.
+    constexpr int cpr = k_bk / 8, rpp = threads / cpr;  // 16-byte chunks a stage row, rows a pass of the threads
+    static_assert(threads % cpr == 0 && BN % rpp == 0, "stage rows");
+    constexpr int a_passes = (BM + rpp - 1) / rpp, b_passes = BN / rpp;
+    const int col = (tid % cpr) * 8, r0 = tid / cpr;
+    const bf16 * a_src[a_passes];
+    const bf16 * b_src[b_passes];
+    if constexpr (LEAN) {
+#pragma unroll
+        for (int i = 0; i < a_passes; i++) {
+            const int src = r0 + i * rpp < BM ? a_rows[r0 + i * rpp] : -1;
+            a_src[i] = src >= 0 ? a.x + int64_t(src) * a.k + col : nullptr;
+        }
+#pragma unroll
+        for (int i = 0; i < b_passes; i++) {
+            const int src = b_rows[r0 + i * rpp];
+            b_src[i] = src >= 0 ? w + int64_t(src) * a.k + col : nullptr;
+        }
+    }
+    auto load_lean = [&](int stage, int kb) {
+        const int kk = kb * k_bk;
+        const bool k_ok = kk + col < a.k;
+        bf16 * as = As + size_t(stage) * BM * k_row + r0 * k_row + col;
+        bf16 * bs = Bs + size_t(stage) * BN * k_row + r0 * k_row + col;
+#pragma unroll
+        for (int i = 0; i < a_passes; i++) {
+            if (r0 + i * rpp >= BM) break;
+            const bool ok = a_src[i] && k_ok;
+            cp_async16(as + i * rpp * k_row, ok ? a_src[i] + kk : a.x, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < b_passes; i++) {
+            const bool ok = b_src[i] && k_ok;
+            cp_async16(bs + i * rpp * k_row, ok ? b_src[i] + kk : w, ok);
+        }
+    };
     auto load = [&](int stage, int kb) {
+        if constexpr (LEAN) return load_lean(stage, kb);
         bf16 * as = As + size_t(stage) * BM * k_row;
         bf16 * bs = Bs + size_t(stage) * BN * k_row;
         for (int i = tid; i < (BM + BN) * (k_bk / 8); i += threads) {
@@ -312,10 +351,10 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     }
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
+template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU, bool LEAN> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
     constexpr size_t smem = gemm_smem<BM, BN, WM, WN, STAGES>();
     static PerDevice<size_t> configured;
-    auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, SWIGLU>;
+    auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, SWIGLU, LEAN>;
     allow_dynamic_smem(kernel, smem, configured);
     const int out_per_block = SWIGLU ? BN / 2 : BN;
     const dim3 grid((a.n + out_per_block - 1) / out_per_block, max_tiles);
@@ -329,8 +368,17 @@ template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU> void launch_g
 // rows (prefill): each weight tile is read once per 64 rows.
 template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int assignments, cudaStream_t stream) {
     const int max_tiles = moe_max_tiles(assignments, tile_rows, a.E);
-    if (tile_rows == 16) return launch_gemm<16, 64, 1, 8, 4, SWIGLU>(a, max_tiles, stream);
-    launch_gemm<64, 128, 2, 2, 3, SWIGLU>(a, max_tiles, stream);
+    static const int lean = [] {
+        const char * v = std::getenv("QINFER_MOE_LEAN");
+        return v ? std::atoi(v) : 1;
+    }();
+    if (tile_rows == 16) {
+        if (lean == 0) return launch_gemm<16, 64, 1, 8, 4, SWIGLU, false>(a, max_tiles, stream);
+        if (lean == 2) return launch_gemm<16, 64, 1, 8, 6, SWIGLU, true>(a, max_tiles, stream);
+        return launch_gemm<16, 64, 1, 8, 4, SWIGLU, true>(a, max_tiles, stream);
+    }
+    if (lean == 0) return launch_gemm<64, 128, 2, 2, 3, SWIGLU, false>(a, max_tiles, stream);
+    launch_gemm<64, 128, 2, 2, 3, SWIGLU, true>(a, max_tiles, stream);
 }
 
 constexpr int k_combine_threads = 256;
