@@ -5,7 +5,6 @@
 // decode step can be captured in a graph.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_route.cuh"
@@ -199,7 +198,7 @@ template <int BM, int BN, int WM, int WN, int STAGES> constexpr size_t gemm_smem
     return ring > out ? ring : out;
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU, bool LEAN>
+template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU>
 __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     constexpr int threads = WM * WN * 32, TM = BM / WM, TN = BN / WN, MT = TM / 16, NT = TN / 8;
     static_assert(TM % 16 == 0 && TN % 8 == 0 && (NT == 1 || NT % 2 == 0), "warp tile");
@@ -226,27 +225,29 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     __syncthreads();
     const bf16 * w = a.w + int64_t(e) * a.w_stride;
     const int nk = (a.k + k_bk - 1) / k_bk;
-    // LEAN: each thread copies one fixed column of 16 bytes of fixed rows of every stage (threads / cpr rows apart),
-    // their sources found once: a stage's copies are then an address add and a cp.async each.
+    // Each thread copies one fixed 16-byte column of fixed rows (threads / cpr apart) of every stage, their sources
+    // found once here: a stage's copies are then an add and a cp.async each. On an H200 (same call, alternated twice;
+    // bench/results/2026-12-03-h200-moe-beside-lean, call 2) Qwen1.5-MoE-A2.7B BF16 decoded 2,319.65 / 2,315.14 ->
+    // 2,387.98 / 2,379.56 tok/s at batch 16 and 5,556.47 / 5,562.31 -> 5,710.53 / 5,711.21 at 64 with it, against
+    // each chunk's row, column, source row (a shared-memory lookup) and bounds computed anew in every stage (call 1's
+    // ncu: integer instructions 55% of those executed, HMMA 2.5%).
     constexpr int cpr = k_bk / 8, rpp = threads / cpr;  // 16-byte chunks a stage row, rows a pass of the threads
     static_assert(threads % cpr == 0 && BN % rpp == 0, "stage rows");
     constexpr int a_passes = (BM + rpp - 1) / rpp, b_passes = BN / rpp;
     const int col = (tid % cpr) * 8, r0 = tid / cpr;
-    const bf16 * a_src[a_passes];
-    const bf16 * b_src[b_passes];
-    if constexpr (LEAN) {
+    const bf16 * a_src[a_passes];  // null: no token row (zeros)
+    const bf16 * b_src[b_passes];  // null: past the output features (zeros)
 #pragma unroll
-        for (int i = 0; i < a_passes; i++) {
-            const int src = r0 + i * rpp < BM ? a_rows[r0 + i * rpp] : -1;
-            a_src[i] = src >= 0 ? a.x + int64_t(src) * a.k + col : nullptr;
-        }
-#pragma unroll
-        for (int i = 0; i < b_passes; i++) {
-            const int src = b_rows[r0 + i * rpp];
-            b_src[i] = src >= 0 ? w + int64_t(src) * a.k + col : nullptr;
-        }
+    for (int i = 0; i < a_passes; i++) {
+        const int src = r0 + i * rpp < BM ? a_rows[r0 + i * rpp] : -1;
+        a_src[i] = src >= 0 ? a.x + int64_t(src) * a.k + col : nullptr;
     }
-    auto load_lean = [&](int stage, int kb) {
+#pragma unroll
+    for (int i = 0; i < b_passes; i++) {
+        const int src = b_rows[r0 + i * rpp];
+        b_src[i] = src >= 0 ? w + int64_t(src) * a.k + col : nullptr;
+    }
+    auto load = [&](int stage, int kb) {
         const int kk = kb * k_bk;
         const bool k_ok = kk + col < a.k;
         bf16 * as = As + size_t(stage) * BM * k_row + r0 * k_row + col;
@@ -261,23 +262,6 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
         for (int i = 0; i < b_passes; i++) {
             const bool ok = b_src[i] && k_ok;
             cp_async16(bs + i * rpp * k_row, ok ? b_src[i] + kk : w, ok);
-        }
-    };
-    auto load = [&](int stage, int kb) {
-        if constexpr (LEAN) return load_lean(stage, kb);
-        bf16 * as = As + size_t(stage) * BM * k_row;
-        bf16 * bs = Bs + size_t(stage) * BN * k_row;
-        for (int i = tid; i < (BM + BN) * (k_bk / 8); i += threads) {
-            const int r = i / (k_bk / 8), kk = kb * k_bk + (i % (k_bk / 8)) * 8;
-            if (r < BM) {
-                const int src = a_rows[r];
-                const bool ok = src >= 0 && kk < a.k;
-                cp_async16(as + r * k_row + (i % (k_bk / 8)) * 8, ok ? a.x + int64_t(src) * a.k + kk : a.x, ok);
-            } else {
-                const int src = b_rows[r - BM];
-                const bool ok = src >= 0 && kk < a.k;
-                cp_async16(bs + (r - BM) * k_row + (i % (k_bk / 8)) * 8, ok ? w + int64_t(src) * a.k + kk : w, ok);
-            }
         }
     };
     float acc[MT][NT][4] = {};
@@ -351,34 +335,27 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     }
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU, bool LEAN> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
+template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
     constexpr size_t smem = gemm_smem<BM, BN, WM, WN, STAGES>();
     static PerDevice<size_t> configured;
-    auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, SWIGLU, LEAN>;
+    auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, SWIGLU>;
     allow_dynamic_smem(kernel, smem, configured);
     const int out_per_block = SWIGLU ? BN / 2 : BN;
     const dim3 grid((a.n + out_per_block - 1) / out_per_block, max_tiles);
     launch_kernel(kernel, grid, dim3(WM * WN * 32), smem, stream, a);
 }
 
-// Small tiles (16 rows, 64 weight rows, eight warps, a 4-deep ring) where experts get few rows each (small batches):
-// many blocks over the selected experts' weights. On an H200 with Qwen1.5-MoE-A2.7B at batch 16 / 64 they decoded
-// 2038 / 5977 tok/s against 1966 / 5616 with 32 weight rows and four warps (6-deep) and 2001 / 5703 with 128 weight
-// rows (3-deep), same call (bench/results/2026-11-28-h200-moe-device). Large tiles (64 x 128) where experts get many
-// rows (prefill): each weight tile is read once per 64 rows.
+// Small tiles (16 rows, 64 weight rows, eight warps) where experts get few rows each (small batches): many blocks over
+// the selected experts' weights. On an H200 with Qwen1.5-MoE-A2.7B at batch 16 / 64 they decoded 2038 / 5977 tok/s
+// against 1966 / 5616 with 32 weight rows and four warps (6-deep) and 2001 / 5703 with 128 weight rows (3-deep), same
+// call (bench/results/2026-11-28-h200-moe-device). Their ring is 6 stages deep (three blocks an SM), not 4 (four):
+// with the lean loads, 2,387.98 / 2,379.56 -> 2,408.93 / 2,405.59 tok/s at batch 16, 5,710.53 / 5,711.21 -> 5,708.19 /
+// 5,705.98 at 64 (bench/results/2026-12-03-h200-moe-beside-lean, call 2). Large tiles (64 x 128) where experts get
+// many rows (prefill): each weight tile is read once per 64 rows.
 template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int assignments, cudaStream_t stream) {
     const int max_tiles = moe_max_tiles(assignments, tile_rows, a.E);
-    static const int lean = [] {
-        const char * v = std::getenv("QINFER_MOE_LEAN");
-        return v ? std::atoi(v) : 1;
-    }();
-    if (tile_rows == 16) {
-        if (lean == 0) return launch_gemm<16, 64, 1, 8, 4, SWIGLU, false>(a, max_tiles, stream);
-        if (lean == 2) return launch_gemm<16, 64, 1, 8, 6, SWIGLU, true>(a, max_tiles, stream);
-        return launch_gemm<16, 64, 1, 8, 4, SWIGLU, true>(a, max_tiles, stream);
-    }
-    if (lean == 0) return launch_gemm<64, 128, 2, 2, 3, SWIGLU, false>(a, max_tiles, stream);
-    launch_gemm<64, 128, 2, 2, 3, SWIGLU, true>(a, max_tiles, stream);
+    if (tile_rows == 16) return launch_gemm<16, 64, 1, 8, 6, SWIGLU>(a, max_tiles, stream);
+    launch_gemm<64, 128, 2, 2, 3, SWIGLU>(a, max_tiles, stream);
 }
 
 constexpr int k_combine_threads = 256;
