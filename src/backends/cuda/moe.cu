@@ -5,6 +5,7 @@
 // decode step can be captured in a graph.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_route.cuh"
@@ -176,8 +177,8 @@ struct GemmArgs {
     bf16 * y = nullptr;  // [rows, n]
 };
 
-constexpr int k_bk = 64;
-constexpr int k_row = k_bk + 8;  // shared row stride in bf16 (144 bytes: ldmatrix rows fall in distinct banks)
+// BK: K a stage. Shared rows are BK + 8 bf16 apart (144 or 272 bytes: the 8 rows of an ldmatrix fall in distinct banks).
+template <int BK> constexpr int stage_row() { return BK + 8; }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void * p) {
     const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
@@ -193,13 +194,14 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES> constexpr size_t gemm_smem() {
-    const size_t ring = size_t(STAGES) * (BM + BN) * k_row * sizeof(bf16), out = size_t(BM) * (BN + 4) * sizeof(float);
+template <int BM, int BN, int WM, int WN, int STAGES, int BK> constexpr size_t gemm_smem() {
+    const size_t ring = size_t(STAGES) * (BM + BN) * stage_row<BK>() * sizeof(bf16), out = size_t(BM) * (BN + 4) * sizeof(float);
     return ring > out ? ring : out;
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU>
+template <int BM, int BN, int WM, int WN, int STAGES, int BK, bool SWIGLU>
 __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
+    constexpr int k_bk = BK, k_row = stage_row<BK>();
     constexpr int threads = WM * WN * 32, TM = BM / WM, TN = BN / WN, MT = TM / 16, NT = TN / 8;
     static_assert(TM % 16 == 0 && TN % 8 == 0 && (NT == 1 || NT % 2 == 0), "warp tile");
     extern __shared__ __align__(16) unsigned char smem[];
@@ -335,10 +337,10 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     }
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
-    constexpr size_t smem = gemm_smem<BM, BN, WM, WN, STAGES>();
+template <int BM, int BN, int WM, int WN, int STAGES, int BK, bool SWIGLU> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
+    constexpr size_t smem = gemm_smem<BM, BN, WM, WN, STAGES, BK>();
     static PerDevice<size_t> configured;
-    auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, SWIGLU>;
+    auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, BK, SWIGLU>;
     allow_dynamic_smem(kernel, smem, configured);
     const int out_per_block = SWIGLU ? BN / 2 : BN;
     const dim3 grid((a.n + out_per_block - 1) / out_per_block, max_tiles);
@@ -354,8 +356,16 @@ template <int BM, int BN, int WM, int WN, int STAGES, bool SWIGLU> void launch_g
 // many rows (prefill): each weight tile is read once per 64 rows.
 template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int assignments, cudaStream_t stream) {
     const int max_tiles = moe_max_tiles(assignments, tile_rows, a.E);
-    if (tile_rows == 16) return launch_gemm<16, 64, 1, 8, 6, SWIGLU>(a, max_tiles, stream);
-    launch_gemm<64, 128, 2, 2, 3, SWIGLU>(a, max_tiles, stream);
+    static const int bk = [] {
+        const char * v = std::getenv("QINFER_MOE_BK");
+        return v ? std::atoi(v) : 64;
+    }();
+    if (tile_rows == 16) {
+        if (bk == 128) return launch_gemm<16, 64, 1, 8, 3, 128, SWIGLU>(a, max_tiles, stream);
+        if (bk == 129) return launch_gemm<16, 64, 1, 8, 4, 128, SWIGLU>(a, max_tiles, stream);
+        return launch_gemm<16, 64, 1, 8, 6, 64, SWIGLU>(a, max_tiles, stream);
+    }
+    launch_gemm<64, 128, 2, 2, 3, 64, SWIGLU>(a, max_tiles, stream);
 }
 
 constexpr int k_combine_threads = 256;
