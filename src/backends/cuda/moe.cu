@@ -5,7 +5,6 @@
 // decode step can be captured in a graph.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_route.cuh"
@@ -163,7 +162,7 @@ __global__ void __launch_bounds__(k_group_threads) group_kernel(const int * ids,
 
 // ---- grouped GEMM: y[p, :] = x[row(p), :] W_e^T for the sorted rows p of every expert e ----
 // Tokens are the A operand of mma.m16n8k16 (rows of x, gathered through token_of), weight rows the B operand (W_e
-// row-major [rows, K] is B in "col" layout). Tiles of BM rows x BN weight rows, K in steps of 64 through a STAGES-deep
+// row-major [rows, K] is B in "col" layout). Tiles of BM rows x BN weight rows, K in steps of BK through a STAGES-deep
 // cp.async ring, fragments by ldmatrix, fp32 accumulation. Each block finds its (expert, row tile) in `tiles`; blocks
 // beyond the step's tiles leave at once (the grid is sized for the worst case, so it does not depend on the routing).
 struct GemmArgs {
@@ -350,21 +349,14 @@ template <int BM, int BN, int WM, int WN, int STAGES, int BK, bool SWIGLU> void 
 // Small tiles (16 rows, 64 weight rows, eight warps) where experts get few rows each (small batches): many blocks over
 // the selected experts' weights. On an H200 with Qwen1.5-MoE-A2.7B at batch 16 / 64 they decoded 2038 / 5977 tok/s
 // against 1966 / 5616 with 32 weight rows and four warps (6-deep) and 2001 / 5703 with 128 weight rows (3-deep), same
-// call (bench/results/2026-11-28-h200-moe-device). Their ring is 6 stages deep (three blocks an SM), not 4 (four):
-// with the lean loads, 2,387.98 / 2,379.56 -> 2,408.93 / 2,405.59 tok/s at batch 16, 5,710.53 / 5,711.21 -> 5,708.19 /
-// 5,705.98 at 64 (bench/results/2026-12-03-h200-moe-beside-lean, call 2). Large tiles (64 x 128) where experts get
-// many rows (prefill): each weight tile is read once per 64 rows.
+// call (bench/results/2026-11-28-h200-moe-device). A stage takes K 128 (256 bytes of each weight row), 3 deep (three
+// blocks an SM): against K 64 six deep, 2,363.69 / 2,353.96 -> 2,397.65 / 2,389.41 tok/s at batch 16 and 5,549.04 /
+// 5,542.27 -> 5,622.84 / 5,616.76 at 64; K 128 four deep (two blocks an SM) 2,389.20 / 2,379.53 and 5,584.92 /
+// 5,585.49 (bench/results/2026-12-03-h200-gemm-tune, call 1). Large tiles (64 x 128) where experts get many rows
+// (prefill): each weight tile is read once per 64 rows.
 template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int assignments, cudaStream_t stream) {
     const int max_tiles = moe_max_tiles(assignments, tile_rows, a.E);
-    static const int bk = [] {
-        const char * v = std::getenv("QINFER_MOE_BK");
-        return v ? std::atoi(v) : 64;
-    }();
-    if (tile_rows == 16) {
-        if (bk == 128) return launch_gemm<16, 64, 1, 8, 3, 128, SWIGLU>(a, max_tiles, stream);
-        if (bk == 129) return launch_gemm<16, 64, 1, 8, 4, 128, SWIGLU>(a, max_tiles, stream);
-        return launch_gemm<16, 64, 1, 8, 6, 64, SWIGLU>(a, max_tiles, stream);
-    }
+    if (tile_rows == 16) return launch_gemm<16, 64, 1, 8, 3, 128, SWIGLU>(a, max_tiles, stream);
     launch_gemm<64, 128, 2, 2, 3, 64, SWIGLU>(a, max_tiles, stream);
 }
 
