@@ -199,7 +199,7 @@ template <int BM, int BN, int WM, int WN, int STAGES, int BK> constexpr size_t g
     return ring > out ? ring : out;
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, int BK, bool SWIGLU, bool EARLY = false>
+template <int BM, int BN, int WM, int WN, int STAGES, int BK, bool SWIGLU>
 __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     constexpr int k_bk = BK, k_row = stage_row<BK>();
     constexpr int threads = WM * WN * 32, TM = BM / WM, TN = BN / WN, MT = TM / 16, NT = TN / 8;
@@ -209,10 +209,9 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     bf16 * Bs = As + size_t(STAGES) * BM * k_row;                // [STAGES][BN][k_row]
     __shared__ int a_rows[BM];                                   // x's row of each tile row (-1: none)
     __shared__ int b_rows[BN];                                   // weight row of each tile column (-1: none)
-    static_assert(!EARLY || !SWIGLU, "EARLY: down only (x is the launch ahead's output, the routing two launches back)");
-    if constexpr (!EARLY) pdl_wait();
+    pdl_wait();
     MoeTile tile;
-    if (!moe_tile_of<EARLY>(a.tiles, a.offsets, a.E, int(blockIdx.y), BM, tile)) return;
+    if (!moe_tile_of(a.tiles, a.offsets, a.E, int(blockIdx.y), BM, tile)) return;
     const int e = tile.expert, row0 = tile.row0, rows = tile.rows;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / WN, wn = warp % WN;
     const int f0 = blockIdx.x * (SWIGLU ? BN / 2 : BN);  // first output feature
@@ -250,35 +249,27 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
         const int src = b_rows[r0 + i * rpp];
         b_src[i] = src >= 0 ? w + int64_t(src) * a.k + col : nullptr;
     }
-    auto load = [&](int stage, int kb, bool with_a = true, bool with_b = true) {
+    auto load = [&](int stage, int kb) {
         const int kk = kb * k_bk;
         const bool k_ok = kk + col < a.k;
         bf16 * as = As + size_t(stage) * BM * k_row + r0 * k_row + col;
         bf16 * bs = Bs + size_t(stage) * BN * k_row + r0 * k_row + col;
 #pragma unroll
         for (int i = 0; i < a_passes; i++) {
-            if (!with_a || r0 + i * rpp >= BM) break;
+            if (r0 + i * rpp >= BM) break;
             const bool ok = a_src[i] && k_ok;
             cp_async16(as + i * rpp * k_row, ok ? a_src[i] + kk : a.x, ok);
         }
 #pragma unroll
         for (int i = 0; i < b_passes; i++) {
-            if (!with_b) break;
             const bool ok = b_src[i] && k_ok;
             cp_async16(bs + i * rpp * k_row, ok ? b_src[i] + kk : w, ok);
         }
     };
     float acc[MT][NT][4] = {};
-    if constexpr (EARLY) {
-        // The first stages' weight rows as one extra group, requested before the launch ahead is waited for; their
-        // inputs after it. The main loop's waits still find each stage's group complete: they run one group later.
-        for (int s = 0; s < STAGES - 1 && s < nk; s++) load(s, s, false, true);
-        cp_async_commit();
-        pdl_wait();
-    }
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) load(s, s, true, !EARLY);
+        if (s < nk) load(s, s);
         cp_async_commit();
     }
     for (int kb = 0; kb < nk; kb++) {
@@ -346,11 +337,10 @@ __global__ void __launch_bounds__(WM * WN * 32) moe_gemm_kernel(GemmArgs a) {
     }
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, int BK, bool SWIGLU, bool EARLY = false> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
+template <int BM, int BN, int WM, int WN, int STAGES, int BK, bool SWIGLU> void launch_gemm(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
     constexpr size_t smem = gemm_smem<BM, BN, WM, WN, STAGES, BK>();
     static PerDevice<size_t> configured;
-    auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, BK, SWIGLU, EARLY>;
-    QINFER_CHECK(!EARLY || !a.token_of) << "MoE grouped GEMM: rows read before pdl_wait must not be gathered";
+    auto kernel = moe_gemm_kernel<BM, BN, WM, WN, STAGES, BK, SWIGLU>;
     allow_dynamic_smem(kernel, smem, configured);
     const int out_per_block = SWIGLU ? BN / 2 : BN;
     const dim3 grid((a.n + out_per_block - 1) / out_per_block, max_tiles);
@@ -562,7 +552,8 @@ template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int 
         const int mode = moe_persist_mode();
         if (mode == 1 || (mode == 2 && SWIGLU)) return launch_gemm_rows16<SWIGLU, false>(a, max_tiles, stream);
         if (mode == 2) return launch_gemm_rows16<SWIGLU, !SWIGLU>(a, max_tiles, stream);
-        if (mode == 3 && !SWIGLU) return launch_gemm<16, 64, 1, 8, 3, 128, false, true>(a, max_tiles, stream);
+        if (mode == 4 && !SWIGLU) return launch_gemm_rows16<false, true>(a, max_tiles, stream);
+        if (mode == 5 && !SWIGLU) return launch_gemm_rows16<false, false>(a, max_tiles, stream);
         return launch_gemm<16, 64, 1, 8, 3, 128, SWIGLU>(a, max_tiles, stream);
     }
     launch_gemm<64, 128, 2, 2, 3, 64, SWIGLU>(a, max_tiles, stream);
