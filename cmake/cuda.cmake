@@ -32,6 +32,7 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/kv_dequant.cu
   src/backends/cuda/moe.cu
   src/backends/cuda/moe_decode.cu
+  src/backends/cuda/moe_down_rows16.cu
   src/backends/cuda/moe_router.cu
   src/backends/cuda/moe_quant.cu
   src/backends/cuda/moe_wgmma.cu

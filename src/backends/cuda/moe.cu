@@ -5,9 +5,9 @@
 // decode step can be captured in a graph.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/moe_gemm.cuh"
 #include "backends/cuda/moe_route.cuh"
 #include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/moe_wgmma.h"
@@ -166,33 +166,7 @@ __global__ void __launch_bounds__(k_group_threads) group_kernel(const int * ids,
 // row-major [rows, K] is B in "col" layout). Tiles of BM rows x BN weight rows, K in steps of BK through a STAGES-deep
 // cp.async ring, fragments by ldmatrix, fp32 accumulation. Each block finds its (expert, row tile) in `tiles`; blocks
 // beyond the step's tiles leave at once (the grid is sized for the worst case, so it does not depend on the routing).
-struct GemmArgs {
-    const bf16 * x = nullptr;
-    const int * token_of = nullptr;  // null: row p of x
-    const bf16 * w = nullptr;        // [E, w_rows, k]
-    int64_t w_stride = 0;            // elements per expert
-    int n = 0, k = 0;                // output features (SwiGLU: I, over 2I weight rows), inputs
-    const int * offsets = nullptr, * tiles = nullptr;
-    int E = 0;
-    bf16 * y = nullptr;  // [rows, n]
-};
-
-// BK: K a stage. Shared rows are BK + 8 bf16 apart (144 or 272 bytes: the 8 rows of an ldmatrix fall in distinct banks).
-template <int BK> constexpr int stage_row() { return BK + 8; }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void * p) {
-    const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], const void * p) {
-    const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
-}
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using namespace moe_mma;
 
 template <int BM, int BN, int WM, int WN, int STAGES, int BK> constexpr size_t gemm_smem() {
     const size_t ring = size_t(STAGES) * (BM + BN) * stage_row<BK>() * sizeof(bf16), out = size_t(BM) * (BN + 4) * sizeof(float);
@@ -347,214 +321,21 @@ template <int BM, int BN, int WM, int WN, int STAGES, int BK, bool SWIGLU> void 
     launch_kernel(kernel, grid, dim3(WM * WN * 32), smem, stream, a);
 }
 
-// ---- persistent grouped GEMM for 16-row tiles (small batches) ----
-// The step's (row tile, 64 weight rows) items dealt round-robin to one resident grid (SMs x blocks an SM); each block
-// streams its items' K blocks through one 3-deep ring of K 128, the next item's first stages requested while the
-// current item's last ones are multiplied, so a block's reads never drain between items. Its items' tiles and token
-// rows are looked up once at the start into shared memory. Each warp's 8 weight rows are 4 features' gate and up rows
-// interleaved under SWIGLU (accumulator columns 2q, 2q + 1: one feature's gate and up in one thread), so the epilogue
-// writes straight from registers. EARLY (down, whose routing is two launches back and whose weights do not depend on
-// the launch ahead): the item table and the first stages' weight rows are requested before pdl_wait, beside the tail
-// of the gate/up launch; the tiles are then read from L2 (ld.cg), as this SM's L1 may hold a previous step's.
-constexpr int k_rows16_threads = 256, k_rows16_bk = 128, k_rows16_stages = 3, k_rows16_bn = 64;
-constexpr int k_rows16_row = stage_row<k_rows16_bk>();
-constexpr size_t k_rows16_ring = size_t(k_rows16_stages) * (16 + k_rows16_bn) * k_rows16_row * sizeof(bf16);
-struct Rows16Item {
-    int expert, row0, rows, tok[16];  // tok: x's row of each tile row (-1: none)
-};
-
-template <bool SWIGLU, bool EARLY>
-__global__ void __launch_bounds__(k_rows16_threads) moe_gemm_rows16_kernel(GemmArgs a, int n_tiles) {
-    constexpr int BN = k_rows16_bn, BK = k_rows16_bk, S = k_rows16_stages, k_row = k_rows16_row;
-    constexpr int cpr = BK / 8, rpp = k_rows16_threads / cpr, b_passes = BN / rpp;  // 16 chunks a row, 16 rows a pass
-    static_assert(rpp == 16, "one pass of the threads covers the 16 token rows");
-    extern __shared__ __align__(16) unsigned char smem[];
-    bf16 * As = reinterpret_cast<bf16 *>(smem);           // [S][16][k_row]
-    bf16 * Bs = As + size_t(S) * 16 * k_row;              // [S][BN][k_row]
-    Rows16Item * items = reinterpret_cast<Rows16Item *>(smem + k_rows16_ring);
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = int(gridDim.x);
-    if constexpr (!EARLY) pdl_wait();
-    auto ld = [](const int * p) { return EARLY ? __ldcg(p) : *p; };
-    const int n_items = ld(a.tiles + a.E) * n_tiles;
-    const int mine = int(blockIdx.x) < n_items ? (n_items - int(blockIdx.x) + G - 1) / G : 0;
-    if (mine == 0) return;
-    for (int t = tid; t < mine * 16; t += k_rows16_threads) {
-        const int i = t / 16, r = t % 16, g = (int(blockIdx.x) + i * G) / n_tiles;
-        int lo = 0, hi = a.E;
-        while (lo < hi) {  // the last expert whose first tile is at or before g (moe_tile_of)
-            const int mid = (lo + hi + 1) / 2;
-            if (ld(a.tiles + mid) <= g) lo = mid;
-            else hi = mid - 1;
-        }
-        const int row0 = ld(a.offsets + lo) + (g - ld(a.tiles + lo)) * 16, rows = min(16, ld(a.offsets + lo + 1) - row0);
-        if (r == 0) {
-            items[i].expert = lo;
-            items[i].row0 = row0;
-            items[i].rows = rows;
-        }
-        items[i].tok[r] = r < rows ? (a.token_of ? ld(a.token_of + row0 + r) : row0 + r) : -1;
-    }
-    __syncthreads();
-    const int nk = (a.k + BK - 1) / BK, total = mine * nk;
-    const int col = (tid % cpr) * 8, r0 = tid / cpr;
-    // The load cursor: item li, K block kb, and this thread's sources in it (null: zeros).
-    int li = 0, kb = 0;
-    const bf16 * a_src = nullptr;
-    const bf16 * b_src[b_passes];
-    auto enter = [&](int i) {
-        const Rows16Item & it = items[i];
-        const int nt = (int(blockIdx.x) + i * G) % n_tiles;
-        const int tok = it.tok[r0];
-        a_src = tok >= 0 ? a.x + int64_t(tok) * a.k + col : nullptr;
-        const bf16 * w = a.w + int64_t(it.expert) * a.w_stride;
-#pragma unroll
-        for (int p = 0; p < b_passes; p++) {
-            const int r = r0 + p * rpp;
-            int f, wr;
-            if constexpr (SWIGLU) {
-                f = nt * (BN / 2) + (r / 8) * 4 + (r % 8) / 2;
-                wr = r % 2 == 0 ? f : a.n + f;
-            } else {
-                f = nt * BN + r;
-                wr = f;
-            }
-            b_src[p] = f < a.n ? w + int64_t(wr) * a.k + col : nullptr;
-        }
-    };
-    auto load = [&](int slot, bool with_a, bool with_b) {
-        const int kk = kb * BK;
-        const bool k_ok = kk + col < a.k;
-        if (with_a) {
-            const bool ok = a_src && k_ok;
-            cp_async16(As + (size_t(slot) * 16 + r0) * k_row + col, ok ? a_src + kk : a.x, ok);
-        }
-        if (with_b) {
-#pragma unroll
-            for (int p = 0; p < b_passes; p++) {
-                const bool ok = b_src[p] && k_ok;
-                cp_async16(Bs + (size_t(slot) * BN + r0 + p * rpp) * k_row + col, ok ? b_src[p] + kk : a.w, ok);
-            }
-        }
-    };
-    auto advance = [&]() {
-        if (++kb == nk) {
-            kb = 0;
-            if (++li < mine) enter(li);
-        }
-    };
-    enter(0);
-    int issued = 0;
-    if constexpr (EARLY) {
-        const int early = min(S - 1, nk);
-        for (int s = 0; s < early; s++) {
-            kb = s;
-            load(s, false, true);
-        }
-        cp_async_commit();
-        pdl_wait();
-        kb = 0;
-        for (; issued < early; issued++) {
-            load(issued, true, false);
-            cp_async_commit();
-            advance();
-        }
-    }
-    for (; issued < S - 1; issued++) {
-        if (issued < total) {
-            load(issued, true, true);
-            advance();
-        }
-        cp_async_commit();
-    }
-    float acc[4] = {};
-    int ci = 0, ckb = 0;  // the item and K block being multiplied
-    for (int s = 0; s < total; s++) {
-        cp_async_wait<S - 2>();
-        __syncthreads();
-        if (s + S - 1 < total) {
-            load((s + S - 1) % S, true, true);
-            advance();
-        }
-        cp_async_commit();
-        const bf16 * as = As + size_t(s % S) * 16 * k_row;
-        const bf16 * bs = Bs + size_t(s % S) * BN * k_row;
-#pragma unroll
-        for (int ks = 0; ks < BK / 16; ks++) {
-            uint32_t af[4], bfr[2];
-            ldmatrix_x4(af, as + (lane % 16) * k_row + ks * 16 + (lane / 16) * 8);
-            ldmatrix_x2(bfr, bs + (warp * 8 + lane % 8) * k_row + ks * 16 + ((lane / 8) % 2) * 8);
-            mma16816(acc, af, bfr[0], bfr[1]);
-        }
-        if (++ckb < nk) continue;
-        // The item's outputs: rows lane / 4 and lane / 4 + 8 of the tile.
-        const Rows16Item & it = items[ci];
-        const int nt = (int(blockIdx.x) + ci * G) % n_tiles;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = lane / 4 + 8 * h;
-            if (r >= it.rows) continue;
-            bf16 * y = a.y + int64_t(it.row0 + r) * a.n;
-            if constexpr (SWIGLU) {
-                const int f = nt * (BN / 2) + warp * 4 + lane % 4;
-                if (f < a.n) y[f] = __float2bfloat16(silu_mul_rounded(acc[2 * h], acc[2 * h + 1]));
-            } else {
-                const int f = nt * BN + warp * 8 + 2 * (lane % 4);
-                if (f < a.n) *reinterpret_cast<__nv_bfloat162 *>(y + f) = __floats2bfloat162_rn(acc[2 * h], acc[2 * h + 1]);
-            }
-        }
-        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-        ckb = 0;
-        ci++;
-    }
-    cp_async_wait<0>();
-}
-
-template <bool SWIGLU, bool EARLY> void launch_gemm_rows16(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
-    const int n_tiles = (a.n + (SWIGLU ? k_rows16_bn / 2 : k_rows16_bn) - 1) / (SWIGLU ? k_rows16_bn / 2 : k_rows16_bn);
-    auto kernel = moe_gemm_rows16_kernel<SWIGLU, EARLY>;
-    static PerDevice<size_t> configured;
-    // The item table bounds a block's items: the grid is SMs x b blocks for the largest b (3 at most) that still fits
-    // an SM with the table sized for it.
-    const int64_t items = int64_t(n_tiles) * max_tiles;
-    int grid = 0;
-    size_t smem = 0;
-    for (int b = 3; b >= 1 && grid == 0; b--) {
-        const int64_t cap = int64_t(sm_count()) * b;
-        smem = k_rows16_ring + size_t((items + cap - 1) / cap) * sizeof(Rows16Item);
-        allow_dynamic_smem(kernel, smem, configured);
-        int fit = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, k_rows16_threads, smem));
-        if (fit >= b) grid = int(std::min(items, cap));
-    }
-    QINFER_CHECK(grid > 0) << "MoE grouped GEMM: " << items << " tiles do not fit one block an SM";
-    launch_kernel(kernel, dim3(grid), dim3(k_rows16_threads), smem, stream, a, n_tiles);
-}
-
-int moe_persist_mode() {
-    static const int mode = [] {
-        const char * v = std::getenv("QINFER_MOE_PERSIST");
-        return v ? std::atoi(v) : 0;
-    }();
-    return mode;
-}
-
 // Small tiles (16 rows, 64 weight rows, eight warps) where experts get few rows each (small batches): many blocks over
 // the selected experts' weights. On an H200 with Qwen1.5-MoE-A2.7B at batch 16 / 64 they decoded 2038 / 5977 tok/s
 // against 1966 / 5616 with 32 weight rows and four warps (6-deep) and 2001 / 5703 with 128 weight rows (3-deep), same
 // call (bench/results/2026-11-28-h200-moe-device). A stage takes K 128 (256 bytes of each weight row), 3 deep (three
 // blocks an SM): against K 64 six deep, 2,363.69 / 2,353.96 -> 2,397.65 / 2,389.41 tok/s at batch 16 and 5,549.04 /
 // 5,542.27 -> 5,622.84 / 5,616.76 at 64; K 128 four deep (two blocks an SM) 2,389.20 / 2,379.53 and 5,584.92 /
-// 5,585.49 (bench/results/2026-12-03-h200-gemm-tune, call 1). Large tiles (64 x 128) where experts get many rows
-// (prefill): each weight tile is read once per 64 rows.
+// 5,585.49 (bench/results/2026-12-03-h200-gemm-tune, call 1). The down projection of 16-row tiles goes to the resident
+// launch of moe_down_rows16.cu; gate/up stays here (as a resident grid it lost, same file). Large tiles (64 x 128)
+// where experts get many rows (prefill): each weight tile is read once per 64 rows.
 template <bool SWIGLU> void grouped_gemm(const GemmArgs & a, int tile_rows, int assignments, cudaStream_t stream) {
     const int max_tiles = moe_max_tiles(assignments, tile_rows, a.E);
     if (tile_rows == 16) {
-        const int mode = moe_persist_mode();
-        if (mode == 1 || (mode == 2 && SWIGLU)) return launch_gemm_rows16<SWIGLU, false>(a, max_tiles, stream);
-        if (mode == 2) return launch_gemm_rows16<SWIGLU, !SWIGLU>(a, max_tiles, stream);
-        if (mode == 4 && !SWIGLU) return launch_gemm_rows16<false, true>(a, max_tiles, stream);
-        if (mode == 5 && !SWIGLU) return launch_gemm_rows16<false, false>(a, max_tiles, stream);
-        return launch_gemm<16, 64, 1, 8, 3, 128, SWIGLU>(a, max_tiles, stream);
+        if constexpr (SWIGLU) launch_gemm<16, 64, 1, 8, 3, 128, true>(a, max_tiles, stream);
+        else down_rows16(a, max_tiles, stream);
+        return;
     }
     launch_gemm<64, 128, 2, 2, 3, 64, SWIGLU>(a, max_tiles, stream);
 }
