@@ -15,6 +15,7 @@
 // static deal cannot route around SMs the shared expert holds). Requesting the first stages early from moe.cu's kernel
 // instead (every block of a grid sized for the worst case) lost 2.2% / 2.4% (call 3).
 #include <algorithm>
+#include <map>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_gemm.cuh"
@@ -160,6 +161,7 @@ void down_rows16(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
                                                               << " multiples of 8";
     const int n_tiles = (a.n + k_bn - 1) / k_bn;
     static PerDevice<size_t> configured;
+    static PerDevice<std::map<size_t, int>> fits;  // blocks an SM by shared-memory bytes (asked once each: eager steps launch this often)
     // The item table bounds a block's items: the grid is SMs x b blocks for the largest b (3 at most) that still fits
     // an SM with the table sized for it.
     const int64_t items = int64_t(n_tiles) * max_tiles;
@@ -169,9 +171,9 @@ void down_rows16(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
         const int64_t cap = int64_t(sm_count()) * b;
         smem = k_ring_bytes + size_t((items + cap - 1) / cap) * sizeof(Item);
         allow_dynamic_smem(down_rows16_kernel, smem, configured);
-        int fit = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, down_rows16_kernel, k_threads, smem));
-        if (fit >= b) grid = int(std::min(items, cap));
+        auto [it, fresh] = fits.here().try_emplace(smem, 0);
+        if (fresh) CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, down_rows16_kernel, k_threads, smem));
+        if (it->second >= b) grid = int(std::min(items, cap));
     }
     QINFER_CHECK(grid > 0) << "MoE down (16-row tiles): " << items << " items do not fit one block an SM";
     launch_kernel(down_rows16_kernel, dim3(grid), dim3(k_threads), smem, stream, a, n_tiles);
