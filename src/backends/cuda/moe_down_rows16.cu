@@ -19,6 +19,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_gemm.cuh"
+#include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/ops.h"
 
 namespace qinfer::cuda::moe_mma {
@@ -28,33 +29,19 @@ constexpr int k_threads = 256, k_bk = 128, k_stages = 3, k_bn = 64;  // 8 warps 
 constexpr int k_row = stage_row<k_bk>();
 constexpr size_t k_ring_bytes = size_t(k_stages) * (16 + k_bn) * k_row * sizeof(bf16);
 
-struct Item {
-    int expert, row0, rows;  // the row tile's expert, its first sorted row, and how many of its 16 rows it holds
-};
-
 __global__ void __launch_bounds__(k_threads) down_rows16_kernel(GemmArgs a, int n_tiles) {
     constexpr int cpr = k_bk / 8, rpp = k_threads / cpr, b_passes = k_bn / rpp;  // 16 chunks a row, 16 rows a pass
     static_assert(rpp == 16, "one pass of the threads covers the 16 token rows");
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 * As = reinterpret_cast<bf16 *>(smem);   // [stages][16][k_row]
     bf16 * Bs = As + size_t(k_stages) * 16 * k_row;  // [stages][64][k_row]
-    Item * items = reinterpret_cast<Item *>(smem + k_ring_bytes);
+    MoeTile * items = reinterpret_cast<MoeTile *>(smem + k_ring_bytes);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, G = int(gridDim.x), b = int(blockIdx.x);
     // Item i of this block is w = b + i G of the step's n_items: row tile w / n_tiles, weight rows 64 (w % n_tiles) on.
     const int n_items = __ldcg(a.tiles + a.E) * n_tiles;
     const int mine = b < n_items ? (n_items - b + G - 1) / G : 0;
     if (mine == 0) return;
-    for (int i = tid; i < mine; i += k_threads) {
-        const int g = (b + i * G) / n_tiles;
-        int lo = 0, hi = a.E;
-        while (lo < hi) {  // the last expert whose first tile is at or before g (moe_tile_of)
-            const int mid = (lo + hi + 1) / 2;
-            if (__ldcg(a.tiles + mid) <= g) lo = mid;
-            else hi = mid - 1;
-        }
-        const int row0 = __ldcg(a.offsets + lo) + (g - __ldcg(a.tiles + lo)) * 16;
-        items[i] = Item{lo, row0, min(16, __ldcg(a.offsets + lo + 1) - row0)};
-    }
+    for (int i = tid; i < mine; i += k_threads) moe_tile_of<true>(a.tiles, a.offsets, a.E, (b + i * G) / n_tiles, 16, items[i]);
     __syncthreads();
     const int nk = (a.k + k_bk - 1) / k_bk, total = mine * nk;
     const int col = (tid % cpr) * 8, r0 = tid / cpr;
@@ -63,7 +50,7 @@ __global__ void __launch_bounds__(k_threads) down_rows16_kernel(GemmArgs a, int 
     const bf16 * a_src = nullptr;
     const bf16 * b_src[b_passes];
     auto enter = [&](int i) {
-        const Item it = items[i];
+        const MoeTile it = items[i];
         const int f0 = ((b + i * G) % n_tiles) * k_bn;
         a_src = r0 < it.rows ? a.x + int64_t(it.row0 + r0) * a.k + col : nullptr;
         const bf16 * w = a.w + int64_t(it.expert) * a.w_stride;
@@ -138,7 +125,7 @@ __global__ void __launch_bounds__(k_threads) down_rows16_kernel(GemmArgs a, int 
             mma16816(acc, af, bfr[0], bfr[1]);
         }
         if (++ckb < nk) continue;
-        const Item it = items[ci];
+        const MoeTile it = items[ci];
         const int f = ((b + ci * G) % n_tiles) * k_bn + warp * 8 + 2 * (lane % 4);  // n is a multiple of 8
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -169,7 +156,7 @@ void down_rows16(const GemmArgs & a, int max_tiles, cudaStream_t stream) {
     size_t smem = 0;
     for (int b = 3; b >= 1 && grid == 0; b--) {
         const int64_t cap = int64_t(sm_count()) * b;
-        smem = k_ring_bytes + size_t((items + cap - 1) / cap) * sizeof(Item);
+        smem = k_ring_bytes + size_t((items + cap - 1) / cap) * sizeof(MoeTile);
         allow_dynamic_smem(down_rows16_kernel, smem, configured);
         auto [it, fresh] = fits.here().try_emplace(smem, 0);
         if (fresh) CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&it->second, down_rows16_kernel, k_threads, smem));
