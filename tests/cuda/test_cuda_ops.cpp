@@ -838,3 +838,42 @@ TEST(CudaOps, ArgmaxRowsAdvance) {
         EXPECT_EQ(got[size_t(2 * rows)], 3);
     }
 }
+
+// The L2 prefetch writes nothing and takes any ranges: spans trimmed inward to aligned 16-byte units (empty ones
+// dropped, none past L2Spans::k_max), and the memory it was asked for is unchanged afterwards.
+TEST(CudaOps, L2PrefetchLeavesMemoryAlone) {
+    REQUIRE_GPU();
+    const size_t n_bytes = (size_t(3) << 20) + 4099;
+    std::vector<uint8_t> host(n_bytes);
+    std::mt19937 rng(7);
+    for (uint8_t & b : host) b = uint8_t(rng());
+    DeviceBuffer d(n_bytes, "test");
+    ASSERT_EQ(cudaMemcpy(d.get(), host.data(), n_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    const char * base = static_cast<const char *>(d.get());  // 256-byte aligned
+
+    cuda::L2Spans s;
+    s.add(base + 3, 100001);     // [16, 100000): 99,984 bytes
+    s.add(base + 4096, 0);       // empty: dropped
+    s.add(base + 7, 5);          // nothing whole inside: dropped
+    s.add(base + 65536, n_bytes - 65536);
+    s.add(nullptr, 4096);        // dropped
+    s.add(base, 16);
+    s.add(base + 4096, 8192);
+    s.add(base + 32, 32);        // a fifth span: past k_max, ignored
+    ASSERT_EQ(s.n, 4);
+    EXPECT_EQ(s.ptr[0], base + 16);
+    EXPECT_EQ(s.bytes[0], size_t(99984));
+    EXPECT_EQ(s.bytes[1], (n_bytes - 65536) / 16 * 16);
+    EXPECT_EQ(s.bytes[2], size_t(16));
+    EXPECT_EQ(s.total(), size_t(99984) + (n_bytes - 65536) / 16 * 16 + 16 + 8192);
+
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    cuda::l2_prefetch(s, stream);
+    cuda::l2_prefetch(cuda::L2Spans{}, stream);  // nothing to ask for: no launch
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+    std::vector<uint8_t> back(n_bytes);
+    ASSERT_EQ(cudaMemcpy(back.data(), d.get(), n_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(back == host);
+}
