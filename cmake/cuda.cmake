@@ -22,7 +22,6 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/qgemm_rs.cu
   src/backends/cuda/qlinear.cpp
   src/backends/cuda/elementwise.cu
-  src/backends/cuda/l2_prefetch.cu
   src/backends/cuda/sampling.cu
   src/backends/cuda/attention.cu
   src/backends/cuda/attention_decode_tc.cu

@@ -9,7 +9,6 @@
 // batched steps and prefill take the GEMM cuda::quant_path picks for their rows (backends/cuda/qlinear.cpp).
 #include "model/qwen_cuda.h"
 
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -82,12 +81,6 @@ CudaQwenEngine::CudaQwenEngine(std::unique_ptr<Model> model, const EngineOptions
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_fork_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&moe_join_, cudaEventDisableTiming));
     }
-    if (const char * e = std::getenv("QINFER_L2_AHEAD")) l2_ahead_ = std::atoi(e);
-    if (l2_ahead_ > 0) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&l2_stream_, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&l2_fork_, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventCreateWithFlags(&l2_join_, cudaEventDisableTiming));
-    }
     rope_ = compute_rope_freqs(c, 0);
     upload_weights();
     any_o_whole_ = std::any_of(layers_.begin(), layers_.end(), [](const DevLayer & L) { return L.o_whole; });
@@ -105,11 +98,7 @@ CudaQwenEngine::~CudaQwenEngine() {
         cuda::gemm_release(s);
         cudaStreamDestroy(s);
     }
-    if (l2_stream_) {
-        cudaStreamSynchronize(l2_stream_);
-        cudaStreamDestroy(l2_stream_);
-    }
-    for (cudaEvent_t e : {moe_fork_, moe_join_, l2_fork_, l2_join_}) {
+    for (cudaEvent_t e : {moe_fork_, moe_join_}) {
         if (e) cudaEventDestroy(e);
     }
 }

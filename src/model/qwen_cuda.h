@@ -304,12 +304,6 @@ private:
     // by these events.
     cudaStream_t side_stream_ = nullptr;
     cudaEvent_t moe_fork_ = nullptr, moe_join_ = nullptr;
-    // QINFER_L2_AHEAD (an A/B, read at construction): decode steps of the fused GEMV path within
-    // cuda::k_short_decode_keys keys ask L2 on l2_stream_ for each layer's o_proj (and router) weights, forked before
-    // qkv (1) or after it (2), joined once before the logits (decode_step). 0: not at all.
-    int l2_ahead_ = 0;
-    cudaStream_t l2_stream_ = nullptr;
-    cudaEvent_t l2_fork_ = nullptr, l2_join_ = nullptr;
     DeviceBuffer embed_, final_norm_, lm_head_storage_;
     HostMappedBuffer embed_host_;      // the token embedding in pinned host memory (EngineOptions::embedding_on_gpu)
     const bf16 * embed_table_ = nullptr;  // [vocab, hidden]: embed_ or embed_host_, as the device addresses it

@@ -67,32 +67,11 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
     prof_.mark("embedding");
     cuda::DecodeScratch scratch{split_out_.as<float>(), split_ml_.as<float>(), max_splits_};
     bool pending = false;  // unfused: tmp_ holds an MLP output not yet added to x
-    // L2 ahead (l2_ahead_): the layer's o_proj and router weights asked for on l2_stream_ while qkv (1) or the
-    // attention (2) runs, at most k_l2_ahead_bytes a layer.
-    const bool l2_ahead = l2_ahead_ > 0 && fused && decode_short_;
-    bool l2_forked = false;
-    auto l2_fork = [&](const DevLayer & L) {
-        constexpr size_t k_l2_ahead_bytes = size_t(32) << 20;
-        cuda::L2Spans s;
-        auto add = [&](const DeviceBuffer & b) { s.add(b.get(), std::min(b.bytes(), k_l2_ahead_bytes - std::min(k_l2_ahead_bytes, s.total()))); };
-        if (L.o.quantized) {
-            for (const DeviceBuffer * b : {&L.o.codes, &L.o.scales, &L.o.zeros}) add(*b);
-        } else {
-            add(L.o.w);
-        }
-        if (L.moe && !L.router.quantized) add(L.router.w);
-        if (s.n == 0) return;
-        CUDA_CHECK(cudaEventRecord(l2_fork_, stream_));
-        CUDA_CHECK(cudaStreamWaitEvent(l2_stream_, l2_fork_, 0));
-        cuda::l2_prefetch(s, l2_stream_);
-        l2_forked = true;
-    };
     for (int l = 0; l < cfg.num_hidden_layers; l++) {
         const DevLayer & L = layers_[size_t(l)];
         cuda::QkvRopeArgs r = rope_args(l, kv_layer_batch(l), B);
         r.pos_dev = pos;
         bool roped = false;  // bias, RoPE and the cache store done by the projection's epilogue
-        if (l2_ahead && l2_ahead_ == 1) l2_fork(L);
         if (fused) {
             cuda::GemvArgs a;
             a.n = L.qkv.n;
@@ -116,7 +95,6 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             linear(xn, B, L.qkv, qkv_.as<bf16>());
         }
         prof_.mark("qkv gemv");
-        if (l2_ahead && l2_ahead_ == 2) l2_fork(L);
         if (!roped) cuda::qkv_rope_cache(r, stream_);
         prof_.mark("bias/norm/rope/cache");
         cuda::attention_decode(q_.as<bf16>(), r.cache, len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
@@ -178,10 +156,6 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         }
     }
     if (pending) cuda::add_residual(x, tmp_.as<bf16>(), int64_t(B) * H, stream_);
-    if (l2_forked) {
-        CUDA_CHECK(cudaEventRecord(l2_join_, l2_stream_));
-        CUDA_CHECK(cudaStreamWaitEvent(stream_, l2_join_, 0));
-    }
     decode_logits(B, fused, x, xn);
     if (end == StepEnd::Logits) return;
     if (end == StepEnd::Pick) {

@@ -484,19 +484,6 @@ bool probe_runs_here(const BandwidthProbe & pr);
 // Reads probe_bytes(pr, region_bytes) from region; out[block] = the XOR of the 32-bit words the block read.
 void bandwidth_probe(const BandwidthProbe & pr, const void * region, int64_t region_bytes, uint32_t * out, cudaStream_t stream);
 
-// ---- L2 prefetch (l2_prefetch.cu) ----
-// Byte ranges of device memory (up to k_max), each trimmed inward to whole aligned 16-byte units.
-struct L2Spans {
-    static constexpr int k_max = 4;
-    const void * ptr[k_max] = {};
-    size_t bytes[k_max] = {};
-    int n = 0;
-    void add(const void * p, size_t n_bytes);  // ignored past k_max spans or when nothing is left after trimming
-    size_t total() const;
-};
-// Asks L2 for the spans' bytes (bulk prefetches from every SM; nothing is written, nothing waits for them).
-void l2_prefetch(const L2Spans & spans, cudaStream_t stream);
-
 int sm_count();
 // An sm_90a build (QINFER_SM90A) on a compute capability 9.0 device: where the wgmma and tensor-copy kernels run.
 bool sm90a_device();
