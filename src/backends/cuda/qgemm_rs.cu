@@ -53,6 +53,7 @@
 #include <climits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/moe_tiles.cuh"
 #include "backends/cuda/ops.h"
 #include "backends/cuda/qgemv_mma.cuh"
 #include "backends/cuda/tensor_map.h"
@@ -175,16 +176,24 @@ struct Deal {
     int blocks() const { return whole + (tiles - whole) * pieces; }
 };
 
+// GROUPED launches (moe_qgemm_rs): block (x, y) multiplies the routing's row tile x of BT sorted rows by row tile y of
+// its expert's w_rows rows in the stacked matrix (expert e's rows from e w_rows), all of K; y [sorted rows, w_rows]
+// (SwiGLU: [sorted rows, w_rows / 2], the expert's gate rows then its up rows).
+struct RsGroups {
+    const int * offsets = nullptr, * tiles = nullptr;  // MoeRouting's, built with tile_rows = BT
+    int n_experts = 0, w_rows = 0;
+};
+
 // half_rb > 0: SwiGLU over a stacked [gate; up] weight of 2 half_rb row blocks. A tile's warps 0 .. CW / 2 - 1 own
 // gate row blocks, the others the same features' up row blocks (codes: two boxes of CW / 2 row blocks, code_map's box);
 // a whole tile's up warps hand their sums to the gate warps through the stages' shared memory, and y [m, rows / 2] =
 // silu(bf16(gate)) * bf16(up) (transformers rounds both before silu_mul); a piece's sums go to the scratch as they
 // are, and add_pieces_kernel applies the SwiGLU.
-template <int PLANES, bool LUT, int NT>
+template <int PLANES, bool LUT, int NT, bool GROUPED = false>
 __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::BLOCKS)
     qgemm_rs_kernel(QuantMatrix w, int m, bf16 * __restrict__ y, float * __restrict__ partial, Deal deal, int half_rb,
                     const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap code_map,
-                    const __grid_constant__ CUtensorMap y_map, int tma_store) {
+                    const __grid_constant__ CUtensorMap y_map, int tma_store, RsGroups grp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Sh = RsShape<PLANES, LUT, NT>;
     constexpr int BT = Sh::BT, S = Sh::STAGES, CW = Sh::CW;
@@ -195,14 +204,20 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
     uint64_t * full = reinterpret_cast<uint64_t *>(smem + Sh::bar_offset), * empty = full + S;
 
     const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0), lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int nkb = w.k_padded / 64, n = w.rows, G = w.groups, n_rb = w.rows_padded / 16;
-    const int piece_block = int(blockIdx.x) - deal.whole;  // >= 0: a piece of a tile whose K is dealt out
+    MoeTile tl{0, 0, 0};  // GROUPED: the block's routing row tile (its tokens from row0) and expert
+    if constexpr (GROUPED) {
+        if (!moe_tile_of(grp.tiles, grp.offsets, grp.n_experts, blockIdx.x, BT, tl)) return;  // past the step's tiles
+    }
+    // n, n_rb: the rows and row blocks of the weight (GROUPED: of one expert, from row block rb_base of the matrix).
+    const int nkb = w.k_padded / 64, n = GROUPED ? grp.w_rows : w.rows, G = w.groups, n_rb = GROUPED ? grp.w_rows / 16 : w.rows_padded / 16;
+    const int rb_base = tl.expert * n_rb, m_end = GROUPED ? tl.row0 + tl.rows : m;  // tokens [tok0, m_end) are stored
+    const int piece_block = GROUPED ? -1 : int(blockIdx.x) - deal.whole;  // >= 0: a piece of a tile whose K is dealt out
     const int tile = piece_block < 0 ? int(blockIdx.x) : deal.whole + piece_block / deal.pieces;
     const int z = piece_block < 0 ? 0 : piece_block % deal.pieces, shares = piece_block < 0 ? 1 : deal.pieces;
     const int kb_begin = int(int64_t(z) * nkb / shares), kb_end = int(int64_t(z + 1) * nkb / shares);
     const int nk = kb_end - kb_begin;
     const int tile_rbs = half_rb ? CW / 2 : CW;  // row blocks of the weight (of each half) a tile covers
-    const int tok0 = (tile % deal.token_tiles) * BT, rb0 = (tile / deal.token_tiles) * tile_rbs;
+    const int tok0 = GROUPED ? tl.row0 : (tile % deal.token_tiles) * BT, rb0 = (GROUPED ? int(blockIdx.y) : tile / deal.token_tiles) * tile_rbs;
     const int present = min(tile_rbs, (half_rb ? half_rb : n_rb) - rb0);  // row blocks of this tile inside the weight (half)
 
     uint32_t * lut = reinterpret_cast<uint32_t *>(smem + Sh::lut_offset);  // LUT: the pair table
@@ -226,8 +241,8 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
             if (lane == 0) {  // the box's row blocks past the weight arrive as zeros, counted in its bytes
                 sm90::mbar_arrive_expect_tx(&full[s], uint32_t(Sh::panel_bytes + Sh::code_bytes));
                 sm90::tma_load_2d(stage + Sh::code_bytes, &x_map, &full[s], kb * 64, tok0);
-                sm90::tma_load_3d(stage, &code_map, &full[s], 0, kb * PLANES, rb0);
-                if (half_rb) sm90::tma_load_3d(stage + Sh::code_bytes / 2, &code_map, &full[s], 0, kb * PLANES, half_rb + rb0);
+                sm90::tma_load_3d(stage, &code_map, &full[s], 0, kb * PLANES, rb_base + rb0);
+                if (half_rb) sm90::tma_load_3d(stage + Sh::code_bytes / 2, &code_map, &full[s], 0, kb * PLANES, rb_base + half_rb + rb0);
             }
         }
         return;
@@ -238,7 +253,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
     const int local = half_rb ? warp % (CW / 2) : warp;  // SwiGLU: warps w and CW / 2 + w hold one feature's gate and up
     const int rb = (half_rb && warp >= CW / 2 ? half_rb : 0) + rb0 + local;
     const bool active = local < present;
-    const int64_t row0 = int64_t(active ? rb : 0) * 16 + g;
+    const int64_t row0 = int64_t(active ? rb_base + rb : 0) * 16 + g;
     // Groups are multiples of 32 positions (cuda_quant_unsupported): a group starts only at k16 step 0 or 2 of a block.
     int gi = min(kb_begin * 64 / w.group, G - 1);
     int group_end = gi == G - 1 ? INT_MAX : (gi + 1) * w.group;  // first position past the current group
@@ -349,7 +364,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
-                if (tok >= m) continue;
+                if (tok >= m_end) continue;
                 y[size_t(tok) * inter + row] = __float2bfloat16(silu_mul_rounded(d[4 * nt + e], up[(4 * nt + e) * 32]));
             }
         }
@@ -361,7 +376,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int row = rb * 16 + g + (e >= 2 ? 8 : 0), tok = tok0 + 8 * nt + 2 * t + (e & 1);
-            if (row >= n || tok >= m) continue;
+            if (row >= n || tok >= m_end) continue;
             if (sums) sums[size_t(tok - tok0) * 16 * CW + warp * 16 + g + (e >= 2 ? 8 : 0)] = d[4 * nt + e];
             else y[size_t(tok) * n + row] = __float2bfloat16(d[4 * nt + e]);
         }
@@ -497,7 +512,7 @@ void launch(const QuantMatrix & w, const bf16 * x, int ldx, int m, bf16 * y, con
     static PerDevice<size_t> configured;  // once per instantiation
     allow_dynamic_smem(qgemm_rs_kernel<PLANES, LUT, NT>, Sh::smem, configured);
     launch_kernel(qgemm_rs_kernel<PLANES, LUT, NT>, dim3(deal.blocks()), dim3(block_threads(NT)), Sh::smem, stream, w, m, y, partial, deal, half_rb, x_map,
-                  code_map, y_map, tma_store);
+                  code_map, y_map, tma_store, RsGroups{});
     CUDA_CHECK(cudaGetLastError());
     if (deal.whole < deal.tiles) {
         const int quads = Sh::BT * 4 * Sh::CW / (swiglu ? 2 : 1);  // BT x 16 CW sums a tile, four a thread (SwiGLU: four of each half)
@@ -517,7 +532,44 @@ void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, b
     else launch<PLANES, LUT, 32>(w, x, ldx, m, y, deal, swiglu, partial, stream);
 }
 
+// A grouped launch (moe_qgemm_rs) over x bf16 [x_rows, w.k], the sorted rows: tiles of 128 tokens (NT 16) x 192
+// rows (96 gate and 96 up rows with SwiGLU), every tile whole. Launched without PDL: its blocks read the routing
+// before the producer's pdl_wait.
+template <int PLANES>
+void launch_grouped(const QuantMatrix & w, const bf16 * x, int x_rows, const RsGroups & grp, int max_tiles, bool swiglu, bf16 * y, cudaStream_t stream) {
+    constexpr int NT = 16;
+    using Sh = RsShape<PLANES, false, NT>;
+    static_assert(Sh::BT == k_moe_qgemm_rows, "a block's tokens are one routing row tile");
+    CUtensorMap x_map;
+    if (!cache_tensor_map(&x_map, x, x_rows, w.k, Sh::BT)) QINFER_FAIL() << "MoE qgemm: the tensor map of the sorted rows [" << x_rows << ", " << w.k << "] was refused";
+    CUtensorMap code_map;
+    if (!weight_code_tensor_map(&code_map, w.codes, w.rows_padded / 16, w.k_padded / 64, PLANES, swiglu ? Sh::CW / 2 : Sh::CW))
+        QINFER_FAIL() << "MoE qgemm: the tensor map of the codes (" << w.rows_padded / 16 << " row blocks x " << w.k_padded / 64 << " K blocks) was refused";
+    const int n_rb = grp.w_rows / 16, half_rb = swiglu ? n_rb / 2 : 0;
+    const int row_tiles = swiglu ? (half_rb + Sh::CW / 2 - 1) / (Sh::CW / 2) : (n_rb + Sh::CW - 1) / Sh::CW;
+    static PerDevice<size_t> configured;
+    allow_dynamic_smem(qgemm_rs_kernel<PLANES, false, NT, true>, Sh::smem, configured);
+    const CUtensorMap y_map{};
+    qgemm_rs_kernel<PLANES, false, NT, true><<<dim3(max_tiles, row_tiles), block_threads(NT), Sh::smem, stream>>>(w, x_rows, y, nullptr, Deal{1, 1, 1, 1}, half_rb,
+                                                                                                            x_map, code_map, y_map, 0, grp);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
+
+void moe_qgemm_rs(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out, cudaStream_t stream) {
+    const int rows = c * top_k;
+    if (rows <= 0) return;
+    // The tensor copies need the sorted rows' inputs contiguous: gathered into `out`, free until down writes it.
+    gather_rows(xn, r.token_of, rows, w.hidden, out, stream);
+    const int max_tiles = moe_max_tiles(rows, k_moe_qgemm_rows, w.n_experts);
+    RsGroups grp{r.offsets, r.tiles, w.n_experts, 2 * w.inter};
+    if (w.gate_up.bits == 4) launch_grouped<1>(w.gate_up, out, rows, grp, max_tiles, true, act, stream);
+    else launch_grouped<2>(w.gate_up, out, rows, grp, max_tiles, true, act, stream);
+    grp.w_rows = w.hidden;
+    if (w.down.bits == 4) launch_grouped<1>(w.down, act, rows, grp, max_tiles, false, out, stream);
+    else launch_grouped<2>(w.down, act, rows, grp, max_tiles, false, out, stream);
+}
 
 bool qgemm_rs_applies(const QuantMatrix & w) { return sm90a_device() && qgemm_mma_applies(w); }
 

@@ -31,6 +31,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_tiles.cuh"
@@ -338,8 +339,16 @@ bool moe_qgemm_apply(const MoeQuantExperts & w) {
     return moe_qexperts_apply(w) && qgemm_applies(w.gate_up) && qgemm_applies(w.down);
 }
 
+// qgemm_rs.cu's grouped mode, for the A/B of QINFER_MOE_RS (1: it, else this file's kernel).
+void moe_qgemm_rs(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out, cudaStream_t stream);
+
 void moe_qgemm(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out, cudaStream_t stream) {
     QINFER_CHECK(moe_qgemm_apply(w)) << "MoE qgemm: the experts' layout or this device does not take the grouped kernel";
+    static const bool rs = [] {
+        const char * v = std::getenv("QINFER_MOE_RS");
+        return v && std::atoi(v) == 1;
+    }();
+    if (rs) return moe_qgemm_rs(xn, c, top_k, w, r, act, out, stream);
     const int rows = c * top_k;
     if (rows <= 0) return;
     // The tensor copies need the sorted rows' inputs contiguous: gathered into `out`, free until down writes it.
