@@ -17,7 +17,6 @@ target_sources(qinfer_lib PRIVATE
   src/backends/cuda/qgemv_ring_global.cu
   src/backends/cuda/qgemv_ring_stage_norm.cu
   src/backends/cuda/qgemv_ring_stage_bf16.cu
-  src/backends/cuda/qgemm_wgmma.cu
   src/backends/cuda/qgemm_mma.cu
   src/backends/cuda/qgemm_rs.cu
   src/backends/cuda/qlinear.cpp

@@ -6,7 +6,7 @@
 # A stage is a file scripts/device/STAGE.sh (its comment says what it runs and which variables it reads): gpu-test
 # (every CUDA test), test (every test), rows (batch-1 rows), ab (this tree against a baseline commit, alternated),
 # bench-full (the seed table with transformers on the same card), bench-quant, long, memory-tables, max-batch,
-# decode-trace, bandwidth (bench --bandwidth), ncu (one kernel's counters), kernels-ab (bench --kernels under an env switch, alternated, with SASS
+# decode-trace, prefill-trace (a long prompt's prefill, kernel by kernel), bandwidth (bench --bandwidth), ncu (one kernel's counters), kernels-ab (bench --kernels under an env switch, alternated, with SASS
 # instruction counts), decode-ab (decode attention timings and long-context rows under an env switch, alternated), logits-ab (one forward pass's logits under two settings of an A/B knob, compared), moe (issue 35's MoE rows), tp (issue 36's tensor-parallel tests and rows, on a machine of
 # several GPUs), tp-nodes (tensor parallel as two processes: the multi-host path), throughput (continuous batching against transformers), serve-load (`qinfer serve` under concurrent
 # clients), goldens / chat (transformers' goldens for tests/data).

@@ -6,7 +6,10 @@ a continuous-batching step that decodes alone), or after a pick_slots_kernel tha
 of a step whose decode rows ride in its prefill passes); a step holding a prefill attention kernel counts as mixed. Per kind of
 step it then prints each family's mean exposed time a step, and the mean gap between steps (no kernel: the host).
 
-usage: trace_totals.py TRACE.csv[.gz] [TOP]
+--templates keeps each kernel's template arguments (as trace_step.py shortens them) in its family, so that one
+kernel's instances are told apart (qgemm_rs_kernel's grouped MoE launches from its dense ones).
+
+usage: trace_totals.py TRACE.csv[.gz] [TOP] [--templates]
 """
 import csv
 import gzip
@@ -18,20 +21,22 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from trace_step import short  # noqa: E402
 
 
-def family(name):
+def family(name, templates=False):
     """Kernels of one kind under one name: cuBLASLt's many GEMM kernels become 'GEMM (cuBLASLt)'."""
     if re.match(r"(nvjet|sm90_xmma|sm80_xmma|cutlass|gemm|gemv2T|ampere_|sm90_gemm|xmma)", name):
         return "GEMM (cuBLASLt)"
-    return re.sub(r"<.*", "", name)
+    return name if templates else re.sub(r"<.*", "", name)
 
 
 def main():
-    if len(sys.argv) < 2:
+    templates = "--templates" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--templates"]
+    if not args:
         sys.exit(__doc__)
-    path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    path, top = args[0], int(args[1]) if len(args) > 1 else 20
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", newline="") as f:
-        kernels = sorted((int(r["start_ns"]), int(r["end_ns"]), family(short(r["name"]))) for r in csv.DictReader(f))
+        kernels = sorted((int(r["start_ns"]), int(r["end_ns"]), family(short(r["name"]), templates)) for r in csv.DictReader(f))
     if not kernels:
         sys.exit("trace_totals: no kernels in " + path)
     dur, exposed, count = defaultdict(float), defaultdict(float), defaultdict(int)

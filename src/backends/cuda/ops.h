@@ -85,9 +85,6 @@ void reset_qgemv_ring_deep();
 void set_qgemv_ring_fast(int mode);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
-// The GEMM with the weights dequantized into shared memory (qgemm_wgmma.cu, wgmma) takes the tiled 4-/8-bit affine
-// layout on an sm_90a build and device: MoE prefill's grouped projections (moe_qgemm).
-bool qgemm_applies(const QuantMatrix & w);
 // Decode-step GEMM with the weights dequantized in registers (qgemm_mma.cu, mma.sync: sm_80 and up): y bf16 [m,
 // w.rows] = x bf16 [m, w.k] W^T for the tiled 4-/8-bit affine layout, any m (made for the 9 to a few hundred rows of a
 // continuous-batching step). Scratch: first the gathered inputs (act-order, k % 8, unaligned x), then the K splits'
@@ -450,12 +447,13 @@ void set_moe_qexperts_parts(int ks);
 // (ids and weights [top_k] written), then act and out in assignment order (moe_combine with slot_of null).
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
                          float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm = {});
-// The routed experts of steps with many rows per expert (prefill) on Hopper (qgemm_wgmma.cu), the routing built with
-// tile_rows = k_moe_qgemm_rows: the sorted rows' inputs gathered into `out`, then one launch over every expert's row
-// tiles for gate_up with SwiGLU into act bf16 [c top_k, inter] and one for down into out bf16 [c top_k, hidden] (sorted
-// order), the codes dequantized on their way into warpgroup MMAs as in qgemm. Where moe_qgemm_apply (sm_90a).
-constexpr int k_moe_qgemm_rows = 128;
+// The routed experts of steps with many rows per expert (prefill) on Hopper (qgemm_rs.cu's grouped mode), the routing
+// built with tile_rows = moe_qgemm_tile_rows(c, top_k, n_experts): the sorted rows' inputs gathered into `out`, then
+// one launch over every expert's row tiles for gate_up with SwiGLU into act bf16 [c top_k, inter] and one for down
+// into out bf16 [c top_k, hidden] (sorted order), the codes dequantized in registers into warpgroup MMAs as in
+// qgemm_rs. Where moe_qgemm_apply (sm_90a).
 bool moe_qgemm_apply(const MoeQuantExperts & w);
+int moe_qgemm_tile_rows(int tokens, int top_k, int n_experts);
 void moe_qgemm(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out, cudaStream_t stream);
 
 // ---- prefill GEMM (cuBLASLt) ----

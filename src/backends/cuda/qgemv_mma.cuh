@@ -65,7 +65,7 @@ template <GemvIn IN> __global__ void __launch_bounds__(k_threads) stage_inputs_k
     });
 }
 
-// The fused GEMMs' inputs (qgemm_wgmma.cu, qgemm_mma.cu) in the tile layout's K order: x itself where its rows are
+// The fused GEMMs' inputs (qgemm_rs.cu, qgemm_mma.cu) in the tile layout's K order: x itself where its rows are
 // that order and 16-byte aligned (no act-order, k a multiple of 8), else x gathered / padded into the scratch's head,
 // bf16 [m, k_padded], by stage_inputs_kernel. x null when the scratch is too small for that.
 struct GemmInput {
@@ -95,7 +95,7 @@ inline float * partial_scratch(void * scratch, size_t scratch_bytes, size_t used
 }
 
 // y = the sum of K splits' fp32 partial sums, in split order (the same bits on every call): partial [splits, m * n],
-// y [m * n] (bf16). The split GEMMs' second kernel (qgemm_wgmma.cu, qgemm_mma.cu).
+// y [m * n] (bf16). The split GEMMs' second kernel (qgemm_mma.cu).
 template <class Out> __global__ void reduce_splits_kernel(const float * partial, int splits, size_t mn, Out * y) {
     pdl_wait();
     for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < mn; i += size_t(gridDim.x) * blockDim.x) {
