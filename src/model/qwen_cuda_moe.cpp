@@ -126,7 +126,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     const bool router_in_launch = decode_kernels && !L.has_shared && cuda::moe_decode_router_applies(c, router_rows, E, H);
     if (!router_in_launch) router(L, c, xn, norm);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
-    const int tile = grouped ? cuda::moe_qgemm_tile_rows(c, k, E) : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
+    const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     cuda::MoeRouting r = moe_routing();
     float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
     float * sum = part ? part : x;

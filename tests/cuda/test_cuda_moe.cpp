@@ -504,7 +504,7 @@ void check_quant_experts(const QuantMoeCase & p, int c, bool grouped) {
     const DeviceBuffer logits_d = upload(logits), xn_d = upload_bf16(xn);
     auto run = [&](const DeviceBuffer & lg, const DeviceBuffer & x, int n_tok, std::vector<int> * slot_of, const cuda::MoeNormIn & norm = {}) {
         RoutingBuffers rb(n_tok, E, k);
-        cuda::moe_route(lg.as<float>(), E, n_tok, E, k, false, grouped ? cuda::moe_qgemm_tile_rows(n_tok, k, E) : cuda::k_moe_qtile_rows, rb.r, nullptr);
+        cuda::moe_route(lg.as<float>(), E, n_tok, E, k, false, grouped ? cuda::k_moe_qgemm_rows : cuda::k_moe_qtile_rows, rb.r, nullptr);
         const size_t ck = size_t(n_tok) * k;
         DeviceBuffer act_d = poisoned(ck * I * 2), out_d = poisoned(ck * H * 2);
         if (grouped) cuda::moe_qgemm(x.as<cuda::bf16>(), n_tok, k, w, rb.r, act_d.as<cuda::bf16>(), out_d.as<cuda::bf16>(), nullptr);

@@ -48,8 +48,9 @@
 //   first row block on), all of K, whole tiles only. Against the GEMM that dequantized into shared memory
 //   (qgemm_wgmma.cu, ~285 TFLOP/s), with 128-row tiles: Qwen2-57B-A14B GPTQ-Int4 at 30720 186.23 / 186.19 -> 192.80 /
 //   192.86 tok/s (time to first token 2.46 -> 2.08 s), Qwen1.5-MoE-A2.7B GPTQ-Int4 312.80 / 312.82 -> 314.89 / 314.94
-//   (0.554 -> 0.510 s; bench/results/2026-12-03-h200-moe-rs, call 1). Tiles of 256 rows run an expert's last tile of
-//   128 rows or fewer as m64n128 MMAs into the front half of the accumulators.
+//   (0.554 -> 0.510 s; bench/results/2026-12-03-h200-moe-rs, call 1). Tiles of 256 rows (NT 32; an expert's last
+//   tile of 128 rows or fewer as m64n128 MMAs) lost to these: 57B 193.63 / 193.56 -> 191.52 / 191.53 tok/s, the
+//   grouped launches 0.935 -> 1.070 s of its prefill (kernel trace); A2.7B 314.61 / 314.26 -> 312.85 / 312.59 (call 2).
 // Grid (1-D): tiles with token tiles fastest, so the token tiles of one row tile run together and read its codes
 // from L2; a tile's pieces side by side.
 // Act-order weights, k not a multiple of 8 and unaligned x take x gathered into bf16 [m, k_padded] first (the
@@ -58,7 +59,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_tiles.cuh"
@@ -272,11 +272,6 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
 #pragma unroll
     for (int i = 0; i < BT / 2; i++) d[i] = 0.0f;
     sm90::fence_operands(d);
-    // A grouped tile of 256 tokens holding 128 rows or fewer (an expert's last) multiplies its first 128 only, into
-    // the front half of d (tokens 0-127 of the m64n256 layout are the m64n128 layout's).
-    constexpr bool NARROW = GROUPED && NT == 32;
-    const bool narrow = NARROW && tl.rows <= BT / 2;
-    float (&d_front)[BT / 4] = *reinterpret_cast<float (*)[BT / 4]>(d);
     // The split's i-th K block into d, in two groups of two k16 steps with their own A registers (af[h]): each group's
     // dequantization runs while the group before it multiplies; the stage of the K block before goes back to the
     // producer once its last group is done. (Two groups in flight with two sets of A registers alternating by K
@@ -312,15 +307,7 @@ __global__ void __launch_bounds__(block_threads(NT), RsShape<PLANES, LUT, NT>::B
             for (int jj = 0; jj < 2; jj++) dequantize_step<PLANES, LUT>(cw, 2 * h + jj, par, lut + lane, af[h][jj]);
             sm90::wgmma_fence();
 #pragma unroll
-            for (int jj = 0; jj < 2; jj++) {
-                if constexpr (NARROW) {
-                    if (narrow) {
-                        sm90::wgmma_rs_kmajor<BT / 2>(d_front, af[h][jj], desc_x + 2 * (2 * h + jj));
-                        continue;
-                    }
-                }
-                sm90::wgmma_rs_kmajor<BT>(d, af[h][jj], desc_x + 2 * (2 * h + jj));
-            }
+            for (int jj = 0; jj < 2; jj++) sm90::wgmma_rs_kmajor<BT>(d, af[h][jj], desc_x + 2 * (2 * h + jj));
             sm90::wgmma_commit();
             sm90::wgmma_wait<1>();  // the group before is done: its A registers are free
             if (h == 0 && i > 0) {  // ... and it was the K block before's last: that stage goes back
@@ -553,12 +540,14 @@ void launch_for(int nt, const QuantMatrix & w, const bf16 * x, int ldx, int m, b
     else launch<PLANES, LUT, 32>(w, x, ldx, m, y, deal, swiglu, partial, stream);
 }
 
-// A grouped launch (moe_qgemm) over x bf16 [x_rows, w.k], the sorted rows: tiles of BT = 8 NT tokens, one routing
-// row tile (NT 16: 128 tokens x 192 rows, 96 gate and 96 up rows with SwiGLU; NT 32: 256 tokens x 128 rows), every
-// tile whole. Launched without PDL: its blocks read the routing before the producer's pdl_wait.
-template <int PLANES, int NT>
+// A grouped launch (moe_qgemm) over x bf16 [x_rows, w.k], the sorted rows: tiles of 128 tokens (NT 16; one routing
+// row tile) x 192 rows (96 gate and 96 up rows with SwiGLU), every tile whole. Launched without PDL: its blocks read
+// the routing before the producer's pdl_wait.
+template <int PLANES>
 void launch_grouped(const QuantMatrix & w, const bf16 * x, int x_rows, const RsGroups & grp, int max_tiles, bool swiglu, bf16 * y, cudaStream_t stream) {
+    constexpr int NT = 16;
     using Sh = RsShape<PLANES, false, NT>;
+    static_assert(Sh::BT == k_moe_qgemm_rows, "a block's tokens are one routing row tile");
     CUtensorMap x_map;
     if (!cache_tensor_map(&x_map, x, x_rows, w.k, Sh::BT)) QINFER_FAIL() << "MoE qgemm: the tensor map of the sorted rows [" << x_rows << ", " << w.k << "] was refused";
     CUtensorMap code_map;
@@ -574,28 +563,9 @@ void launch_grouped(const QuantMatrix & w, const bf16 * x, int x_rows, const RsG
     CUDA_CHECK(cudaGetLastError());
 }
 
-template <int NT> void moe_launches(const MoeQuantExperts & w, const MoeRouting & r, int rows, bf16 * act, bf16 * out, cudaStream_t stream) {
-    const int max_tiles = moe_max_tiles(rows, 8 * NT, w.n_experts);
-    RsGroups grp{r.offsets, r.tiles, w.n_experts, 2 * w.inter};
-    if (w.gate_up.bits == 4) launch_grouped<1, NT>(w.gate_up, out, rows, grp, max_tiles, true, act, stream);
-    else launch_grouped<2, NT>(w.gate_up, out, rows, grp, max_tiles, true, act, stream);
-    grp.w_rows = w.hidden;
-    if (w.down.bits == 4) launch_grouped<1, NT>(w.down, act, rows, grp, max_tiles, false, out, stream);
-    else launch_grouped<2, NT>(w.down, act, rows, grp, max_tiles, false, out, stream);
-}
-
 }  // namespace
 
 bool moe_qgemm_apply(const MoeQuantExperts & w) { return moe_qexperts_apply(w) && qgemm_rs_applies(w.gate_up) && qgemm_rs_applies(w.down); }
-
-int moe_qgemm_tile_rows(int tokens, int top_k, int n_experts) {
-    static const bool wide = [] {
-        const char * v = std::getenv("QINFER_MOE_RS_WIDE");
-        return v && std::atoi(v) == 1;
-    }();
-    (void)tokens, (void)top_k, (void)n_experts;
-    return wide ? 256 : 128;
-}
 
 void moe_qgemm(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out, cudaStream_t stream) {
     QINFER_CHECK(moe_qgemm_apply(w)) << "MoE qgemm: the experts' layout or this device does not take the grouped kernel";
@@ -603,8 +573,13 @@ void moe_qgemm(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, con
     if (rows <= 0) return;
     // The tensor copies need the sorted rows' inputs contiguous: gathered into `out`, free until down writes it.
     gather_rows(xn, r.token_of, rows, w.hidden, out, stream);
-    if (moe_qgemm_tile_rows(c, top_k, w.n_experts) == 256) moe_launches<32>(w, r, rows, act, out, stream);
-    else moe_launches<16>(w, r, rows, act, out, stream);
+    const int max_tiles = moe_max_tiles(rows, k_moe_qgemm_rows, w.n_experts);
+    RsGroups grp{r.offsets, r.tiles, w.n_experts, 2 * w.inter};
+    if (w.gate_up.bits == 4) launch_grouped<1>(w.gate_up, out, rows, grp, max_tiles, true, act, stream);
+    else launch_grouped<2>(w.gate_up, out, rows, grp, max_tiles, true, act, stream);
+    grp.w_rows = w.hidden;
+    if (w.down.bits == 4) launch_grouped<1>(w.down, act, rows, grp, max_tiles, false, out, stream);
+    else launch_grouped<2>(w.down, act, rows, grp, max_tiles, false, out, stream);
 }
 
 bool qgemm_rs_applies(const QuantMatrix & w) { return sm90a_device() && qgemm_mma_applies(w); }
