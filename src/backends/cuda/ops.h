@@ -448,10 +448,10 @@ void set_moe_qexperts_parts(int ks);
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
                          float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm = {});
 // The routed experts of steps with many rows per expert (prefill) on Hopper (qgemm_rs.cu's grouped mode), the routing
-// built with tile_rows = k_moe_qgemm_rows: the sorted rows' inputs gathered into `out`, then
-// one launch over every expert's row tiles for gate_up with SwiGLU into act bf16 [c top_k, inter] and one for down
-// into out bf16 [c top_k, hidden] (sorted order), the codes dequantized in registers into warpgroup MMAs as in
-// qgemm_rs. Where moe_qgemm_apply (sm_90a).
+// built with tile_rows = k_moe_qgemm_rows: the sorted rows' inputs gathered into `out`, then one launch over every
+// expert's row tiles for gate_up with SwiGLU into act bf16 [c top_k, inter] and one for down into out bf16 [c top_k,
+// hidden] (sorted order), the codes dequantized in registers into warpgroup MMAs as in qgemm_rs. Where
+// moe_qgemm_apply (sm_90a).
 constexpr int k_moe_qgemm_rows = 128;
 bool moe_qgemm_apply(const MoeQuantExperts & w);
 void moe_qgemm(const bf16 * xn, int c, int top_k, const MoeQuantExperts & w, const MoeRouting & r, bf16 * act, bf16 * out, cudaStream_t stream);

@@ -175,23 +175,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs_nmajor(float (&d)[32], const 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1));
 }
 
-// d[64 x 256] += A[64 x 16] B[16 x 256]; A and B from shared memory, both K-major.
-__device__ __forceinline__ void wgmma_m64n256k16_ss_acc(float (&d)[128], uint64_t a_desc, uint64_t b_desc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "
-        "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, "
-        "%72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, "
-        "%120, %121, %122, %123, %124, %125, %126, %127}, "
-        "%128, %129, p, 1, 1, 0, 0;\n}\n"
-        : QINFER_ACC8(0), QINFER_ACC8(8), QINFER_ACC8(16), QINFER_ACC8(24), QINFER_ACC8(32), QINFER_ACC8(40), QINFER_ACC8(48), QINFER_ACC8(56), QINFER_ACC8(64), QINFER_ACC8(72), QINFER_ACC8(80), QINFER_ACC8(88), QINFER_ACC8(96), QINFER_ACC8(104), QINFER_ACC8(112), QINFER_ACC8(120)
-        : "l"(a_desc), "l"(b_desc), "r"(1));
-}
-
 // d[64 x N] += A[64 x 16] B[16 x N]; A from registers, B from shared memory K-major (rows of B along N, the
 // reduction dim contiguous). N 16, 32, 64 or 128.
 template <int N> __device__ __forceinline__ void wgmma_rs_kmajor(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc);
