@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/gemv_common.cuh"
@@ -28,6 +29,7 @@ namespace qinfer::cuda {
 namespace {
 
 constexpr int k_warps = 8;
+static_assert(k_warps * 32 == ring4::k_threads, "stage_params_vec strides over ring4::k_threads threads");
 constexpr int k_ring_loads = 4;  // 16-byte code loads in flight per lane and matrix (4-bit: 4 K blocks, 8-bit: 2)
 // The SwiGLU kernel at three blocks per SM (at most 85 registers; the other one fits four at 64): Qwen1.5-MoE-A2.7B's
 // decode gate_up grid of 88 x 4 blocks in one wave. Unbounded it took 101 registers, two blocks per SM, two waves
@@ -51,6 +53,8 @@ struct QExpertArgs {
     int * ids = nullptr;
     float * weights = nullptr;
     MoeNormIn norm;  // SwiGLU: norm.x set, a row's input is RMSNorm(norm.x) of its token (x unused)
+    bool params_vec = false;  // A/B (QINFER_MOE_PVEC bit 1): group parameters 8 a load, one batch a block
+    bool norm_vec = false;    // A/B (QINFER_MOE_PVEC bit 2): the RMSNorm row staged in float4 batches (qstage::stage_norm_vec)
 };
 
 // Shared memory: the packed group parameters (uint32 [RBB MATS 16 rows, gs], ring4::pack_group), then the tile's input
@@ -121,7 +125,8 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
         }
     }
     uint32_t * sq = smem;
-    const int n_params = RBB * MATS * 16 * G;
+    const int n_params = a.params_vec ? 0 : RBB * MATS * 16 * G;
+    if (a.params_vec) ring4::stage_params_vec<C, RBB, MATS>(w, n_rb, G, gs, sq, erb);
     for (int i = threadIdx.x; i < n_params; i += k_warps * 32) {
         const int lr = i / G, gi = i - lr * G;  // local row (rbl_i MATS + mat_i) 16 + r
         const int rb_i = blockIdx.x * RBB + lr / (MATS * 16), mat_i = (lr / 16) % MATS;
@@ -136,7 +141,15 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
     if (SWIGLU && a.norm.x) {
         __shared__ float norm_red[k_warps];
         for (int r = 0; r < rows; r++) {
-            qstage::stage_rms_norm_row(a.norm.x + size_t(token(row0 + r)) * w.k, a.norm.norm_w, a.norm.eps, w.k, kp, sx + r * xld, norm_red);
+            if (a.norm_vec) {
+                GemvArgs na;
+                na.x = a.norm.x;
+                na.norm_w = a.norm.norm_w;
+                na.eps = a.norm.eps;
+                qstage::stage_norm_vec<4>(na, token(row0 + r), w.k, kp, sx + r * xld, norm_red);
+            } else {
+                qstage::stage_rms_norm_row(a.norm.x + size_t(token(row0 + r)) * w.k, a.norm.norm_w, a.norm.eps, w.k, kp, sx + r * xld, norm_red);
+            }
         }
     } else {
         for (int i = threadIdx.x; i < rows * chunks; i += k_warps * 32) {
@@ -372,6 +385,17 @@ void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16
     QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
     QINFER_CHECK((a.norm.x || reinterpret_cast<uintptr_t>(xn) % 16 == 0) && reinterpret_cast<uintptr_t>(act) % 16 == 0) << "MoE: inputs not 16-byte aligned";
     a.E = w.n_experts;
+    static const int pvec = [] {
+        const char * v = std::getenv("QINFER_MOE_PVEC");
+        return v ? std::atoi(v) : 0;
+    }();
+    auto aligned = [](const QuantMatrix & q) { return reinterpret_cast<uintptr_t>(q.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(q.zeros) % 8 == 0; };
+    a.params_vec = (pvec & 1) && aligned(w.gate_up) && aligned(w.down);
+    GemvArgs na;
+    na.x = a.norm.x;
+    na.norm_w = a.norm.norm_w;
+    na.k = w.hidden;
+    a.norm_vec = (pvec & 2) && a.norm.x && qstage::vec_norm_ok(na);
     a.w = w.gate_up;
     a.x = xn;
     a.ldx = w.hidden;

@@ -87,9 +87,10 @@ template <Codes C> __device__ __forceinline__ uint32_t pack_group(const QuantMat
 // The group parameters of a block's RBB x MATS row blocks into sq (as pack_group), 8 per load: one row block's
 // parameters are contiguous in scales / zeros (16 rows x G), so a thread reads 8 fp16 scales (16 bytes) and their 8
 // zero bytes at once, every load of the block in one batch (two per thread for 7B's gate_up). Needs 16-byte aligned
-// scales and 8-byte aligned zeros (checked by the launch).
+// scales and 8-byte aligned zeros (checked by the launch). Matrix m's row block rb is row block
+// base_rb + m n_rb + rb of w (base_rb: a stacked expert's first, moe_quant.cu; 0 for one matrix).
 template <Codes C, int RBB, int MATS>
-__device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb, int G, int gs, uint32_t * sq) {
+__device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb, int G, int gs, uint32_t * sq, int64_t base_rb = 0) {
     constexpr int k_batch = 2;
     const int per_rb = 2 * G;  // 16 G parameters in loads of 8
     const int n8 = RBB * MATS * per_rb;
@@ -102,7 +103,7 @@ __device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb
             sc[u] = make_uint4(0, 0, 0, 0);
             zb[u] = make_uint2(0, 0);
             if (i >= n8 || rb_c >= n_rb) continue;
-            const size_t at = (size_t(c % MATS == 0 ? rb_c : rb_c + n_rb) * 16) * G + size_t(i % per_rb) * 8;
+            const size_t at = (size_t(base_rb + int64_t(c % MATS) * n_rb + rb_c) * 16) * G + size_t(i % per_rb) * 8;
             sc[u] = *reinterpret_cast<const uint4 *>(w.scales + at);
             if (w.zeros) zb[u] = *reinterpret_cast<const uint2 *>(w.zeros + at);
         }
