@@ -14,6 +14,7 @@
 //      token's top_k rows into x in moe_combine's order, so no combine kernel.
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_route.cuh"
@@ -37,6 +38,7 @@ struct DecodeArgs {
     bf16 * out = nullptr;       // [c top_k, hidden]
     float * x = nullptr;        // [c, hidden], or null: no combine here
     bool accumulate = false;
+    bool norm_vec = false;      // A/B (QINFER_MOE_NVEC=1): the RMSNorm row staged in float4 batches (qstage::stage_norm_vec)
 };
 
 // R weight rows (pointers at the row's first chunk) dotted with one input row over `chunks` 16-byte chunks, the lanes
@@ -117,7 +119,15 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
     const uint4 * xrow = reinterpret_cast<const uint4 *>(a.xn + size_t(t) * H);
     if (m.norm.x) {
         bf16 * xb = reinterpret_cast<bf16 *>(xs);
-        qstage::stage_rms_norm_row(m.norm.x + size_t(t) * H, m.norm.norm_w, m.norm.eps, H, H, xb, norm_red);
+        if (a.norm_vec) {
+            GemvArgs na;
+            na.x = m.norm.x;
+            na.norm_w = m.norm.norm_w;
+            na.eps = m.norm.eps;
+            qstage::stage_norm_vec<4>(na, t, H, H, xb, norm_red);
+        } else {
+            qstage::stage_rms_norm_row(m.norm.x + size_t(t) * H, m.norm.norm_w, m.norm.eps, H, H, xb, norm_red);
+        }
         xrow = xs;
     }
     __syncthreads();
@@ -226,6 +236,15 @@ void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * 
     a.out = out;
     a.x = x;
     a.accumulate = accumulate;
+    static const bool norm_vec_env = [] {
+        const char * v = std::getenv("QINFER_MOE_NVEC");
+        return v && v[0] == '1';
+    }();
+    GemvArgs na;
+    na.x = m.norm.x;
+    na.norm_w = m.norm.norm_w;
+    na.k = w.hidden;
+    a.norm_vec = norm_vec_env && m.norm.x && qstage::vec_norm_ok(na);
     const int assignments = c * m.top_k;
     const size_t xs_bytes = m.norm.x ? size_t(w.hidden) * sizeof(bf16) : 0;
     if (m.norm.x) {

@@ -7,14 +7,17 @@
 // 128 + zero exactly, products accumulate in fp32 per quantization group, each group's sums are scaled in fp32. The
 // tile's rows are the MMA's 8 columns (a token's normalised input for gate/up, its activation row for down), staged in
 // shared memory once per block, so an expert's codes are read once per 8 rows and no K block waits for its inputs
-// (decode steps: the gate/up blocks stage the RMSNorm of each row's residual themselves, MoeNormIn).
+// (decode steps: the gate/up blocks stage the RMSNorm of each row's residual themselves, MoeNormIn). The prologue is
+// batched: group parameters 8 a load, all of a block's in one round trip (ring4::stage_params_vec), the RMSNorm row in
+// float4 batches (qstage::stage_norm_vec). Against one parameter and one input a load (an H200, alternated twice,
+// bench/results/2026-12-03-h200-moe-prologue): Qwen2-57B-A14B GPTQ-Int4 277.6 -> 295.9 tok/s at input 1,
+// Qwen1.5-MoE-A2.7B GPTQ-Int4 726.5 -> 736.8.
 // The routing's tile and row offsets are read into shared memory in one round trip and searched there. Gate and up
 // rows of a block share its warps and meet in the epilogue: silu(bf16(gate)) * bf16(up), as transformers rounds.
 // Nothing goes through the host: graphs can capture it.
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/gemv_common.cuh"
@@ -53,8 +56,6 @@ struct QExpertArgs {
     int * ids = nullptr;
     float * weights = nullptr;
     MoeNormIn norm;  // SwiGLU: norm.x set, a row's input is RMSNorm(norm.x) of its token (x unused)
-    bool params_vec = false;  // A/B (QINFER_MOE_PVEC bit 1): group parameters 8 a load, one batch a block
-    bool norm_vec = false;    // A/B (QINFER_MOE_PVEC bit 2): the RMSNorm row staged in float4 batches (qstage::stage_norm_vec)
 };
 
 // Shared memory: the packed group parameters (uint32 [RBB MATS 16 rows, gs], ring4::pack_group), then the tile's input
@@ -125,32 +126,18 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
         }
     }
     uint32_t * sq = smem;
-    const int n_params = a.params_vec ? 0 : RBB * MATS * 16 * G;
-    if (a.params_vec) ring4::stage_params_vec<C, RBB, MATS>(w, n_rb, G, gs, sq, erb);
-    for (int i = threadIdx.x; i < n_params; i += k_warps * 32) {
-        const int lr = i / G, gi = i - lr * G;  // local row (rbl_i MATS + mat_i) 16 + r
-        const int rb_i = blockIdx.x * RBB + lr / (MATS * 16), mat_i = (lr / 16) % MATS;
-        if (rb_i >= n_rb) continue;
-        const int64_t row = (erb + int64_t(mat_i) * n_rb + rb_i) * 16 + lr % 16;
-        sq[lr * gs + gi] = ring4::pack_group<C>(w, size_t(row) * G + gi);
-    }
+    ring4::stage_params_vec<C, RBB, MATS>(w, n_rb, G, gs, sq, erb);
     const int xld = kp + 8;
     bf16 * sx = reinterpret_cast<bf16 *>(smem + params_words(RBB, MATS, G));
     const int chunks = kp / 8;  // 16-byte chunks of a staged row
     auto token = [&](int p) { return a.token_of ? a.token_of[p] : routed_here && SWIGLU ? 0 : p; };  // routed here: the one token
     if (SWIGLU && a.norm.x) {
         __shared__ float norm_red[k_warps];
-        for (int r = 0; r < rows; r++) {
-            if (a.norm_vec) {
-                GemvArgs na;
-                na.x = a.norm.x;
-                na.norm_w = a.norm.norm_w;
-                na.eps = a.norm.eps;
-                qstage::stage_norm_vec<4>(na, token(row0 + r), w.k, kp, sx + r * xld, norm_red);
-            } else {
-                qstage::stage_rms_norm_row(a.norm.x + size_t(token(row0 + r)) * w.k, a.norm.norm_w, a.norm.eps, w.k, kp, sx + r * xld, norm_red);
-            }
-        }
+        GemvArgs na;
+        na.x = a.norm.x;
+        na.norm_w = a.norm.norm_w;
+        na.eps = a.norm.eps;
+        for (int r = 0; r < rows; r++) qstage::stage_norm_vec<4>(na, token(row0 + r), w.k, kp, sx + r * xld, norm_red);
     } else {
         for (int i = threadIdx.x; i < rows * chunks; i += k_warps * 32) {
             const int r = i / chunks, ch = i - r * chunks;
@@ -360,7 +347,9 @@ template <bool SWIGLU> void launch_planes(const QExpertArgs & a, int max_tiles, 
 bool moe_qexperts_apply(const MoeQuantExperts & w) {
     const int E = w.n_experts;
     auto fits = [&](const QuantMatrix & q, int rows, int k) {
-        return q.codes && q.tiled && !q.lut && !q.perm && (q.bits == 4 || q.bits == 8) && q.rows == int64_t(E) * rows && q.k == k &&
+        // Group parameters are staged 8 a load (ring4::stage_params_vec): 16-byte aligned scales, 8-byte aligned zeros.
+        const bool aligned = reinterpret_cast<uintptr_t>(q.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(q.zeros) % 8 == 0;
+        return q.codes && q.tiled && !q.lut && !q.perm && (q.bits == 4 || q.bits == 8) && aligned && q.rows == int64_t(E) * rows && q.k == k &&
                q.rows_padded == q.rows && smem_bytes(q, 2, k_moe_qtile_rows, max_parts(q.k_padded / 64)) <= k_max_smem_bytes;
     };
     return E >= 1 && w.hidden % 16 == 0 && w.inter % 16 == 0 && fits(w.gate_up, 2 * w.inter, w.hidden) && fits(w.down, w.hidden, w.inter);
@@ -385,17 +374,11 @@ void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16
     QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
     QINFER_CHECK((a.norm.x || reinterpret_cast<uintptr_t>(xn) % 16 == 0) && reinterpret_cast<uintptr_t>(act) % 16 == 0) << "MoE: inputs not 16-byte aligned";
     a.E = w.n_experts;
-    static const int pvec = [] {
-        const char * v = std::getenv("QINFER_MOE_PVEC");
-        return v ? std::atoi(v) : 0;
-    }();
-    auto aligned = [](const QuantMatrix & q) { return reinterpret_cast<uintptr_t>(q.scales) % 16 == 0 && reinterpret_cast<uintptr_t>(q.zeros) % 8 == 0; };
-    a.params_vec = (pvec & 1) && aligned(w.gate_up) && aligned(w.down);
     GemvArgs na;
     na.x = a.norm.x;
     na.norm_w = a.norm.norm_w;
     na.k = w.hidden;
-    a.norm_vec = (pvec & 2) && a.norm.x && qstage::vec_norm_ok(na);
+    QINFER_CHECK(!a.norm.x || qstage::vec_norm_ok(na)) << "MoE: the residual or norm weights are not aligned for 16-byte loads";
     a.w = w.gate_up;
     a.x = xn;
     a.ldx = w.hidden;
