@@ -4,7 +4,9 @@
 //      routing of moe.cu's kernels), so no kernel runs between the router and the experts. In a trace of
 //      Qwen3-30B-A3B's decode step on an H200 this launch took 15.7 us a layer against 15.0 + 3.5 for the grouped
 //      GEMV and the routing kernel. Given the residual (MoeDecode::norm), the block also stages its token's RMSNorm in
-//      shared memory, so no RMSNorm kernel runs ahead of the router.
+//      shared memory (float4 batches, qstage::stage_norm_vec), so no RMSNorm kernel runs ahead of the router. Against
+//      the two-pass staging (an H200, alternated twice, bench/results/2026-12-03-h200-moe-prologue): Qwen1.5-MoE-A2.7B
+//      BF16 586.4 -> 588.7 tok/s, Qwen3-30B-A3B BF16 level.
 //      One token with MoeDecode::router_w: the router's logits come from this launch too. Blocks 0 .. router rows - 1
 //      (in launch order, so they are given SMs before any other block of the grid) each dot one router row with the
 //      token's input (its weights requested before pdl_wait), store the logit and count it in; every block waits for
@@ -14,7 +16,6 @@
 //      token's top_k rows into x in moe_combine's order, so no combine kernel.
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/moe_route.cuh"
@@ -38,7 +39,6 @@ struct DecodeArgs {
     bf16 * out = nullptr;       // [c top_k, hidden]
     float * x = nullptr;        // [c, hidden], or null: no combine here
     bool accumulate = false;
-    bool norm_vec = false;      // A/B (QINFER_MOE_NVEC=1): the RMSNorm row staged in float4 batches (qstage::stage_norm_vec)
 };
 
 // R weight rows (pointers at the row's first chunk) dotted with one input row over `chunks` 16-byte chunks, the lanes
@@ -119,15 +119,11 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
     const uint4 * xrow = reinterpret_cast<const uint4 *>(a.xn + size_t(t) * H);
     if (m.norm.x) {
         bf16 * xb = reinterpret_cast<bf16 *>(xs);
-        if (a.norm_vec) {
-            GemvArgs na;
-            na.x = m.norm.x;
-            na.norm_w = m.norm.norm_w;
-            na.eps = m.norm.eps;
-            qstage::stage_norm_vec<4>(na, t, H, H, xb, norm_red);
-        } else {
-            qstage::stage_rms_norm_row(m.norm.x + size_t(t) * H, m.norm.norm_w, m.norm.eps, H, H, xb, norm_red);
-        }
+        GemvArgs na;
+        na.x = m.norm.x;
+        na.norm_w = m.norm.norm_w;
+        na.eps = m.norm.eps;
+        qstage::stage_norm_vec<4>(na, t, H, H, xb, norm_red);
         xrow = xs;
     }
     __syncthreads();
@@ -236,15 +232,11 @@ void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * 
     a.out = out;
     a.x = x;
     a.accumulate = accumulate;
-    static const bool norm_vec_env = [] {
-        const char * v = std::getenv("QINFER_MOE_NVEC");
-        return v && v[0] == '1';
-    }();
     GemvArgs na;
     na.x = m.norm.x;
     na.norm_w = m.norm.norm_w;
     na.k = w.hidden;
-    a.norm_vec = norm_vec_env && m.norm.x && qstage::vec_norm_ok(na);
+    QINFER_CHECK(!m.norm.x || qstage::vec_norm_ok(na)) << "MoE decode: the residual or norm weights are not aligned for 16-byte loads";
     const int assignments = c * m.top_k;
     const size_t xs_bytes = m.norm.x ? size_t(w.hidden) * sizeof(bf16) : 0;
     if (m.norm.x) {

@@ -67,20 +67,6 @@ __device__ __forceinline__ void for_each_input(const GemvArgs & a, const int * p
     }
 }
 
-// RMSNorm of one fp32 row x [K] into bf16 dst [n_pos] (zero at positions >= K): for_each_input's two-pass form (the row
-// read twice, the second time from L1; few registers), for the MoE experts' gate/up launches (MoeNormIn). All
-// k_threads threads must call; red: shared float [k_threads / 32].
-__device__ __forceinline__ void stage_rms_norm_row(const float * x, const bf16 * w, float eps, int K, int n_pos, bf16 * dst, float * red) {
-    GemvArgs a;
-    a.x = x;
-    a.norm_w = w;
-    a.eps = eps;
-    auto store = [&](int i, float v) {
-        if (i < n_pos) dst[i] = __float2bfloat16(v);
-    };
-    for_each_input<GemvIn::NormF32, decltype(store), false>(a, nullptr, 0, K, n_pos, red, store);
-}
-
 // Host: whether stage_norm_vec may stage a.x (fp32 rows 16-byte aligned, norm weights 8-byte aligned, K % 4 == 0).
 inline bool vec_norm_ok(const GemvArgs & a) {
     return a.k % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.norm_w) % 8 == 0;
