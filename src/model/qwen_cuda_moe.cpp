@@ -5,7 +5,6 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace qinfer::cuda_engine {
 
@@ -80,17 +79,11 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // GEMMs (a workspace a stream) into a SwiGLU buffer of their own up to k_moe_beside_max_rows. On an H200 (same
     // call, alternated twice; bench/results/2026-12-03-h200-moe-beside-lean) Qwen1.5-MoE-A2.7B BF16 at batch 16
     // decoded 2,181.19 / 2,182.46 -> 2,325.32 / 2,325.29 tok/s with the GEMMs beside (+6.6%), at batch 64 5,360.40 /
-    // 5,365.54 -> 5,534.45 / 5,528.89 (+3.2%).
+    // 5,365.54 -> 5,534.45 / 5,528.89 (+3.2%). The fork after the router instead, so the routed gate/up's blocks (PDL)
+    // take the SMs before the shared expert's gate/up does, lost at one token (same call, alternated twice;
+    // bench/results/2026-12-03-h200-moe-prologue, call 3): Qwen2-57B-A14B GPTQ-Int4 -1.7%, A2.7B GPTQ-Int4 -1.3%, BF16 -4.7%.
     const bool beside = L.has_shared && !on_host &&
                         (c <= k_gemv_max_m || (!L.shared.gate_up.quantized && !L.shared.down.quantized && c <= k_moe_beside_max_rows));
-    const bool router_in_launch = decode_kernels && !L.has_shared && cuda::moe_decode_router_applies(c, router_rows, E, H);
-    // A/B (QINFER_MOE_FORK_LATE=1): the router ahead of the fork, so the shared expert's gate/up starts after it.
-    static const bool fork_late = [] {
-        const char * v = std::getenv("QINFER_MOE_FORK_LATE");
-        return v && v[0] == '1';
-    }();
-    const bool router_first = fork_late && beside && !router_in_launch;
-    if (router_first) router(L, c, xn, norm);
     if (L.has_shared) {
         struct StreamSwap {  // the shared expert's launches (through project() / mlp()) go to `s` while alive
             cudaStream_t & cur;
@@ -132,7 +125,8 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     // That launch without PDL instead (the blocks start only when o_proj ends, beside the shared expert's): 587.66 /
     // 587.70 -> 551.47 / 551.95 (-6.1%): the router's rows then run on the critical path after o_proj, their weights
     // not asked for ahead (routed gate/up 30.9 us a layer against ~26; bench/results/2026-12-02-h200-rs-silu, call 1).
-    if (!router_in_launch && !router_first) router(L, c, xn, norm);
+    const bool router_in_launch = decode_kernels && !L.has_shared && cuda::moe_decode_router_applies(c, router_rows, E, H);
+    if (!router_in_launch) router(L, c, xn, norm);
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     cuda::MoeRouting r = moe_routing();
