@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -105,7 +106,12 @@ template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool 
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
     const int forced = forced_ks();
-    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 ? std::min(2, max_ks) : 1;
+    // A/B (QINFER_GU_KS1=1): gate/up at one row starts from one K part (grids of more than 2/5 of the warp slots keep it).
+    static const bool gu_one = [] {
+        const char * v = std::getenv("QINFER_GU_KS1");
+        return v && v[0] == '1';
+    }();
+    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !gu_one ? std::min(2, max_ks) : 1;
     while (!forced && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
