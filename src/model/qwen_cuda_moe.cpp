@@ -103,6 +103,7 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
             const cuda::GemvIn in = moe_input(a, xn, norm);
             a.m = c;
             a.y = moe_gu_.get();  // not moe_act_, which the routed experts write meanwhile
+            a.beside = beside;
             project(L.shared.gate_up, a, in, cuda::GemvOut::SiluMulBf16);
             a = cuda::GemvArgs{};
             a.n = H;

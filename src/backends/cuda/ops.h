@@ -40,6 +40,7 @@ struct GemvArgs {
     // (the gate/up -> down pair of a decode step: down's B fragments in two 16-byte loads; see qgemv_pair_io_ok).
     bool pair_io = false;
     int stage_stride = 0;  // qgemv ring: bf16 row stride of inputs staged in shared memory (set by its launch)
+    bool beside = false;   // qgemv ring: runs beside another stream's kernels (a MoE shared expert): gate/up from one K part
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -100,18 +99,16 @@ constexpr size_t k_ring_max_smem = 160 * 1024;
 // 0: no split fits. (7B's gate/up at m 1 took one part, 296 blocks; two, 592 blocks in 1.5 waves of three an SM: on an
 // H200 7B GPTQ-Int4 batch 1 497.6 -> 504.0 tok/s with the kernel alone level, GPTQ-Int8 354.7 -> 363.2 with its gate/up
 // 42.6 -> 40.7 us; at m 2 / 4 two parts lost, 28.4 / 30.8 -> 29.6 / 33.6 us, batch 4 -2%;
-// bench/results/2026-12-01-h200-int8-ring.)
-template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged) {
+// bench/results/2026-12-01-h200-int8-ring.) A gate/up beside another stream's kernels (a.beside: a MoE block's shared
+// expert) starts from one part, so a large one leaves SM slots to the routed experts: Qwen2-57B-A14B GPTQ-Int4's
+// (320 blocks instead of 640) took the model from 297.30 / 297.25 to 301.25 / 301.06 tok/s at input 1 (same call,
+// alternated; bench/results/2026-12-03-h200-moe-prologue, call 4).
+template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged, bool beside) {
     constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
     const int forced = forced_ks();
-    // A/B (QINFER_GU_KS1=1): gate/up at one row starts from one K part (grids of more than 2/5 of the warp slots keep it).
-    static const bool gu_one = [] {
-        const char * v = std::getenv("QINFER_GU_KS1");
-        return v && v[0] == '1';
-    }();
-    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !gu_one ? std::min(2, max_ks) : 1;
+    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !beside ? std::min(2, max_ks) : 1;
     while (!forced && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
@@ -120,7 +117,7 @@ template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool 
 template <ring4::Codes C, GemvOut OUT, ring4::XSrc XS>
 void launch_ring_ks(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, cudaStream_t s) {
     constexpr int MATS = mats_of<OUT>();
-    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global);
+    const int ks = ring_parts<OUT>(w, a.n, a.m, XS != ring4::XSrc::Global, a.beside);
     if (ks == 0) QINFER_FAIL() << "qgemv: " << w.groups << " quantization groups per row do not fit in shared memory";
     const size_t smem = ring_smem_bytes(w, a.m, XS != ring4::XSrc::Global, ring4::k_warps / ks);
     switch (ks) {
