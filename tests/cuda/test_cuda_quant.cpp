@@ -43,8 +43,9 @@ std::vector<QuantScheme> cuda_schemes() {
 class QuantGemv : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 // Every format, m, input and output form of the quantized GEMV for one weight shape; deep: the deep-ring variant
-// (cuda::set_qgemv_ring_deep) for the forms that take it (bf16 input from global memory added to a residual).
-static void check_quant_gemv(int n, int k, bool deep = false) {
+// (cuda::set_qgemv_ring_deep) for the forms that take it (bf16 input from global memory added to a residual); beside:
+// the gate/up of one row as a MoE block's shared expert runs it (GemvArgs::beside: its K parts from one up), only that.
+static void check_quant_gemv(int n, int k, bool deep = false, bool beside = false) {
     cuda::set_qgemv_ring_deep(deep);
     for (const QuantScheme & s : cuda_schemes()) {
         for (int m : {1, 3, 8}) {
@@ -52,6 +53,7 @@ static void check_quant_gemv(int n, int k, bool deep = false) {
                 for (int out = 0; out < 4; out++) {
                     if (deep && (in != 0 || out != 2)) continue;
                     const bool silu = out == 3;
+                    if (beside && (!silu || m != 1)) continue;
                     const int rows = silu ? 2 * n : n;
                     auto ql = make_quant_linear(s, rows, k, rng()());
                     DevQuant dq = upload_quant(ql->l, !silu || n % 16 == 0);  // as the engine stacks gate/up
@@ -61,7 +63,8 @@ static void check_quant_gemv(int n, int k, bool deep = false) {
                     DeviceBuffer dnorm = upload_bf16(norm_w);
                     DeviceBuffer dx = in == 1 ? upload(x) : upload_bf16(x);
                     DeviceBuffer dy = out == 2 ? upload(y0) : poisoned(size_t(m) * n * 4);
-                    const cuda::GemvArgs a = gemv_args(n, k, m, dx, dnorm, dy);
+                    cuda::GemvArgs a = gemv_args(n, k, m, dx, dnorm, dy);
+                    a.beside = beside;
                     DeviceBuffer scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
                     const cuda::GemvIn gin = in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16;
                     cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.get(), nullptr);
@@ -97,8 +100,8 @@ static void check_quant_gemv(int n, int k, bool deep = false) {
                     // Lookup tables (bitsandbytes) enter the tiled kernel's MMAs rounded to bf16: 2^-9 per weight.
                     const double tol_f32 = dq.q.tiled && dq.q.lut ? 6e-3 : in ? 2e-3 : 2e-5;
                     const double tol = (out == 1 || out == 2) ? tol_f32 : silu ? 2e-2 : 8e-3;
-                    EXPECT_LT(rel_err(got, want), tol)
-                        << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in << " out " << out << " deep " << deep;
+                    EXPECT_LT(rel_err(got, want), tol) << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in << " out " << out
+                                                       << " deep " << deep << " beside " << beside;
                 }
             }
         }
@@ -111,6 +114,7 @@ TEST_P(QuantGemv, MatchesCpu) {
     const auto [n, k] = GetParam();
     check_quant_gemv(n, k);
     check_quant_gemv(n, k, true);
+    check_quant_gemv(n, k, false, true);
     if (k >= 1024) {  // the ring kernel's fast rounds wherever they fit (by default only on parts of three rounds)
         cuda::set_qgemv_ring_fast(1);
         check_quant_gemv(n, k);
