@@ -25,12 +25,12 @@
 // (gate_up 780.2 against 817.3, qkv 105.3 / 104.7); bench/results/2026-12-02-h200-rs-wide, call 2. Beyond, prefill
 // chunks dequantize. The wgmma GEMM that dequantized into shared memory (qgemm_wgmma.cu) left the rule then: qgemm_rs
 // beat it on every shape from 128 to 1024 rows by 1.6-2.5x (gate_up Int4 at 512 184.2 against 298.6 us; call 3); it
-// was removed when qgemm_rs's grouped mode beat it in MoE prefill too (bench/results/2026-12-03-h200-moe-rs). Lookup codes take the 256-token tiles too and qgemm_rs up to 2048
-// rows (it had dequantize + cuBLASLt from 257): 7B NF4 at m 1024 / 2048, qgemm_rs against dequantize + cuBLASLt (us):
-// gate_up 403.8-415.9 / 745.5-747.7 against 448.8-473.8 / 784.5-791.7, down 193.5 / 405.5-406.6 against 226.5 /
-// 422.3-425.6, qkv 56.0 / 100.6-101.0 against 60.2-60.6 / 102.2-102.3, o_proj 39.0 / 79.2 against 48.7-49.0 / 87.0-87.2;
-// 7B NF4 `bench --throughput` 1000 x (100 -> 250) 92.03 / 91.57 -> 101.37 / 101.16 requests/s
-// (bench/results/2026-12-02-h200-lut-wide, call 1).
+// was removed when qgemm_rs's grouped mode beat it in MoE prefill too (bench/results/2026-12-03-h200-moe-rs). Lookup
+// codes take the 256-token tiles too and qgemm_rs up to 2048 rows (it had dequantize + cuBLASLt from 257): 7B NF4 at
+// m 1024 / 2048, qgemm_rs against dequantize + cuBLASLt (us): gate_up 403.8-415.9 / 745.5-747.7 against 448.8-473.8 /
+// 784.5-791.7, down 193.5 / 405.5-406.6 against 226.5 / 422.3-425.6, qkv 56.0 / 100.6-101.0 against 60.2-60.6 /
+// 102.2-102.3, o_proj 39.0 / 79.2 against 48.7-49.0 / 87.0-87.2; 7B NF4 `bench --throughput` 1000 x (100 -> 250)
+// 92.03 / 91.57 -> 101.37 / 101.16 requests/s (bench/results/2026-12-02-h200-lut-wide, call 1).
 #include <algorithm>
 
 #include "backends/cuda/ops.h"
