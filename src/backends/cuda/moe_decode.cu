@@ -119,11 +119,7 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
     const uint4 * xrow = reinterpret_cast<const uint4 *>(a.xn + size_t(t) * H);
     if (m.norm.x) {
         bf16 * xb = reinterpret_cast<bf16 *>(xs);
-        GemvArgs na;
-        na.x = m.norm.x;
-        na.norm_w = m.norm.norm_w;
-        na.eps = m.norm.eps;
-        qstage::stage_norm_vec<4>(na, t, H, H, xb, norm_red);
+        qstage::stage_norm_vec<4>(qstage::norm_args(m.norm, H), t, H, H, xb, norm_red);
         xrow = xs;
     }
     __syncthreads();
@@ -232,11 +228,8 @@ void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * 
     a.out = out;
     a.x = x;
     a.accumulate = accumulate;
-    GemvArgs na;
-    na.x = m.norm.x;
-    na.norm_w = m.norm.norm_w;
-    na.k = w.hidden;
-    QINFER_CHECK(!m.norm.x || qstage::vec_norm_ok(na)) << "MoE decode: the residual or norm weights are not aligned for 16-byte loads";
+    QINFER_CHECK(!m.norm.x || qstage::vec_norm_ok(qstage::norm_args(m.norm, w.hidden)))
+        << "MoE decode: the residual or norm weights are not aligned for 16-byte loads";
     const int assignments = c * m.top_k;
     const size_t xs_bytes = m.norm.x ? size_t(w.hidden) * sizeof(bf16) : 0;
     if (m.norm.x) {

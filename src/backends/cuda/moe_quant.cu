@@ -133,10 +133,7 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
     auto token = [&](int p) { return a.token_of ? a.token_of[p] : routed_here && SWIGLU ? 0 : p; };  // routed here: the one token
     if (SWIGLU && a.norm.x) {
         __shared__ float norm_red[k_warps];
-        GemvArgs na;
-        na.x = a.norm.x;
-        na.norm_w = a.norm.norm_w;
-        na.eps = a.norm.eps;
+        const GemvArgs na = qstage::norm_args(a.norm, w.k);
         for (int r = 0; r < rows; r++) qstage::stage_norm_vec<4>(na, token(row0 + r), w.k, kp, sx + r * xld, norm_red);
     } else {
         for (int i = threadIdx.x; i < rows * chunks; i += k_warps * 32) {
@@ -374,11 +371,8 @@ void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16
     QINFER_CHECK(moe_qexperts_apply(w)) << "MoE: the quantized experts' layout does not take the device kernel";
     QINFER_CHECK((a.norm.x || reinterpret_cast<uintptr_t>(xn) % 16 == 0) && reinterpret_cast<uintptr_t>(act) % 16 == 0) << "MoE: inputs not 16-byte aligned";
     a.E = w.n_experts;
-    GemvArgs na;
-    na.x = a.norm.x;
-    na.norm_w = a.norm.norm_w;
-    na.k = w.hidden;
-    QINFER_CHECK(!a.norm.x || qstage::vec_norm_ok(na)) << "MoE: the residual or norm weights are not aligned for 16-byte loads";
+    QINFER_CHECK(!a.norm.x || qstage::vec_norm_ok(qstage::norm_args(a.norm, w.hidden)))
+        << "MoE: the residual or norm weights are not aligned for 16-byte loads";
     a.w = w.gate_up;
     a.x = xn;
     a.ldx = w.hidden;

@@ -156,6 +156,16 @@ __device__ __forceinline__ void stage_norm_vec(const GemvArgs & a, int tok, int 
     for (int i = K + threadIdx.x; i < n_pos; i += k_threads) dst[pair_order ? b_pair_order(i) : i] = __float2bfloat16(0.0f);
 }
 
+// A MoE block's input (MoeNormIn: the residual and its norm weights) as stage_norm_vec / vec_norm_ok take it.
+__host__ __device__ inline GemvArgs norm_args(const MoeNormIn & n, int K) {
+    GemvArgs a;
+    a.x = n.x;
+    a.norm_w = n.norm_w;
+    a.eps = n.eps;
+    a.k = K;
+    return a;
+}
+
 // The BF16 GEMVs' prologue: the m rows of an fp32 input RMS-normalised into bf16 xs [m, k] (float4 batches where
 // a.vec_norm, else one pass per 256 values). All threads must call; xs is ready after a __syncthreads().
 __device__ __forceinline__ void stage_norm_rows(const GemvArgs & a, int m_rows, bf16 * xs, float * red) {
