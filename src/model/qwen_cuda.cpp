@@ -482,8 +482,9 @@ void CudaQwenEngine::ensure_workspace(int c) {
         moe_idx_ = DeviceBuffer(cuda::moe_routing_ints(c, cfg.num_experts_per_tok, cfg.num_experts) * sizeof(int), "workspace");
         moe_w_ = DeviceBuffer(ck * sizeof(float), "workspace");
         moe_act_ = DeviceBuffer(std::max(ck * Ie, size_t(c) * Is) * sizeof(bf16), "workspace");
-        // The combine's tile counters, then the router count of moe_decode's gate/up launch (MoeDecode::router_count).
-        const size_t arrivals = cuda::moe_decode_arrivals(std::min(c, cuda::k_moe_gemv_max_tokens), H) + 1;
+        // The combine's tile counters, then the router count of moe_decode's gate/up launch (MoeDecode::router_count),
+        // then the two ints that hand one token's routing to the down launch early (MoeDecode::ids_ready).
+        const size_t arrivals = cuda::moe_decode_arrivals(std::min(c, cuda::k_moe_gemv_max_tokens), H) + 3;
         moe_arrivals_ = DeviceBuffer(arrivals * sizeof(int), "workspace");
         CUDA_CHECK(cudaMemset(moe_arrivals_.get(), 0, arrivals * sizeof(int)));
         moe_out_ = DeviceBuffer(ck * H * sizeof(bf16), "workspace");

@@ -5,6 +5,8 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 namespace qinfer::cuda_engine {
 
@@ -131,6 +133,12 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     const bool quantized = !L.experts.empty(), grouped = L.experts_grouped(c, k);
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     cuda::MoeRouting r = moe_routing();
+    int * const router_count = moe_arrivals_.as<int>() + cuda::moe_decode_arrivals(std::min(ws_tokens_, cuda::k_moe_gemv_max_tokens), H);
+    static const bool early_ids = [] {
+        const char * v = std::getenv("QINFER_MOE_EARLY_IDS");
+        return v && std::string(v) == "1";
+    }();
+    int * const ids_ready = early_ids && c == 1 ? router_count + 1 : nullptr;
     float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
     float * sum = part ? part : x;
     const bool accumulate = !part && !partial_only();
@@ -150,14 +158,15 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         if (router_in_launch) {
             m.router_w = L.router.ptr();
             m.router_rows = router_rows;
-            m.router_count = moe_arrivals_.as<int>() + cuda::moe_decode_arrivals(std::min(ws_tokens_, cuda::k_moe_gemv_max_tokens), H);
+            m.router_count = router_count;
         }
+        m.ids_ready = ids_ready;
         cuda::moe_decode(xn, c, m, moe_act_.as<bf16>(), moe_out_.as<bf16>(), L.has_shared ? nullptr : sum, accumulate, stream_);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (q_routed) {
         const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
         cuda::moe_qexperts_routed(xn, router_logits_.as<float>(), k, cfg.norm_topk_prob, w, r.ids, r.weights, moe_act_.as<bf16>(), moe_out_.as<bf16>(),
-                                  stream_, norm);
+                                  stream_, norm, ids_ready);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (!quantized) {
         const cuda::MoeExperts w{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};

@@ -328,12 +328,13 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
     };
     enum class Sum { Accumulate, Alone, None };
     auto run = [&](const std::vector<float> & lg, const std::vector<float> & xr, const std::vector<float> & xin, int n, Sum sum,
-                   const cuda::MoeNormIn & norm = {}) {
+                   const cuda::MoeNormIn & norm = {}, int * ids_ready = nullptr) {
         const DeviceBuffer lg_d = upload(lg), xn_d = upload_bf16(xr);
         DeviceBuffer x = sum == Sum::Accumulate ? upload(xin) : poisoned(size_t(n) * H * 4), ids_d = poisoned(size_t(n) * k * 4),
                      w_d = poisoned(size_t(n) * k * 4), act = poisoned(size_t(n) * k * I * 2), out = poisoned(size_t(n) * k * H * 2);
         cuda::MoeDecode m = decode_args(p, lg_d.as<float>(), stride, gu_d, down_d, ids_d.as<int>(), w_d.as<float>(), arrivals.as<int>());
         m.norm = norm;
+        m.ids_ready = ids_ready;
         cuda::moe_decode(norm.x ? nullptr : xn_d.as<cuda::bf16>(), n, m, act.as<cuda::bf16>(), out.as<cuda::bf16>(), sum == Sum::None ? nullptr : x.as<float>(),
                          sum == Sum::Accumulate, nullptr);
         Result r;
@@ -368,6 +369,20 @@ TEST_P(CudaMoeDecode, MatchesCpu) {
         const std::vector<float> xr(xn.begin() + long(t) * H, xn.begin() + long(t + 1) * H), xi(x0.begin() + long(t) * H, x0.begin() + long(t + 1) * H);
         const std::vector<float> alone = run(lg, xr, xi, 1, Sum::Accumulate).x;
         for (int h = 0; h < H; h++) ASSERT_EQ(alone[size_t(h)], got.x[size_t(t) * H + h]) << "token " << t << " feature " << h;
+    }
+    // One token with its routing handed to the down launch early (MoeDecode::ids_ready), twice (the two ints went back
+    // to zero): bit for bit as without.
+    {
+        const std::vector<float> lg(logits.begin(), logits.begin() + stride), xr(xn.begin(), xn.begin() + H), xi(x0.begin(), x0.begin() + H);
+        DeviceBuffer ready = upload(std::vector<int>(2, 0));
+        const Result plain1 = run(lg, xr, xi, 1, Sum::Accumulate);
+        for (int rep = 0; rep < 2; rep++) {
+            const Result early = run(lg, xr, xi, 1, Sum::Accumulate, {}, ready.as<int>());
+            EXPECT_EQ(early.ids, plain1.ids);
+            EXPECT_EQ(early.out, plain1.out);
+            EXPECT_EQ(early.x, plain1.x);
+            EXPECT_EQ(RoutingBuffers::ints(ready.as<int>(), 2), std::vector<int>(2, 0)) << "ids_ready left set";
+        }
     }
     // The input normalised by the gate/up launch itself (MoeNormIn: no RMSNorm kernel ahead), x0 as the residual:
     // the same as given the CPU's RMSNorm of x0 as xn (rsqrtf against the CPU's 1 / sqrt: an input may round the other
@@ -537,6 +552,15 @@ void check_quant_experts(const QuantMoeCase & p, int c, bool grouped) {
     const std::vector<float> w0 = download_f32(w_d, size_t(k)), out0 = download_bf16(out_d, size_t(k) * H);
     for (int j = 0; j < k; j++) ASSERT_NEAR(w0[size_t(j)], want.weights[size_t(j)], 1e-6f) << p.name << " assignment " << j;
     for (size_t i = 0; i < size_t(k) * H; i++) ASSERT_EQ(out0[i], got[i]) << p.name << " routed in the launch, value " << i;
+    // The routing handed to the down launch early (ids_ready), twice (the two ints went back to zero): bit for bit.
+    DeviceBuffer ready = upload(std::vector<int>(2, 0));
+    for (int rep = 0; rep < 2; rep++) {
+        DeviceBuffer out_e = poisoned(size_t(k) * H * 2);
+        cuda::moe_qexperts_routed(xn0.as<cuda::bf16>(), lg0.as<float>(), k, false, w, ids_d.as<int>(), w_d.as<float>(), act_d.as<cuda::bf16>(),
+                                  out_e.as<cuda::bf16>(), nullptr, {}, ready.as<int>());
+        EXPECT_EQ(download_bf16(out_e, size_t(k) * H), out0) << p.name << " routing handed early";
+        EXPECT_EQ(RoutingBuffers::ints(ready.as<int>(), 2), std::vector<int>(2, 0)) << p.name << " ids_ready left set";
+    }
     // The input normalised by the gate/up launch itself (MoeNormIn), a residual as x: the same as given the CPU's
     // RMSNorm of it (an input may round the other way in bf16, and an output with it, by one bf16 step: rsqrtf against
     // the CPU's 1 / sqrt; call 5 of bench/results/2026-11-30-h200-moe-parts saw 2^-9), grouped and routed in the launch.

@@ -41,26 +41,18 @@ struct DecodeArgs {
     bool accumulate = false;
 };
 
-// R weight rows (pointers at the row's first chunk) dotted with one input row over `chunks` 16-byte chunks, the lanes
-// 32 chunks apart, every load of a pass in flight; each lane ends with the full sums (warp_sum).
-template <int R> __device__ __forceinline__ void dot_rows(const uint4 * const (&w)[R], const uint4 * x, int chunks, float (&acc)[R]) {
+// R weight rows (pointers at the row's first chunk) dotted with one input row over chunks [first, chunks) of 16 bytes,
+// added to acc, the lanes 32 chunks apart, every load of a pass in flight; each lane ends with the full sums (warp_sum).
+template <int R> __device__ __forceinline__ void dot_rows(const uint4 * const (&w)[R], const uint4 * x, int chunks, float (&acc)[R], int first = 0) {
     const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0;
 #pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {
+    for (int c = first + lane; c < chunks; c += 32) {
         const uint4 xv = x[c];
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] += dot8(load_stream(w[r] + c), xv);
     }
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
-}
-
-__device__ __forceinline__ int load_acquire(const int * p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
 }
 
 // The router's logits of one token in the gate/up launch (MoeDecode::router_w): block b < router_rows (launch order)
@@ -133,9 +125,12 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
         }
         __syncthreads();
     }
-    if (blockIdx.x == 0 && j == 0 && threadIdx.x < k) {
-        m.ids[size_t(t) * k + threadIdx.x] = ids[threadIdx.x];
-        m.weights[size_t(t) * k + threadIdx.x] = weights[threadIdx.x];
+    if (blockIdx.x == 0 && j == 0) {
+        if (threadIdx.x < k) {
+            m.ids[size_t(t) * k + threadIdx.x] = ids[threadIdx.x];
+            m.weights[size_t(t) * k + threadIdx.x] = weights[threadIdx.x];
+        }
+        if (m.ids_ready) publish_ids(m.ids_ready);
     }
     const int f0 = (blockIdx.x * k_warps + threadIdx.x / 32) * k_gu_out;
     if (f0 >= I) return;
@@ -146,7 +141,7 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
         const int row = min(f0 + r % k_gu_out, I - 1);  // rows past I read a valid row, and are not written
         rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(row + (r >= k_gu_out ? I : 0)) * H);
     }
-    float acc[k_rows];
+    float acc[k_rows] = {};
     dot_rows(rows, xrow, H / 8, acc);
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -158,21 +153,49 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
     }
 }
 
-__global__ void __launch_bounds__(k_warps * 32) down_kernel(DecodeArgs a) {
-    pdl_wait();
+// EARLY (m.ids_ready): the block takes its expert before pdl_wait and requests the first k_dn_early chunks of each of
+// its warps' rows into registers, while the gate/up launch still runs.
+constexpr int k_dn_early = 2;
+template <bool EARLY> __global__ void __launch_bounds__(k_warps * 32, EARLY ? 4 : 0) down_kernel(DecodeArgs a) {
     const MoeDecode & m = a.m;
-    // The gate/up launch is over (pdl_wait): its router count goes back to zero for the next one.
-    if (m.router_w && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *m.router_count = 0;
-    const int H = m.experts.hidden, I = m.experts.inter, k = m.top_k;
+    const int H = m.experts.hidden, I = m.experts.inter, k = m.top_k, chunks = I / 8;
     const int p = blockIdx.y, t = p / k, lane = threadIdx.x % 32;
     const int f0 = (blockIdx.x * k_warps + threadIdx.x / 32) * k_dn_out;
-    if (f0 < H) {
-        const bf16 * w = m.experts.down + int64_t(m.ids[p]) * H * I;
-        const uint4 * rows[k_rows];
+    const uint4 * rows[k_rows];
+    uint4 early[k_rows][k_dn_early];
+    if constexpr (EARLY) {
+        const bf16 * w = m.experts.down + int64_t(take_id(m.ids_ready, m.ids, p)) * H * I;
 #pragma unroll
-        for (int r = 0; r < k_rows; r++) rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(min(f0 + r, H - 1)) * I);
-        float acc[k_rows];
-        dot_rows(rows, reinterpret_cast<const uint4 *>(a.act + size_t(p) * I), I / 8, acc);
+        for (int r = 0; r < k_rows; r++) {
+            rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(min(f0 + r, H - 1)) * I);
+#pragma unroll
+            for (int u = 0; u < k_dn_early; u++) {
+                const int c = lane + 32 * u;
+                early[r][u] = f0 < H && c < chunks ? load_stream_pinned(rows[r] + c) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    }
+    pdl_wait();
+    // The gate/up launch is over (pdl_wait): its router count goes back to zero for the next one.
+    if (m.router_w && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *m.router_count = 0;
+    if (f0 < H) {
+        const uint4 * x = reinterpret_cast<const uint4 *>(a.act + size_t(p) * I);
+        float acc[k_rows] = {};
+        if constexpr (EARLY) {
+#pragma unroll
+            for (int u = 0; u < k_dn_early; u++) {
+                const int c = lane + 32 * u;
+                if (c >= chunks) break;
+                const uint4 xv = x[c];
+#pragma unroll
+                for (int r = 0; r < k_rows; r++) acc[r] += dot8(early[r][u], xv);
+            }
+        } else {
+            const bf16 * w = m.experts.down + int64_t(m.ids[p]) * H * I;
+#pragma unroll
+            for (int r = 0; r < k_rows; r++) rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(min(f0 + r, H - 1)) * I);
+        }
+        dot_rows(rows, x, chunks, acc, EARLY ? 32 * k_dn_early : 0);
 #pragma unroll
         for (int r = 0; r < k_rows; r++) {
             if (lane == r && f0 + r < H) a.out[size_t(p) * H + f0 + r] = __float2bfloat16(acc[r]);
@@ -244,7 +267,10 @@ void moe_decode(const bf16 * xn, int c, const MoeDecode & m, bf16 * act, bf16 * 
         gu_tiles = std::max(gu_tiles, (m.router_rows + assignments - 1) / assignments);  // a block for every router row
     }
     launch_kernel(gate_up_kernel, dim3(gu_tiles, assignments), dim3(k_warps * 32), xs_bytes, stream, a);
-    launch_kernel(down_kernel, dim3((w.hidden + k_dn_per_block - 1) / k_dn_per_block, assignments), dim3(k_warps * 32), 0, stream, a);
+    QINFER_CHECK(!m.ids_ready || c == 1) << "MoE decode: the routing is handed early for one token only";
+    const dim3 dn_grid((w.hidden + k_dn_per_block - 1) / k_dn_per_block, assignments);
+    if (m.ids_ready) launch_kernel(down_kernel<true>, dn_grid, dim3(k_warps * 32), 0, stream, a);
+    else launch_kernel(down_kernel<false>, dn_grid, dim3(k_warps * 32), 0, stream, a);
 }
 
 }  // namespace qinfer::cuda

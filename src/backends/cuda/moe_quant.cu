@@ -55,6 +55,7 @@ struct QExpertArgs {
     bool renormalise = false;
     int * ids = nullptr;
     float * weights = nullptr;
+    int * ids_ready = nullptr;  // MoeDecode::ids_ready: the down launch's blocks take their expert before pdl_wait
     MoeNormIn norm;  // SwiGLU: norm.x set, a row's input is RMSNorm(norm.x) of its token (x unused)
 };
 
@@ -72,7 +73,10 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
     extern __shared__ __align__(16) uint32_t smem[];
     __shared__ float red[k_warps][32][4 * MATS];
     __shared__ int s_tiles[k_moe_max_experts + 1], s_offsets[k_moe_max_experts + 1];
-    pdl_wait();  // the routing comes from the kernel ahead
+    // The routing comes from the kernel ahead; a down launch given ids_ready takes it before waiting for that kernel's
+    // end (its codes and group parameters then requested while the gate/up launch still runs; its inputs after).
+    const bool early = !SWIGLU && a.ids_ready != nullptr;
+    if (!early) pdl_wait();
     MoeTile tile;
     const bool routed_here = a.ids != nullptr;
     if (routed_here) {
@@ -82,13 +86,16 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
         if constexpr (SWIGLU) {
             if (threadIdx.x < 32) route_token(a.logits, a.E, a.top_k, a.renormalise, r_ids, r_weights);
             __syncthreads();
-            if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < a.top_k) {
-                a.ids[threadIdx.x] = r_ids[threadIdx.x];
-                a.weights[threadIdx.x] = r_weights[threadIdx.x];
+            if (blockIdx.x == 0 && blockIdx.y == 0) {
+                if (threadIdx.x < a.top_k) {
+                    a.ids[threadIdx.x] = r_ids[threadIdx.x];
+                    a.weights[threadIdx.x] = r_weights[threadIdx.x];
+                }
+                if (a.ids_ready) publish_ids(a.ids_ready);
             }
             tile.expert = r_ids[blockIdx.y];
         } else {
-            tile.expert = a.ids[blockIdx.y];
+            tile.expert = early ? take_id(a.ids_ready, a.ids, int(blockIdx.y)) : a.ids[blockIdx.y];
         }
         tile.row0 = int(blockIdx.y);
         tile.rows = 1;
@@ -127,6 +134,7 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
     }
     uint32_t * sq = smem;
     ring4::stage_params_vec<C, RBB, MATS>(w, n_rb, G, gs, sq, erb);
+    if (early) pdl_wait();
     const int xld = kp + 8;
     bf16 * sx = reinterpret_cast<bf16 *>(smem + params_words(RBB, MATS, G));
     const int chunks = kp / 8;  // 16-byte chunks of a staged row
@@ -392,7 +400,7 @@ void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16
 }  // namespace
 
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
-                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm) {
+                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm, int * ids_ready) {
     QINFER_CHECK(top_k >= 1 && top_k <= std::min(k_moe_max_topk, w.n_experts) && w.n_experts <= k_moe_max_experts)
         << "MoE: top-" << top_k << " of " << w.n_experts;
     QExpertArgs a;
@@ -401,6 +409,7 @@ void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool 
     a.renormalise = renormalise;
     a.ids = ids;
     a.weights = weights;
+    a.ids_ready = ids_ready;
     a.norm = norm;
     run_experts(a, w, xn, act, out, top_k, 1, stream);
 }

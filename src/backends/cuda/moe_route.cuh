@@ -63,4 +63,35 @@ __device__ __forceinline__ void route_token(const float * lt, int E, int k, bool
     if (lane < k) weights[lane] = renormalise ? chosen / top : chosen;
 }
 
+__device__ __forceinline__ int load_acquire(const int * p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// One token's routing handed from its gate/up launch to the down launch's blocks before their pdl_wait (MoeDecode::
+// ids_ready, two ints zero between launches): the down blocks, resident while the gate/up launch still streams its
+// weights, then request theirs at once. publish_ids: by every thread of the block that wrote ids (after the writes);
+// ready[0] = 1. take_id: the down block's expert (every thread calls); it waits for ready[0], reads ids[p] and counts
+// itself in on ready[1]; the launch's last block puts both back to zero (every block has read by then, and the next
+// gate/up launch runs after this launch ends).
+__device__ __forceinline__ void publish_ids(int * ready) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(ready), "r"(1) : "memory");
+}
+__device__ __forceinline__ int take_id(int * ready, const int * ids, int p) {
+    __shared__ int s_id;
+    if (threadIdx.x == 0) {
+        while (load_acquire(ready) == 0) __nanosleep(32);
+        s_id = __ldcg(ids + p);
+        if (atomicAdd(ready + 1, 1) == int(gridDim.x * gridDim.y) - 1) {
+            ready[1] = 0;
+            ready[0] = 0;
+        }
+    }
+    __syncthreads();
+    return s_id;
+}
+
 }  // namespace qinfer::cuda

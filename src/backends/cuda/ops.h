@@ -418,6 +418,9 @@ struct MoeDecode {
     const bf16 * router_w = nullptr;
     int router_rows = 0;
     int * router_count = nullptr;
+    // One token: the routing handed to the down launch's blocks before they wait for the gate/up launch to end (two
+    // ints, zero between launches: moe_route.cuh's publish_ids / take_id). Null: they read it after.
+    int * ids_ready = nullptr;
 };
 bool moe_decode_applies(int n_experts, int top_k, int hidden, int inter);
 size_t moe_decode_arrivals(int c, int hidden);
@@ -446,8 +449,9 @@ bool moe_qexperts_route_in_launch(const MoeQuantExperts & w, int top_k);
 void set_moe_qexperts_parts(int ks);
 // One token (a batch-1 decode step) routed inside the gate/up launch from the router's logits fp32 [n_experts...]
 // (ids and weights [top_k] written), then act and out in assignment order (moe_combine with slot_of null).
+// ids_ready: as MoeDecode::ids_ready.
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
-                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm = {});
+                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm = {}, int * ids_ready = nullptr);
 // The routed experts of steps with many rows per expert (prefill) on Hopper (qgemm_rs.cu's grouped mode), the routing
 // built with tile_rows = k_moe_qgemm_rows: the sorted rows' inputs gathered into `out`, then one launch over every
 // expert's row tiles for gate_up with SwiGLU into act bf16 [c top_k, inter] and one for down into out bf16 [c top_k,
