@@ -158,17 +158,13 @@ struct DevLayer {
     // 560.71 / 561.50 to 593.28 / 593.52 tok/s (its shared expert now starts beside the router at once), A2.7B
     // GPTQ-Int4 723.89 -> 741.37, Qwen2-57B-A14B GPTQ-Int4 271.48 -> 281.24, Qwen3-235B-A22B GPTQ-Int4 128.53 -> 129.48;
     // but Qwen3-30B-A3B BF16 369.21 / 368.87 -> 367.50 / 367.49 (no shared expert, and each of its 384 bf16 gate/up
-    // blocks waits for its norm before its first weight load): bf16 experts without a shared expert keep the kernel.
-    static bool norm_all_switch() {
-        static const bool on = [] {
-            const char * v = std::getenv("QINFER_MOE_NORM_ALL");
-            return v && v[0] == '1';
-        }();
-        return on;
-    }
+    // blocks waited for its two-pass norm before its first weight load). With the staging one round trip
+    // (qstage::stage_norm_vec) it pays there too at one token, the router's rows in the same launch (same call,
+    // alternated twice; bench/results/2026-12-04-h200-moe-early-ids, call 2): 379.03 / 379.41 -> 382.42 / 382.58.
+    // Bf16 experts without a shared expert at 2-8 tokens (a router kernel ahead, unmeasured) keep the RMSNorm kernel.
     bool moe_normalises(int c, int top_k) const {
         if (!moe || c > k_gemv_max_m) return false;
-        if (experts.empty()) return (has_shared || norm_all_switch()) && experts_decode && c <= cuda::k_moe_gemv_max_tokens;
+        if (experts.empty()) return (has_shared ? c <= cuda::k_moe_gemv_max_tokens : c == 1) && experts_decode;
         return expert_q_kernel && !experts_grouped(c, top_k) && !experts_on_host(c, top_k);
     }
 };

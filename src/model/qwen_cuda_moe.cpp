@@ -5,8 +5,6 @@
 #include "model/qwen_cuda.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 namespace qinfer::cuda_engine {
 
@@ -134,11 +132,13 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
     const int tile = grouped ? cuda::k_moe_qgemm_rows : quantized ? cuda::k_moe_qtile_rows : cuda::moe_tile_rows(c, k, E);
     cuda::MoeRouting r = moe_routing();
     int * const router_count = moe_arrivals_.as<int>() + cuda::moe_decode_arrivals(std::min(ws_tokens_, cuda::k_moe_gemv_max_tokens), H);
-    static const bool early_ids = [] {
-        const char * v = std::getenv("QINFER_MOE_EARLY_IDS");
-        return v && std::string(v) == "1";
-    }();
-    int * const ids_ready = early_ids && c == 1 ? router_count + 1 : nullptr;
+    // One token: the routing handed to the down launch's blocks before they wait for the gate/up launch to end
+    // (MoeDecode::ids_ready), so they ask for their weights while it still streams. On an H200 (same call, alternated
+    // twice; bench/results/2026-12-04-h200-moe-early-ids, call 2), tok/s at input 1: Qwen2-57B-A14B GPTQ-Int4 298.70 /
+    // 298.44 -> 306.55 / 306.09, Qwen1.5-MoE-A2.7B GPTQ-Int4 736.18 / 736.33 -> 764.20 / 761.73, Qwen3-30B-A3B BF16
+    // 379.35 / 378.97 -> 381.17 / 381.08; but A2.7B BF16 588.90 / 588.73 -> 569.86 / 569.66: its bf16 down blocks,
+    // busy early, slowed the shared expert's chain beside them. Bf16 experts with a shared expert do without.
+    int * const ids_ready = c == 1 && (!L.experts.empty() || !L.has_shared) ? router_count + 1 : nullptr;
     float * part = decode ? peer_partial(1, size_t(c) * H) : nullptr;
     float * sum = part ? part : x;
     const bool accumulate = !part && !partial_only();

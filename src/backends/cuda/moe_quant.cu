@@ -12,7 +12,11 @@
 // float4 batches (qstage::stage_norm_vec). Against one parameter and one input a load (an H200, alternated twice,
 // bench/results/2026-12-03-h200-moe-prologue): Qwen2-57B-A14B GPTQ-Int4 277.6 -> 295.9 tok/s at input 1,
 // Qwen1.5-MoE-A2.7B GPTQ-Int4 726.5 -> 736.8.
-// The routing's tile and row offsets are read into shared memory in one round trip and searched there. Gate and up
+// The routing's tile and row offsets are read into shared memory in one round trip and searched there. One token
+// routed in the launch with ids_ready: the down launch's blocks take their expert from the gate/up launch before
+// pdl_wait, and request their ring of codes and stage their group parameters while it still runs (an H200, alternated
+// twice, bench/results/2026-12-04-h200-moe-early-ids: 57B GPTQ-Int4 298.6 -> 306.3 tok/s, A2.7B GPTQ-Int4 736.3 ->
+// 763.0). Gate and up
 // rows of a block share its warps and meet in the epilogue: silu(bf16(gate)) * bf16(up), as transformers rounds.
 // Nothing goes through the host: graphs can capture it.
 #include <algorithm>
