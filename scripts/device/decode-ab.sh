@@ -15,7 +15,7 @@ for r in $(seq "${DAB_ROUNDS:-2}"); do
             IFS=: read -r p q kv lens <<<"$spec"
             # shellcheck disable=SC2086  # DAB_ARGS splits into words on purpose
             env "$DAB_VAR=$v" "$Q" bench --preset "$p" --quant "$q" --kv-dtype "$kv" --input-lens "$lens" ${DAB_ARGS:---load-format dummy} \
-                --json "$OUT/dab-$v-$p-$q-kv$kv-$r.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/$DAB_VAR=$v r$r $kv: /" | tee -a "$OUT/decode-ab.log"
+                --json "$OUT/dab-$v-$p-$q-kv$kv-in${lens//,/_}-$r.json" 2>&1 | grep -E "^\| qwen" | sed "s/^/$DAB_VAR=$v r$r $kv: /" | tee -a "$OUT/decode-ab.log"
         done
     done
 done
