@@ -16,9 +16,8 @@
 // routed in the launch with ids_ready: the down launch's blocks take their expert from the gate/up launch before
 // pdl_wait, and request their ring of codes and stage their group parameters while it still runs (an H200, alternated
 // twice, bench/results/2026-12-04-h200-moe-early-ids: 57B GPTQ-Int4 298.6 -> 306.3 tok/s, A2.7B GPTQ-Int4 736.3 ->
-// 763.0). Gate and up
-// rows of a block share its warps and meet in the epilogue: silu(bf16(gate)) * bf16(up), as transformers rounds.
-// Nothing goes through the host: graphs can capture it.
+// 763.0). Gate and up rows of a block share its warps and meet in the epilogue: silu(bf16(gate)) * bf16(up), as
+// transformers rounds. Nothing goes through the host: graphs can capture it.
 #include <algorithm>
 #include <atomic>
 #include <climits>
