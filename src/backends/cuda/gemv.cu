@@ -2,6 +2,7 @@
 // kernels of gemv_rows.cuh) and gemv_qkv_rope(); also the PDL switch and the SM count the launch rules use.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/ops.h"
@@ -80,7 +81,11 @@ static std::atomic<int> fused_rope_mode{-1};
 void set_fused_rope(int mode) { fused_rope_mode = mode; }
 
 void gemv_qkv_rope(const GemvArgs & args, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream) {
-    const int mode = fused_rope_mode;
+    static const int env_mode = [] {
+        const char * v = std::getenv("QINFER_FUSED_ROPE");
+        return v ? std::atoi(v) : -1;
+    }();
+    const int mode = fused_rope_mode != -1 ? int(fused_rope_mode) : env_mode;
     const bool fuse = mode == 1 || (mode == -1 && r.head_dim == 128);
     const bool fits = fuse && r.cache.quant.kind == KVKind::BF16 && !r.q_norm && !r.k_norm && !r.fp8_amax && r.head_dim % 2 == 0 &&
                       r.n == args.m && args.n == (r.n_head + 2 * r.n_kv) * r.head_dim && r.q_out;
