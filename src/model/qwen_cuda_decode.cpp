@@ -71,7 +71,6 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
         const DevLayer & L = layers_[size_t(l)];
         cuda::QkvRopeArgs r = rope_args(l, kv_layer_batch(l), B);
         r.pos_dev = pos;
-        bool roped = false;  // bias, RoPE and the cache store done by the projection's epilogue
         if (fused) {
             cuda::GemvArgs a;
             a.n = L.qkv.n;
@@ -81,13 +80,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             a.norm_w = L.input_norm.as<bf16>();
             a.eps = eps;
             a.y = qkv_.get();
-            if (L.qkv.quantized) {
-                project(L.qkv, a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16);
-            } else {
-                a.w = L.qkv.ptr();
-                cuda::gemv_qkv_rope(a, cuda::GemvIn::NormF32, r, stream_);
-                roped = true;
-            }
+            project(L.qkv, a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16);
         } else {
             if (pending) cuda::add_rms_norm(x, tmp_.as<bf16>(), L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
             else cuda::rms_norm(x, L.input_norm.as<bf16>(), eps, B, H, xn, stream_);
@@ -95,7 +88,7 @@ void CudaQwenEngine::decode_step(int B, StepEnd end) {
             linear(xn, B, L.qkv, qkv_.as<bf16>());
         }
         prof_.mark("qkv gemv");
-        if (!roped) cuda::qkv_rope_cache(r, stream_);
+        cuda::qkv_rope_cache(r, stream_);
         prof_.mark("bias/norm/rope/cache");
         cuda::attention_decode(q_.as<bf16>(), r.cache, len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, scratch,
                                attn_.as<bf16>(), stream_, B, cuda::DecodeKernel::Auto, decode_short_);

@@ -526,11 +526,11 @@ TEST(CudaOps, QkvRopeCache) {
     }
 }
 
-// The QKV GEMV with bias, RoPE and the cache store in its epilogue (gemv_qkv_rope), as the decode step of a batch
-// runs it (RMSNorm of fp32 rows fused in, positions and block-table rows per token), against the CPU: norm, matmul,
-// bf16 output, bias, RoPE, and the q / K / V rows where they belong. One case: head_dim d, m tokens of a decode
-// batch, with or without bias, under fused-RoPE mode `mode` (already set with set_fused_rope).
-static void check_qkv_rope(int d, int m, bool with_bias, int mode) {
+// The QKV GEMV then the bias, RoPE and cache store (qkv_rope_cache), as the decode step of a batch runs them (RMSNorm
+// of fp32 rows fused into the GEMV, positions and block-table rows per token), against the CPU: norm, matmul, bf16
+// output, bias, RoPE, and the q / K / V rows where they belong. One case: head_dim d, m tokens of a decode batch, with
+// or without bias.
+static void check_qkv_rope(int d, int m, bool with_bias) {
     const int n_head = 6, n_kv = 2, k = 200, rows = (n_head + 2 * n_kv) * d, bs = 16, stride = 4, pool = 13;
     const std::vector<int> positions = {37, 5, 50};
     std::vector<float> x = randn(size_t(m) * k), nw = randn(size_t(k), 0.2f), w = randn(size_t(rows) * k, 0.1f);
@@ -572,7 +572,8 @@ static void check_qkv_rope(int d, int m, bool with_bias, int mode) {
     r.pos_dev = dpos.as<int>();
     r.cache = {dk.as<bf16>(), dv.as<bf16>(), dt.as<int>(), bs, stride, {}};
     r.q_out = dq.as<bf16>();
-    cuda::gemv_qkv_rope(a, cuda::GemvIn::NormF32, r, nullptr);
+    cuda::gemv(a, cuda::GemvIn::NormF32, cuda::GemvOut::Bf16, nullptr);
+    cuda::qkv_rope_cache(r, nullptr);
 
     // CPU: RMSNorm (bf16), projection rounded to bf16, bias, RoPE of q and k at each token's position.
     const std::vector<float> xn = norm_rows(x, nw, m, k, 1e-6f);
@@ -592,7 +593,7 @@ static void check_qkv_rope(int d, int m, bool with_bias, int mode) {
         cpu::rope(q.data() + size_t(t) * n_head * d, 1, n_head, d, cs.data(), sn.data());
         cpu::rope(kk.data() + size_t(t) * n_kv * d, 1, n_kv, d, cs.data(), sn.data());
     }
-    const std::string what = "d " + std::to_string(d) + " m " + std::to_string(m) + (with_bias ? " bias" : "") + " mode " + std::to_string(mode);
+    const std::string what = "d " + std::to_string(d) + " m " + std::to_string(m) + (with_bias ? " bias" : "");
     EXPECT_LT(rel_err(download_bf16(dq, q.size()), q), 1e-2) << what;
     const std::vector<float> kc = download_bf16(dk, cache_elems), vc = download_bf16(dv, cache_elems);
     std::vector<float> got_k, got_v;
@@ -608,17 +609,13 @@ static void check_qkv_rope(int d, int m, bool with_bias, int mode) {
     EXPECT_LT(rel_err(got_v, vv), 1e-2) << what;
 }
 
-TEST(CudaOps, GemvQkvRopeFused) {
+TEST(CudaOps, GemvQkvRope) {
     REQUIRE_GPU();
-    for (int mode : {1, 0, -1}) {  // fused wherever it applies, the two kernels, the default rule
-        cuda::set_fused_rope(mode);
-        for (int d : {64, 128}) {
-            for (int m : {1, 3}) {
-                for (bool with_bias : {true, false}) check_qkv_rope(d, m, with_bias, mode);
-            }
+    for (int d : {64, 128}) {
+        for (int m : {1, 3}) {
+            for (bool with_bias : {true, false}) check_qkv_rope(d, m, with_bias);
         }
     }
-    cuda::set_fused_rope(-1);
 }
 
 TEST(CudaOps, ArgmaxAdvanceAndGatherRows) {

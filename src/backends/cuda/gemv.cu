@@ -1,8 +1,7 @@
 // Decode GEMV entry points: gemv() (the balanced kernel of gemv_balanced.cu where its table fits, else the row
-// kernels of gemv_rows.cuh) and gemv_qkv_rope(); also the PDL switch and the SM count the launch rules use.
+// kernels of gemv_rows.cuh); also the PDL switch and the SM count the launch rules use.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/ops.h"
@@ -71,31 +70,6 @@ void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
     if (gemv_balanced(a, in, out, stream)) return;
     if (in == GemvIn::Bf16) gemv_rows_bf16(a, out, stream);
     else gemv_rows_norm(a, out, stream);
-}
-
-// Fused at head_dim 128 (H100, same call, a6f6ebb: 1.5B +1.1%, 7B +0.3%); at head_dim 64, 0.5B went 1297 -> 1241 tok/s
-// fused under PDL (2.2% faster without PDL; bench/results/2026-11-27-h100-fused-rope). set_fused_rope(1 / 0) forces
-// it on / off (tests run both on one shape).
-static std::atomic<int> fused_rope_mode{-1};
-
-void set_fused_rope(int mode) { fused_rope_mode = mode; }
-
-void gemv_qkv_rope(const GemvArgs & args, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream) {
-    static const int env_mode = [] {
-        const char * v = std::getenv("QINFER_FUSED_ROPE");
-        return v ? std::atoi(v) : -1;
-    }();
-    const int mode = fused_rope_mode != -1 ? int(fused_rope_mode) : env_mode;
-    const bool fuse = mode == 1 || (mode == -1 && r.head_dim == 128);
-    const bool fits = fuse && r.cache.quant.kind == KVKind::BF16 && !r.q_norm && !r.k_norm && !r.fp8_amax && r.head_dim % 2 == 0 &&
-                      r.n == args.m && args.n == (r.n_head + 2 * r.n_kv) * r.head_dim && r.q_out;
-    if (fits) {
-        GemvArgs a = launch_args(args, in, "gemv_qkv_rope");
-        a.n = args.n / 2;  // RoPE pairs
-        if (gemv_balanced_qkv_rope(a, in, r, stream)) return;
-    }
-    gemv(args, in, GemvOut::Bf16, stream);
-    qkv_rope_cache(r, stream);
 }
 
 }  // namespace qinfer::cuda

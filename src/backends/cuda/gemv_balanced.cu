@@ -8,18 +8,15 @@
 // (each slot requested again as soon as it is multiplied, so the loads never drain; launch()). A thread's
 // partial sum of a row goes to its own column of a shared table [token][row][thread]; after one barrier each warp
 // adds its rows' 256 columns in a fixed order, so the result does not depend on timing.
-// ROPE (the QKV projection of a bf16 cache without q/k norms): row r of the grid is RoPE pair r, the rows
-// (h d + j, h d + j + d/2) of head h = r / (d/2), j = r % (d/2), side by side as gate and up are; the epilogue adds
-// the bias, rotates q and k and stores q or the cache row as qkv_rope_cache does (rope_common.cuh), so no qkv buffer
-// and no second kernel. Each pair's position, cos/sin, bias and destination are worked out while the first weights
-// are in flight, so the epilogue only multiplies and stores.
+// The QKV projection's bias, RoPE and cache store once ran in this kernel's epilogue (rows paired as RoPE pairs). On
+// an H200 the plain GEMV and qkv_rope_cache after it were faster (one round, same call; bench/results/
+// 2026-12-04-h200-moe-early-ids, call 4): Qwen1.5-MoE-A2.7B BF16 591.39 -> 603.25 tok/s, Qwen2.5-7B BF16 254.45 ->
+// 255.56; the epilogue was removed.
 #include <algorithm>
 #include <atomic>
-#include <type_traits>
 
 #include "backends/cuda/gemv_common.cuh"
 #include "backends/cuda/qstage.cuh"
-#include "backends/cuda/rope_common.cuh"
 
 namespace qinfer::cuda {
 
@@ -29,19 +26,15 @@ constexpr int k_threads = 256;
 constexpr int k_table_rows = 32;  // table rows per block (tokens x rows x matrices): 32 KB of shared memory
 constexpr int k_batch = 8;        // loads in flight per thread
 
-struct NoRope {};  // the kernel parameter of the variants without the RoPE epilogue
-template <bool ROPE> using RopeParam = std::conditional_t<ROPE, QkvRopeArgs, NoRope>;
-
 // RING (one row only, launch()): the ring form, at three blocks per SM for bf16 inputs (at most 85 registers) as the
 // batch form fits them.
-template <int M, GemvIn IN, GemvOut OUT, bool ROPE, bool RING>
-__global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 ? 3 : 0) gemv_balanced_kernel(GemvArgs a, int table_rows, RopeParam<ROPE> rope) {
+template <int M, GemvIn IN, GemvOut OUT, bool RING>
+__global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 ? 3 : 0) gemv_balanced_kernel(GemvArgs a, int table_rows) {
     extern __shared__ float4 smem_raw4[];
     float * table = reinterpret_cast<float *>(smem_raw4);                              // fp32 [M, table_rows, 256]
     bf16 * xs = reinterpret_cast<bf16 *>(table + size_t(M) * table_rows * k_threads);  // bf16 [M, k] (NormF32)
     __shared__ float norm_red[k_threads / 32];
-    __shared__ rope::PairTarget targets[ROPE ? k_table_rows / 2 : 1];  // ROPE: [M][the block's pairs]
-    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
+    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int k = a.k, chunks = k / 8;
     const int row0 = int(int64_t(blockIdx.x) * a.n / gridDim.x), row1 = int(int64_t(blockIdx.x + 1) * a.n / gridDim.x);
@@ -49,12 +42,7 @@ __global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 ? 3 : 0)
     const int vrows = (row1 - row0) * n_mats;
     auto row_ptr = [&](int vr) {
         const int row = row0 + vr / n_mats, mat = vr % n_mats;
-        int64_t w_row = int64_t(row) + int64_t(mat) * a.n;
-        if constexpr (ROPE) {
-            const int half = rope.head_dim / 2;
-            w_row = int64_t(row / half) * rope.head_dim + row % half + mat * half;
-        }
-        return reinterpret_cast<const uint4 *>(a.w + w_row * k);
+        return reinterpret_cast<const uint4 *>(a.w + (int64_t(row) + int64_t(mat) * a.n) * k);
     };
 
     // This thread's next chunk: (v, c), flat index v * chunks + c = tid + 256 i.
@@ -88,14 +76,6 @@ __global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 ? 3 : 0)
     // The first batch is requested before pdl_wait() and the norm, as in gemv.cu.
     bool have_batch = true;
     fetch();
-    if constexpr (ROPE) {
-        // Positions come from the decode state, written before the kernel ahead of this one began (pdl_wait there).
-        const int pairs = row1 - row0, half = rope.head_dim / 2;
-        if (tid < M * pairs) {
-            const int p = row0 + tid % pairs;
-            targets[tid] = rope::pair_target(rope, tid / pairs, p / half, p % half);
-        }
-    }
     pdl_wait();
     for (int m = 0; m < M; m++) {
         for (int r = 0; r < vrows; r++) table[(size_t(m) * table_rows + r) * k_threads + tid] = 0;
@@ -162,21 +142,14 @@ __global__ void __launch_bounds__(k_threads, RING && IN == GemvIn::Bf16 ? 3 : 0)
                 for (int j = 0; j < k_threads / 32; j++) t += col[lane + 32 * j];
                 s[mat] = warp_sum(t);
             }
-            if (lane == 0) {
-                if constexpr (ROPE) {
-                    rope::store_pair(targets[m * (row1 - row0) + r], rope.head_dim / 2, s[0], s[1]);
-                } else {
-                    gemv_store<OUT>(a, m, row0 + r, s[0], s[n_mats - 1]);
-                }
-            }
+            if (lane == 0) gemv_store<OUT>(a, m, row0 + r, s[0], s[n_mats - 1]);
         }
     }
 }
 
-template <int M, GemvIn IN, GemvOut OUT, bool ROPE = false>
-bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rope = {}) {
-    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 || ROPE ? 2 : 1;
-    auto kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, false>;
+template <int M, GemvIn IN, GemvOut OUT> bool launch(const GemvArgs & a, cudaStream_t stream) {
+    constexpr int n_mats = OUT == GemvOut::SiluMulBf16 ? 2 : 1;
+    auto kernel = gemv_balanced_kernel<M, IN, OUT, false>;
     const size_t xs_bytes = IN == GemvIn::NormF32 ? size_t(M) * a.k * sizeof(bf16) : 0;
     const size_t table_max_bytes = size_t(k_table_rows) * k_threads * sizeof(float);
     static PerDevice<size_t> configured, configured_ring;
@@ -197,13 +170,13 @@ bool launch(const GemvArgs & a, cudaStream_t stream, const RopeParam<ROPE> & rop
         // ~2.9); the ring everywhere lost where blocks stream a batch or less (0.5B 1,535 -> 1,499, A2.7B -1.6%).
         const int64_t batch_bytes = int64_t(k_batch) * k_threads * 16, block_bytes = int64_t(a.n) * n_mats * a.k * 2 / grid;
         if (block_bytes >= 2 * batch_bytes) {
-            auto ring_kernel = gemv_balanced_kernel<M, IN, OUT, ROPE, true>;
+            auto ring_kernel = gemv_balanced_kernel<M, IN, OUT, true>;
             allow_dynamic_smem(ring_kernel, table_max_bytes + xs_bytes, configured_ring);
-            launch_kernel(ring_kernel, grid, k_threads, smem, stream, a, table_rows, rope);
+            launch_kernel(ring_kernel, grid, k_threads, smem, stream, a, table_rows);
             return true;
         }
     }
-    launch_kernel(kernel, grid, k_threads, smem, stream, a, table_rows, rope);
+    launch_kernel(kernel, grid, k_threads, smem, stream, a, table_rows);
     return true;
 }
 
@@ -226,11 +199,6 @@ template <int M> bool dispatch(const GemvArgs & a, GemvIn in, GemvOut out, cudaS
     return false;
 }
 
-template <int M> bool dispatch_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t s) {
-    if (in == GemvIn::Bf16) return launch<M, GemvIn::Bf16, GemvOut::Bf16, true>(a, s, r);
-    return launch<M, GemvIn::NormF32, GemvOut::Bf16, true>(a, s, r);
-}
-
 }  // namespace
 
 static std::atomic<bool> balanced_on{true};
@@ -244,17 +212,6 @@ bool gemv_balanced(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stre
     case 2: return dispatch<2>(a, in, out, stream);
     case 3: return dispatch<3>(a, in, out, stream);
     case 4: return dispatch<4>(a, in, out, stream);
-    default: return false;
-    }
-}
-
-bool gemv_balanced_qkv_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream) {
-    if (!balanced_on) return false;
-    switch (a.m) {
-    case 1: return dispatch_rope<1>(a, in, r, stream);
-    case 2: return dispatch_rope<2>(a, in, r, stream);
-    case 3: return dispatch_rope<3>(a, in, r, stream);
-    case 4: return dispatch_rope<4>(a, in, r, stream);
     default: return false;
     }
 }

@@ -49,7 +49,5 @@ void gemv_rows_norm(const GemvArgs & a, GemvOut out, cudaStream_t stream);
 
 // The balanced kernel for this shape, if it applies (gemv_balanced.cu); false: use the row kernels.
 bool gemv_balanced(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
-// The balanced kernel with the bias/RoPE/cache epilogue (a.n: RoPE pairs, half the projection's rows), if it applies.
-bool gemv_balanced_qkv_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream);
 
 }  // namespace qinfer::cuda

@@ -196,14 +196,6 @@ struct QkvRopeArgs {
     bf16 * q_out = nullptr;  // [n, n_head, d]
 };
 void qkv_rope_cache(const QkvRopeArgs & a, cudaStream_t stream);
-// The QKV projection (a: W [(n_head + 2 n_kv) d, k], the GEMV's m tokens, y = r.qkv) followed by qkv_rope_cache(r),
-// fused into the balanced GEMV's epilogue where it applies: head_dim 128 (set_fused_rope(1 / 0) forces it on / off),
-// a bf16 cache, no q/k norms, no fp8 range pass (gemv_balanced.cu); nothing is then written to r.qkv. Elsewhere the
-// two kernels.
-void gemv_qkv_rope(const GemvArgs & a, GemvIn in, const QkvRopeArgs & r, cudaStream_t stream);
-// gemv_qkv_rope's choice from now on: -1 the default rule (fused at head_dim 128), 0 never fused, 1 fused wherever it
-// applies.
-void set_fused_rope(int mode);
 // scale[i] = amax[i] / 448 (1 where amax is 0), i = 0 (K), 1 (V): the fp8 rule of the CPU cache. A scale already
 // set (> 0, from the checkpoint) is kept.
 void fp8_scales_from_amax(const float * amax, float * scale, cudaStream_t stream);
