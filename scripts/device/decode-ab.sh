@@ -21,10 +21,10 @@ for r in $(seq "${DAB_ROUNDS:-2}"); do
 done
 echo "-- decode-ab: $DAB_VAR, rows per arm (tok/s with prefill, decode tok/s)"
 python3 - "$OUT" <<'PY'
-import glob, json, sys, collections
+import collections, glob, json, re, sys
 rows = collections.defaultdict(lambda: collections.defaultdict(list))
 for f in sorted(glob.glob(sys.argv[1] + "/dab-*.json")):
-    arm = f.rsplit("/", 1)[1].split("-")[1]
+    arm = re.match(r"dab-(.*?)-(?:qwen|llama)", f.rsplit("/", 1)[1]).group(1)  # a value may hold '-' (-1)
     kv = f.rsplit("-kv", 1)[1].split("-")[0]
     data = json.load(open(f))
     for r in data if isinstance(data, list) else data.get("rows", []):
