@@ -57,16 +57,16 @@ void set_gemv_half_rows(bool on) { half_rows_on = on; }
 bool gemv_half_rows_on() { return half_rows_on; }
 
 // The caller's arguments checked (k, norm weights) and completed with the launch settings every BF16 GEMV kernel reads.
-static GemvArgs launch_args(const GemvArgs & args, GemvIn in, const char * who) {
-    if (args.k % 8 != 0) QINFER_FAIL() << who << ": k = " << args.k << " must be a multiple of 8";
-    if (in == GemvIn::NormF32 && !args.norm_w) QINFER_FAIL() << who << ": NormF32 input needs norm weights";
+static GemvArgs launch_args(const GemvArgs & args, GemvIn in) {
+    if (args.k % 8 != 0) QINFER_FAIL() << "gemv: k = " << args.k << " must be a multiple of 8";
+    if (in == GemvIn::NormF32 && !args.norm_w) QINFER_FAIL() << "gemv: NormF32 input needs norm weights";
     GemvArgs a = args;
     a.vec_norm = in == GemvIn::NormF32 && qstage::vec_norm_ok(a);
     return a;
 }
 
 void gemv(const GemvArgs & args, GemvIn in, GemvOut out, cudaStream_t stream) {
-    const GemvArgs a = launch_args(args, in, "gemv");
+    const GemvArgs a = launch_args(args, in);
     if (gemv_balanced(a, in, out, stream)) return;
     if (in == GemvIn::Bf16) gemv_rows_bf16(a, out, stream);
     else gemv_rows_norm(a, out, stream);
