@@ -157,7 +157,8 @@ __global__ void __launch_bounds__(k_warps * 32) gate_up_kernel(DecodeArgs a) {
 }
 
 // EARLY (m.ids_ready): the block takes its expert before pdl_wait and requests the first k_dn_early chunks of each of
-// its warps' rows into registers, while the gate/up launch still runs.
+// its warps' rows into registers, while the gate/up launch still runs; held to 64 registers (four blocks an SM, as the
+// other form takes unbounded).
 constexpr int k_dn_early = 2;
 template <bool EARLY> __global__ void __launch_bounds__(k_warps * 32, EARLY ? 4 : 0) down_kernel(DecodeArgs a) {
     const MoeDecode & m = a.m;
@@ -165,12 +166,16 @@ template <bool EARLY> __global__ void __launch_bounds__(k_warps * 32, EARLY ? 4 
     const int p = blockIdx.y, t = p / k, lane = threadIdx.x % 32;
     const int f0 = (blockIdx.x * k_warps + threadIdx.x / 32) * k_dn_out;
     const uint4 * rows[k_rows];
+    auto find_rows = [&](int expert) {  // the warp's rows of the expert's down matrix (rows past H read row H - 1)
+        const bf16 * w = m.experts.down + int64_t(expert) * H * I;
+#pragma unroll
+        for (int r = 0; r < k_rows; r++) rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(min(f0 + r, H - 1)) * I);
+    };
     uint4 early[k_rows][k_dn_early];
     if constexpr (EARLY) {
-        const bf16 * w = m.experts.down + int64_t(take_id(m.ids_ready, m.ids, p)) * H * I;
+        find_rows(take_id(m.ids_ready, m.ids, p));
 #pragma unroll
         for (int r = 0; r < k_rows; r++) {
-            rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(min(f0 + r, H - 1)) * I);
 #pragma unroll
             for (int u = 0; u < k_dn_early; u++) {
                 const int c = lane + 32 * u;
@@ -194,9 +199,7 @@ template <bool EARLY> __global__ void __launch_bounds__(k_warps * 32, EARLY ? 4 
                 for (int r = 0; r < k_rows; r++) acc[r] += dot8(early[r][u], xv);
             }
         } else {
-            const bf16 * w = m.experts.down + int64_t(m.ids[p]) * H * I;
-#pragma unroll
-            for (int r = 0; r < k_rows; r++) rows[r] = reinterpret_cast<const uint4 *>(w + int64_t(min(f0 + r, H - 1)) * I);
+            find_rows(m.ids[p]);
         }
         dot_rows(rows, x, chunks, acc, EARLY ? 32 * k_dn_early : 0);
 #pragma unroll
