@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/gemv_common.cuh"
@@ -335,7 +336,12 @@ template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a,
 }
 
 template <int PLANES, bool SWIGLU> void launch(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
-    const Parts parts = parts_for<PLANES, SWIGLU>(a.w, a.n, max_tiles, xrows);
+    Parts parts = parts_for<PLANES, SWIGLU>(a.w, a.n, max_tiles, xrows);
+    // A/B (temporary): QINFER_MOE_SPLIT = 10 x shared ks + routed gate/up ks, one token routed in the launch.
+    if (const char * e = std::getenv("QINFER_MOE_SPLIT"); e && SWIGLU && a.ids) {
+        const int ks = std::atoi(e) % 10;
+        if (ks == 1 || ks == 2 || ks == 4 || ks == 8) parts.ks = std::min(ks, max_parts(a.w.k_padded / 64));
+    }
     switch (parts.ks) {
     case 8: return launch_ks<PLANES, SWIGLU, 8>(a, max_tiles, xrows, stream);
     case 4: return launch_ks<PLANES, SWIGLU, 4>(a, max_tiles, xrows, stream);

@@ -3,6 +3,8 @@
 // for one source each, so the build spreads its ~150 kernels over three compiler processes; qgemv.cu calls them.
 #pragma once
 
+#include <cstdlib>
+
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
@@ -110,6 +112,11 @@ template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool 
     const int forced = forced_ks();
     int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !beside ? std::min(2, max_ks) : 1;
     while (!forced && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    // A/B (temporary): QINFER_MOE_SPLIT = 10 x shared ks + routed gate/up ks.
+    if (const char * e = std::getenv("QINFER_MOE_SPLIT"); e && beside && MATS == 2) {
+        const int want = std::atoi(e) / 10;
+        if (want == 1 || want == 2 || want == 4) ks = std::min(want, max_ks);
+    }
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
