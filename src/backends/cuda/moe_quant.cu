@@ -337,9 +337,10 @@ template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a,
 
 template <int PLANES, bool SWIGLU> void launch(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
     Parts parts = parts_for<PLANES, SWIGLU>(a.w, a.n, max_tiles, xrows);
-    // A/B (temporary): QINFER_MOE_SPLIT = 10 x shared ks + routed gate/up ks, one token routed in the launch.
-    if (const char * e = std::getenv("QINFER_MOE_SPLIT"); e && SWIGLU && a.ids) {
-        const int ks = std::atoi(e) % 10;
+    // A/B (temporary): QINFER_MOE_SPLIT = 100 x routed down ks + 10 x shared ks + routed gate/up ks, one token routed
+    // in the launch.
+    if (const char * e = std::getenv("QINFER_MOE_SPLIT"); e && a.ids) {
+        const int ks = SWIGLU ? std::atoi(e) % 10 : std::atoi(e) / 100;
         if (ks == 1 || ks == 2 || ks == 4 || ks == 8) parts.ks = std::min(ks, max_parts(a.w.k_padded / 64));
     }
     switch (parts.ks) {

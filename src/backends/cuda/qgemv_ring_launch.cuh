@@ -114,7 +114,7 @@ template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool 
     while (!forced && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     // A/B (temporary): QINFER_MOE_SPLIT = 10 x shared ks + routed gate/up ks.
     if (const char * e = std::getenv("QINFER_MOE_SPLIT"); e && beside && MATS == 2) {
-        const int want = std::atoi(e) / 10;
+        const int want = std::atoi(e) / 10 % 10;
         if (want == 1 || want == 2 || want == 4) ks = std::min(want, max_ks);
     }
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
