@@ -165,8 +165,10 @@ void CudaQwenEngine::moe(const DevLayer & L, int c, const bf16 * xn, float * x, 
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (q_routed) {
         const cuda::MoeQuantExperts w{L.expert_q.gate_up.q, L.expert_q.down.q, E, H, I};
+        // The shared expert's gate/up blocks beside it, which the routed gate/up's K split leaves room for.
+        const int beside_blocks = beside && L.shared.gate_up.quantized ? cuda::qgemv_beside_blocks(L.shared.gate_up.q, L.shared.down.k) : 0;
         cuda::moe_qexperts_routed(xn, router_logits_.as<float>(), k, cfg.norm_topk_prob, w, r.ids, r.weights, moe_act_.as<bf16>(), moe_out_.as<bf16>(),
-                                  stream_, norm, ids_ready);
+                                  stream_, norm, ids_ready, beside_blocks);
         r.slot_of = nullptr;  // the experts' rows in assignment order
     } else if (!quantized) {
         const cuda::MoeExperts w{L.expert_gate_up.as<bf16>(), L.expert_down.as<bf16>(), E, H, I};

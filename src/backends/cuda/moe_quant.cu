@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/gemv_common.cuh"
@@ -60,6 +59,7 @@ struct QExpertArgs {
     int * ids = nullptr;
     float * weights = nullptr;
     int * ids_ready = nullptr;  // MoeDecode::ids_ready: the down launch's blocks take their expert before pdl_wait
+    int beside_blocks = 0;      // gate/up: SM slots another stream's launch holds beside it (parts_for)
     MoeNormIn norm;  // SwiGLU: norm.x set, a row's input is RMSNorm(norm.x) of its token (x unused)
 };
 
@@ -302,7 +302,13 @@ struct Parts {
 // -> 128.56 tok/s (gate/up 768 blocks in two waves -> 384 in one, routed in the launch; down 1,024 -> 512),
 // Qwen2-57B-A14B GPTQ-Int4 266.17 -> 271.62 at input 1 and 182.85 -> 185.83 at 30720 (3.2 / 3.4 waves -> one),
 // Qwen1.5-MoE-A2.7B GPTQ-Int4 level (one wave either way: the same launches).
-template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n, int tiles, int xrows) {
+// beside: SM slots another stream's launch holds meanwhile (a shared expert's gate/up beside the routed one). Where
+// some split fits one wave beside it, the most parts that do; else the rule above, as if alone. On an H200 (same call,
+// alternated twice; bench/results/2026-12-04-h200-moe-split) Qwen1.5-MoE-A2.7B GPTQ-Int4 at input 1, 88 shared
+// blocks beside 352 routed ones (8 parts) for 396 slots, decoded 765.22 / 765.18 -> 803.45 / 803.07 tok/s with 176
+// routed ones (4 parts), 766.55 / 766.19 -> 805.59 / 804.93 in a second call; 88 routed (2 parts) 744.74 / 744.80.
+// Qwen2-57B-A14B's (320 shared blocks) fits no split and keeps its two parts: with one, 307.27 / 307.45 -> 263.04 / 263.05.
+template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n, int tiles, int xrows, int beside = 0) {
     constexpr int MATS = SWIGLU ? 2 : 1;
     const int n_rb = n / 16, most = max_parts(w.k_padded / 64);
     auto resident = [&](int ks, size_t smem) {
@@ -313,7 +319,7 @@ template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n,
             default: return prepare_kernel<PLANES, SWIGLU, 1>(smem);
         }
     };
-    Parts best;
+    Parts best, beside_fit;
     for (int ks = most; ks >= 1; ks /= 2) {
         if (forced_parts && ks != std::min(int(forced_parts), most)) continue;
         const size_t smem = smem_bytes(w, MATS, xrows, ks);
@@ -322,8 +328,9 @@ template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n,
         const int64_t blocks = int64_t((n_rb + k_warps / ks - 1) / (k_warps / ks)) * tiles, slots = int64_t(per_sm) * sm_count();
         const int waves = int((blocks + slots - 1) / slots);
         if (best.ks == 0 || waves < best.waves) best = Parts{ks, waves};
+        if (beside > 0 && beside_fit.ks == 0 && blocks + beside <= slots) beside_fit = Parts{ks, 1};
     }
-    return best;
+    return beside_fit.ks ? beside_fit : best;
 }
 
 // xrows: the most rows a tile holds (k_moe_qtile_rows, or fewer tokens: a token chooses an expert once).
@@ -336,13 +343,7 @@ template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a,
 }
 
 template <int PLANES, bool SWIGLU> void launch(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
-    Parts parts = parts_for<PLANES, SWIGLU>(a.w, a.n, max_tiles, xrows);
-    // A/B (temporary): QINFER_MOE_SPLIT = 100 x routed down ks + 10 x shared ks + routed gate/up ks, one token routed
-    // in the launch.
-    if (const char * e = std::getenv("QINFER_MOE_SPLIT"); e && a.ids) {
-        const int ks = SWIGLU ? std::atoi(e) % 10 : std::atoi(e) / 100;
-        if (ks == 1 || ks == 2 || ks == 4 || ks == 8) parts.ks = std::min(ks, max_parts(a.w.k_padded / 64));
-    }
+    const Parts parts = parts_for<PLANES, SWIGLU>(a.w, a.n, max_tiles, xrows, a.beside_blocks);
     switch (parts.ks) {
     case 8: return launch_ks<PLANES, SWIGLU, 8>(a, max_tiles, xrows, stream);
     case 4: return launch_ks<PLANES, SWIGLU, 4>(a, max_tiles, xrows, stream);
@@ -399,6 +400,7 @@ void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16
     launch_planes<true>(a, max_tiles, xrows, stream);
     a.w = w.down;
     a.norm = MoeNormIn{};
+    a.beside_blocks = 0;
     a.x = act;
     a.ldx = w.inter;
     a.token_of = nullptr;
@@ -410,7 +412,8 @@ void run_experts(QExpertArgs a, const MoeQuantExperts & w, const bf16 * xn, bf16
 }  // namespace
 
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
-                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm, int * ids_ready) {
+                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm, int * ids_ready,
+                         int beside_blocks) {
     QINFER_CHECK(top_k >= 1 && top_k <= std::min(k_moe_max_topk, w.n_experts) && w.n_experts <= k_moe_max_experts)
         << "MoE: top-" << top_k << " of " << w.n_experts;
     QExpertArgs a;
@@ -420,6 +423,7 @@ void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool 
     a.ids = ids;
     a.weights = weights;
     a.ids_ready = ids_ready;
+    a.beside_blocks = beside_blocks;
     a.norm = norm;
     run_experts(a, w, xn, act, out, top_k, 1, stream);
 }

@@ -72,6 +72,9 @@ struct QuantMatrix {
 // inputs are staged (qgemv_scratch_bytes); may be null for other layouts.
 void qgemv(const QuantMatrix & w, const GemvArgs & a, GemvIn in, GemvOut out, void * scratch, cudaStream_t stream);
 size_t qgemv_scratch_bytes(int k_padded, int m);
+// The blocks of qgemv's gate/up (SiluMulBf16, n outputs a matrix) for one normalised row beside another stream's
+// kernels (GemvArgs::beside) in the tiled layout's ring kernel; 0 where it does not launch.
+int qgemv_beside_blocks(const QuantMatrix & gate_up, int n);
 // Whether a decode step's gate/up -> down pair may pass its activations in b_pair_order (GemvArgs::pair_io): both
 // in the tiled layout with affine codes, down without act-order, its k unpadded and a multiple of 64.
 bool qgemv_pair_io_ok(const QuantMatrix & gate_up, const QuantMatrix & down);
@@ -441,9 +444,11 @@ bool moe_qexperts_route_in_launch(const MoeQuantExperts & w, int top_k);
 void set_moe_qexperts_parts(int ks);
 // One token (a batch-1 decode step) routed inside the gate/up launch from the router's logits fp32 [n_experts...]
 // (ids and weights [top_k] written), then act and out in assignment order (moe_combine with slot_of null).
-// ids_ready: as MoeDecode::ids_ready.
+// ids_ready: as MoeDecode::ids_ready. beside_blocks: the blocks of a launch on another stream meanwhile (a shared
+// expert's gate/up, qgemv_beside_blocks), which the gate/up launch's K split leaves room for where it can.
 void moe_qexperts_routed(const bf16 * xn, const float * logits, int top_k, bool renormalise, const MoeQuantExperts & w, int * ids,
-                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm = {}, int * ids_ready = nullptr);
+                         float * weights, bf16 * act, bf16 * out, cudaStream_t stream, const MoeNormIn & norm = {}, int * ids_ready = nullptr,
+                         int beside_blocks = 0);
 // The routed experts of steps with many rows per expert (prefill) on Hopper (qgemm_rs.cu's grouped mode), the routing
 // built with tile_rows = k_moe_qgemm_rows: the sorted rows' inputs gathered into `out`, then one launch over every
 // expert's row tiles for gate_up with SwiGLU into act bf16 [c top_k, inter] and one for down into out bf16 [c top_k,

@@ -321,6 +321,13 @@ void set_qgemv_ring_fast(int mode) { ring_fast_mode = mode; }
 
 size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
 
+int qgemv_beside_blocks(const QuantMatrix & gate_up, int n) {
+    const int ks = ring_launch::ring_parts<GemvOut::SiluMulBf16>(gate_up, n, 1, true, true);
+    if (!gate_up.tiled || ks == 0) return 0;
+    const int rbb = ring4::k_warps / (2 * ks);
+    return ((n + 15) / 16 + rbb - 1) / rbb;
+}
+
 bool qgemv_pair_io_ok(const QuantMatrix & gate_up, const QuantMatrix & down) {
     return gate_up.tiled && down.tiled && !gate_up.lut && !down.lut && !down.perm && down.k == down.k_padded && down.k % 64 == 0 && gate_up.rows == 2 * down.k;
 }

@@ -3,8 +3,6 @@
 // for one source each, so the build spreads its ~150 kernels over three compiler processes; qgemv.cu calls them.
 #pragma once
 
-#include <cstdlib>
-
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
@@ -104,19 +102,17 @@ constexpr size_t k_ring_max_smem = 160 * 1024;
 // bench/results/2026-12-01-h200-int8-ring.) A gate/up beside another stream's kernels (a.beside: a MoE block's shared
 // expert) starts from one part, so a large one leaves SM slots to the routed experts: Qwen2-57B-A14B GPTQ-Int4's
 // (320 blocks instead of 640) took the model from 297.30 / 297.25 to 301.25 / 301.06 tok/s at input 1 (same call,
-// alternated; bench/results/2026-12-03-h200-moe-prologue, call 4).
+// alternated; bench/results/2026-12-03-h200-moe-prologue, call 4). At one row it keeps that one part even where the
+// grid then fills less than two fifths of the warps: Qwen1.5-MoE-A2.7B GPTQ-Int4's 88 blocks instead of 176, beside a
+// routed launch of 176 (moe_qexperts_routed's beside_blocks), 798.13 / 798.69 -> 803.45 / 803.07 tok/s at input 1
+// (same call; bench/results/2026-12-04-h200-moe-split).
 template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged, bool beside) {
     constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
     const int forced = forced_ks();
     int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !beside ? std::min(2, max_ks) : 1;
-    while (!forced && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
-    // A/B (temporary): QINFER_MOE_SPLIT = 10 x shared ks + routed gate/up ks.
-    if (const char * e = std::getenv("QINFER_MOE_SPLIT"); e && beside && MATS == 2) {
-        const int want = std::atoi(e) / 10 % 10;
-        if (want == 1 || want == 2 || want == 4) ks = std::min(want, max_ks);
-    }
+    while (!forced && !(beside && m == 1) && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
