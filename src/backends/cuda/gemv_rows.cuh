@@ -7,8 +7,6 @@
 // them for one input kind each (two compiler processes: this file alone took ~50 s to compile for sm_90a).
 #pragma once
 
-#include <cstdlib>
-
 #include <algorithm>
 
 #include "backends/cuda/gemv_common.cuh"
@@ -191,10 +189,6 @@ template <int M, int WPR, GemvIn IN, GemvOut OUT, int LANES = 32> void launch(co
     // gate_up (1120 row groups) over 224 blocks in five full rounds instead of 264 with a fifth a quarter full.
     // H100, alternated in one call: 1.5B 652.3 -> 662.4 tok/s, 0.5B 1362.4 -> 1386.4, 7B level (264 either way;
     // bench/results/2026-11-28-h100-even-rounds).
-    // A/B (temporary): QINFER_BESIDE_BLOCKS caps a gate/up beside another stream's kernels (a MoE shared expert).
-    if (const char * e = std::getenv("QINFER_BESIDE_BLOCKS"); e && OUT == GemvOut::SiluMulBf16 && a.beside && std::atoi(e) > 0) {
-        blocks = std::min(blocks, std::atoi(e));
-    }
     const int rounds = (needed + blocks - 1) / blocks;
     blocks = (needed + rounds - 1) / rounds;
     launch_kernel(kernel, blocks, k_threads, smem, stream, a);
