@@ -304,9 +304,10 @@ struct Parts {
 // Qwen1.5-MoE-A2.7B GPTQ-Int4 level (one wave either way: the same launches).
 // beside: SM slots another stream's launch holds meanwhile (a shared expert's gate/up beside the routed one). Where
 // some split fits one wave beside it, the most parts that do; else the rule above, as if alone. On an H200 (same call,
-// alternated twice; bench/results/2026-12-04-h200-moe-split) Qwen1.5-MoE-A2.7B GPTQ-Int4 at input 1, 88 shared
-// blocks beside 352 routed ones (8 parts) for 396 slots, decoded 765.22 / 765.18 -> 803.45 / 803.07 tok/s with 176
-// routed ones (4 parts), 766.55 / 766.19 -> 805.59 / 804.93 in a second call; 88 routed (2 parts) 744.74 / 744.80.
+// alternated twice; bench/results/2026-12-04-h200-moe-split) Qwen1.5-MoE-A2.7B GPTQ-Int4 at input 1 decoded
+// 765.22 / 765.18 tok/s with 176 shared blocks beside 352 routed ones (8 parts) for 396 slots, 803.45 / 803.07 with 88
+// shared ones (ring_parts) beside 176 routed (4 parts; 766.55 / 766.19 -> 805.59 / 804.93 in a second call); 88
+// beside 352: 756.77 / 756.74; 88 beside 88 (2 parts): 744.74 / 744.80.
 // Qwen2-57B-A14B's (320 shared blocks) fits no split and keeps its two parts: with one, 307.27 / 307.45 -> 263.04 / 263.05.
 template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n, int tiles, int xrows, int beside = 0) {
     constexpr int MATS = SWIGLU ? 2 : 1;
