@@ -322,10 +322,9 @@ void set_qgemv_ring_fast(int mode) { ring_fast_mode = mode; }
 size_t qgemv_scratch_bytes(int k_padded, int m) { return size_t(k_padded) * m * sizeof(bf16); }
 
 int qgemv_beside_blocks(const QuantMatrix & gate_up, int n) {
+    if (!gate_up.tiled) return 0;
     const int ks = ring_launch::ring_parts<GemvOut::SiluMulBf16>(gate_up, n, 1, true, true);
-    if (!gate_up.tiled || ks == 0) return 0;
-    const int rbb = ring4::k_warps / (2 * ks);
-    return ((n + 15) / 16 + rbb - 1) / rbb;
+    return ks ? ring_launch::ring_grid(n, 2, ks) : 0;
 }
 
 bool qgemv_pair_io_ok(const QuantMatrix & gate_up, const QuantMatrix & down) {

@@ -59,13 +59,17 @@ inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes
     return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= 3 * (ringk / ring4::planes_of(c)));
 }
 
+// The ring kernel's grid: n outputs a matrix in row blocks of 16, k_warps / (mats ks) of them a block.
+inline int ring_grid(int n, int mats, int ks) {
+    const int rbb = ring4::k_warps / (mats * ks);
+    return ((n + 15) / 16 + rbb - 1) / rbb;
+}
+
 template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
-    constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
     auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS>;
     static PerDevice<size_t> configured;
     allow_dynamic_smem(kernel, smem, configured);
-    const int n_rb = (a.n + 15) / 16;
     // In blocks of 4-bit codes' bytes: 8-bit blocks are twice the size.
     GemvArgs args = a;
     args.vec_norm = XS == ring4::XSrc::StageNorm && !w.perm && qstage::vec_norm_ok(a);
@@ -76,7 +80,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     args.stage_stride = ring4::stage_stride(w.k_padded, a.m);
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
-    const int grid = (n_rb + RBB - 1) / RBB;
+    const int grid = ring_grid(a.n, mats_of<OUT>(), KS);
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
         if (plain_input && qgemv_ring_deep(C != ring4::Codes::Lookup4) && grid <= 2 * sm_count()) {
