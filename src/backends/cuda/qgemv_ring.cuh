@@ -349,6 +349,31 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
                 xk += RING * 32;
                 pos0 += RING * 64;
             }
+            if (a.ring_tail) {
+                // The part's last rounds the same way: each slot refilled only while its block lies inside the part.
+                for (; kb0 + RING <= kb_end; kb0 += RING) {
+#pragma unroll
+                    for (int u = 0; u < RING; u++) {
+                        if (pos0 + 64 * u >= group_end) next_group();
+                        multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm || pair_order);
+                        if (kb0 + u + RING < kb_end) {
+#pragma unroll
+                            for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
+                        }
+                    }
+                    ahead += RING * TILE;
+                    xk += RING * 32;
+                    pos0 += RING * 64;
+                }
+                // Fewer than RING blocks left, all in the ring already.
+#pragma unroll
+                for (int u = 0; u < RING; u++) {
+                    if (kb0 + u >= kb_end) break;
+                    if (pos0 + 64 * u >= group_end) next_group();
+                    multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm || pair_order);
+                }
+                kb0 = kb_end;
+            }
         }
         for (; kb0 < kb_end; kb0 += RING) {
             if (l2_ahead > 0) prefetch_blocks(kb0 + RING + l2_ahead, kb0 + 2 * RING + l2_ahead);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -54,9 +55,26 @@ constexpr int k_ring_l2_ahead_global = 6, k_ring_l2_ahead_staged = 0;
 // 1715.3 to 1697.0, whose parts hold one or two rounds (the pair-order staging without the rounds that repay it).
 // set_qgemv_ring_fast(0): never (the checked loop for every round, inputs staged in position order), (1): wherever the
 // kernel can take them (tests).
+// A/B (QINFER_RING_TAIL=1): the fast rounds' form for a part's last rounds too, so parts of one round take it.
+inline bool ring_tail_ab() {
+    static const bool on = [] {
+        const char * v = std::getenv("QINFER_RING_TAIL");
+        return v && std::atoi(v) == 1;
+    }();
+    return on;
+}
 inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes c) {
     const int mode = qgemv_ring_fast_mode();
-    return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= 3 * (ringk / ring4::planes_of(c)));
+    const int rounds = ring_tail_ab() ? 1 : 3;
+    return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= rounds * (ringk / ring4::planes_of(c)));
+}
+// A/B (QINFER_QKS_GU = 1 / 2 / 4): the K parts of the gate/up GEMV of one row (0: the rule's two).
+inline int gate_up_parts_ab() {
+    static const int v = [] {
+        const char * e = std::getenv("QINFER_QKS_GU");
+        return e ? std::atoi(e) : 0;
+    }();
+    return v;
 }
 
 // The ring kernel's grid: n outputs a matrix in row blocks of 16, k_warps / (mats ks) of them a block.
@@ -77,6 +95,7 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     args.vec_params = C != ring4::Codes::Lookup4 && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(w.zeros) % 8 == 0;
     args.ring_fast = ring_fast_for(w, KS, ring4::k_ring, C);
+    args.ring_tail = ring_tail_ab();
     args.stage_stride = ring4::stage_stride(w.k_padded, a.m);
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
@@ -115,8 +134,9 @@ template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool 
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
     const int forced = forced_ks();
-    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !beside ? std::min(2, max_ks) : 1;
-    while (!forced && !(beside && m == 1) && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    const int gu = gate_up_parts_ab();
+    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !beside ? std::min(gu ? gu : 2, max_ks) : 1;
+    while (!forced && !(gu && MATS == 2 && m == 1 && !beside) && !(beside && m == 1) && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
