@@ -68,14 +68,6 @@ inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes
     const int rounds = ring_tail_ab() ? 1 : 3;
     return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= rounds * (ringk / ring4::planes_of(c)));
 }
-// A/B (QINFER_QKS_GU = 1 / 2 / 4): the K parts of the gate/up GEMV of one row (0: the rule's two).
-inline int gate_up_parts_ab() {
-    static const int v = [] {
-        const char * e = std::getenv("QINFER_QKS_GU");
-        return e ? std::atoi(e) : 0;
-    }();
-    return v;
-}
 
 // The ring kernel's grid: n outputs a matrix in row blocks of 16, k_warps / (mats ks) of them a block.
 inline int ring_grid(int n, int mats, int ks) {
@@ -134,9 +126,8 @@ template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool 
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
     const int forced = forced_ks();
-    const int gu = gate_up_parts_ab();
-    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !beside ? std::min(gu ? gu : 2, max_ks) : 1;
-    while (!forced && !(gu && MATS == 2 && m == 1 && !beside) && !(beside && m == 1) && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !beside ? std::min(2, max_ks) : 1;
+    while (!forced && !(beside && m == 1) && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
