@@ -36,7 +36,6 @@ struct GemvArgs {
     bool vec_bf16 = false;          // qgemv ring: Bf16 rows staged by 16-byte copies (no act-order, k == k_padded, aligned)
     bool vec_params = false;        // qgemv ring: affine group parameters read 8 at a time (aligned scales / zeros)
     bool ring_fast = false;         // qgemv ring: unchecked rounds, normalised inputs staged for 16-byte B loads
-    bool ring_tail = false;         // qgemv ring (A/B, QINFER_RING_TAIL): the fast rounds' form for a part's last rounds too
     // qgemv ring: the SiluMulBf16 output written, or the Bf16 input read, with each 64-wide block in qstage::b_pair_order
     // (the gate/up -> down pair of a decode step: down's B fragments in two 16-byte loads; see qgemv_pair_io_ok).
     bool pair_io = false;

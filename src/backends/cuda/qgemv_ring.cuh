@@ -333,7 +333,10 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
         // Fast rounds (a.ring_fast): every block of the round and every refill lies inside the part, and groups are
         // whole K blocks (a group starts only at a block's first position), so no bounds checks and one group check
         // per block, with the round's addresses as offsets from its first block; normalised inputs in two 16-byte
-        // loads per block. The rounds after them take the checked loop.
+        // loads per block. The part's last rounds go the same way with their refills bounded; against the checked
+        // loop for them, on an H200 (same call, alternated twice): 7B GPTQ-Int4 batch 1 500.6 / 501.3 -> 513.7 /
+        // 513.1 tok/s, GPTQ-Int8 356.0 / 355.9 -> 365.9 / 366.2, 0.5B GPTQ-Int4 1575.1 / 1577.6 -> 1580.5 / 1580.2,
+        // 72B GPTQ-Int4 67.20 -> 69.65 (bench/results/2026-12-04-h200-ring-tail). Groups of 32 take the checked loop.
         if (a.ring_fast && w.group % 64 == 0) {
             for (; kb0 + 2 * RING <= kb_end; kb0 += RING) {
                 if (l2_ahead > 0) prefetch_blocks(kb0 + RING + l2_ahead, kb0 + 2 * RING + l2_ahead);
@@ -349,31 +352,29 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
                 xk += RING * 32;
                 pos0 += RING * 64;
             }
-            if (a.ring_tail) {
-                // The part's last rounds the same way: each slot refilled only while its block lies inside the part.
-                for (; kb0 + RING <= kb_end; kb0 += RING) {
-#pragma unroll
-                    for (int u = 0; u < RING; u++) {
-                        if (pos0 + 64 * u >= group_end) next_group();
-                        multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm || pair_order);
-                        if (kb0 + u + RING < kb_end) {
-#pragma unroll
-                            for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
-                        }
-                    }
-                    ahead += RING * TILE;
-                    xk += RING * 32;
-                    pos0 += RING * 64;
-                }
-                // Fewer than RING blocks left, all in the ring already.
+            // The part's last rounds the same way: each slot refilled only while its block lies inside the part.
+            for (; kb0 + RING <= kb_end; kb0 += RING) {
 #pragma unroll
                 for (int u = 0; u < RING; u++) {
-                    if (kb0 + u >= kb_end) break;
                     if (pos0 + 64 * u >= group_end) next_group();
                     multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm || pair_order);
+                    if (kb0 + u + RING < kb_end) {
+#pragma unroll
+                        for (int p = 0; p < PLANES; p++) ring[u][p] = mma4::load_stream(ahead + u * TILE + p * 32);
+                    }
                 }
-                kb0 = kb_end;
+                ahead += RING * TILE;
+                xk += RING * 32;
+                pos0 += RING * 64;
             }
+            // Fewer than RING blocks left, all in the ring already.
+#pragma unroll
+            for (int u = 0; u < RING; u++) {
+                if (kb0 + u >= kb_end) break;
+                if (pos0 + 64 * u >= group_end) next_group();
+                multiply(ring[u], xk + 32 * u, pos0 + 64 * u, false, XS == XSrc::StageNorm || pair_order);
+            }
+            kb0 = kb_end;
         }
         for (; kb0 < kb_end; kb0 += RING) {
             if (l2_ahead > 0) prefetch_blocks(kb0 + RING + l2_ahead, kb0 + 2 * RING + l2_ahead);

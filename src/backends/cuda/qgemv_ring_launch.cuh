@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -49,24 +48,16 @@ inline size_t ring_smem_bytes(const QuantMatrix & w, int m, bool staged, int row
 // Bf16 inputs staged as they are (vec_bf16, below) count as read from global memory here: the same kernels' inputs.
 constexpr int k_ring_l2_ahead_global = 6, k_ring_l2_ahead_staged = 0;
 
-// The ring kernel's fast rounds (qgemv_ring.cuh) where every K part holds at least three rounds of RINGK loads, so
-// that at least two rounds run unchecked. On an H200 (bench/results/2026-11-28-h200-qring-fast, alternated twice) they
-// took 7B GPTQ-Int4 from 485.5 to 503.5 tok/s (gate_up 31.4 -> 28.8 us, down 18.2 -> 17.5), but 0.5B GPTQ-Int4 from
-// 1715.3 to 1697.0, whose parts hold one or two rounds (the pair-order staging without the rounds that repay it).
+// The ring kernel's fast rounds (qgemv_ring.cuh) where every K part holds at least one round of RINGK loads (the part's
+// last rounds run them with bounded refills). With three rounds asked and the last ones checked, on an H200
+// (bench/results/2026-11-28-h200-qring-fast) they took 7B GPTQ-Int4 from 485.5 to 503.5 tok/s but 0.5B GPTQ-Int4 from
+// 1715.3 to 1697.0, whose parts hold one or two rounds; with one round and the last ones fast, 7B GPTQ-Int4 500.6 ->
+// 513.7, 0.5B GPTQ-Int4 1575.1 -> 1580.5 (bench/results/2026-12-04-h200-ring-tail, same call).
 // set_qgemv_ring_fast(0): never (the checked loop for every round, inputs staged in position order), (1): wherever the
 // kernel can take them (tests).
-// A/B (QINFER_RING_TAIL=1): the fast rounds' form for a part's last rounds too, so parts of one round take it.
-inline bool ring_tail_ab() {
-    static const bool on = [] {
-        const char * v = std::getenv("QINFER_RING_TAIL");
-        return v && std::atoi(v) == 1;
-    }();
-    return on;
-}
 inline bool ring_fast_for(const QuantMatrix & w, int ks, int ringk, ring4::Codes c) {
     const int mode = qgemv_ring_fast_mode();
-    const int rounds = ring_tail_ab() ? 1 : 3;
-    return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= rounds * (ringk / ring4::planes_of(c)));
+    return mode == 1 || (mode == -1 && (w.k_padded / 64) / ks >= ringk / ring4::planes_of(c));
 }
 
 // The ring kernel's grid: n outputs a matrix in row blocks of 16, k_warps / (mats ks) of them a block.
@@ -87,7 +78,6 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     args.vec_params = C != ring4::Codes::Lookup4 && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(w.zeros) % 8 == 0;
     args.ring_fast = ring_fast_for(w, KS, ring4::k_ring, C);
-    args.ring_tail = ring_tail_ab();
     args.stage_stride = ring4::stage_stride(w.k_padded, a.m);
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
