@@ -85,7 +85,7 @@ bool qgemv_pair_io_ok(const QuantMatrix & gate_up, const QuantMatrix & down);
 void set_qgemv_ring_deep(bool on);
 void reset_qgemv_ring_deep();
 // The ring kernel's fast rounds (unchecked rounds, normalised inputs staged for 16-byte B loads): -1 where every K
-// part holds at least three rounds of loads (the default), 1 wherever the kernel can take them, 0 never.
+// part holds at least one round of loads (the default), 1 wherever the kernel can take them, 0 never.
 void set_qgemv_ring_fast(int mode);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);

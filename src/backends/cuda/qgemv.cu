@@ -312,7 +312,7 @@ bool qgemv_ring_deep(bool affine) {
 void set_qgemv_ring_deep(bool on) { ring_deep_mode = on ? 1 : 0; }
 void reset_qgemv_ring_deep() { ring_deep_mode = -1; }
 
-// The fast rounds' mode (qgemv_ring_launch.cuh): -1 where every K part holds three rounds (the default), 1 wherever
+// The fast rounds' mode (qgemv_ring_launch.cuh): -1 where every K part holds one round (the default), 1 wherever
 // the kernel can take them, 0 never (set_qgemv_ring_fast, for tests).
 static std::atomic<int> ring_fast_mode{-1};
 
