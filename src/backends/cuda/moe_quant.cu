@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/gemv_common.cuh"
@@ -68,7 +69,8 @@ struct QExpertArgs {
 // different banks).
 __host__ __device__ inline int params_words(int rbb, int mats, int groups) { return (rbb * mats * 16 * ring4::group_stride(groups) + 3) / 4 * 4; }
 
-template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_warps * 32, SWIGLU ? k_blocks_per_sm : 4) moe_qgemv_kernel(QExpertArgs a) {
+template <int PLANES, bool SWIGLU, int KS, bool FAST = false>
+__global__ void __launch_bounds__(k_warps * 32, SWIGLU ? k_blocks_per_sm : 4) moe_qgemv_kernel(QExpertArgs a) {
     constexpr int MATS = SWIGLU ? 2 : 1;
     constexpr int RBB = k_warps / KS;
     constexpr int TILE = 32 * PLANES;              // uint4 per row block and 64-wide K block
@@ -120,6 +122,7 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
     const bool active = rb < n_rb;
     const int64_t erb = int64_t(e) * MATS * n_rb;  // the expert's first row block
     const int kb_begin = part * nkb / KS, kb_end = (part + 1) * nkb / KS;
+    constexpr bool fast = FAST;  // set only where groups are whole K blocks (launch_ks)
 
     // The first RING blocks of codes of each matrix, requested before the group parameters and inputs are staged.
     const uint4 * src[MATS];
@@ -146,13 +149,19 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
     if (SWIGLU && a.norm.x) {
         __shared__ float norm_red[k_warps];
         const GemvArgs na = qstage::norm_args(a.norm, w.k);
-        for (int r = 0; r < rows; r++) qstage::stage_norm_vec<4>(na, token(row0 + r), w.k, kp, sx + r * xld, norm_red);
+        for (int r = 0; r < rows; r++) qstage::stage_norm_vec<4>(na, token(row0 + r), w.k, kp, sx + r * xld, norm_red, fast);
     } else {
         for (int i = threadIdx.x; i < rows * chunks; i += k_warps * 32) {
             const int r = i / chunks, ch = i - r * chunks;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (ch * 8 < w.k) v = *reinterpret_cast<const uint4 *>(a.x + size_t(token(row0 + r)) * a.ldx + ch * 8);
-            *reinterpret_cast<uint4 *>(sx + r * xld + ch * 8) = v;
+            if (fast) {  // the chunk's four pairs where b_pair_order puts them
+                const uint32_t * pv = reinterpret_cast<const uint32_t *>(&v);
+#pragma unroll
+                for (int q = 0; q < 4; q++) *reinterpret_cast<uint32_t *>(sx + r * xld + qstage::b_pair_order(ch * 8 + 2 * q)) = pv[q];
+            } else {
+                *reinterpret_cast<uint4 *>(sx + r * xld + ch * 8) = v;
+            }
         }
     }
     __syncthreads();
@@ -193,7 +202,57 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
             c[m][0] = c[m][1] = c[m][2] = c[m][3] = 0.0f;
         }
     };
-    if (active) {
+    auto next_group = [&]() {
+        flush();
+        gi++;
+        group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
+        take();
+    };
+    // One 16-wide K step j of ring slot u for every matrix and plane, with its B fragment words b0, b1.
+    auto multiply = [&](int u, int j, uint32_t b0, uint32_t b1) {
+        constexpr uint32_t mask = 0x000F000Fu;
+#pragma unroll
+        for (int m = 0; m < MATS; m++) {
+#pragma unroll
+            for (int p = 0; p < PLANES; p++) {
+                const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
+                const uint32_t word = reinterpret_cast<const uint32_t *>(&ring[u][m][p])[j];
+                uint32_t fr[4];
+                fr[0] = mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), zz_lo[m][p]);
+                fr[1] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), zz_hi[m][p]);
+                fr[2] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), zz_lo[m][p]);
+                fr[3] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), zz_hi[m][p]);
+                mma4::mma_bf16(c[m], fr, b0, b1);
+            }
+        }
+    };
+    if (active && FAST) {
+        // Groups are whole K blocks: one group check a block; inputs in b_pair_order, a lane's eight pairs of a block
+        // in two 16-byte loads; running pointers for the refills.
+        take();
+        const uint2 * xb = reinterpret_cast<const uint2 *>(xrow) + 4 * t;  // step j of K block kb: xb[16 kb + j]
+        for (int kb0 = kb_begin; kb0 < kb_end; kb0 += RING) {
+#pragma unroll
+            for (int u = 0; u < RING; u++) {
+                const int kb = kb0 + u;
+                if (kb >= kb_end) break;
+                if (kb * 64 >= group_end) next_group();
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const uint2 b = xb[16 * kb + j];
+                    multiply(u, j, b.x, b.y);
+                }
+                if (kb + RING < kb_end) {
+#pragma unroll
+                    for (int m = 0; m < MATS; m++) {
+#pragma unroll
+                        for (int p = 0; p < PLANES; p++) ring[u][m][p] = mma4::load_stream(src[m] + size_t(kb + RING) * TILE + p * 32);
+                    }
+                }
+            }
+        }
+        flush();
+    } else if (active && !FAST) {
         take();
         for (int kb0 = kb_begin; kb0 < kb_end; kb0 += RING) {
 #pragma unroll
@@ -204,29 +263,9 @@ template <int PLANES, bool SWIGLU, int KS> __global__ void __launch_bounds__(k_w
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     // Groups are multiples of 32 positions: one can start only at j = 0 or 2.
-                    if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) {
-                        flush();
-                        gi++;
-                        group_end = gi == G - 1 ? INT_MAX : group_end + w.group;
-                        take();
-                    }
+                    if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) next_group();
                     const int at = (pos0 + 16 * j + 2 * t) / 2;  // inputs 2t, 2t + 1 and 2t + 8, 2t + 9 of the 16
-                    const uint32_t b0 = xrow[at], b1 = xrow[at + 4];
-                    constexpr uint32_t mask = 0x000F000Fu;
-#pragma unroll
-                    for (int m = 0; m < MATS; m++) {
-#pragma unroll
-                        for (int p = 0; p < PLANES; p++) {
-                            const uint32_t magic = p == 0 ? 0x43004300u : 0x45004500u;  // 128, or 2048 (the high plane)
-                            const uint32_t word = reinterpret_cast<const uint32_t *>(&ring[u][m][p])[j];
-                            uint32_t fr[4];
-                            fr[0] = mma4::bf16x2_sub(mma4::lop3_and_or(word, mask, magic), zz_lo[m][p]);
-                            fr[1] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 4, mask, magic), zz_hi[m][p]);
-                            fr[2] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 8, mask, magic), zz_lo[m][p]);
-                            fr[3] = mma4::bf16x2_sub(mma4::lop3_and_or(word >> 12, mask, magic), zz_hi[m][p]);
-                            mma4::mma_bf16(c[m], fr, b0, b1);
-                        }
-                    }
+                    multiply(u, j, xrow[at], xrow[at + 4]);
                 }
                 if (kb + RING < kb_end) {
 #pragma unroll
@@ -282,8 +321,8 @@ std::atomic<int> forced_parts{0};  // set_moe_qexperts_parts (tests): 0 the rule
 
 // The kernel of K parts KS allowed `smem` bytes of dynamic shared memory, and how many of its blocks an SM then holds
 // (gemv_common.cuh's resident_blocks, asked again when the size changes).
-template <int PLANES, bool SWIGLU, int KS> int prepare_kernel(size_t smem) {
-    auto kernel = moe_qgemv_kernel<PLANES, SWIGLU, KS>;
+template <int PLANES, bool SWIGLU, int KS, bool FAST = false> int prepare_kernel(size_t smem) {
+    auto kernel = moe_qgemv_kernel<PLANES, SWIGLU, KS, FAST>;
     static PerDevice<size_t> configured(48 * 1024);
     static PerDevice<Occupancy> occupancy;
     allow_dynamic_smem(kernel, smem, configured);
@@ -338,9 +377,20 @@ template <int PLANES, bool SWIGLU> Parts parts_for(const QuantMatrix & w, int n,
 template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
     constexpr int RBB = k_warps / KS;
     const size_t smem = smem_bytes(a.w, SWIGLU ? 2 : 1, xrows, KS);
-    prepare_kernel<PLANES, SWIGLU, KS>(smem);
     const int n_rb = a.n / 16;
-    launch_kernel(moe_qgemv_kernel<PLANES, SWIGLU, KS>, dim3((n_rb + RBB - 1) / RBB, max_tiles), dim3(k_warps * 32), smem, stream, a);
+    const dim3 grid((n_rb + RBB - 1) / RBB, max_tiles);
+    // A/B (QINFER_MOE_QFAST=1): inputs staged in b_pair_order, one group check a K block, where groups are whole K blocks.
+    static const bool fast_ab = [] {
+        const char * v = std::getenv("QINFER_MOE_QFAST");
+        return v && std::atoi(v) == 1;
+    }();
+    if (fast_ab && a.w.group % 64 == 0) {
+        prepare_kernel<PLANES, SWIGLU, KS, true>(smem);
+        launch_kernel(moe_qgemv_kernel<PLANES, SWIGLU, KS, true>, grid, dim3(k_warps * 32), smem, stream, a);
+        return;
+    }
+    prepare_kernel<PLANES, SWIGLU, KS>(smem);
+    launch_kernel(moe_qgemv_kernel<PLANES, SWIGLU, KS>, grid, dim3(k_warps * 32), smem, stream, a);
 }
 
 template <int PLANES, bool SWIGLU> void launch(const QExpertArgs & a, int max_tiles, int xrows, cudaStream_t stream) {
