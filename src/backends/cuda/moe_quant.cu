@@ -17,11 +17,13 @@
 // pdl_wait, and request their ring of codes and stage their group parameters while it still runs (an H200, alternated
 // twice, bench/results/2026-12-04-h200-moe-early-ids: 57B GPTQ-Int4 298.6 -> 306.3 tok/s, A2.7B GPTQ-Int4 736.3 ->
 // 763.0). Gate and up rows of a block share its warps and meet in the epilogue: silu(bf16(gate)) * bf16(up), as
-// transformers rounds. Nothing goes through the host: graphs can capture it.
+// transformers rounds. Where groups are whole 64-wide K blocks (FAST), the loop checks the group once a K block and
+// reads a lane's inputs, staged in qstage::b_pair_order, 8 bytes a 16-wide step, as the dense ring GEMV's fast rounds
+// do (an H200, alternated twice, bench/results/2026-12-04-h200-moe-qfast: A2.7B GPTQ-Int4 810.8 -> 835.7 tok/s, 57B
+// GPTQ-Int4 305.4 -> 322.3). Nothing goes through the host: graphs can capture it.
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/gemv_common.cuh"
@@ -122,7 +124,6 @@ __global__ void __launch_bounds__(k_warps * 32, SWIGLU ? k_blocks_per_sm : 4) mo
     const bool active = rb < n_rb;
     const int64_t erb = int64_t(e) * MATS * n_rb;  // the expert's first row block
     const int kb_begin = part * nkb / KS, kb_end = (part + 1) * nkb / KS;
-    constexpr bool fast = FAST;  // set only where groups are whole K blocks (launch_ks)
 
     // The first RING blocks of codes of each matrix, requested before the group parameters and inputs are staged.
     const uint4 * src[MATS];
@@ -149,13 +150,13 @@ __global__ void __launch_bounds__(k_warps * 32, SWIGLU ? k_blocks_per_sm : 4) mo
     if (SWIGLU && a.norm.x) {
         __shared__ float norm_red[k_warps];
         const GemvArgs na = qstage::norm_args(a.norm, w.k);
-        for (int r = 0; r < rows; r++) qstage::stage_norm_vec<4>(na, token(row0 + r), w.k, kp, sx + r * xld, norm_red, fast);
+        for (int r = 0; r < rows; r++) qstage::stage_norm_vec<4>(na, token(row0 + r), w.k, kp, sx + r * xld, norm_red, FAST);
     } else {
         for (int i = threadIdx.x; i < rows * chunks; i += k_warps * 32) {
             const int r = i / chunks, ch = i - r * chunks;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (ch * 8 < w.k) v = *reinterpret_cast<const uint4 *>(a.x + size_t(token(row0 + r)) * a.ldx + ch * 8);
-            if (fast) {  // the chunk's four pairs where b_pair_order puts them
+            if (FAST) {  // the chunk's four pairs where b_pair_order puts them
                 const uint32_t * pv = reinterpret_cast<const uint32_t *>(&v);
 #pragma unroll
                 for (int q = 0; q < 4; q++) *reinterpret_cast<uint32_t *>(sx + r * xld + qstage::b_pair_order(ch * 8 + 2 * q)) = pv[q];
@@ -379,12 +380,11 @@ template <int PLANES, bool SWIGLU, int KS> void launch_ks(const QExpertArgs & a,
     const size_t smem = smem_bytes(a.w, SWIGLU ? 2 : 1, xrows, KS);
     const int n_rb = a.n / 16;
     const dim3 grid((n_rb + RBB - 1) / RBB, max_tiles);
-    // A/B (QINFER_MOE_QFAST=1): inputs staged in b_pair_order, one group check a K block, where groups are whole K blocks.
-    static const bool fast_ab = [] {
-        const char * v = std::getenv("QINFER_MOE_QFAST");
-        return v && std::atoi(v) == 1;
-    }();
-    if (fast_ab && a.w.group % 64 == 0) {
+    // Groups of whole 64-wide K blocks take the fast form (one group check a block, pair-ordered inputs): on an H200
+    // Qwen1.5-MoE-A2.7B GPTQ-Int4 810.4 / 811.1 -> 834.7 / 836.6 tok/s and Qwen2-57B-A14B GPTQ-Int4 305.5 / 305.3 ->
+    // 321.9 / 322.6 at input 1 (same call, alternated; bench/results/2026-12-04-h200-moe-qfast). Groups of 32 keep the
+    // checked loop.
+    if (a.w.group % 64 == 0) {
         prepare_kernel<PLANES, SWIGLU, KS, true>(smem);
         launch_kernel(moe_qgemv_kernel<PLANES, SWIGLU, KS, true>, grid, dim3(k_warps * 32), smem, stream, a);
         return;
