@@ -46,13 +46,16 @@ struct ProjShape {
 };
 
 // The layer projections of Qwen2.5-7B and -0.5B (q/k/v and gate/up stacked as the engine stacks them), and of
-// Qwen2.5-72B whole (72b) and as one rank of `--tp 2` holds it (72b-tp2: half the heads and intermediate columns).
+// Qwen2.5-72B whole (72b) and as one rank of `--tp 2` holds it (72b-tp2: half the heads and intermediate columns), of
+// Qwen2.5-32B and of Llama-3.1-8B (llama-8b).
 const ProjShape k_shapes[] = {{"7b", "qkv", 4608, 3584},        {"7b", "o_proj", 3584, 3584},      {"7b", "gate_up", 37888, 3584},
                               {"7b", "down", 3584, 18944},      {"0.5b", "qkv", 1152, 896},        {"0.5b", "o_proj", 896, 896},
                               {"0.5b", "gate_up", 9728, 896},   {"0.5b", "down", 896, 4864},       {"72b", "qkv", 10240, 8192},
                               {"72b", "o_proj", 8192, 8192},    {"72b", "gate_up", 59136, 8192},   {"72b", "down", 8192, 29568},
                               {"72b-tp2", "qkv", 5120, 8192},   {"72b-tp2", "o_proj", 8192, 4096}, {"72b-tp2", "gate_up", 29568, 8192},
-                              {"72b-tp2", "down", 8192, 14784}};
+                              {"72b-tp2", "down", 8192, 14784}, {"32b", "qkv", 7168, 5120},        {"32b", "o_proj", 5120, 5120},
+                              {"32b", "gate_up", 55296, 5120},  {"32b", "down", 5120, 27648},      {"llama-8b", "qkv", 6144, 4096},
+                              {"llama-8b", "o_proj", 4096, 4096}, {"llama-8b", "gate_up", 28672, 4096}, {"llama-8b", "down", 4096, 14336}};
 
 struct Format {
     const char * name;
@@ -282,11 +285,11 @@ int cmd_bench_kernels(int argc, char ** argv) {
     int (*run)(const Args &) = nullptr;
 #endif
     return gpu_bench_mode(argc, argv, "kernels",
-                          "usage: qinfer bench --kernels [--models 7b,0.5b (also 72b, 72b-tp2)] [--formats int4-g128,int8-g128 (also nf4)]\n"
+                          "usage: qinfer bench --kernels [--models 7b,0.5b (also 72b, 72b-tp2, 32b, llama-8b)] [--formats int4-g128,int8-g128 (also nf4)]\n"
                           "                            [--projs qkv,o_proj,gate_up,down]\n"
                           "                            [--m 1,2,4,...,512] [--reps 50] [--json FILE]\n"
                           "Times each quantized projection kernel (GEMV, mma GEMM, wgmma-rs GEMM, dequantize + cuBLASLt) of Qwen2.5's\n"
-                          "layer shapes against bf16 weights of the same shape, for each m; marks the one the engine picks. GPU only.\n",
+                          "layer shapes (and Llama-3.1-8B's) against bf16 weights of the same shape, for each m; marks the one the engine picks. GPU only.\n",
                           run);
 }
 

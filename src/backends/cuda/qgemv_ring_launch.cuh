@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -111,13 +112,33 @@ constexpr size_t k_ring_max_smem = 160 * 1024;
 // grid then fills less than two fifths of the warps: Qwen1.5-MoE-A2.7B GPTQ-Int4's 88 blocks instead of 176, beside a
 // routed launch of 176 (moe_qexperts_routed's beside_blocks), 798.13 / 798.69 -> 803.45 / 803.07 tok/s at input 1
 // (same call; bench/results/2026-12-04-h200-moe-split).
+// A/B (QINFER_QKS_RULE=0: the rule above; otherwise the wave rule): parts double while the doubled grid still fits one
+// wave of resident blocks (72B's qkv: 320 blocks, not 160), then while a grid of more than one wave would leave over
+// half of its last waves' slots empty (72B's gate/up at m 4: 924 blocks, 2.33 waves, not 462, 1.17 waves).
+inline int qks_rule_ab() {
+    static const int v = [] {
+        const char * e = std::getenv("QINFER_QKS_RULE");
+        return e ? std::atoi(e) : 1;
+    }();
+    return v;
+}
+
 template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged, bool beside) {
     constexpr int MATS = mats_of<OUT>();
     const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
     const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
     const int forced = forced_ks();
     int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !beside ? std::min(2, max_ks) : 1;
-    while (!forced && !(beside && m == 1) && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    const bool grow = !forced && !(beside && m == 1);
+    if (qks_rule_ab() == 0) {
+        while (grow && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
+    } else {
+        const int wave = sm_count() * ring4::k_blocks_per_sm;
+        // Slots left empty over a grid's waves, as a share of the grid (0 for a grid of one wave or less).
+        auto tail_waste = [&](int grid) { return grid <= wave ? 0.0 : double((grid + wave - 1) / wave * wave) / grid - 1.0; };
+        while (grow && ks < max_ks && 2 * ks <= nkb && ring_grid(n, MATS, 2 * ks) <= wave) ks *= 2;
+        while (grow && ks < max_ks && 2 * ks <= nkb && tail_waste(ring_grid(n, MATS, ks)) > 0.5) ks *= 2;
+    }
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
