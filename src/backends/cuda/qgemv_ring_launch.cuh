@@ -4,7 +4,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -99,46 +98,33 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
 
 constexpr size_t k_ring_max_smem = 160 * 1024;
 
-// K parts per row block: the fewest that give the grid two fifths of the GPU's resident warps (a block's 8 warps
-// split as row blocks x matrices x parts), with at least one 64-wide K block per part, and at least two for the
-// gate/up GEMV of one row; more where the block's group parameters (rows x groups) would not fit in shared memory.
-// 0: no split fits. (7B's gate/up at m 1 took one part, 296 blocks; two, 592 blocks in 1.5 waves of three an SM: on an
-// H200 7B GPTQ-Int4 batch 1 497.6 -> 504.0 tok/s with the kernel alone level, GPTQ-Int8 354.7 -> 363.2 with its gate/up
-// 42.6 -> 40.7 us; at m 2 / 4 two parts lost, 28.4 / 30.8 -> 29.6 / 33.6 us, batch 4 -2%;
-// bench/results/2026-12-01-h200-int8-ring.) A gate/up beside another stream's kernels (a.beside: a MoE block's shared
-// expert) starts from one part, so a large one leaves SM slots to the routed experts: Qwen2-57B-A14B GPTQ-Int4's
-// (320 blocks instead of 640) took the model from 297.30 / 297.25 to 301.25 / 301.06 tok/s at input 1 (same call,
-// alternated; bench/results/2026-12-03-h200-moe-prologue, call 4). At one row it keeps that one part even where the
-// grid then fills less than two fifths of the warps: Qwen1.5-MoE-A2.7B GPTQ-Int4's 88 blocks instead of 176, beside a
-// routed launch of 176 (moe_qexperts_routed's beside_blocks), 798.13 / 798.69 -> 803.45 / 803.07 tok/s at input 1
-// (same call; bench/results/2026-12-04-h200-moe-split).
-// A/B (QINFER_QKS_RULE=0: the rule above; otherwise the wave rule): parts double while the doubled grid still fits one
-// wave of resident blocks (72B's qkv: 320 blocks, not 160), then while a grid of more than one wave would leave over
-// half of its last waves' slots empty (72B's gate/up at m 4: 924 blocks, 2.33 waves, not 462, 1.17 waves).
-inline int qks_rule_ab() {
-    static const int v = [] {
-        const char * e = std::getenv("QINFER_QKS_RULE");
-        return e ? std::atoi(e) : 1;
-    }();
-    return v;
-}
-
+// K parts per row block, by waves of resident blocks (k_blocks_per_sm an SM): parts double while the doubled grid
+// still fits one wave (a block's 8 warps split as row blocks x matrices x parts), with at least one 64-wide K block per
+// part, then while a grid of more than one wave would leave over half of its waves' slots empty; the gate/up GEMV of
+// one row starts from two parts; more where the block's group parameters (rows x groups) would not fit in shared
+// memory. 0: no split fits. Against the earlier rule (the fewest parts giving two fifths of the resident warps), on an
+// H200 (bench/results/2026-12-04-h200-moe-qfast, call 6): 72B GPTQ-Int4 qkv 160 -> 320 blocks, 22.2 -> 18.2 us at m 1;
+// its gate/up at m 4 462 blocks (1.17 waves) -> 924, 128.2 -> 102.4 us; 32B's o_proj and down 160 -> 320 blocks,
+// -8-26%; the 72B GPTQ-Int4 rows 69.95 -> 72.90 tok/s at batch 1 and 205.8 -> 234.1 at batch 4 (alternated twice).
+// Every 7B and 0.5B shape keeps its parts. Mixed: 32B's gate/up at m 4 and Llama-3.1-8B's at m 1 (+4% int4, -7% int8).
+// (7B's gate/up at m 1 in two parts, 592 blocks, 1.5 waves: on an H200 7B GPTQ-Int4 batch 1 497.6 -> 504.0 tok/s
+// against one part; bench/results/2026-12-01-h200-int8-ring.) A gate/up beside another stream's kernels (a.beside: a
+// MoE block's shared expert) starts from one part, so a large one leaves SM slots to the routed experts: Qwen2-57B-A14B
+// GPTQ-Int4's (320 blocks instead of 640) took the model from 297.30 / 297.25 to 301.25 / 301.06 tok/s at input 1
+// (same call, alternated; bench/results/2026-12-03-h200-moe-prologue, call 4). At one row it keeps that one part:
+// Qwen1.5-MoE-A2.7B GPTQ-Int4's 88 blocks instead of 176, beside a routed launch of 176 (moe_qexperts_routed's
+// beside_blocks), 798.13 / 798.69 -> 803.45 / 803.07 tok/s at input 1 (same call; bench/results/2026-12-04-h200-moe-split).
 template <GemvOut OUT> int ring_parts(const QuantMatrix & w, int n, int m, bool staged, bool beside) {
     constexpr int MATS = mats_of<OUT>();
-    const int n_rb = (n + 15) / 16, nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
-    const int slots = sm_count() * ring4::k_blocks_per_sm * ring4::k_warps;
+    const int nkb = w.k_padded / 64, max_ks = ring4::k_warps / MATS;
+    const int wave = sm_count() * ring4::k_blocks_per_sm;
     const int forced = forced_ks();
     int ks = forced ? std::min(forced, max_ks) : MATS == 2 && m == 1 && !beside ? std::min(2, max_ks) : 1;
     const bool grow = !forced && !(beside && m == 1);
-    if (qks_rule_ab() == 0) {
-        while (grow && ks < max_ks && 5 * n_rb * MATS * ks < 2 * slots && 2 * ks <= nkb) ks *= 2;
-    } else {
-        const int wave = sm_count() * ring4::k_blocks_per_sm;
-        // Slots left empty over a grid's waves, as a share of the grid (0 for a grid of one wave or less).
-        auto tail_waste = [&](int grid) { return grid <= wave ? 0.0 : double((grid + wave - 1) / wave * wave) / grid - 1.0; };
-        while (grow && ks < max_ks && 2 * ks <= nkb && ring_grid(n, MATS, 2 * ks) <= wave) ks *= 2;
-        while (grow && ks < max_ks && 2 * ks <= nkb && tail_waste(ring_grid(n, MATS, ks)) > 0.5) ks *= 2;
-    }
+    // Slots left empty over a grid's waves, as a share of the grid (0 for a grid of one wave or less).
+    auto tail_waste = [&](int grid) { return grid <= wave ? 0.0 : double((grid + wave - 1) / wave * wave) / grid - 1.0; };
+    while (grow && ks < max_ks && 2 * ks <= nkb && ring_grid(n, MATS, 2 * ks) <= wave) ks *= 2;
+    while (grow && ks < max_ks && 2 * ks <= nkb && tail_waste(ring_grid(n, MATS, ks)) > 0.5) ks *= 2;
     while (ks < max_ks && ring_smem_bytes(w, m, staged, ring4::k_warps / ks) > k_ring_max_smem) ks *= 2;
     return ring_smem_bytes(w, m, staged, ring4::k_warps / ks) <= k_ring_max_smem ? ks : 0;
 }
