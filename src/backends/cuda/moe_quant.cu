@@ -227,46 +227,29 @@ __global__ void __launch_bounds__(k_warps * 32, SWIGLU ? k_blocks_per_sm : 4) mo
             }
         }
     };
-    if (active && FAST) {
-        // Groups are whole K blocks: one group check a block; inputs in b_pair_order, a lane's eight pairs of a block
-        // in two 16-byte loads; running pointers for the refills.
+    if (active) {
+        // FAST (groups are whole K blocks): one group check a block, and a lane's B words of a step in one 8-byte load
+        // of the inputs staged in b_pair_order. Otherwise groups are multiples of 32 positions: one can start only at
+        // j = 0 or 2.
         take();
-        const uint2 * xb = reinterpret_cast<const uint2 *>(xrow) + 4 * t;  // step j of K block kb: xb[16 kb + j]
-        for (int kb0 = kb_begin; kb0 < kb_end; kb0 += RING) {
-#pragma unroll
-            for (int u = 0; u < RING; u++) {
-                const int kb = kb0 + u;
-                if (kb >= kb_end) break;
-                if (kb * 64 >= group_end) next_group();
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const uint2 b = xb[16 * kb + j];
-                    multiply(u, j, b.x, b.y);
-                }
-                if (kb + RING < kb_end) {
-#pragma unroll
-                    for (int m = 0; m < MATS; m++) {
-#pragma unroll
-                        for (int p = 0; p < PLANES; p++) ring[u][m][p] = mma4::load_stream(src[m] + size_t(kb + RING) * TILE + p * 32);
-                    }
-                }
-            }
-        }
-        flush();
-    } else if (active && !FAST) {
-        take();
+        const uint2 * xb = reinterpret_cast<const uint2 *>(xrow) + 4 * t;  // FAST: step j of K block kb at xb[16 kb + j]
         for (int kb0 = kb_begin; kb0 < kb_end; kb0 += RING) {
 #pragma unroll
             for (int u = 0; u < RING; u++) {
                 const int kb = kb0 + u;
                 if (kb >= kb_end) break;
                 const int pos0 = kb * 64;
+                if (FAST && pos0 >= group_end) next_group();
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    // Groups are multiples of 32 positions: one can start only at j = 0 or 2.
-                    if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) next_group();
-                    const int at = (pos0 + 16 * j + 2 * t) / 2;  // inputs 2t, 2t + 1 and 2t + 8, 2t + 9 of the 16
-                    multiply(u, j, xrow[at], xrow[at + 4]);
+                    if constexpr (FAST) {
+                        const uint2 b = xb[16 * kb + j];
+                        multiply(u, j, b.x, b.y);
+                    } else {
+                        if ((j == 0 || j == 2) && pos0 + 16 * j >= group_end) next_group();
+                        const int at = (pos0 + 16 * j + 2 * t) / 2;  // inputs 2t, 2t + 1 and 2t + 8, 2t + 9 of the 16
+                        multiply(u, j, xrow[at], xrow[at + 4]);
+                    }
                 }
                 if (kb + RING < kb_end) {
 #pragma unroll
