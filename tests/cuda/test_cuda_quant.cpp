@@ -121,6 +121,11 @@ TEST_P(QuantGemv, MatchesCpu) {
         check_quant_gemv(n, k, true);
         cuda::set_qgemv_ring_fast(-1);
     }
+    // Every grid's second half in split blocks (by default only a long grid's part-filled last wave).
+    cuda::set_qgemv_ring_split(1);
+    check_quant_gemv(n, k);
+    if (k >= 1024) check_quant_gemv(n, k, true);
+    cuda::set_qgemv_ring_split(-1);
 }
 
 // N = rows of the weight (a multiple of 8 for GPTQ packing), K a multiple of 64 but not of 128 where possible.

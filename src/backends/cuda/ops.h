@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "model/decode_splits.h"
@@ -41,6 +42,9 @@ struct GemvArgs {
     bool pair_io = false;
     int stage_stride = 0;  // qgemv ring: bf16 row stride of inputs staged in shared memory (set by its launch)
     bool beside = false;   // qgemv ring: runs beside another stream's kernels (a MoE shared expert): gate/up from one K part
+    // qgemv ring: blocks from this one on are split blocks, half the row blocks in twice the K parts (set by its launch:
+    // the grid's last, part-filled wave; INT_MAX: none).
+    int split_block = INT_MAX;
 };
 void gemv(const GemvArgs & a, GemvIn in, GemvOut out, cudaStream_t stream);
 // Shapes whose rows do not fill whole waves of the row kernels go to a one-wave balanced kernel (gemv_balanced.cu)
@@ -87,6 +91,9 @@ void reset_qgemv_ring_deep();
 // The ring kernel's fast rounds (unchecked rounds, normalised inputs staged for 16-byte B loads): -1 where every K
 // part holds at least one round of loads (the default), 1 wherever the kernel can take them, 0 never.
 void set_qgemv_ring_fast(int mode);
+// The ring GEMV's split last wave (ring_launch::split_from): -1 the rule, 0 never, 1 the second half of every grid whose
+// blocks hold two row blocks or more (tests).
+void set_qgemv_ring_split(int mode);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);
 // Decode-step GEMM with the weights dequantized in registers (qgemm_mma.cu, mma.sync: sm_80 and up): y bf16 [m,

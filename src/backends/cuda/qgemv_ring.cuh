@@ -5,7 +5,8 @@
 //
 // A warp owns one 16-row block of one matrix (gate or up for the fused SwiGLU projection) over 1/KS of K; a block of
 // 8 warps holds RBB row blocks x MATS matrices x KS parts and adds the parts up in shared memory. Few registers
-// (three blocks per SM) and no block-level batches, so the grid fills the GPU in one wave for Qwen's shapes.
+// (three blocks per SM) and no block-level batches, so the grid fills the GPU in one wave for Qwen's shapes. A grid's
+// part-filled last wave can run as split blocks (GemvArgs::split_block): RBB / 2 row blocks in 2 KS parts each.
 // Group scales and zero points of the block's rows are staged in shared memory once, packed per (row, group) as
 // fp16 scale | bf16(128 + zero) << 16 (8 per load where aligned: stage_params_vec); the input rows are read from
 // global memory (L1 hits) or staged in shared memory by the block itself: when they need RMSNorm, an act-order gather
@@ -88,18 +89,20 @@ template <Codes C> __device__ __forceinline__ uint32_t pack_group(const QuantMat
 // parameters are contiguous in scales / zeros (16 rows x G), so a thread reads 8 fp16 scales (16 bytes) and their 8
 // zero bytes at once, every load of the block in one batch (two per thread for 7B's gate_up). Needs 16-byte aligned
 // scales and 8-byte aligned zeros (checked by the launch). Matrix m's row block rb is row block
-// base_rb + m n_rb + rb of w (base_rb: a stacked expert's first, moe_quant.cu; 0 for one matrix).
+// base_rb + m n_rb + rb of w (base_rb: a stacked expert's first, moe_quant.cu; 0 for one matrix). The block's row blocks:
+// rbb (at most RBB) from rb_first (-1: blockIdx.x RBB).
 template <Codes C, int RBB, int MATS>
-__device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb, int G, int gs, uint32_t * sq, int64_t base_rb = 0) {
+__device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb, int G, int gs, uint32_t * sq, int64_t base_rb = 0,
+                                                 int rb_first = -1, int rbb = RBB) {
     constexpr int k_batch = 2;
     const int per_rb = 2 * G;  // 16 G parameters in loads of 8
-    const int n8 = RBB * MATS * per_rb;
+    const int n8 = rbb * MATS * per_rb, first = rb_first < 0 ? int(blockIdx.x) * RBB : rb_first;
     for (int i0 = threadIdx.x; i0 < n8; i0 += k_batch * k_threads) {
         uint4 sc[k_batch];
         uint2 zb[k_batch];
 #pragma unroll
         for (int u = 0; u < k_batch; u++) {
-            const int i = i0 + u * k_threads, c = i / per_rb, rb_c = blockIdx.x * RBB + c / MATS;
+            const int i = i0 + u * k_threads, c = i / per_rb, rb_c = first + c / MATS;
             sc[u] = make_uint4(0, 0, 0, 0);
             zb[u] = make_uint2(0, 0);
             if (i >= n8 || rb_c >= n_rb) continue;
@@ -110,7 +113,7 @@ __device__ __forceinline__ void stage_params_vec(const QuantMatrix & w, int n_rb
 #pragma unroll
         for (int u = 0; u < k_batch; u++) {
             const int i = i0 + u * k_threads, c = i / per_rb;
-            if (i >= n8 || blockIdx.x * RBB + c / MATS >= n_rb) continue;
+            if (i >= n8 || first + c / MATS >= n_rb) continue;
             const int e = (i % per_rb) * 8;
             int r = e / G, gi = e - r * G;
             const uint32_t * s16 = reinterpret_cast<const uint32_t *>(&sc[u]);
@@ -153,11 +156,16 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     const int kp = w.k_padded, nkb = kp / 64, m = a.m, G = w.groups, gs = group_stride(G);
     const int n_rb = (a.n + 15) / 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int part = warp % KS, mat = (warp / KS) % MATS, rbl = warp / (KS * MATS);
-    const int rb = blockIdx.x * RBB + rbl;
+    // A split block (blockIdx.x >= a.split_block, the grid's last wave; ring_launch::split_from) holds half the row
+    // blocks, each in twice the K parts, so its warps stream half as far.
+    const bool split = RBB >= 2 && int(blockIdx.x) >= a.split_block;
+    const int ks = split ? 2 * KS : KS, rbb = split ? RBB / 2 : RBB;
+    const int rb_first = split ? a.split_block * RBB + (int(blockIdx.x) - a.split_block) * rbb : int(blockIdx.x) * RBB;
+    const int part = warp % ks, mat = (warp / ks) % MATS, rbl = warp / (ks * MATS);
+    const int rb = rb_first + rbl;
     const bool active = rb < n_rb;
     const int grb = mat == 0 ? rb : rb + n_rb;  // row block in the stacked weight
-    const int kb_begin = part * nkb / KS, kb_end = (part + 1) * nkb / KS;
+    const int kb_begin = part * nkb / ks, kb_end = (part + 1) * nkb / ks;
     // Plane p of K block kb at src + kb * TILE + p * 32.
     const uint4 * src = reinterpret_cast<const uint4 *>(w.codes) + size_t(grb) * nkb * TILE + lane;
 
@@ -184,9 +192,9 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
     uint32_t * sq = reinterpret_cast<uint32_t *>(smem_raw) + (XS == XSrc::Global ? 0 : size_t(m) * xs / 2);
     // The block's group parameters: k_param_batch loads in flight per thread before their stores, so the prologue
     // waits for memory once per batch, not once per parameter; affine ones 8 at a time where aligned (a.vec_params).
-    const int n_params = RBB * MATS * 16 * G;
+    const int n_params = rbb * MATS * 16 * G;
     if constexpr (C != Codes::Lookup4) {
-        if (a.vec_params) stage_params_vec<C, RBB, MATS>(w, n_rb, G, gs, sq);
+        if (a.vec_params) stage_params_vec<C, RBB, MATS>(w, n_rb, G, gs, sq, 0, rb_first, rbb);
     }
     for (int i0 = threadIdx.x; i0 < (C != Codes::Lookup4 && a.vec_params ? 0 : n_params); i0 += k_param_batch * k_threads) {
         uint32_t v[k_param_batch];
@@ -194,7 +202,7 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
 #pragma unroll
         for (int u = 0; u < k_param_batch; u++) {
             const int i = i0 + u * k_threads, lr = i / G, gi = i % G;
-            const int rb_i = blockIdx.x * RBB + lr / (MATS * 16), mat_i = (lr / 16) % MATS;
+            const int rb_i = rb_first + lr / (MATS * 16), mat_i = (lr / 16) % MATS;
             at[u] = i < n_params && rb_i < n_rb ? lr * gs + gi : -1;
             if (at[u] >= 0) v[u] = pack_group<C>(w, (size_t(mat_i == 0 ? rb_i : rb_i + n_rb) * 16 + lr % 16) * G + gi);
         }
@@ -403,9 +411,10 @@ __global__ void __launch_bounds__(k_threads, blocks_per_sm_for<RINGK>())
 #pragma unroll
     for (int mt = 0; mt < MATS; mt++) {
 #pragma unroll
-        for (int p = 0; p < KS; p++) {
+        for (int p = 0; p < 2 * KS; p++) {
+            if (p >= ks) break;
 #pragma unroll
-            for (int i = 0; i < 4; i++) sum[mt][i] += red[(rbl * MATS + mt) * KS + p][lane][i];
+            for (int i = 0; i < 4; i++) sum[mt][i] += red[(rbl * MATS + mt) * ks + p][lane][i];
         }
     }
 #pragma unroll

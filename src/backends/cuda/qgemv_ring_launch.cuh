@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -24,6 +25,8 @@ void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut ou
 bool qgemv_ring_deep(bool affine);
 // The fast rounds' mode (set_qgemv_ring_fast): -1 the rule of ring_launch::ring_fast_for, 1, 0.
 int qgemv_ring_fast_mode();
+// The split last wave's mode (set_qgemv_ring_split): -1 the rule of ring_launch::split_from, 0 never, 1 always.
+int qgemv_ring_split_mode();
 
 // QINFER_QKS=1|2|4|8 forces the warps per row group of the quantized GEMVs (an open knob: two K parts made the 4-bit
 // gate_up 7% faster in isolation on an H200, bench/results/2026-11-28-h200-3ca90f2, not yet measured in rows).
@@ -66,6 +69,26 @@ inline int ring_grid(int n, int mats, int ks) {
     return ((n + 15) / 16 + rbb - 1) / rbb;
 }
 
+// The first split block (GemvArgs::split_block) of a grid of `grid` blocks of `rbb` row blocks, `wave` of them resident
+// at once, or INT_MAX: none. A grid over one wave whose last wave is at most half full has that wave's row blocks in
+// split blocks (half the row blocks, twice the K parts each): the blocks of a part-filled wave stream as long as a
+// full wave's, so such a wave costs a full one (72B's gate/up at m 1: 924 blocks, 2.33 waves of 396, 71.5 us where
+// 1.17 waves of its one-GPU half took 43.4). Split blocks run last and take about half as long.
+inline int split_from(int grid, int rbb, int wave, bool beside) {
+    const int mode = qgemv_ring_split_mode();
+    if (rbb < 2 || mode == 0) return INT_MAX;
+    if (mode == 1) return grid / 2;
+    if (beside || grid <= wave || 2 * (grid % wave) > wave || grid % wave == 0) return INT_MAX;
+    return grid / wave * wave;
+}
+
+// The grid with split blocks from `split` on (INT_MAX: none) for n_rb row blocks in blocks of rbb.
+inline int split_grid(int n_rb, int rbb, int split) {
+    if (split == INT_MAX) return (n_rb + rbb - 1) / rbb;
+    const int half = rbb / 2;
+    return split + (n_rb - split * rbb + half - 1) / half;
+}
+
 template <ring4::Codes C, GemvOut OUT, int KS, ring4::XSrc XS>
 void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs & a, size_t smem, cudaStream_t s) {
     auto kernel = ring4::qgemv_ring_kernel<C, OUT, KS, XS>;
@@ -82,6 +105,8 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     const bool plain_input = XS == ring4::XSrc::Global || args.vec_bf16;
     const int l2_ahead = (plain_input ? k_ring_l2_ahead_global : k_ring_l2_ahead_staged) / ring4::planes_of(C);
     const int grid = ring_grid(a.n, mats_of<OUT>(), KS);
+    constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
+    const int n_rb = (a.n + 15) / 16;
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
         if (plain_input && qgemv_ring_deep(C != ring4::Codes::Lookup4) && grid <= 2 * sm_count()) {
@@ -89,11 +114,13 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
             static PerDevice<size_t> configured_deep;
             allow_dynamic_smem(deep, smem, configured_deep);
             args.ring_fast = ring_fast_for(w, KS, ring4::k_ring_deep, C);
-            launch_kernel(deep, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+            args.split_block = split_from(grid, RBB, ring4::blocks_per_sm_for<ring4::k_ring_deep>() * sm_count(), a.beside);
+            launch_kernel(deep, split_grid(n_rb, RBB, args.split_block), ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
             return;
         }
     }
-    launch_kernel(kernel, grid, ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+    args.split_block = split_from(grid, RBB, ring4::k_blocks_per_sm * sm_count(), a.beside);
+    launch_kernel(kernel, split_grid(n_rb, RBB, args.split_block), ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
 }
 
 constexpr size_t k_ring_max_smem = 160 * 1024;
