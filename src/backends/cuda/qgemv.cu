@@ -8,7 +8,6 @@
 // 16-byte chunk: s * (sum(q x) - z sum(x)), with sum(x) per chunk computed once per block.
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops.h"
@@ -321,11 +320,7 @@ int qgemv_ring_fast_mode() { return ring_fast_mode; }
 void set_qgemv_ring_fast(int mode) { ring_fast_mode = mode; }
 
 // The split last wave's mode: -1 the rule of ring_launch::split_from, 0 never, 1 wherever the kernel can (tests).
-// A/B (QINFER_RING_SPLIT=0: never from the start).
-static std::atomic<int> ring_split_mode{[] {
-    const char * e = std::getenv("QINFER_RING_SPLIT");
-    return e && std::atoi(e) == 0 ? 0 : -1;
-}()};
+static std::atomic<int> ring_split_mode{-1};
 int qgemv_ring_split_mode() { return ring_split_mode; }
 void set_qgemv_ring_split(int mode) { ring_split_mode = mode; }
 

@@ -71,14 +71,18 @@ inline int ring_grid(int n, int mats, int ks) {
 
 // The first split block (GemvArgs::split_block) of a grid of `grid` blocks of `rbb` row blocks, `wave` of them resident
 // at once, or INT_MAX: none. A grid over one wave whose last wave is at most half full has that wave's row blocks in
-// split blocks (half the row blocks, twice the K parts each): the blocks of a part-filled wave stream as long as a
-// full wave's, so such a wave costs a full one (72B's gate/up at m 1: 924 blocks, 2.33 waves of 396, 71.5 us where
-// 1.17 waves of its one-GPU half took 43.4). Split blocks run last and take about half as long.
-inline int split_from(int grid, int rbb, int wave, bool beside) {
+// split blocks (half the row blocks, twice the K parts each), which run last and stream half as far. It pays where the
+// blocks are bound by their own latency, not by the memory system: 8-bit codes, and 4-bit codes of 2-8 rows. On an
+// H200 (bench/results/2026-12-04-h200-ring-split, alternated twice): 72B GPTQ-Int4 batch 4 233.3 -> 242.8 tok/s (its
+// gate/up 98.6 -> 90.9 us), 32B GPTQ-Int8 batch 1 90.3 -> 91.6, 7B GPTQ-Int8 batch 1 366.4 -> 368.7. 4-bit codes of
+// one row already stream near the bandwidth (72B's gate/up 3.46 TB/s) and keep whole blocks: split, their kernels ran
+// as fast (72B 73.2 us, 7B 27.4) and the rows lost 0.2-0.5% (72B 74.1 -> 74.0, 7B 507.7 -> 505.2). `split_ok`: the
+// launch's codes and rows allow it; tests force splits (set_qgemv_ring_split(1): every grid's second half).
+inline int split_from(int grid, int rbb, int wave, bool split_ok) {
     const int mode = qgemv_ring_split_mode();
     if (rbb < 2 || mode == 0) return INT_MAX;
     if (mode == 1) return grid / 2;
-    if (beside || grid <= wave || 2 * (grid % wave) > wave || grid % wave == 0) return INT_MAX;
+    if (!split_ok || grid <= wave || 2 * (grid % wave) > wave || grid % wave == 0) return INT_MAX;
     return grid / wave * wave;
 }
 
@@ -107,6 +111,8 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
     const int grid = ring_grid(a.n, mats_of<OUT>(), KS);
     constexpr int RBB = ring4::k_warps / (mats_of<OUT>() * KS);
     const int n_rb = (a.n + 15) / 16;
+    // Split last waves (split_from): not beside another stream's kernels (a MoE shared expert), not 4-bit codes of one row.
+    const bool split_ok = !a.beside && !(C == ring4::Codes::Affine4 && a.m == 1);
     // The deep ring for plain inputs added to a residual (o_proj, down) where the grid leaves room.
     if constexpr (XS != ring4::XSrc::StageNorm && OUT == GemvOut::AddF32) {
         if (plain_input && qgemv_ring_deep(C != ring4::Codes::Lookup4) && grid <= 2 * sm_count()) {
@@ -114,12 +120,12 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
             static PerDevice<size_t> configured_deep;
             allow_dynamic_smem(deep, smem, configured_deep);
             args.ring_fast = ring_fast_for(w, KS, ring4::k_ring_deep, C);
-            args.split_block = split_from(grid, RBB, ring4::blocks_per_sm_for<ring4::k_ring_deep>() * sm_count(), a.beside);
+            args.split_block = split_from(grid, RBB, ring4::blocks_per_sm_for<ring4::k_ring_deep>() * sm_count(), split_ok);
             launch_kernel(deep, split_grid(n_rb, RBB, args.split_block), ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
             return;
         }
     }
-    args.split_block = split_from(grid, RBB, ring4::k_blocks_per_sm * sm_count(), a.beside);
+    args.split_block = split_from(grid, RBB, ring4::k_blocks_per_sm * sm_count(), split_ok);
     launch_kernel(kernel, split_grid(n_rb, RBB, args.split_block), ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
 }
 
