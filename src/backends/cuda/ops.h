@@ -91,8 +91,8 @@ void reset_qgemv_ring_deep();
 // The ring kernel's fast rounds (unchecked rounds, normalised inputs staged for 16-byte B loads): -1 where every K
 // part holds at least one round of loads (the default), 1 wherever the kernel can take them, 0 never.
 void set_qgemv_ring_fast(int mode);
-// The ring GEMV's split last wave (ring_launch::split_from): -1 the rule, 0 never, 1 the second half of every grid whose
-// blocks hold two row blocks or more (tests).
+// The ring GEMV's split last wave (ring_launch::split_from): -1 the rule, 1 the second half of every grid whose blocks
+// hold two row blocks or more (tests).
 void set_qgemv_ring_split(int mode);
 // out = the dequantized weight, bf16 [rows, k] in input-channel order (prefill: then cuBLASLt).
 void dequantize(const QuantMatrix & w, bf16 * out, cudaStream_t stream);

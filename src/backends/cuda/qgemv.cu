@@ -319,7 +319,8 @@ static std::atomic<int> ring_fast_mode{-1};
 int qgemv_ring_fast_mode() { return ring_fast_mode; }
 void set_qgemv_ring_fast(int mode) { ring_fast_mode = mode; }
 
-// The split last wave's mode: -1 the rule of ring_launch::split_from, 0 never, 1 wherever the kernel can (tests).
+// The split last wave's mode: 1 every grid's second half where the kernel can (tests), -1 the rule of
+// ring_launch::split_from.
 static std::atomic<int> ring_split_mode{-1};
 int qgemv_ring_split_mode() { return ring_split_mode; }
 void set_qgemv_ring_split(int mode) { ring_split_mode = mode; }

@@ -25,7 +25,8 @@ void qgemv_ring_stage_bf16(const QuantMatrix & w, const GemvArgs & a, GemvOut ou
 bool qgemv_ring_deep(bool affine);
 // The fast rounds' mode (set_qgemv_ring_fast): -1 the rule of ring_launch::ring_fast_for, 1, 0.
 int qgemv_ring_fast_mode();
-// The split last wave's mode (set_qgemv_ring_split): -1 the rule of ring_launch::split_from, 0 never, 1 always.
+// The split last wave's mode (set_qgemv_ring_split): 1 every grid's second half (tests), else the rule of
+// ring_launch::split_from.
 int qgemv_ring_split_mode();
 
 // QINFER_QKS=1|2|4|8 forces the warps per row group of the quantized GEMVs (an open knob: two K parts made the 4-bit
@@ -76,19 +77,18 @@ inline int ring_grid(int n, int mats, int ks) {
 // H200 (bench/results/2026-12-04-h200-ring-split, alternated twice): 72B GPTQ-Int4 batch 4 233.3 -> 242.8 tok/s (its
 // gate/up 98.6 -> 90.9 us), 32B GPTQ-Int8 batch 1 90.3 -> 91.6, 7B GPTQ-Int8 batch 1 366.4 -> 368.7. 4-bit codes of
 // one row already stream near the bandwidth (72B's gate/up 3.46 TB/s) and keep whole blocks: split, their kernels ran
-// as fast (72B 73.2 us, 7B 27.4) and the rows lost 0.2-0.5% (72B 74.1 -> 74.0, 7B 507.7 -> 505.2). `split_ok`: the
+// as fast (72B 73.2 us, 7B 27.4) and the rows lost 0.15-0.5% (72B 74.1 -> 74.0, 7B 507.7 -> 505.2). `split_ok`: the
 // launch's codes and rows allow it; tests force splits (set_qgemv_ring_split(1): every grid's second half).
 inline int split_from(int grid, int rbb, int wave, bool split_ok) {
-    const int mode = qgemv_ring_split_mode();
-    if (rbb < 2 || mode == 0) return INT_MAX;
-    if (mode == 1) return grid / 2;
+    if (rbb < 2) return INT_MAX;
+    if (qgemv_ring_split_mode() == 1) return grid / 2;
     if (!split_ok || grid <= wave || 2 * (grid % wave) > wave || grid % wave == 0) return INT_MAX;
     return grid / wave * wave;
 }
 
-// The grid with split blocks from `split` on (INT_MAX: none) for n_rb row blocks in blocks of rbb.
-inline int split_grid(int n_rb, int rbb, int split) {
-    if (split == INT_MAX) return (n_rb + rbb - 1) / rbb;
+// The launch's grid: `grid` blocks of rbb row blocks (of n_rb), or with split blocks of rbb / 2 from `split` on.
+inline int split_grid(int grid, int n_rb, int rbb, int split) {
+    if (split == INT_MAX) return grid;
     const int half = rbb / 2;
     return split + (n_rb - split * rbb + half - 1) / half;
 }
@@ -121,12 +121,12 @@ void launch_ring(const QuantMatrix & w, const bf16 * x, int ldx, const GemvArgs 
             allow_dynamic_smem(deep, smem, configured_deep);
             args.ring_fast = ring_fast_for(w, KS, ring4::k_ring_deep, C);
             args.split_block = split_from(grid, RBB, ring4::blocks_per_sm_for<ring4::k_ring_deep>() * sm_count(), split_ok);
-            launch_kernel(deep, split_grid(n_rb, RBB, args.split_block), ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+            launch_kernel(deep, split_grid(grid, n_rb, RBB, args.split_block), ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
             return;
         }
     }
     args.split_block = split_from(grid, RBB, ring4::k_blocks_per_sm * sm_count(), split_ok);
-    launch_kernel(kernel, split_grid(n_rb, RBB, args.split_block), ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
+    launch_kernel(kernel, split_grid(grid, n_rb, RBB, args.split_block), ring4::k_threads, smem, s, w, x, ldx, args, l2_ahead);
 }
 
 constexpr size_t k_ring_max_smem = 160 * 1024;
