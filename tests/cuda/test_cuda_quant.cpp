@@ -42,90 +42,101 @@ std::vector<QuantScheme> cuda_schemes() {
 
 class QuantGemv : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
-// Every format, m, input and output form of the quantized GEMV for one weight shape; deep: the deep-ring variant
-// (cuda::set_qgemv_ring_deep) for the forms that take it (bf16 input from global memory added to a residual); beside:
-// the gate/up of one row as a MoE block's shared expert runs it (GemvArgs::beside: its K parts from one up), only that.
-static void check_quant_gemv(int n, int k, bool deep = false, bool beside = false) {
-    cuda::set_qgemv_ring_deep(deep);
+// A setting of the quantized GEMV's launch rules that a pass of the test forces: deep, the deep-ring variant
+// (cuda::set_qgemv_ring_deep; false: never) for the forms that take it (bf16 input from global memory added to a
+// residual); beside, the gate/up of one row as a MoE block's shared expert runs it (GemvArgs::beside: its K parts from
+// one up), only that; fast (set_qgemv_ring_fast) and split (set_qgemv_ring_split): -1 the rules, 1 wherever they can.
+struct GemvMode {
+    const char * name;
+    bool deep = false;
+    bool beside = false;
+    int fast = -1;
+    int split = -1;
+};
+
+// Every format, m, input and output form of the quantized GEMV for one weight shape, each case under every mode: the
+// weights, inputs and the CPU reference are made once a case (the reference is most of the test's time).
+static void check_quant_gemv(int n, int k, const std::vector<GemvMode> & modes) {
     for (const QuantScheme & s : cuda_schemes()) {
-        for (int m : {1, 3, 8}) {
-            for (int in = 0; in < 2; in++) {
-                for (int out = 0; out < 4; out++) {
-                    if (deep && (in != 0 || out != 2)) continue;
-                    const bool silu = out == 3;
-                    if (beside && (!silu || m != 1)) continue;
-                    const int rows = silu ? 2 * n : n;
-                    auto ql = make_quant_linear(s, rows, k, rng()());
-                    DevQuant dq = upload_quant(ql->l, !silu || n % 16 == 0);  // as the engine stacks gate/up
+        for (int silu = 0; silu < 2; silu++) {
+            const int rows = silu ? 2 * n : n;
+            auto ql = make_quant_linear(s, rows, k, rng()());
+            DevQuant dq = upload_quant(ql->l, !silu || n % 16 == 0);  // as the engine stacks gate/up
+            for (int m : {1, 3, 8}) {
+                DeviceBuffer scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
+                for (int in = 0; in < 2; in++) {
                     std::vector<float> x = randn(size_t(m) * k), norm_w = randn(size_t(k), 0.2f);
                     for (float & v : norm_w) v = round_bf16(v + 1.0f);
-                    std::vector<float> y0 = randn(size_t(m) * n);
                     DeviceBuffer dnorm = upload_bf16(norm_w);
                     DeviceBuffer dx = in == 1 ? upload(x) : upload_bf16(x);
-                    DeviceBuffer dy = out == 2 ? upload(y0) : poisoned(size_t(m) * n * 4);
-                    cuda::GemvArgs a = gemv_args(n, k, m, dx, dnorm, dy);
-                    a.beside = beside;
-                    DeviceBuffer scratch(cuda::qgemv_scratch_bytes(dq.q.k_padded, m), "test");
-                    const cuda::GemvIn gin = in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16;
-                    cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.get(), nullptr);
-                    if (out != 2) {
-                        // A second call gives the same bits (the K parts are added in a fixed order).
-                        const size_t bytes = size_t(m) * n * (out == 1 ? 4 : 2);
-                        std::vector<char> first(bytes), second(bytes);
-                        cudaMemcpy(first.data(), dy.get(), bytes, cudaMemcpyDeviceToHost);
-                        cudaMemset(dy.get(), 0xFF, dy.bytes());
-                        cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.get(), nullptr);
-                        cudaMemcpy(second.data(), dy.get(), bytes, cudaMemcpyDeviceToHost);
-                        EXPECT_TRUE(first == second) << s.describe() << " n " << n << " k " << k << " m " << m << ": second call differs";
-                    }
                     const std::vector<float> xin = in ? norm_rows(x, norm_w, m, k, 1e-6f) : x;
                     std::vector<float> ref(size_t(m) * rows);
                     cpu::linear(xin.data(), m, ql->l, ref.data());
-                    std::vector<float> want(size_t(m) * n);
-                    for (int r = 0; r < m; r++) {
-                        for (int j = 0; j < n; j++) {
-                            float v = ref[size_t(r) * rows + j];
-                            if (out == 2) v += y0[size_t(r) * n + j];
-                            if (silu) {
-                                const float g = round_bf16(v), u = round_bf16(ref[size_t(r) * rows + n + j]);
-                                v = g / (1 + std::exp(-g)) * u;
+                    for (int out = silu ? 3 : 0; out < (silu ? 4 : 3); out++) {
+                        std::vector<float> y0 = randn(size_t(m) * n), want(size_t(m) * n);
+                        for (int r = 0; r < m; r++) {
+                            for (int j = 0; j < n; j++) {
+                                float v = ref[size_t(r) * rows + j];
+                                if (out == 2) v += y0[size_t(r) * n + j];
+                                if (silu) {
+                                    const float g = round_bf16(v), u = round_bf16(ref[size_t(r) * rows + n + j]);
+                                    v = g / (1 + std::exp(-g)) * u;
+                                }
+                                want[size_t(r) * n + j] = v;
                             }
-                            want[size_t(r) * n + j] = v;
+                        }
+                        for (const GemvMode & mode : modes) {
+                            if (mode.deep && (in != 0 || out != 2)) continue;
+                            if (mode.beside && (!silu || m != 1)) continue;
+                            cuda::set_qgemv_ring_deep(mode.deep);
+                            cuda::set_qgemv_ring_fast(mode.fast);
+                            cuda::set_qgemv_ring_split(mode.split);
+                            DeviceBuffer dy = out == 2 ? upload(y0) : poisoned(size_t(m) * n * 4);
+                            cuda::GemvArgs a = gemv_args(n, k, m, dx, dnorm, dy);
+                            a.beside = mode.beside;
+                            const cuda::GemvIn gin = in ? cuda::GemvIn::NormF32 : cuda::GemvIn::Bf16;
+                            cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.get(), nullptr);
+                            if (out != 2) {
+                                // A second call gives the same bits (the K parts are added in a fixed order).
+                                const size_t bytes = size_t(m) * n * (out == 1 ? 4 : 2);
+                                std::vector<char> first(bytes), second(bytes);
+                                cudaMemcpy(first.data(), dy.get(), bytes, cudaMemcpyDeviceToHost);
+                                cudaMemset(dy.get(), 0xFF, dy.bytes());
+                                cuda::qgemv(dq.q, a, gin, cuda::GemvOut(out), scratch.get(), nullptr);
+                                cudaMemcpy(second.data(), dy.get(), bytes, cudaMemcpyDeviceToHost);
+                                EXPECT_TRUE(first == second) << s.describe() << " n " << n << " k " << k << " m " << m << " " << mode.name
+                                                             << ": second call differs";
+                            }
+                            const auto got = (out == 1 || out == 2) ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
+                            // Relative to the output's scale: fp32 reassociation (the zero point applied per chunk), one
+                            // bf16 rounding step of the staged normalised input (CPU and GPU rsqrt differ in the last
+                            // bit), a bf16 output, and for silu the product of two such values. Lookup tables
+                            // (bitsandbytes) enter the tiled kernel's MMAs rounded to bf16: 2^-9 per weight.
+                            const double tol_f32 = dq.q.tiled && dq.q.lut ? 6e-3 : in ? 2e-3 : 2e-5;
+                            const double tol = (out == 1 || out == 2) ? tol_f32 : silu ? 2e-2 : 8e-3;
+                            EXPECT_LT(rel_err(got, want), tol) << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in
+                                                               << " out " << out << " " << mode.name;
                         }
                     }
-                    const auto got = (out == 1 || out == 2) ? download_f32(dy, want.size()) : download_bf16(dy, want.size());
-                    // Relative to the output's scale: fp32 reassociation (the zero point applied per chunk), one bf16
-                    // rounding step of the staged normalised input (CPU and GPU rsqrt differ in the last bit), a bf16
-                    // output, and for silu the product of two such values.
-                    // Lookup tables (bitsandbytes) enter the tiled kernel's MMAs rounded to bf16: 2^-9 per weight.
-                    const double tol_f32 = dq.q.tiled && dq.q.lut ? 6e-3 : in ? 2e-3 : 2e-5;
-                    const double tol = (out == 1 || out == 2) ? tol_f32 : silu ? 2e-2 : 8e-3;
-                    EXPECT_LT(rel_err(got, want), tol) << s.describe() << " n " << n << " k " << k << " m " << m << " in " << in << " out " << out
-                                                       << " deep " << deep << " beside " << beside;
                 }
             }
         }
     }
     cuda::reset_qgemv_ring_deep();
+    cuda::set_qgemv_ring_fast(-1);
+    cuda::set_qgemv_ring_split(-1);
 }
 
 TEST_P(QuantGemv, MatchesCpu) {
     REQUIRE_GPU();
     const auto [n, k] = GetParam();
-    check_quant_gemv(n, k);
-    check_quant_gemv(n, k, true);
-    check_quant_gemv(n, k, false, true);
-    if (k >= 1024) {  // the ring kernel's fast rounds wherever they fit (by default only on parts of three rounds)
-        cuda::set_qgemv_ring_fast(1);
-        check_quant_gemv(n, k);
-        check_quant_gemv(n, k, true);
-        cuda::set_qgemv_ring_fast(-1);
-    }
+    std::vector<GemvMode> modes = {{"plain"}, {"deep", true}, {"beside", false, true}};
+    // The ring kernel's fast rounds wherever they fit (by default only on parts of three rounds).
+    if (k >= 1024) modes.insert(modes.end(), {{"fast", false, false, 1}, {"fast deep", true, false, 1}});
     // Every grid's second half in split blocks (by default only a long grid's part-filled last wave).
-    cuda::set_qgemv_ring_split(1);
-    check_quant_gemv(n, k);
-    if (k >= 1024) check_quant_gemv(n, k, true);
-    cuda::set_qgemv_ring_split(-1);
+    modes.push_back({"split", false, false, -1, 1});
+    if (k >= 1024) modes.push_back({"split deep", true, false, -1, 1});
+    check_quant_gemv(n, k, modes);
 }
 
 // N = rows of the weight (a multiple of 8 for GPTQ packing), K a multiple of 64 but not of 128 where possible.
