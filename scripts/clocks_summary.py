@@ -32,11 +32,10 @@ def main():
     if not busy:
         print(f"{label}: no busy samples")
         return
-    sm = [number(c[2]) for c in busy if number(c[2]) is not None]
-    mem = [number(c[3]) for c in busy if number(c[3]) is not None]
-    power = [number(c[4]) for c in busy if number(c[4]) is not None]
-    temps = [number(c[6]) for c in busy if number(c[6]) is not None]
-    mem_temps = [number(c[7]) for c in busy if number(c[7]) is not None]
+    def column(i):  # the busy samples' numbers in column i ("[N/A]" left out)
+        return [v for v in (number(c[i]) for c in busy) if v is not None]
+
+    sm, mem, power, temps, mem_temps = column(2), column(3), column(4), column(6), column(7)
     reasons = []
     for bit, name in REASONS.items():
         n = sum(1 for c in busy if c[8].startswith("0x") and int(c[8], 16) & bit)
