@@ -5,8 +5,8 @@
 # (DAB_TIMINGS, a gtest filter, default CudaDecodeTimings.*: 7B bf16, int8, fp8 caches and 0.5B shapes; a filter that
 # matches nothing skips them), then each DAB_SPECS row (preset:quant:kv-dtype:input lengths; default 7B YaRN GPTQ-Int4
 # at 129024 with an int8 and a bf16 cache; a blank " " runs none) by `qinfer bench` with DAB_ARGS (default --load-format
-# dummy; static batches by --batch there). Logs to $OUT/decode-ab.log, JSON per row and arm, a table of tok/s and decode
-# tok/s per arm last.
+# dummy; static batches by --batch there). Logs to $OUT/decode-ab.log, JSON per row and arm, a table of tok/s, decode
+# tok/s and time to first token per arm last.
 for r in $(seq "${DAB_ROUNDS:-2}"); do
     for v in ${DAB_VALUES:-0 1}; do
         env "$DAB_VAR=$v" build-device/tests/qinfer_tests --gtest_filter="${DAB_TIMINGS:-CudaDecodeTimings.*}" 2>&1 |
@@ -19,7 +19,7 @@ for r in $(seq "${DAB_ROUNDS:-2}"); do
         done
     done
 done
-echo "-- decode-ab: $DAB_VAR, rows per arm (tok/s with prefill, decode tok/s)"
+echo "-- decode-ab: $DAB_VAR, rows per arm (tok/s with prefill, decode tok/s, time to first token)"
 python3 - "$OUT" <<'PY'
 import collections, glob, json, re, sys
 rows = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -28,10 +28,12 @@ for f in sorted(glob.glob(sys.argv[1] + "/dab-*.json")):
     kv = f.rsplit("-kv", 1)[1].split("-")[0]
     data = json.load(open(f))
     for r in data if isinstance(data, list) else data.get("rows", []):
-        rows[(r.get("model", "?"), r.get("quant", ""), kv, r.get("input_len"), r.get("batch", 1))][arm].append((r.get("tok_s"), r.get("decode_tok_s")))
-print("| model | quant | kv | input | batch | arm | tok/s | decode tok/s |")
-print("|---|---|---|---|---|---|---|---|")
+        rows[(r.get("model", "?"), r.get("quant", ""), kv, r.get("input_len"), r.get("batch", 1))][arm].append(
+            (r.get("tok_s"), r.get("decode_tok_s"), r.get("ttft_s")))
+print("| model | quant | kv | input | batch | arm | tok/s | decode tok/s | TTFT s |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (m, q, kv, n, b), arms in rows.items():
     for arm, v in sorted(arms.items()):
-        print(f"| {m} | {q} | {kv} | {n} | {b} | {arm} | {' / '.join(f'{a:.2f}' for a, _ in v if a)} | {' / '.join(f'{d:.2f}' for _, d in v if d)} |")
+        print(f"| {m} | {q} | {kv} | {n} | {b} | {arm} | {' / '.join(f'{a:.2f}' for a, _, _ in v if a)} "
+              f"| {' / '.join(f'{d:.2f}' for _, d, _ in v if d)} | {' / '.join(f'{t:.3f}' for _, _, t in v if t is not None)} |")
 PY

@@ -345,7 +345,7 @@ void CudaQwenEngine::upload_weights() {
 void CudaQwenEngine::reset_cache(int n_sequences, int tokens_per_sequence) {
     const ModelConfig & c = model_->config;
     ws_tokens_ = 0;
-    for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &prefill_k_, &prefill_v_, &router_logits_, &moe_idx_, &moe_w_,
+    for (DeviceBuffer * b : {&ids_, &x_, &xn_, &qkv_, &q_, &attn_, &tmp_, &gu_, &act_, &logits_, &dequant_, &prefill_k_, &prefill_v_, &attn_split_, &router_logits_, &moe_idx_, &moe_w_,
                              &moe_act_, &moe_out_, &moe_shared_, &moe_shared_act_, &moe_gu_, &moe_in_, &moe_arrivals_, &sample_seen_, &sample_counts_, &sample_work_}) {
         *b = DeviceBuffer();
     }

@@ -21,6 +21,7 @@
 #include "core/check.h"
 #include "core/progress.h"
 #include "model/prefill_chunk.h"
+#include "model/prefill_splits.h"
 #include "model/quant_repack.h"
 #include "model/rope.h"
 #include "model/tp_plan.h"
@@ -353,6 +354,8 @@ private:
     // Prefill over a quantized cache: the sequence's cache so far as bf16 [blocks, n_kv, block_size, head_dim] (K and V,
     // one layer at a time) read through an identity block table [blocks per sequence] by the bf16 attention kernels.
     DeviceBuffer prefill_k_, prefill_v_, prefill_table_;
+    // The prefill attention's key splits (cuda::PrefillSplitScratch): partial results and counters, zero when made.
+    DeviceBuffer attn_split_;
     DeviceBuffer qscratch_;  // staged GEMV inputs of the quantized kernels: bf16 [cuda::k_qgemv_max_m, largest padded k]
     // MoE layers (moe()): router logits fp32 [c, n_experts (+ 1)], the routing (cuda::MoeRouting: ints, weights), the
     // routed experts' SwiGLU products bf16 [c top_k, inter] (the shared expert's [c, shared inter] share it) and

@@ -119,6 +119,17 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
     // Over a quantized cache, each piece's attention runs the bf16 kernels on its sequence's cache dequantized so far
     // (ensure_prefill_kv); the buffers hold the longest sequence's blocks.
     const bool via_bf16 = ensure_prefill_kv(longest);
+    // Key splits of the attention's last wave (model/prefill_splits.h) need a split of at least
+    // k_prefill_split_min_tiles tiles, twice: prompts reaching past that many keys.
+    cuda::PrefillSplitScratch split;
+    if (!via_bf16 && longest > 2 * k_prefill_split_min_tiles * k_prefill_split_tile) {
+        const size_t bytes = prefill_split_scratch_bytes(cfg.head_dim, cuda::sm_count());
+        if (attn_split_.bytes() < bytes) {
+            attn_split_.ensure(bytes, "prefill attention splits");
+            CUDA_CHECK(cudaMemsetAsync(attn_split_.get(), 0, bytes, stream_));
+        }
+        split = {attn_split_.get(), attn_split_.bytes(), env().attn_splits};
+    }
     // Logits rows at a time: the pool's buffers hold pool_rows_ (and the picks' scratch as many).
     const int logit_rows = pooled_ ? pool_rows_ : int(all_logits ? chunk : std::min<size_t>(segs.size(), size_t(chunk)));
     logits_.ensure(size_t(logit_rows) * V * sizeof(float), "logits");
@@ -244,7 +255,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
             // The chunks' attention together (one launch where the kernel takes pieces); over a quantized cache each
             // chunk on its sequence's cache dequantized so far.
             cuda::attention_prefill_pieces(attn_pieces.data(), int(attn_pieces.size()), kv_layer(l, nullptr), cfg.num_attention_heads,
-                                           cfg.num_key_value_heads, cfg.head_dim, stream_);
+                                           cfg.num_key_value_heads, cfg.head_dim, stream_, split.bytes ? &split : nullptr);
             for (const PassPiece & pc : pieces) {
                 const PrefillSegment & s = segs[pc.seg];
                 if (s.decode || !via_bf16) continue;

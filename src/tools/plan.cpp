@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "model/decode_splits.h"
 #include "model/prefill_chunk.h"
+#include "model/prefill_splits.h"
 #include "model/quant_repack.h"
 #include "model/qwen_tp.h"
 #include "model/tp_plan.h"
@@ -87,6 +88,8 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     m.workspace += double(batch) * (tokens / 16) * 4;  // the batch's block tables
     // A quantized cache's prompt, dequantized to bf16 K and V for the prefill attention (CudaQwenEngine::ensure_prefill_kv).
     if (kv != KVDType::BF16) m.workspace += double(round_up(std::min(prompt, context), 16)) * c.num_key_value_heads * c.head_dim * 2 * 2;
+    // The prefill attention's key splits over a bf16 cache (CudaQwenEngine::prefill), for 132 SMs.
+    else if (std::min(prompt, context) > 2 * k_prefill_split_min_tiles * k_prefill_split_tile) m.workspace += double(prefill_split_scratch_bytes(c.head_dim, 132));
     if (prompt > 4 || batch > 4) m.workspace += largest_quant;  // (the tiled GEMV takes up to 8 rows: an upper bound)
     m.workspace += double(max_k) * 8 * 2;  // the quantized GEMV's staged inputs, up to 8 rows
     return m;

@@ -15,6 +15,7 @@
 #include "backends/cuda/ops.h"
 #include "core/dtype.h"
 #include "cuda/helpers.h"
+#include "model/prefill_splits.h"
 #include "model/rope.h"
 
 using namespace qinfer;
@@ -450,6 +451,87 @@ TEST(CudaOps, AttentionPrefillPiecesMatchAlone) {
                     q_at += size_t(ps[i].n) * n_head * d;
                 }
                 EXPECT_LT(rel_err(got, want), 2e-2);
+            }
+        }
+    }
+}
+
+// Key splits of a one-piece launch (model/prefill_splits.h): forced into 2, 3 and 5 splits on every query tile, and by
+// the rule, the output equals the unsplit launch's within two bf16 steps (the merge's fp32 rounding may move a value
+// across a rounding boundary) and the CPU's attention within bf16;
+// twice in a row, so the counters must have put themselves back to zero. Odd shapes: 300 queries after 2000 keys, a
+// chunk of 77 after 1100, one whole tile after 3000; 1024 after 4096 with 28 heads, which the rule splits on an H200.
+TEST(CudaOps, AttentionPrefillSplitsMatchWhole) {
+    REQUIRE_GPU();
+    if (!cuda::prefill_wgmma_available(128)) GTEST_SKIP() << "the warp-specialised prefill kernel needs sm_90a";
+    const int block_size = 16;
+    struct Case {
+        int n, pos0, n_kv, n_rep;
+    };
+    const Case cases[] = {{300, 2000, 2, 7}, {77, 1100, 2, 1}, {128, 3000, 2, 7}, {1024, 4096, 4, 7}};
+    for (int d : {64, 128}) {
+        DeviceBuffer scratch(prefill_split_scratch_bytes(d, cuda::sm_count()), "test");
+        cudaMemset(scratch.get(), 0, scratch.bytes());
+        for (const Case & cs : cases) {
+            const int len = cs.pos0 + cs.n, n_head = cs.n_kv * cs.n_rep, n_blocks = (len + block_size - 1) / block_size;
+            SCOPED_TRACE("d " + std::to_string(d) + " n " + std::to_string(cs.n) + " pos0 " + std::to_string(cs.pos0) + " heads " +
+                         std::to_string(n_head));
+            std::vector<int> table(static_cast<size_t>(n_blocks));
+            std::iota(table.begin(), table.end(), 0);
+            std::shuffle(table.begin(), table.end(), rng());
+            const std::vector<float> ks = randn(size_t(len) * cs.n_kv * d), vs = randn(size_t(len) * cs.n_kv * d);
+            std::vector<uint16_t> kc(size_t(n_blocks) * cs.n_kv * block_size * d, 0xffff), vc = kc;  // poison unused slots
+            for (int t = 0; t < len; t++) {
+                for (int h = 0; h < cs.n_kv; h++) {
+                    for (int e = 0; e < d; e++) {
+                        const size_t dst = ((size_t(table[size_t(t / block_size)]) * cs.n_kv + h) * block_size + t % block_size) * d + e;
+                        kc[dst] = f32_to_bf16(ks[(size_t(t) * cs.n_kv + h) * d + e]);
+                        vc[dst] = f32_to_bf16(vs[(size_t(t) * cs.n_kv + h) * d + e]);
+                    }
+                }
+            }
+            DeviceBuffer dk = upload(kc), dv = upload(vc), dt = upload(table);
+            const cuda::KVLayer layer{dk.as<bf16>(), dv.as<bf16>(), nullptr, block_size, 0, {}, int64_t(n_blocks) * cs.n_kv * block_size};
+            const size_t q_total = size_t(cs.n) * n_head * d;
+            const std::vector<float> q = randn(q_total, 2.0f);
+            DeviceBuffer dq = upload_bf16(q), dout = poisoned(q_total * 2);
+            cuda::PrefillPiece piece;
+            piece.q = dq.as<bf16>();
+            piece.out = dout.as<bf16>();
+            piece.block_table = dt.as<int>();
+            piece.n = cs.n;
+            piece.pos0 = cs.pos0;
+            auto run = [&](int splits) {
+                cudaMemset(dout.get(), 0xff, dout.bytes());
+                const cuda::PrefillSplitScratch sc{scratch.get(), scratch.bytes(), splits};
+                cuda::attention_prefill_pieces(&piece, 1, layer, n_head, cs.n_kv, d, nullptr, &sc);
+                return download_bf16(dout, q_total);
+            };
+            const std::vector<float> whole = run(1);
+            // The CPU's attention for the small cases (the large one's unsplit launch is checked by the tests above).
+            const bool check_cpu = cs.n <= 300;
+            std::vector<float> want(check_cpu ? q_total : 0);
+            auto k_row = [&](int j) { return ks.data() + size_t(j) * cs.n_kv * d; };
+            auto v_row = [&](int j) { return vs.data() + size_t(j) * cs.n_kv * d; };
+            for (int t = 0; check_cpu && t < cs.n; t++) {
+                const size_t at = size_t(t) * n_head * d;
+                cpu::attention(q.data() + at, 1, cs.pos0 + t, n_head, cs.n_kv, d, k_row, v_row, want.data() + at);
+            }
+            if (check_cpu) {
+                EXPECT_LT(rel_err(whole, want), 2e-2);
+            }
+            for (int splits : {2, 3, 5, 0}) {
+                const PrefillSplitPlan plan = prefill_split_plan(cs.n, cs.pos0, n_head, cuda::sm_count(), splits);
+                if (splits == 0 && cs.n == 1024 && cuda::sm_count() == 132) {
+                    EXPECT_EQ(plan.splits, 4) << "the rule's case";
+                }
+                for (int round = 0; round < 2; round++) {
+                    const std::vector<float> got = run(splits);
+                    EXPECT_LT(rel_err(got, whole), 8e-3) << "splits " << splits << " (plan " << plan.splits << ") round " << round;
+                    if (check_cpu) {
+                        EXPECT_LT(rel_err(got, want), 2e-2) << "splits " << splits << " round " << round;
+                    }
+                }
             }
         }
     }

@@ -7,6 +7,7 @@
 
 #include "model/decode_splits.h"
 #include "model/prefill_chunk.h"
+#include "model/prefill_splits.h"
 #include "tools/plan.h"
 #include "tools/presets.h"
 #include "tools/synth_quant.h"
@@ -155,6 +156,28 @@ TEST(Plan, PrefillChunkFollowsTheCache) {
     EXPECT_EQ(prefill_chunk_for_cache(16, false, b30), 1024);
     EXPECT_EQ(prefill_chunk_for_cache(16, false, b30, true), 4096);
     EXPECT_EQ(prefill_chunk_for_cache(131072, false, b30, true), 8192);
+}
+
+// Key splits of the prefill attention's last wave on 132 SMs: the tail pairs after the full waves split where the
+// rounds of shorter blocks end sooner; none where the tail is empty, a pass starts the prompt (its lightest tiles are
+// short) or the keys are few.
+TEST(Plan, PrefillSplitsFillTheLastWave) {
+    auto plan = [](int n, int pos0, int heads, int forced = 0) {
+        const PrefillSplitPlan p = prefill_split_plan(n, pos0, heads, 132, forced);
+        return std::vector<int>{p.full_blocks, p.tail_pairs, p.splits};
+    };
+    using V = std::vector<int>;
+    EXPECT_EQ(plan(1024, 29696, 28), (V{132, 92, 4}));  // 7B's last pass at 30720: 224 pairs, 1.7 waves
+    EXPECT_EQ(plan(2048, 28672, 12), (V{132, 60, 2}));  // 1.5B: 192 pairs
+    EXPECT_EQ(plan(4096, 26624, 14), (V{396, 52, 5}));  // 0.5B: 448 pairs
+    EXPECT_EQ(plan(4096, 26624, 28), (V{792, 104, 5}));  // 7B GPTQ-Int4's 4096-token pass: 896 pairs
+    EXPECT_EQ(plan(1024, 0, 28), (V{224, 0, 1}));        // a prompt's first pass: its tail pairs are 1-4 tiles
+    EXPECT_EQ(plan(1024, 3072, 28), (V{224, 0, 1}));     // 25-28 tiles: three splits' rounds cost more than one
+    EXPECT_EQ(plan(128, 8192, 28), (V{0, 28, 4}));       // a short chunk after a long prefix: 28 pairs on 132 SMs
+    EXPECT_EQ(plan(4224, 30720, 12), (V{396, 0, 1}));    // 33 x 12 = 396 pairs: three full waves
+    EXPECT_EQ(plan(300, 2000, 14, 3), (V{0, 42, 3}));     // forced (tests): every pair
+    EXPECT_EQ(plan(300, 0, 14, 5), (V{42, 0, 1}));      // forced, but the lightest pair has one tile
+    EXPECT_EQ(plan(300, 2000, 14, 1), (V{42, 0, 1}));
 }
 
 // Tensor parallel over two H200s (--load-format dummy, the embedding in host memory, batch 1, 2048 generated): each

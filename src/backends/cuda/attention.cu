@@ -464,7 +464,8 @@ void attention_prefill(const bf16 * q, const KVLayer & cache, int n, int pos0, i
     QINFER_FAIL() << "attention_prefill: head_dim " << head_dim << " > 128 is not supported";
 }
 
-void attention_prefill_pieces(const PrefillPiece * pieces, int count, const KVLayer & cache, int n_head, int n_kv, int head_dim, cudaStream_t stream) {
+void attention_prefill_pieces(const PrefillPiece * pieces, int count, const KVLayer & cache, int n_head, int n_kv, int head_dim, cudaStream_t stream,
+                              const PrefillSplitScratch * split) {
     if (count <= 0) return;
     const PrefillArgs a{nullptr, cache, nullptr, 0, 0, n_head, n_kv, head_dim, float(1.0 / std::sqrt(double(head_dim)) * M_LOG2E)};
     int done = 0;
@@ -472,7 +473,7 @@ void attention_prefill_pieces(const PrefillPiece * pieces, int count, const KVLa
         PrefillPieceList list;
         list.count = std::min(count - done, k_prefill_pieces);
         std::copy(pieces + done, pieces + done + list.count, list.piece);
-        if (!launch_attention_prefill_tma_pieces(a, list, true, stream)) break;  // not where the kernel applies: one each below
+        if (!launch_attention_prefill_tma_pieces(a, list, true, count == 1 ? split : nullptr, stream)) break;  // not where the kernel applies: one each below
         done += list.count;
     }
     for (; done < count; done++) {

@@ -102,7 +102,9 @@ struct PrefillPieceList {
     int count = 0;
     PrefillPiece piece[k_prefill_pieces];
 };
-bool launch_attention_prefill_tma_pieces(const PrefillArgs & a, const PrefillPieceList & pieces, bool pingpong, cudaStream_t stream);
+// With scratch (one piece), the launch's last-wave pairs may run in key splits (model/prefill_splits.h).
+bool launch_attention_prefill_tma_pieces(const PrefillArgs & a, const PrefillPieceList & pieces, bool pingpong, const PrefillSplitScratch * scratch,
+                                         cudaStream_t stream);
 
 // Dims [col, col + 8) of a quantized cache row as 8 bf16 (one 16-byte shared-memory store).
 template <KVKind K> __device__ __forceinline__ uint4 dequant8_bf16(const KVQuant & q, bool value, int64_t row, int d, int col) {

@@ -247,7 +247,17 @@ constexpr int k_prefill_pieces = 32;  // pieces one launch takes
 // k_prefill_pieces pieces share one launch, grid (heads, query tiles of the longest, pieces): a chunk of a few dozen
 // tokens is one block a head, so alone it had 28 of an H200's 132 SMs at work for 50 us a layer over 2024 cached keys
 // (7B), and a step's chunks ran one after another. Elsewhere one attention_prefill a piece.
-void attention_prefill_pieces(const PrefillPiece * pieces, int count, const KVLayer & cache, int n_head, int n_kv, int head_dim, cudaStream_t stream);
+// split: with one piece, its scratch for key splits of the launch's last-wave query tiles (model/prefill_splits.h;
+// attention_prefill_tma.cu): `size` >= prefill_split_scratch_bytes(head_dim, sm_count()) bytes, zero before first
+// use (the counters at its end put themselves back to zero); splits 0: prefill_split_plan's rule, 1: none, more: every
+// query tile in that many (tests).
+struct PrefillSplitScratch {
+    void * bytes = nullptr;
+    size_t size = 0;
+    int splits = 0;
+};
+void attention_prefill_pieces(const PrefillPiece * pieces, int count, const KVLayer & cache, int n_head, int n_kv, int head_dim, cudaStream_t stream,
+                              const PrefillSplitScratch * split = nullptr);
 
 // Decode attention for one token of each of `batch` sequences (flash-decoding): the keys of each KV head are spread
 // over max_splits blocks (at most k_decode_max_split_keys keys each, model/decode_splits.h), then combined. The grid
