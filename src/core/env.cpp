@@ -1,6 +1,5 @@
 #include "core/env.h"
 
-#include <algorithm>
 #include <cstdlib>
 
 namespace qinfer {
@@ -31,7 +30,6 @@ EnvSettings read_env() {
     s.qgemv_k_parts = ks == 1 || ks == 2 || ks == 4 || ks == 8 ? ks : 0;
     const int chunk = integer("QINFER_PREFILL_CHUNK");
     s.prefill_chunk = chunk >= 128 && chunk % 128 == 0 ? chunk : 0;
-    s.attn_splits = std::max(0, integer("QINFER_ATTN_SPLITS"));
     if (const char * t = std::getenv("QINFER_TP_TIMEOUT")) {
         const double v = std::atof(t);
         if (v > 0) s.tp_timeout_s = v;
@@ -47,7 +45,7 @@ const EnvSettings & env() {
 std::string env_knobs_json() {
     const EnvSettings & e = env();
     return "{\"QINFER_PROFILE\": " + std::string(e.profile ? "true" : "false") + ", \"QINFER_QKS\": " + std::to_string(e.qgemv_k_parts) +
-           ", \"QINFER_PREFILL_CHUNK\": " + std::to_string(e.prefill_chunk) + ", \"QINFER_ATTN_SPLITS\": " + std::to_string(e.attn_splits) + "}";
+           ", \"QINFER_PREFILL_CHUNK\": " + std::to_string(e.prefill_chunk) + "}";
 }
 
 }  // namespace qinfer

@@ -16,7 +16,6 @@ struct EnvSettings {
     bool profile = false;    // QINFER_PROFILE: per-op GPU times of each prefill and the first decode step after it
     int qgemv_k_parts = 0;   // QINFER_QKS=1|2|4|8: warps per row group of the quantized GEMVs (0: the launch rule)
     int prefill_chunk = 0;   // QINFER_PREFILL_CHUNK: tokens per CUDA prefill pass, a multiple of 128 (0: the rule)
-    int attn_splits = 0;     // QINFER_ATTN_SPLITS: key splits of the prefill attention's last wave (0: the rule, 1: none)
     double tp_timeout_s = 600;  // QINFER_TP_TIMEOUT: seconds a tensor-parallel call of the GPUs may take before its
                                 // collectives are aborted (a rank or node that stopped answering)
 };

@@ -8,7 +8,9 @@
 // one over a 1/splits share of the pair's keys; the last of a pair's blocks to finish merges the others' partial
 // results (fp32 accumulators and softmax statistics through a scratch in global memory) into its own and stores the
 // rows. 7B's last pass then runs its 92 tail pairs as 368 blocks of ~59 tiles, three rounds, instead of one round of
-// ~236 tiles.
+// ~236 tiles. Measured on an H200 (bench/results/2026-12-04-h200-prefill-splits): time to first token at 30720
+// 0.5B 0.171 -> 0.158 s, 1.5B 0.342 -> 0.312, 7B 1.087 -> 1.071, 7B GPTQ-Int4 1.051 -> 1.030; at 6144 and 14336
+// the same or faster.
 #pragma once
 
 #include <algorithm>
@@ -22,7 +24,10 @@ constexpr int k_prefill_split_threads = 256;       // the consumer threads whose
 constexpr int k_prefill_split_slots_per_sm = 4;    // partial results the scratch holds, per SM
 constexpr int k_prefill_split_max = 6;             // splits a pair takes at most
 constexpr int k_prefill_split_min_tiles = 8;       // key tiles a split takes at least
-constexpr int k_prefill_split_cost_tiles = 2;      // a split's fixed cost in tiles: its start, partial store and merge
+// A split's fixed cost in tiles (its start, partial store and merge): on an H200, 7B's last pass at 30720 took 965 us
+// in splits against 904 that its tiles alone predict (2.19 us a tile of 128 x 128 at head_dim 128, from the unsplit
+// pass: 1036 us for 2 x 236 tiles): ~20 us a round of splits.
+constexpr int k_prefill_split_cost_tiles = 8;
 
 struct PrefillSplitPlan {
     int full_blocks = 0;  // pairs that run whole, first (blocks 0 .. full_blocks - 1)

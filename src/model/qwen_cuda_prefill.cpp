@@ -128,7 +128,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
             attn_split_.ensure(bytes, "prefill attention splits");
             CUDA_CHECK(cudaMemsetAsync(attn_split_.get(), 0, bytes, stream_));
         }
-        split = {attn_split_.get(), attn_split_.bytes(), env().attn_splits};
+        split = {attn_split_.get(), attn_split_.bytes(), 0};
     }
     // Logits rows at a time: the pool's buffers hold pool_rows_ (and the picks' scratch as many).
     const int logit_rows = pooled_ ? pool_rows_ : int(all_logits ? chunk : std::min<size_t>(segs.size(), size_t(chunk)));

@@ -20,6 +20,7 @@
 // registers (online-softmax rescaling) and stores the rows, and puts the counter back to zero.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/attention_prefill_wgmma.cuh"
@@ -61,7 +62,7 @@ struct SplitArgs {
 // its query tiles end at once.
 // PINGPONG (FlashAttention-3's inter-warpgroup schedule): the two consumer warpgroups take turns to issue their MMAs,
 // each handing the turn over right after its issue, so one warpgroup's softmax runs while the other's MMAs do.
-template <int D, bool PINGPONG>
+template <int D, bool PINGPONG, bool FTZ>
 __global__ void __launch_bounds__(k_threads, 1)
     attention_prefill_tma_kernel(PrefillArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                                  const __grid_constant__ PrefillPieceList pieces, const SplitArgs split) {
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(k_threads, 1)
     sm90::fence_operands(s);
     for (int t = 0; t < my_tiles; t++) {
         // s = S of tile t; P V of tile t - 1 may still run.
-        const float2 alpha = softmax_tile(s, rs, (t0 + t) * k_keys, a);
+        const float2 alpha = softmax_tile<FTZ>(s, rs, (t0 + t) * k_keys, a);
         sm90::wgmma_wait<0>();
         sm90::fence_operands(o);
         for (auto & f : pf) sm90::fence_operands(f);
@@ -285,10 +286,15 @@ template <int D, bool PINGPONG> bool launch(const PrefillArgs & a, const Prefill
     }
     constexpr size_t smem = TmaSmem<D>::bytes;
     static PerDevice<size_t> configured;  // once per instantiation
-    allow_dynamic_smem(attention_prefill_tma_kernel<D, PINGPONG>, smem, configured);
+    static const bool ftz = [] {
+        const char * e = std::getenv("QINFER_ATTN_FTZ");
+        return e && *e == '1';
+    }();
+    auto kernel = ftz ? attention_prefill_tma_kernel<D, PINGPONG, true> : attention_prefill_tma_kernel<D, PINGPONG, false>;
+    allow_dynamic_smem(kernel, smem, configured);
     const dim3 grid = split.splits > 1 ? dim3(split.full_blocks + split.tail_pairs * split.splits)
                                        : dim3(a.n_head, (a.n + k_rows - 1) / k_rows, std::max(1, pieces.count));
-    attention_prefill_tma_kernel<D, PINGPONG><<<grid, k_threads, smem, stream>>>(a, k_map, v_map, pieces, split);
+    kernel<<<grid, k_threads, smem, stream>>>(a, k_map, v_map, pieces, split);
     CUDA_CHECK(cudaGetLastError());
     return true;
 }

@@ -22,10 +22,20 @@ struct RowState {
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0, l1 = 0;
 };
 
+// 2^x by one MUFU.EX2, results below 2^-126 flushed to zero (exp2f's non-ftz form scales x around the instruction
+// for subnormal results: three more instructions an element).
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // S tile (this warp's 16 rows x 128 keys from k0, accumulator layout) -> P = exp2(S * scale - m) in place, with
 // masks (causal, rows past the chunk) where the tile reaches past the warp's first row's last key or the warp holds
 // rows past the chunk. Updates m and l; returns the factors (alpha0, alpha1) that rescale the rows' outputs.
+template <bool FTZ = false>
 __device__ __forceinline__ float2 softmax_tile(float (&s)[k_keys / 2], RowState & r, int k0, const PrefillArgs & a) {
+    auto ex2 = [](float x) { return FTZ ? exp2_ftz(x) : exp2f(x); };
     const int tq = threadIdx.x % 4;
     if (k0 + k_keys - 1 > a.pos0 + r.warp_row || r.warp_row + 15 >= a.n) {
 #pragma unroll
@@ -51,10 +61,10 @@ __device__ __forceinline__ float2 softmax_tile(float (&s)[k_keys / 2], RowState 
     float sum0 = 0, sum1 = 0;
 #pragma unroll
     for (int nt = 0; nt < k_keys / 8; nt++) {
-        s[nt * 4 + 0] = exp2f(fmaf(s[nt * 4 + 0], a.scale_log2, -ref0));
-        s[nt * 4 + 1] = exp2f(fmaf(s[nt * 4 + 1], a.scale_log2, -ref0));
-        s[nt * 4 + 2] = exp2f(fmaf(s[nt * 4 + 2], a.scale_log2, -ref1));
-        s[nt * 4 + 3] = exp2f(fmaf(s[nt * 4 + 3], a.scale_log2, -ref1));
+        s[nt * 4 + 0] = ex2(fmaf(s[nt * 4 + 0], a.scale_log2, -ref0));
+        s[nt * 4 + 1] = ex2(fmaf(s[nt * 4 + 1], a.scale_log2, -ref0));
+        s[nt * 4 + 2] = ex2(fmaf(s[nt * 4 + 2], a.scale_log2, -ref1));
+        s[nt * 4 + 3] = ex2(fmaf(s[nt * 4 + 3], a.scale_log2, -ref1));
         sum0 += s[nt * 4 + 0] + s[nt * 4 + 1];
         sum1 += s[nt * 4 + 2] + s[nt * 4 + 3];
     }
