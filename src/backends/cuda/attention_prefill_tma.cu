@@ -20,7 +20,6 @@
 // registers (online-softmax rescaling) and stores the rows, and puts the counter back to zero.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/attention_prefill_wgmma.cuh"
@@ -62,7 +61,7 @@ struct SplitArgs {
 // its query tiles end at once.
 // PINGPONG (FlashAttention-3's inter-warpgroup schedule): the two consumer warpgroups take turns to issue their MMAs,
 // each handing the turn over right after its issue, so one warpgroup's softmax runs while the other's MMAs do.
-template <int D, bool PINGPONG, bool SKIP_ONES>
+template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(k_threads, 1)
     attention_prefill_tma_kernel(PrefillArgs a, const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                                  const __grid_constant__ PrefillPieceList pieces, const SplitArgs split) {
@@ -212,7 +211,7 @@ __global__ void __launch_bounds__(k_threads, 1)
         sm90::fence_operands(o);
         for (auto & f : pf) sm90::fence_operands(f);
         if (t > 0) release(t - 1);  // its K (S of t - 1) and V (P V of t - 1) are read
-        rescale_and_pack<D, SKIP_ONES>(o, alpha, s, pf);
+        rescale_and_pack<D>(o, alpha, s, pf);
         if (t + 1 < my_tiles) landed(t + 1);
         sm90::fence_operands(s);
         sm90::fence_operands(o);
@@ -286,15 +285,10 @@ template <int D, bool PINGPONG> bool launch(const PrefillArgs & a, const Prefill
     }
     constexpr size_t smem = TmaSmem<D>::bytes;
     static PerDevice<size_t> configured;  // once per instantiation
-    static const bool skip_ones = [] {
-        const char * e = std::getenv("QINFER_ATTN_SKIP_ONES");
-        return !e || *e != '0';
-    }();
-    auto kernel = skip_ones ? attention_prefill_tma_kernel<D, PINGPONG, true> : attention_prefill_tma_kernel<D, PINGPONG, false>;
-    allow_dynamic_smem(kernel, smem, configured);
+    allow_dynamic_smem(attention_prefill_tma_kernel<D, PINGPONG>, smem, configured);
     const dim3 grid = split.splits > 1 ? dim3(split.full_blocks + split.tail_pairs * split.splits)
                                        : dim3(a.n_head, (a.n + k_rows - 1) / k_rows, std::max(1, pieces.count));
-    kernel<<<grid, k_threads, smem, stream>>>(a, k_map, v_map, pieces, split);
+    attention_prefill_tma_kernel<D, PINGPONG><<<grid, k_threads, smem, stream>>>(a, k_map, v_map, pieces, split);
     CUDA_CHECK(cudaGetLastError());
     return true;
 }

@@ -73,11 +73,13 @@ __device__ __forceinline__ float2 softmax_tile(float (&s)[k_keys / 2], RowState 
     return alpha;
 }
 
-// o *= alpha per row; P (fp32, accumulator layout) -> bf16 A fragments of 16 keys each. SKIP_ONES: not where every
-// row of the warp kept its maximum (alpha 1 changes nothing; past the first tiles of a long row it is the rule).
-template <int D, bool SKIP_ONES = false>
+// o *= alpha per row, skipped where every row of the warp kept its maximum (alpha 1 changes nothing; past the first
+// tiles of a long row it is the rule: on an H200 the warp-specialised kernel went from 390 to 398 TFLOP/s at d 128,
+// 1.5B's time to first token at 30720 from 0.304 to 0.296 s; bench/results/2026-12-04-h200-prefill-splits, call 3);
+// P (fp32, accumulator layout) -> bf16 A fragments of 16 keys each.
+template <int D>
 __device__ __forceinline__ void rescale_and_pack(float (&o)[D / 2], float2 alpha, const float (&p)[k_keys / 2], uint32_t (&pf)[k_keys / 16][4]) {
-    if (!SKIP_ONES || !__all_sync(0xffffffffu, alpha.x == 1.f && alpha.y == 1.f)) {
+    if (!__all_sync(0xffffffffu, alpha.x == 1.f && alpha.y == 1.f)) {
 #pragma unroll
         for (int dt = 0; dt < D / 8; dt++) {
             o[dt * 4 + 0] *= alpha.x;
