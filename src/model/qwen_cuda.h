@@ -239,6 +239,9 @@ private:
     bool ensure_quant_scratch(int rows);
     int prefill_chunk() const;    // tokens per prefill pass (bounds activation memory at any length)
     bool ensure_prefill_kv(int tokens);
+    // The prefill attention's key-split scratch (attn_split_) where a sequence of `tokens` over a bf16 cache may split
+    // (model/prefill_splits.h), zeroed when made; returns whether it exists.
+    bool ensure_attn_split(int tokens);
     // n prompt tokens of one sequence, appended at pos0.. (qwen_cuda_prefill.cpp).
     struct PrefillSegment {
         const int * table = nullptr;  // the sequence's block table, device int [blocks]

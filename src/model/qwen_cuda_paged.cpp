@@ -103,6 +103,7 @@ PoolInfo CudaQwenEngine::make_pool(const PoolOptions & opt) {
     std::iota(identity.begin(), identity.end(), 0);
     prefill_table_ = upload_vector(identity, "block table");
     ensure_prefill_kv(info.max_seq_tokens);
+    ensure_attn_split(info.max_seq_tokens);  // before the cache takes what is left
     ids_host_ = cuda::HostMappedBuffer((size_t(std::max(opt.max_step_tokens, 1)) + pool_rows_) * sizeof(int), "prompt ids");
     const size_t staged = 2 * size_t(pool_rows_) * stride + (3 * size_t(pool_rows_) + 1) + 2 * size_t(pool_rows_) + 4;  // + alignment
     step_host_ = cuda::HostMappedBuffer(staged * sizeof(int) + 2 * size_t(pool_rows_) * sizeof(cuda::RowPick), "step staging");

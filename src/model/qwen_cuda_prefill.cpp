@@ -26,6 +26,17 @@ bool CudaQwenEngine::ensure_prefill_kv(int tokens) {
     return true;
 }
 
+bool CudaQwenEngine::ensure_attn_split(int tokens) {
+    // A split takes k_prefill_split_min_tiles tiles at least, twice.
+    if (kv_kind_ != cuda::KVKind::BF16 || tokens <= 2 * k_prefill_split_min_tiles * k_prefill_split_tile) return false;
+    const size_t bytes = prefill_split_scratch_bytes(model_->config.head_dim, cuda::sm_count());
+    if (attn_split_.bytes() < bytes) {
+        attn_split_.ensure(bytes, "prefill attention splits");
+        CUDA_CHECK(cudaMemsetAsync(attn_split_.get(), 0, bytes, stream_));
+    }
+    return true;
+}
+
 int CudaQwenEngine::max_quantized_k() const {
     int max_k = 0;
     for (const auto & L : layers_) {
@@ -119,17 +130,9 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
     // Over a quantized cache, each piece's attention runs the bf16 kernels on its sequence's cache dequantized so far
     // (ensure_prefill_kv); the buffers hold the longest sequence's blocks.
     const bool via_bf16 = ensure_prefill_kv(longest);
-    // Key splits of the attention's last wave (model/prefill_splits.h) need a split of at least
-    // k_prefill_split_min_tiles tiles, twice: prompts reaching past that many keys.
+    // Key splits of the attention's last wave (model/prefill_splits.h).
     cuda::PrefillSplitScratch split;
-    if (!via_bf16 && longest > 2 * k_prefill_split_min_tiles * k_prefill_split_tile) {
-        const size_t bytes = prefill_split_scratch_bytes(cfg.head_dim, cuda::sm_count());
-        if (attn_split_.bytes() < bytes) {
-            attn_split_.ensure(bytes, "prefill attention splits");
-            CUDA_CHECK(cudaMemsetAsync(attn_split_.get(), 0, bytes, stream_));
-        }
-        split = {attn_split_.get(), attn_split_.bytes(), 0};
-    }
+    if (ensure_attn_split(longest)) split = {attn_split_.get(), attn_split_.bytes(), 0};
     // Logits rows at a time: the pool's buffers hold pool_rows_ (and the picks' scratch as many).
     const int logit_rows = pooled_ ? pool_rows_ : int(all_logits ? chunk : std::min<size_t>(segs.size(), size_t(chunk)));
     logits_.ensure(size_t(logit_rows) * V * sizeof(float), "logits");
