@@ -171,9 +171,9 @@ __global__ void __launch_bounds__(k_threads, 1)
         if (t0 + i == n_tiles - 1 && tail_keys < k_keys) {
             unsigned char * vs = smem + (i % k_stages) * Layout::stage_bytes + Layout::tile_bytes;
             const int chunks = (k_keys - tail_keys) * (D / 64) * 8;  // 16-byte chunks of the rows past the end
-            for (int i = threadIdx.x; i < chunks; i += k_consumer_threads) {
-                const int line = i / 8, key = tail_keys + line / (D / 64), panel = line % (D / 64);
-                *reinterpret_cast<uint4 *>(vs + size_t(panel) * k_keys * 128 + key * 128 + (i % 8) * 16) = make_uint4(0, 0, 0, 0);
+            for (int c = threadIdx.x; c < chunks; c += k_consumer_threads) {
+                const int line = c / 8, key = tail_keys + line / (D / 64), panel = line % (D / 64);
+                *reinterpret_cast<uint4 *>(vs + size_t(panel) * k_keys * 128 + key * 128 + (c % 8) * 16) = make_uint4(0, 0, 0, 0);
             }
             sm90::fence_proxy_async_smem();
             sm90::named_barrier(k_bar_tail, k_consumer_threads);
