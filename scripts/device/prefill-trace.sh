@@ -3,7 +3,8 @@
 # Where a long prompt's prefill time goes, kernel by kernel: `qinfer bench --trace` with PT_GEN generated tokens
 # (default 4, so that the run is nearly all prefill) for each PT_SPECS entry preset:quant:input length[:VAR=value,...]
 # (default Qwen2-57B-A14B GPTQ-Int4 at 30720), --load-format dummy and PT_ARGS; scripts/trace_totals.py then sums each
-# kernel's time, its template arguments kept (--templates), the top PT_TOP (default 30).
+# kernel's time, its template arguments kept (--templates), the top PT_TOP (default 30); scripts/trace_passes.py the
+# passes' wall, attention and GEMM times (every PT_EVERY-th pass, default 4).
 for spec in ${PT_SPECS:-qwen2-57b-a14b:gptq-int4:30720}; do
     IFS=: read -r preset quant len settings <<<"$spec"
     tag=prefill-${spec//[:=,]/-}
@@ -14,6 +15,7 @@ for spec in ${PT_SPECS:-qwen2-57b-a14b:gptq-int4:30720}; do
         gzip -c "/tmp/$tag.csv" >"$OUT/$tag.csv.gz"
         echo "-- $spec" | tee -a "$OUT/prefill-trace.log"
         python3 scripts/trace_totals.py "/tmp/$tag.csv" "${PT_TOP:-30}" --templates 2>&1 | tee -a "$OUT/prefill-trace.log"
+        python3 scripts/trace_passes.py "/tmp/$tag.csv" --every "${PT_EVERY:-4}" 2>&1 | tee -a "$OUT/prefill-trace.log"
     else
         note "prefill-trace $spec: no trace written"
     fi
