@@ -37,11 +37,13 @@ struct PrefillSplitPlan {
 
 inline int prefill_split_slots(int sms) { return k_prefill_split_slots_per_sm * sms; }
 
-// Bytes of scratch for `sms` SMs at this head_dim: per slot, each consumer thread's accumulators (head_dim / 2 fp32)
-// and its rows' (m0, m1, l0, l1); then an int counter per slot.
+// Scratch for `sms` SMs at this head_dim: per slot, each consumer thread's accumulators (head_dim / 2 fp32) and its
+// rows' (m0, m1, l0, l1); then an int counter per slot, from this byte offset.
+inline size_t prefill_split_counters_offset(int head_dim, int sms) {
+    return size_t(prefill_split_slots(sms)) * k_prefill_split_threads * (size_t(head_dim) / 2 + 4) * sizeof(float);
+}
 inline size_t prefill_split_scratch_bytes(int head_dim, int sms) {
-    const size_t slots = size_t(prefill_split_slots(sms));
-    return slots * k_prefill_split_threads * (size_t(head_dim) / 2 + 4) * sizeof(float) + slots * sizeof(int);
+    return prefill_split_counters_offset(head_dim, sms) + size_t(prefill_split_slots(sms)) * sizeof(int);
 }
 
 // The launch of n queries at positions pos0.. over n_head heads on `sms` SMs. Pairs go heaviest first: pair p is

@@ -322,9 +322,8 @@ bool launch_attention_prefill_tma_pieces(const PrefillArgs & a, const PrefillPie
         const PrefillSplitPlan plan = prefill_split_plan(longest.n, pieces.piece[0].pos0, a.n_head, sm_count(), scratch->splits);
         if (plan.splits > 1) {
             QINFER_CHECK(scratch->size >= prefill_split_scratch_bytes(a.d, sm_count())) << "attention_prefill_pieces: split scratch too small";
-            const size_t slots = size_t(prefill_split_slots(sm_count()));
             split = {plan.full_blocks, plan.tail_pairs, plan.splits, static_cast<float4 *>(scratch->bytes),
-                     reinterpret_cast<int *>(static_cast<char *>(scratch->bytes) + slots * k_prefill_split_threads * (size_t(a.d) / 2 + 4) * sizeof(float))};
+                     reinterpret_cast<int *>(static_cast<char *>(scratch->bytes) + prefill_split_counters_offset(a.d, sm_count()))};
         }
     }
     return longest.n == 0 || launch_any(longest, pieces, split, pingpong, stream);
