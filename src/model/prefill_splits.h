@@ -37,6 +37,10 @@ struct PrefillSplitPlan {
 
 inline int prefill_split_slots(int sms) { return k_prefill_split_slots_per_sm * sms; }
 
+// Whether a sequence of `keys` keys may split (two splits of k_prefill_split_min_tiles tiles at least): where the
+// engine makes the scratch, and where the memory model counts it.
+inline bool prefill_split_may_apply(int keys) { return keys > 2 * k_prefill_split_min_tiles * k_prefill_split_tile; }
+
 // Scratch for `sms` SMs at this head_dim: per slot, each consumer thread's accumulators (head_dim / 2 fp32) and its
 // rows' (m0, m1, l0, l1); then an int counter per slot, from this byte offset.
 inline size_t prefill_split_counters_offset(int head_dim, int sms) {

@@ -27,8 +27,7 @@ bool CudaQwenEngine::ensure_prefill_kv(int tokens) {
 }
 
 bool CudaQwenEngine::ensure_attn_split(int tokens) {
-    // A split takes k_prefill_split_min_tiles tiles at least, twice.
-    if (kv_kind_ != cuda::KVKind::BF16 || tokens <= 2 * k_prefill_split_min_tiles * k_prefill_split_tile) return false;
+    if (kv_kind_ != cuda::KVKind::BF16 || !prefill_split_may_apply(tokens)) return false;
     const size_t bytes = prefill_split_scratch_bytes(model_->config.head_dim, cuda::sm_count());
     if (attn_split_.bytes() < bytes) {
         attn_split_.ensure(bytes, "prefill attention splits");
@@ -258,7 +257,7 @@ void CudaQwenEngine::prefill(const std::vector<PrefillSegment> & segs, size_t id
             // The chunks' attention together (one launch where the kernel takes pieces); over a quantized cache each
             // chunk on its sequence's cache dequantized so far.
             cuda::attention_prefill_pieces(attn_pieces.data(), int(attn_pieces.size()), kv_layer(l, nullptr), cfg.num_attention_heads,
-                                           cfg.num_key_value_heads, cfg.head_dim, stream_, split.bytes ? &split : nullptr);
+                                           cfg.num_key_value_heads, cfg.head_dim, stream_, &split);
             for (const PassPiece & pc : pieces) {
                 const PrefillSegment & s = segs[pc.seg];
                 if (s.decode || !via_bf16) continue;

@@ -89,7 +89,7 @@ MemoryEstimate estimate_cuda_memory(const ModelConfig & c, KVDType kv, int batch
     // A quantized cache's prompt, dequantized to bf16 K and V for the prefill attention (CudaQwenEngine::ensure_prefill_kv).
     if (kv != KVDType::BF16) m.workspace += double(round_up(std::min(prompt, context), 16)) * c.num_key_value_heads * c.head_dim * 2 * 2;
     // The prefill attention's key splits over a bf16 cache (CudaQwenEngine::prefill), for 132 SMs.
-    else if (std::min(prompt, context) > 2 * k_prefill_split_min_tiles * k_prefill_split_tile) m.workspace += double(prefill_split_scratch_bytes(c.head_dim, 132));
+    else if (prefill_split_may_apply(std::min(prompt, context))) m.workspace += double(prefill_split_scratch_bytes(c.head_dim, 132));
     if (prompt > 4 || batch > 4) m.workspace += largest_quant;  // (the tiled GEMV takes up to 8 rows: an upper bound)
     m.workspace += double(max_k) * 8 * 2;  // the quantized GEMV's staged inputs, up to 8 rows
     return m;
