@@ -214,6 +214,13 @@ void Checkpoint::open_file(const std::string & path) {
     File f;
     f.map = std::make_unique<MappedFile>(path);
     f.header = parse_safetensors(f.map->data(), f.map->size(), path);
+    for (size_t ti = 0; ti < f.header.tensors.size(); ti++) {  // the mapping is page-aligned: the file offset decides
+        const TensorInfo & t = f.header.tensors[ti];
+        if ((f.header.data_start + t.begin) % dtype_size(t.dtype) == 0) continue;
+        std::vector<uint64_t> & copy = f.aligned[ti];
+        copy.resize(size_t(t.end - t.begin + 7) / 8);
+        std::memcpy(copy.data(), f.map->data() + f.header.data_start + t.begin, size_t(t.end - t.begin));
+    }
     size_t fi = files_.size();
     std::string base = fs::path(path).filename().string();
     for (size_t ti = 0; ti < f.header.tensors.size(); ti++) {
@@ -230,6 +237,8 @@ TensorView Checkpoint::get(const std::string & name) const {
     if (it == index_.end()) QINFER_FAIL() << dir_ << ": missing tensor '" << name << "'";
     const File & f = files_[it->second.first];
     const TensorInfo & t = f.header.tensors[it->second.second];
+    const auto copy = f.aligned.find(it->second.second);
+    if (copy != f.aligned.end()) return TensorView{&t, copy->second.data()};
     return TensorView{&t, f.map->data() + f.header.data_start + t.begin};
 }
 

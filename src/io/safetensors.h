@@ -76,6 +76,11 @@ private:
     struct File {
         std::unique_ptr<MappedFile> map;
         SafetensorsHeader header;
+        // Tensor index -> a copy of a tensor stored at a file offset its element size does not divide (in 8-byte
+        // words: aligned for every dtype), so that typed reads of it are aligned. safetensors' own writer orders
+        // tensors from the widest element type down and never does that; other writers (qinfer synth's among them,
+        // after bitsandbytes' odd-length quant_state bytes) may.
+        std::map<size_t, std::vector<uint64_t>> aligned;
     };
     void open_file(const std::string & path);
     std::string dir_;

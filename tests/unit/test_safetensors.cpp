@@ -88,6 +88,26 @@ TEST(Safetensors, WriterRoundTripsThroughCheckpoint) {
     EXPECT_THROW(ck.get("nope"), Error);
 }
 
+// A writer other than safetensors' own may store a tensor at an offset its element size does not divide (three bytes
+// before four floats here): the checkpoint hands out an aligned copy with the same bytes.
+TEST(Safetensors, MisalignedTensorReadFromAlignedCopy) {
+    std::string dir = temp_dir("st-misaligned");
+    std::string header = R"({"b":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},"f":{"dtype":"F32","shape":[4],"data_offsets":[3,19]}})";
+    while (header.size() % 8 != 0) header.push_back(' ');  // padded as safetensors pads it: only the tensor's offset is odd
+    auto b = make_safetensors(header, 19);
+    const size_t data_start = 8 + header.size();
+    const float values[4] = {1.5f, -2.25f, 3e-3f, 1e30f};
+    std::memcpy(b.data() + data_start + 3, values, sizeof(values));
+    b[data_start] = 7;
+    write_file(dir + "/model.safetensors", b);
+    Checkpoint ck(dir);
+    TensorView f = ck.get("f");
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(f.data) % alignof(float), 0u);
+    const float * got = static_cast<const float *>(f.data);
+    for (int i = 0; i < 4; i++) EXPECT_EQ(got[i], values[i]) << i;
+    EXPECT_EQ(static_cast<const uint8_t *>(ck.get("b").data)[0], 7);
+}
+
 TEST(Safetensors, ShardedFolderAndMissingShard) {
     std::string dir = temp_dir("st-sharded");
     for (int s = 1; s <= 2; s++) {
