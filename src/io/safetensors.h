@@ -1,4 +1,4 @@
-// safetensors reading (mmap, zero-copy) and writing.
+// safetensors reading (mmap, zero-copy but for tensors stored misaligned, which are copied) and writing.
 // Layout: u64 little-endian header length N | N bytes of JSON | byte buffer. Offsets are relative to the buffer.
 #pragma once
 
